@@ -1,0 +1,327 @@
+// File: pagedkv/kv_cache_manager.h
+//
+// KvCacheManager: the per-sequence view of the KV cache that a serving engine's scheduler
+// drives. It owns a device BlockPool (and an optional host pool for swapped sequences) and,
+// per sequence, a block table, the token ids (for prefix hashing), the number of tokens
+// whose KV is computed, a priority and an arrival order. It hands the engine slot
+// mappings, copy-on-write copies, swap copies and batched block tables; it never touches
+// KV bytes.
+//
+// One thread (the scheduler) owns a manager; there are no internal locks. Spans and views
+// returned by a call stay valid until the next non-const call.
+//
+// Lifecycle of a sequence:
+//   add_sequence -> match_prefix (optional) -> allocate_slots ... append_tokens ->
+//   allocate_slots(1) per decode step ... -> free
+//   with fork() for parallel samples, preempt()/allocate_slots_or_preempt() under memory
+//   pressure, and swap_in() to resume a swapped sequence.
+//
+// Example (one request, prefill then one decode step):
+//   auto manager = KvCacheManager::create({.num_blocks = 4096, .block_size = 16});
+//   PAGEDKV_CHECK_OK(manager->add_sequence(/*seq=*/7, prompt));
+//   int32_t cached = *manager->match_prefix(7);            // tokens reused from cache
+//   auto slots = manager->allocate_slots(7, prompt.size() - cached);
+//   // ... run the engine's copies, write K/V of the new tokens into *slots, attend ...
+//   PAGEDKV_CHECK_OK(manager->append_tokens(7, {next_token}));
+//   slots = manager->allocate_slots(7, 1);                 // decode step
+//   PAGEDKV_CHECK_OK(manager->free(7));                    // blocks stay cached
+#ifndef PAGEDKV_KV_CACHE_MANAGER_H_
+#define PAGEDKV_KV_CACHE_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pagedkv/block_hash.h"
+#include "pagedkv/block_pool.h"
+#include "pagedkv/block_table.h"
+#include "pagedkv/kv_events.h"
+#include "pagedkv/types.h"
+
+namespace pagedkv {
+namespace internal {
+struct Sequence;
+}  // namespace internal
+
+enum class PreemptionMode {
+  kRecompute,  // blocks freed (hashed ones stay cached); the tokens are recomputed later
+  kSwap,       // blocks copied to the host pool, copied back by swap_in()
+};
+
+enum class SequenceState {
+  kWaiting,  // holds no blocks: new, or preempted by recompute
+  kRunning,  // holds device blocks
+  kSwapped,  // holds host blocks only
+};
+
+// A copy of the first `num_tokens` token slots of block `src` into block `dst`, across
+// all layers. Copy-on-write copies are device -> device; swap-out copies are device ->
+// host and swap-in copies host -> device (whole blocks: num_tokens == block_size).
+struct BlockCopy {
+  BlockId src = kNoBlock;
+  BlockId dst = kNoBlock;
+  int32_t num_tokens = 0;
+  bool operator==(const BlockCopy&) const = default;
+};
+
+// Copies the engine runs for swapping, in this order, before the step's kernels.
+struct SwapOps {
+  std::vector<BlockCopy> swap_out;  // device src -> host dst
+  std::vector<BlockCopy> swap_in;   // host src -> device dst
+};
+
+// What a victim policy sees of each candidate.
+struct SequenceInfo {
+  SeqId id = 0;
+  int32_t priority = 0;     // larger runs first; the lowest is preempted first
+  int64_t arrival = 0;      // order of add_sequence()/fork() calls, from 0
+  int32_t num_blocks = 0;   // device blocks held
+  int32_t num_tokens = 0;
+  int32_t num_computed_tokens = 0;
+};
+
+struct Preemption {
+  SeqId victim = 0;
+  PreemptionMode mode = PreemptionMode::kRecompute;
+};
+
+// Picks the sequence to preempt among `running` (never empty; `requester` excluded), or
+// nullopt to give up. The default: lowest priority, then latest arrival, in the
+// manager's default mode (recompute when the host pool cannot hold the victim).
+using VictimPolicy =
+    std::function<std::optional<Preemption>(std::span<const SequenceInfo> running, SeqId requester)>;
+
+// The engine's side of preemption: called after the victim's blocks are released (recompute)
+// or scheduled for copy to the host (swap, see take_pending_swaps()).
+class PreemptionHooks {
+ public:
+  virtual ~PreemptionHooks() = default;
+  virtual void on_preempt(SeqId victim, PreemptionMode mode) = 0;
+};
+
+// Read-only view of one sequence; valid until the next non-const call.
+struct SequenceView {
+  SeqId id = 0;
+  SequenceState state = SequenceState::kWaiting;
+  int32_t priority = 0;
+  int64_t arrival = 0;
+  int32_t num_computed_tokens = 0;         // tokens whose KV is (being) written
+  std::span<const TokenId> tokens;         // prompt and generated tokens
+  std::span<const BlockId> block_table;    // device blocks (running)
+  std::span<const BlockId> host_blocks;    // host blocks (swapped)
+};
+
+struct SequenceOptions {
+  int32_t priority = 0;              // larger runs first; the lowest is preempted first
+  std::vector<uint64_t> extra_keys;  // hashed into every block: cache salt, adapter id, ...
+};
+
+class KvCacheManager {
+ public:
+  struct Options {
+    int32_t num_blocks = 0;            // device blocks, > 0
+    int32_t block_size = 16;           // tokens per block, > 0
+    int32_t num_host_blocks = 0;       // host blocks for swapping; 0 disables swap
+    int32_t max_model_len = 1 << 20;   // most tokens one sequence may hold
+    int32_t watermark_blocks = 0;      // blocks a new sequence's admission leaves free
+    bool enable_prefix_caching = true;
+    PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // default policy's mode
+    BlockHashFn hash_fn = hash_block;  // injectable for collision tests
+    KvEventSink* event_sink = nullptr;           // optional, not owned
+    PreemptionHooks* preemption_hooks = nullptr;  // optional, not owned
+    VictimPolicy victim_policy;                   // empty: the default policy
+  };
+
+  struct Stats {
+    int32_t num_blocks = 0;
+    int32_t used_blocks = 0;
+    int32_t free_blocks = 0;
+    int32_t cached_free_blocks = 0;
+    int32_t num_host_blocks = 0;
+    int32_t used_host_blocks = 0;
+    int64_t prefix_query_tokens = 0;  // prompt tokens looked up by match_prefix
+    int64_t prefix_hit_tokens = 0;    // of those, found in the cache
+    int64_t evictions = 0;
+    int64_t cow_copies = 0;
+    int64_t preemptions_recompute = 0;
+    int64_t preemptions_swap = 0;
+    int64_t blocks_swapped_out = 0;
+    int64_t blocks_swapped_in = 0;
+  };
+
+  // Returns InvalidArgument for a non-positive num_blocks or block_size, a negative
+  // num_host_blocks or watermark, or a watermark that leaves no block to allocate.
+  [[nodiscard]] static absl::StatusOr<KvCacheManager> create(Options options);
+
+  KvCacheManager(KvCacheManager&&) noexcept;
+  KvCacheManager& operator=(KvCacheManager&&) noexcept;
+  ~KvCacheManager();
+
+  // KvCacheManager::add_sequence()
+  //
+  // Registers a waiting sequence holding `prompt` (at least one token). No blocks yet.
+  // Errors: AlreadyExists (id in use); InvalidArgument (empty prompt, longer than
+  // max_model_len, or needing more blocks than the pool could ever give it).
+  [[nodiscard]] absl::Status add_sequence(SeqId seq, std::span<const TokenId> prompt,
+                                          SequenceOptions options = {});
+
+  // KvCacheManager::append_tokens()
+  //
+  // Appends generated tokens to a sequence (before allocate_slots() reserves their KV).
+  // Errors: NotFound; InvalidArgument beyond max_model_len.
+  [[nodiscard]] absl::Status append_tokens(SeqId seq, std::span<const TokenId> tokens);
+
+  // KvCacheManager::match_prefix()
+  //
+  // Claims the longest verified cached prefix of a waiting sequence, in full blocks, and
+  // returns its length in tokens; those tokens count as computed. Never the whole token
+  // list: at most len - 1 tokens, since the last token's logits must be computed.
+  // Returns 0 with prefix caching off. Counts prefix query and hit tokens.
+  // Errors: NotFound; FailedPrecondition unless the sequence is waiting.
+  [[nodiscard]] absl::StatusOr<int32_t> match_prefix(SeqId seq);
+
+  // KvCacheManager::allocate_slots()
+  //
+  // Reserves slots for the next `num_new_tokens` tokens of `seq` (those after its computed
+  // tokens, which must already be in its token list) plus `num_lookahead` spare slots,
+  // marks the new tokens computed, enters newly filled full blocks into the prefix index,
+  // and returns the slot mapping (block * block_size + offset) of the new tokens. A shared
+  // partially filled last block is copied first (copy-on-write, see
+  // take_pending_copies()). A waiting sequence's first call is its admission: it must
+  // leave watermark_blocks free.
+  // Errors: NotFound; InvalidArgument (negative counts, more tokens than the sequence
+  // has); FailedPrecondition (swapped: call swap_in() first); ResourceExhausted when the
+  // pool lacks blocks (nothing changes; the caller may preempt and retry).
+  [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_slots(
+      SeqId seq, int32_t num_new_tokens, int32_t num_lookahead = 0);
+
+  // KvCacheManager::allocate_slots_or_preempt()
+  //
+  // allocate_slots(), preempting victims chosen by the victim policy (never `seq` itself)
+  // while the pool lacks blocks. Each preemption calls the hooks. Returns
+  // ResourceExhausted when no victim is left or the policy gives up; preemptions made
+  // before that stay made.
+  [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_slots_or_preempt(
+      SeqId seq, int32_t num_new_tokens, int32_t num_lookahead = 0);
+
+  // KvCacheManager::preempt()
+  //
+  // Preempts a running sequence. Recompute: its blocks are freed (hashed ones stay cached)
+  // and it is waiting again with all its tokens to recompute. Swap: host blocks are
+  // allocated, swap-out copies recorded, device blocks freed; it is swapped. Calls the
+  // hooks. Errors: NotFound; FailedPrecondition unless running; ResourceExhausted when the
+  // host pool lacks blocks for a swap.
+  [[nodiscard]] absl::Status preempt(SeqId seq, PreemptionMode mode);
+
+  // KvCacheManager::swap_in()
+  //
+  // Moves a swapped sequence back to device blocks, recording swap-in copies and freeing
+  // its host blocks. Errors: NotFound; FailedPrecondition unless swapped;
+  // ResourceExhausted when device blocks are short (nothing changes).
+  [[nodiscard]] absl::Status swap_in(SeqId seq);
+
+  // KvCacheManager::fork()
+  //
+  // Creates `child` sharing every block that holds `parent`'s computed tokens (ref +1),
+  // with the same tokens, computed count, priority and extra keys, and a new arrival.
+  // Copy-on-write happens on the next append to a shared partial block.
+  // Errors: NotFound (unknown parent); AlreadyExists (child id in use);
+  // FailedPrecondition (parent swapped).
+  [[nodiscard]] absl::Status fork(SeqId parent, SeqId child);
+
+  // KvCacheManager::free()
+  //
+  // Releases a sequence in any state, returning its blocks tail first so that its later
+  // blocks are evicted before its (more shared) beginning. Hashed blocks stay cached.
+  // Errors: NotFound.
+  [[nodiscard]] absl::Status free(SeqId seq);
+
+  // Copy-on-write copies recorded since the last call, to run before this step's writes.
+  std::vector<BlockCopy> take_pending_copies();
+  // Swap copies recorded since the last call: run swap_out, then copies, then swap_in.
+  SwapOps take_pending_swaps();
+
+  // KvCacheManager::build_block_tables()
+  //
+  // Fills `out` (padded and CSR) for `seqs` in order, using each sequence's computed
+  // tokens as its context length. Reuses out's buffers. Errors: NotFound; FailedPrecondition
+  // for a sequence that is not running.
+  [[nodiscard]] absl::Status build_block_tables(std::span<const SeqId> seqs,
+                                                BlockTables* out) const;
+
+  // Same, into caller-provided buffers: block_table [seqs.size(), max_blocks], context_lens
+  // [seqs.size()]. Errors as above, and InvalidArgument when a buffer is too small or a
+  // sequence needs more than max_blocks entries.
+  [[nodiscard]] absl::Status write_block_tables(std::span<const SeqId> seqs, int32_t max_blocks,
+                                                std::span<int32_t> block_table,
+                                                std::span<int32_t> context_lens) const;
+
+  // Same in CSR form: indptr [seqs.size() + 1], indices [total blocks], last_page_len
+  // [seqs.size()].
+  [[nodiscard]] absl::Status write_csr_block_tables(std::span<const SeqId> seqs,
+                                                    std::span<int32_t> indptr,
+                                                    std::span<int32_t> indices,
+                                                    std::span<int32_t> last_page_len) const;
+
+  // Empties the prefix index (see BlockPool::reset_prefix_cache()).
+  void reset_prefix_cache();
+
+  // Lookups.
+  bool contains(SeqId seq) const;
+  [[nodiscard]] absl::StatusOr<SequenceView> sequence(SeqId seq) const;
+  int32_t num_sequences() const;
+  // Running sequences, in arrival order.
+  std::vector<SequenceInfo> running_sequences() const;
+  Stats stats() const;
+  const Options& options() const { return options_; }
+  const BlockPool& device_pool() const { return device_pool_; }
+  const BlockPool& host_pool() const { return host_pool_; }
+
+  // Checks every invariant of DESIGN.md and of both pools, clause by clause: ref counts
+  // equal table entries per block, table lengths cover computed tokens, hashed blocks hold
+  // their sequence's hashes, states agree with held blocks, host pool balanced. Returns
+  // Internal naming the first broken clause and its values.
+  [[nodiscard]] absl::Status check_invariants() const;
+
+ private:
+  KvCacheManager(Options options, BlockPool device_pool, BlockPool host_pool);
+
+  internal::Sequence* find(SeqId seq) const;
+  absl::StatusOr<internal::Sequence*> find_or_error(SeqId seq, const char* caller) const;
+  absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(internal::Sequence& seq,
+                                                               int32_t num_new_tokens,
+                                                               int32_t num_lookahead);
+  void hash_full_blocks(internal::Sequence& seq);
+  void cache_computed_blocks(internal::Sequence& seq);
+  void release_device_blocks(internal::Sequence& seq);
+  void release_host_blocks(internal::Sequence& seq);
+  int32_t blocks_needed(const internal::Sequence& seq, int32_t num_tokens) const;
+  std::optional<Preemption> choose_victim(SeqId requester) const;
+
+  Options options_;
+  BlockPool device_pool_;
+  BlockPool host_pool_;
+  absl::flat_hash_map<SeqId, std::unique_ptr<internal::Sequence>> sequences_;
+  int64_t next_arrival_ = 0;
+  std::vector<int64_t> slot_mapping_;  // returned by allocate_slots()
+  std::vector<BlockId> scratch_blocks_;
+  std::vector<BlockCopy> pending_copies_;
+  SwapOps pending_swaps_;
+  int64_t prefix_query_tokens_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
+  int64_t cow_copies_ = 0;
+  int64_t preemptions_recompute_ = 0;
+  int64_t preemptions_swap_ = 0;
+  int64_t blocks_swapped_out_ = 0;
+  int64_t blocks_swapped_in_ = 0;
+};
+
+}  // namespace pagedkv
+
+#endif  // PAGEDKV_KV_CACHE_MANAGER_H_

@@ -1,0 +1,64 @@
+// File: pagedkv/kv_events.h
+//
+// KV cache events, so that a KV-aware router can follow what each engine holds:
+//   BlockStored       full blocks entered the prefix index,
+//   BlockRemoved      cached blocks were evicted,
+//   AllBlocksCleared  the prefix index was emptied (reset_prefix_cache()).
+// The pool calls the sink synchronously from the scheduler thread; a sink must not call
+// back into the manager.
+//
+// Example:
+//   KvEventBuffer events;
+//   options.event_sink = &events;
+//   ... manager calls ...
+//   for (const KvEvent& e : events.take()) forward_to_router(e);
+#ifndef PAGEDKV_KV_EVENTS_H_
+#define PAGEDKV_KV_EVENTS_H_
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "pagedkv/types.h"
+
+namespace pagedkv {
+
+struct BlockStored {
+  std::vector<BlockHash> block_hashes;    // in table order
+  std::optional<BlockHash> parent_hash;   // hash of the block before the first, if any
+  std::vector<TokenId> token_ids;         // block_size tokens per stored block
+  int32_t block_size = 0;                 // tokens per block
+  std::vector<uint64_t> extra_keys;       // the sequence's extra keys (salt, adapter, ...)
+};
+
+struct BlockRemoved {
+  std::vector<BlockHash> block_hashes;
+};
+
+struct AllBlocksCleared {};
+
+using KvEvent = std::variant<BlockStored, BlockRemoved, AllBlocksCleared>;
+
+// Receives events as they happen.
+class KvEventSink {
+ public:
+  virtual ~KvEventSink() = default;
+  virtual void on_event(const KvEvent& event) = 0;
+};
+
+// A sink that keeps events until they are taken.
+class KvEventBuffer : public KvEventSink {
+ public:
+  void on_event(const KvEvent& event) override { events_.push_back(event); }
+  // Returns the events received since the last call, oldest first.
+  std::vector<KvEvent> take() { return std::exchange(events_, {}); }
+
+ private:
+  std::vector<KvEvent> events_;
+};
+
+}  // namespace pagedkv
+
+#endif  // PAGEDKV_KV_EVENTS_H_
