@@ -43,10 +43,10 @@ class HashIndex;
 class BlockPool {
  public:
   struct Options {
-    int32_t num_blocks = 0;              // blocks in the pool, >= 0
-    int32_t block_size = 16;             // tokens per block, > 0
-    bool enable_caching = true;          // false: cache_full_block() registers nothing
-    KvEventSink* event_sink = nullptr;   // optional, not owned; must outlive the pool
+    int32_t num_blocks = 0;             // blocks in the pool, >= 0
+    int32_t block_size = 16;            // tokens per block, > 0
+    bool enable_caching = true;         // false: cache_full_block() registers nothing
+    KvEventSink* event_sink = nullptr;  // optional, not owned; must outlive the pool
   };
 
   struct Stats {
@@ -131,10 +131,9 @@ class BlockPool {
 
  private:
   explicit BlockPool(const Options& options);
-  void evict_if_cached(BlockId block);
 
   // Invariants (checked by check_invariants()):
-  //   used_blocks + free_clean + free_cached == num_blocks_
+  //   used_blocks_ + free_clean + cached_free_blocks_ == num_blocks_
   //   ref_count_[b] == 0  <=>  b is in free_queue_
   int32_t num_blocks_ = 0;
   int32_t block_size_ = 0;
@@ -142,6 +141,7 @@ class BlockPool {
   KvEventSink* event_sink_ = nullptr;
   std::vector<int32_t> ref_count_;  // per block; written by allocate/touch/free
   int32_t used_blocks_ = 0;         // blocks with ref count > 0
+  int32_t cached_free_blocks_ = 0;  // blocks with ref count 0 in the hash index
   int64_t evictions_ = 0;
   std::unique_ptr<internal::FreeQueue> free_queue_;
   std::unique_ptr<internal::HashIndex> hash_index_;

@@ -79,9 +79,9 @@ struct SwapOps {
 // What a victim policy sees of each candidate.
 struct SequenceInfo {
   SeqId id = 0;
-  int32_t priority = 0;     // larger runs first; the lowest is preempted first
-  int64_t arrival = 0;      // order of add_sequence()/fork() calls, from 0
-  int32_t num_blocks = 0;   // device blocks held
+  int32_t priority = 0;    // larger runs first; the lowest is preempted first
+  int64_t arrival = 0;     // order of add_sequence()/fork() calls, from 0
+  int32_t num_blocks = 0;  // device blocks held
   int32_t num_tokens = 0;
   int32_t num_computed_tokens = 0;
 };
@@ -94,8 +94,8 @@ struct Preemption {
 // Picks the sequence to preempt among `running` (never empty; `requester` excluded), or
 // nullopt to give up. The default: lowest priority, then latest arrival, in the
 // manager's default mode (recompute when the host pool cannot hold the victim).
-using VictimPolicy =
-    std::function<std::optional<Preemption>(std::span<const SequenceInfo> running, SeqId requester)>;
+using VictimPolicy = std::function<std::optional<Preemption>(std::span<const SequenceInfo> running,
+                                                             SeqId requester)>;
 
 // The engine's side of preemption: called after the victim's blocks are released (recompute)
 // or scheduled for copy to the host (swap, see take_pending_swaps()).
@@ -111,10 +111,10 @@ struct SequenceView {
   SequenceState state = SequenceState::kWaiting;
   int32_t priority = 0;
   int64_t arrival = 0;
-  int32_t num_computed_tokens = 0;         // tokens whose KV is (being) written
-  std::span<const TokenId> tokens;         // prompt and generated tokens
-  std::span<const BlockId> block_table;    // device blocks (running)
-  std::span<const BlockId> host_blocks;    // host blocks (swapped)
+  int32_t num_computed_tokens = 0;       // tokens whose KV is (being) written
+  std::span<const TokenId> tokens;       // prompt and generated tokens
+  std::span<const BlockId> block_table;  // device blocks (running)
+  std::span<const BlockId> host_blocks;  // host blocks (swapped)
 };
 
 struct SequenceOptions {
@@ -125,17 +125,17 @@ struct SequenceOptions {
 class KvCacheManager {
  public:
   struct Options {
-    int32_t num_blocks = 0;            // device blocks, > 0
-    int32_t block_size = 16;           // tokens per block, > 0
-    int32_t num_host_blocks = 0;       // host blocks for swapping; 0 disables swap
-    int32_t max_model_len = 1 << 20;   // most tokens one sequence may hold
-    int32_t watermark_blocks = 0;      // blocks a new sequence's admission leaves free
+    int32_t num_blocks = 0;           // device blocks, > 0
+    int32_t block_size = 16;          // tokens per block, > 0
+    int32_t num_host_blocks = 0;      // host blocks for swapping; 0 disables swap
+    int32_t max_model_len = 1 << 20;  // most tokens one sequence may hold
+    int32_t watermark_blocks = 0;     // blocks a new sequence's admission leaves free
     bool enable_prefix_caching = true;
     PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // default policy's mode
-    BlockHashFn hash_fn = hash_block;  // injectable for collision tests
-    KvEventSink* event_sink = nullptr;           // optional, not owned
-    PreemptionHooks* preemption_hooks = nullptr;  // optional, not owned
-    VictimPolicy victim_policy;                   // empty: the default policy
+    BlockHashFn hash_fn = hash_block;                             // injectable for collision tests
+    KvEventSink* event_sink = nullptr;                            // optional, not owned
+    PreemptionHooks* preemption_hooks = nullptr;                  // optional, not owned
+    VictimPolicy victim_policy;                                   // empty: the default policy
   };
 
   struct Stats {
@@ -198,8 +198,9 @@ class KvCacheManager {
   // Errors: NotFound; InvalidArgument (negative counts, more tokens than the sequence
   // has); FailedPrecondition (swapped: call swap_in() first); ResourceExhausted when the
   // pool lacks blocks (nothing changes; the caller may preempt and retry).
-  [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_slots(
-      SeqId seq, int32_t num_new_tokens, int32_t num_lookahead = 0);
+  [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_slots(SeqId seq,
+                                                                        int32_t num_new_tokens,
+                                                                        int32_t num_lookahead = 0);
 
   // KvCacheManager::allocate_slots_or_preempt()
   //
@@ -297,12 +298,15 @@ class KvCacheManager {
   absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(internal::Sequence& seq,
                                                                int32_t num_new_tokens,
                                                                int32_t num_lookahead);
-  void hash_full_blocks(internal::Sequence& seq);
-  void cache_computed_blocks(internal::Sequence& seq);
+  std::optional<Preemption> choose_victim(SeqId requester) const;
+  void hash_full_blocks(internal::Sequence& seq, int32_t num_full_blocks);
+  void offer_computed_blocks(internal::Sequence& seq);
   void release_device_blocks(internal::Sequence& seq);
   void release_host_blocks(internal::Sequence& seq);
-  int32_t blocks_needed(const internal::Sequence& seq, int32_t num_tokens) const;
-  std::optional<Preemption> choose_victim(SeqId requester) const;
+  void record_copy(std::vector<BlockCopy>& ops, BlockCopy op, std::vector<uint16_t>* src_marks,
+                   std::vector<uint16_t>* dst_marks);
+  void release_deferred();
+  absl::Status check_pool_balance(const BlockPool& pool, bool host) const;
 
   Options options_;
   BlockPool device_pool_;
@@ -313,6 +317,13 @@ class KvCacheManager {
   std::vector<BlockId> scratch_blocks_;
   std::vector<BlockCopy> pending_copies_;
   SwapOps pending_swaps_;
+  // Blocks named by a pending copy, per pool: a block released while it is still to be
+  // read or written by a pending copy is parked in deferred_* until the engine has taken
+  // the ops, so that one batch never reuses a block it also copies.
+  std::vector<uint16_t> device_pending_;
+  std::vector<uint16_t> host_pending_;
+  std::vector<BlockId> deferred_device_;
+  std::vector<BlockId> deferred_host_;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
   int64_t cow_copies_ = 0;

@@ -26,11 +26,11 @@
 namespace pagedkv {
 
 struct BlockStored {
-  std::vector<BlockHash> block_hashes;    // in table order
-  std::optional<BlockHash> parent_hash;   // hash of the block before the first, if any
-  std::vector<TokenId> token_ids;         // block_size tokens per stored block
-  int32_t block_size = 0;                 // tokens per block
-  std::vector<uint64_t> extra_keys;       // the sequence's extra keys (salt, adapter, ...)
+  std::vector<BlockHash> block_hashes;   // in table order
+  std::optional<BlockHash> parent_hash;  // hash of the block before the first, if any
+  std::vector<TokenId> token_ids;        // block_size tokens per stored block
+  int32_t block_size = 0;                // tokens per block
+  std::vector<uint64_t> extra_keys;      // the sequence's extra keys (salt, adapter, ...)
 };
 
 struct BlockRemoved {

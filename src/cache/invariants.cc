@@ -1,0 +1,116 @@
+// KvCacheManager::check_invariants(): every clause of DESIGN.md's invariants that spans
+// sequences and pools, one clause at a time.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cache/sequence.h"
+#include "common/status_macros.h"
+#include "pagedkv/kv_cache_manager.h"
+
+namespace pagedkv {
+
+using internal::Sequence;
+
+namespace {
+
+template <typename... Parts>
+absl::Status broken(const Parts&... parts) {
+  return absl::InternalError(absl::StrCat("KvCacheManager invariant: ", parts...));
+}
+
+absl::Status check_sequence(const Sequence& s, int32_t block_size, int32_t max_model_len,
+                            const BlockPool& device) {
+  const auto num_tokens = static_cast<int64_t>(s.tokens.size());
+  if (num_tokens < 1 || num_tokens > max_model_len) {
+    return broken("seq ", s.id, ": ", num_tokens, " tokens outside [1, ", max_model_len, "]");
+  }
+  if (s.num_computed < 0 || s.num_computed > num_tokens) {
+    return broken("seq ", s.id, ": ", s.num_computed, " computed of ", num_tokens, " tokens");
+  }
+  const int32_t context_blocks = num_blocks_for_tokens(s.num_computed, block_size);
+  const auto table = static_cast<int32_t>(s.blocks.size());
+  switch (s.state) {
+    case SequenceState::kRunning:
+      if (table < context_blocks || !s.host_blocks.empty()) {
+        return broken("seq ", s.id, " running: table of ", table, " blocks for ", s.num_computed,
+                      " computed tokens, ", s.host_blocks.size(), " host blocks");
+      }
+      break;
+    case SequenceState::kWaiting:
+      // Only a claimed prefix of full, computed blocks.
+      if (int64_t{table} * block_size != s.num_computed || !s.host_blocks.empty()) {
+        return broken("seq ", s.id, " waiting: table of ", table, " blocks but ", s.num_computed,
+                      " computed tokens, ", s.host_blocks.size(), " host blocks");
+      }
+      break;
+    case SequenceState::kSwapped:
+      if (table != 0 || static_cast<int32_t>(s.host_blocks.size()) != context_blocks) {
+        return broken("seq ", s.id, " swapped: ", table, " device blocks, ", s.host_blocks.size(),
+                      " host blocks for ", s.num_computed, " computed tokens");
+      }
+      break;
+  }
+  if (s.num_offered_blocks > s.num_computed / block_size) {
+    return broken("seq ", s.id, ": ", s.num_offered_blocks, " blocks offered to the index but ",
+                  s.num_computed / block_size, " full computed blocks");
+  }
+  // A hashed block holds its sequence's hash of those tokens.
+  const int32_t hashed = std::min<int32_t>(s.num_offered_blocks, table);
+  for (int32_t i = 0; i < hashed && i < static_cast<int32_t>(s.block_hashes.size()); ++i) {
+    const BlockId b = s.blocks[i];
+    if (device.is_cached(b) && !(device.cached_hash(b) == s.block_hashes[i])) {
+      return broken("seq ", s.id, ": block ", b, " at table index ", i,
+                    " is indexed under another hash than the sequence's");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status KvCacheManager::check_pool_balance(const BlockPool& pool, bool host) const {
+  std::vector<int32_t> holders(pool.num_blocks(), 0);
+  const char* pool_name = host ? "host" : "device";
+  std::vector<int64_t> seen(pool.num_blocks(), -1);  // last sequence (by visit) holding it
+  int64_t visit = 0;
+  for (const auto& [id, s] : sequences_) {
+    ++visit;
+    for (const BlockId b : host ? s->host_blocks : s->blocks) {
+      if (b < 0 || b >= pool.num_blocks()) {
+        return broken("seq ", id, " holds invalid ", pool_name, " block ", b);
+      }
+      if (seen[b] == visit) return broken("seq ", id, " holds ", pool_name, " block ", b, " twice");
+      seen[b] = visit;
+      ++holders[b];
+    }
+  }
+  for (const BlockId b : host ? deferred_host_ : deferred_device_) ++holders[b];
+  for (BlockId b = 0; b < pool.num_blocks(); ++b) {
+    if (pool.ref_count(b) != holders[b]) {
+      return broken(pool_name, " block ", b, ": ref_count ", pool.ref_count(b), " but held by ",
+                    holders[b], " tables or pending copies");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheManager::check_invariants() const {
+  PAGEDKV_RETURN_IF_ERROR(device_pool_.check_invariants());
+  PAGEDKV_RETURN_IF_ERROR(host_pool_.check_invariants());
+  for (const auto& [id, s] : sequences_) {
+    if (s->id != id) return broken("sequence stored under id ", id, " has id ", s->id);
+    PAGEDKV_RETURN_IF_ERROR(
+        check_sequence(*s, options_.block_size, options_.max_model_len, device_pool_));
+  }
+  PAGEDKV_RETURN_IF_ERROR(check_pool_balance(device_pool_, /*host=*/false));
+  PAGEDKV_RETURN_IF_ERROR(check_pool_balance(host_pool_, /*host=*/true));
+  for (const BlockCopy& op : pending_copies_) {
+    if (device_pool_.ref_count(op.dst) == 0) {
+      return broken("pending copy into block ", op.dst, ", which is free");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,537 @@
+// KvCacheManager: sequences, prefix matching, slot allocation with copy-on-write,
+// preemption and swapping. Every public call validates first and mutates after, so a
+// failed call leaves the manager exactly as it was.
+#include "pagedkv/kv_cache_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cache/sequence.h"
+#include "common/check.h"
+#include "common/status_macros.h"
+
+namespace pagedkv {
+
+using internal::Sequence;
+
+namespace {
+
+int32_t div_ceil(int64_t a, int32_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+std::span<const TokenId> block_tokens(const Sequence& seq, int32_t index, int32_t block_size) {
+  return std::span<const TokenId>(seq.tokens)
+      .subspan(static_cast<size_t>(index) * block_size, block_size);
+}
+
+const char* state_name(SequenceState state) {
+  switch (state) {
+    case SequenceState::kWaiting:
+      return "waiting";
+    case SequenceState::kRunning:
+      return "running";
+    case SequenceState::kSwapped:
+      return "swapped";
+  }
+  return "unknown";
+}
+
+// Lowest priority first, then latest arrival.
+std::optional<Preemption> default_victim(std::span<const SequenceInfo> running, PreemptionMode mode,
+                                         int32_t host_free_blocks, int32_t block_size) {
+  const auto it = std::min_element(running.begin(), running.end(),
+                                   [](const SequenceInfo& a, const SequenceInfo& b) {
+                                     if (a.priority != b.priority) return a.priority < b.priority;
+                                     return a.arrival > b.arrival;
+                                   });
+  if (it == running.end()) return std::nullopt;
+  if (mode == PreemptionMode::kSwap &&
+      div_ceil(it->num_computed_tokens, block_size) > host_free_blocks) {
+    mode = PreemptionMode::kRecompute;
+  }
+  return Preemption{it->id, mode};
+}
+
+}  // namespace
+
+// --- construct -------------------------------------------------------------------------
+
+absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
+  if (options.num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheManager: num_blocks ", options.num_blocks, " must be > 0"));
+  }
+  if (options.num_host_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheManager: num_host_blocks ", options.num_host_blocks, " must be >= 0"));
+  }
+  if (options.max_model_len <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheManager: max_model_len ", options.max_model_len, " must be > 0"));
+  }
+  if (options.watermark_blocks < 0 || options.watermark_blocks >= options.num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheManager: watermark_blocks ", options.watermark_blocks,
+                     " must be in [0, num_blocks ", options.num_blocks, ")"));
+  }
+  if (options.hash_fn == nullptr) {
+    return absl::InvalidArgumentError("KvCacheManager: hash_fn must not be null");
+  }
+  auto device = BlockPool::create({.num_blocks = options.num_blocks,
+                                   .block_size = options.block_size,
+                                   .enable_caching = options.enable_prefix_caching,
+                                   .event_sink = options.event_sink});
+  if (!device.ok()) return device.status();
+  auto host = BlockPool::create({.num_blocks = options.num_host_blocks,
+                                 .block_size = options.block_size,
+                                 .enable_caching = false});
+  if (!host.ok()) return host.status();
+  return KvCacheManager(std::move(options), *std::move(device), *std::move(host));
+}
+
+KvCacheManager::KvCacheManager(Options options, BlockPool device_pool, BlockPool host_pool)
+    : options_(std::move(options)),
+      device_pool_(std::move(device_pool)),
+      host_pool_(std::move(host_pool)),
+      device_pending_(options_.num_blocks, 0),
+      host_pending_(options_.num_host_blocks, 0) {}
+
+KvCacheManager::KvCacheManager(KvCacheManager&&) noexcept = default;
+KvCacheManager& KvCacheManager::operator=(KvCacheManager&&) noexcept = default;
+KvCacheManager::~KvCacheManager() = default;
+
+// --- sequences ---------------------------------------------------------------------------
+
+Sequence* KvCacheManager::find(SeqId seq) const {
+  const auto it = sequences_.find(seq);
+  return it == sequences_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<Sequence*> KvCacheManager::find_or_error(SeqId seq, const char* caller) const {
+  Sequence* s = find(seq);
+  if (s == nullptr) return absl::NotFoundError(absl::StrCat(caller, ": unknown sequence ", seq));
+  return s;
+}
+
+absl::Status KvCacheManager::add_sequence(SeqId seq, std::span<const TokenId> prompt,
+                                          SequenceOptions options) {
+  if (find(seq) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("add_sequence: sequence ", seq, " exists"));
+  }
+  if (prompt.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("add_sequence(seq ", seq, "): empty prompt"));
+  }
+  if (static_cast<int64_t>(prompt.size()) > options_.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat("add_sequence(seq ", seq, "): prompt of ",
+                                                   prompt.size(), " tokens exceeds max_model_len ",
+                                                   options_.max_model_len));
+  }
+  const int32_t prompt_blocks = div_ceil(static_cast<int64_t>(prompt.size()), options_.block_size);
+  const int32_t admissible = options_.num_blocks - options_.watermark_blocks;
+  if (prompt_blocks > admissible) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "add_sequence(seq ", seq, "): prompt of ", prompt.size(), " tokens needs ", prompt_blocks,
+        " blocks of ", options_.block_size, " tokens; the pool admits at most ", admissible,
+        " (num_blocks ", options_.num_blocks, " - watermark ", options_.watermark_blocks,
+        "). Raise num_blocks or shorten the prompt"));
+  }
+  auto s = std::make_unique<Sequence>();
+  s->id = seq;
+  s->priority = options.priority;
+  s->arrival = next_arrival_++;
+  s->tokens.assign(prompt.begin(), prompt.end());
+  s->extra_keys.assign(options.extra_keys.begin(), options.extra_keys.end());
+  sequences_.emplace(seq, std::move(s));
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> tokens) {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "append_tokens"));
+  if (static_cast<int64_t>(s->tokens.size()) + static_cast<int64_t>(tokens.size()) >
+      options_.max_model_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("append_tokens(seq ", seq, "): ", s->tokens.size(), " + ", tokens.size(),
+                     " tokens exceeds max_model_len ", options_.max_model_len));
+  }
+  s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+  return absl::OkStatus();
+}
+
+// --- prefix cache ----------------------------------------------------------------------
+
+void KvCacheManager::hash_full_blocks(Sequence& seq, int32_t num_full_blocks) {
+  const int32_t bs = options_.block_size;
+  PAGEDKV_DCHECK(static_cast<int64_t>(num_full_blocks) * bs <=
+                 static_cast<int64_t>(seq.tokens.size()));
+  seq.block_hashes.reserve(num_full_blocks);
+  for (auto i = static_cast<int32_t>(seq.block_hashes.size()); i < num_full_blocks; ++i) {
+    const BlockHash* parent = i == 0 ? nullptr : &seq.block_hashes[i - 1];
+    seq.block_hashes.push_back(options_.hash_fn(parent, block_tokens(seq, i, bs), seq.extra_keys));
+  }
+}
+
+absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "match_prefix"));
+  if (s->state != SequenceState::kWaiting || !s->blocks.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "match_prefix(seq ", seq, "): sequence is ", state_name(s->state), " with ",
+        s->blocks.size(), " blocks; only a waiting sequence without blocks can match"));
+  }
+  const auto len = static_cast<int32_t>(s->tokens.size());
+  prefix_query_tokens_ += len;
+  if (!options_.enable_prefix_caching) return 0;
+
+  // NOTE: never match the last token; its logits must be computed.
+  const int32_t bs = options_.block_size;
+  const int32_t max_blocks = (len - 1) / bs;
+  hash_full_blocks(*s, max_blocks);
+  BlockId parent = kNoBlock;
+  for (int32_t i = 0; i < max_blocks; ++i) {
+    const BlockId hit = device_pool_.find_cached(s->block_hashes[i], parent,
+                                                 block_tokens(*s, i, bs), s->extra_keys);
+    if (hit == kNoBlock) break;
+    s->blocks.push_back(hit);
+    parent = hit;
+  }
+  for (const BlockId b : s->blocks) device_pool_.touch(b);
+  const auto hit_blocks = static_cast<int32_t>(s->blocks.size());
+  s->num_computed = hit_blocks * bs;
+  s->num_offered_blocks = hit_blocks;
+  prefix_hit_tokens_ += s->num_computed;
+  return s->num_computed;
+}
+
+void KvCacheManager::offer_computed_blocks(Sequence& seq) {
+  const int32_t full = seq.num_computed / options_.block_size;
+  if (!options_.enable_prefix_caching) {
+    seq.num_offered_blocks = full;
+    return;
+  }
+  if (seq.num_offered_blocks >= full) return;
+  hash_full_blocks(seq, full);
+  for (int32_t i = seq.num_offered_blocks; i < full; ++i) {
+    const BlockId parent = i == 0 ? kNoBlock : seq.blocks[i - 1];
+    const BlockHash* parent_hash = i == 0 ? nullptr : &seq.block_hashes[i - 1];
+    device_pool_.cache_full_block(seq.blocks[i], seq.block_hashes[i], parent, parent_hash,
+                                  block_tokens(seq, i, options_.block_size), seq.extra_keys);
+  }
+  seq.num_offered_blocks = full;
+}
+
+void KvCacheManager::reset_prefix_cache() { device_pool_.reset_prefix_cache(); }
+
+// --- slots -----------------------------------------------------------------------------
+
+absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots(SeqId seq,
+                                                                        int32_t num_new_tokens,
+                                                                        int32_t num_lookahead) {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "allocate_slots"));
+  return allocate_slots_impl(*s, num_new_tokens, num_lookahead);
+}
+
+absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
+    Sequence& seq, int32_t num_new_tokens, int32_t num_lookahead) {
+  const int32_t bs = options_.block_size;
+  if (num_new_tokens < 0 || num_lookahead < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocate_slots(seq ", seq.id, "): num_new_tokens ", num_new_tokens,
+                     " and num_lookahead ", num_lookahead, " must be >= 0"));
+  }
+  if (seq.state == SequenceState::kSwapped) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("allocate_slots(seq ", seq.id, "): sequence is swapped; swap_in() first"));
+  }
+  const int64_t new_total = int64_t{seq.num_computed} + num_new_tokens;
+  if (new_total > static_cast<int64_t>(seq.tokens.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocate_slots(seq ", seq.id, "): ", seq.num_computed, " computed + ",
+                     num_new_tokens, " new tokens exceeds the sequence's ", seq.tokens.size(),
+                     " tokens; append_tokens() first"));
+  }
+  const int32_t total_blocks = div_ceil(new_total + num_lookahead, bs);
+  if (total_blocks > options_.num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocate_slots(seq ", seq.id, "): ", new_total + num_lookahead,
+                     " slots need ", total_blocks, " blocks; the pool has ", options_.num_blocks));
+  }
+  // Copy-on-write: the partially filled last block is written by this call and shared.
+  const int32_t partial = seq.num_computed % bs;
+  const int32_t write_block = seq.num_computed / bs;
+  const bool copy_on_write =
+      num_new_tokens > 0 && partial != 0 && device_pool_.ref_count(seq.blocks[write_block]) > 1;
+  const int32_t new_blocks =
+      std::max(0, total_blocks - static_cast<int32_t>(seq.blocks.size())) + (copy_on_write ? 1 : 0);
+  const bool admission = seq.state == SequenceState::kWaiting;
+  const int32_t reserve = admission ? options_.watermark_blocks : 0;
+  if (new_blocks + reserve > device_pool_.num_free_blocks()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("allocate_slots(seq ", seq.id, "): need ", new_blocks, " blocks",
+                     admission ? " + watermark " : "", admission ? absl::StrCat(reserve) : "", ", ",
+                     device_pool_.num_free_blocks(), " free of ", options_.num_blocks));
+  }
+
+  // Validated; from here on nothing fails.
+  scratch_blocks_.resize(new_blocks);
+  PAGEDKV_CHECK(device_pool_.allocate(scratch_blocks_).ok());
+  auto fresh = scratch_blocks_.begin();
+  if (copy_on_write) {
+    const BlockId src = seq.blocks[write_block];
+    const BlockId dst = *fresh++;
+    record_copy(pending_copies_, {src, dst, partial}, &device_pending_, &device_pending_);
+    const BlockId released[] = {src};
+    device_pool_.free(released);  // still held by the other sharers
+    seq.blocks[write_block] = dst;
+    ++cow_copies_;
+  }
+  seq.blocks.insert(seq.blocks.end(), fresh, scratch_blocks_.end());
+
+  slot_mapping_.resize(num_new_tokens);
+  for (int32_t i = 0; i < num_new_tokens; ++i) {
+    const int32_t t = seq.num_computed + i;
+    slot_mapping_[i] = int64_t{seq.blocks[t / bs]} * bs + t % bs;
+  }
+  seq.num_computed = static_cast<int32_t>(new_total);
+  seq.state = SequenceState::kRunning;
+  offer_computed_blocks(seq);
+  return std::span<const int64_t>(slot_mapping_);
+}
+
+absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preempt(
+    SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "allocate_slots_or_preempt"));
+  while (true) {
+    auto slots = allocate_slots_impl(*s, num_new_tokens, num_lookahead);
+    if (slots.ok() || !absl::IsResourceExhausted(slots.status())) return slots;
+    const std::optional<Preemption> choice = choose_victim(seq);
+    if (!choice.has_value()) return slots.status();
+    PAGEDKV_RETURN_IF_ERROR(preempt(choice->victim, choice->mode));
+  }
+}
+
+// --- preemption ------------------------------------------------------------------------
+
+std::optional<Preemption> KvCacheManager::choose_victim(SeqId requester) const {
+  std::vector<SequenceInfo> running = running_sequences();
+  std::erase_if(running, [&](const SequenceInfo& info) { return info.id == requester; });
+  if (running.empty()) return std::nullopt;
+  std::optional<Preemption> choice =
+      options_.victim_policy ? options_.victim_policy(running, requester)
+                             : default_victim(running, options_.preemption_mode,
+                                              host_pool_.num_free_blocks(), options_.block_size);
+  if (!choice.has_value() || choice->victim == requester) return std::nullopt;
+  const Sequence* victim = find(choice->victim);
+  if (victim == nullptr || victim->state != SequenceState::kRunning) return std::nullopt;
+  return choice;
+}
+
+absl::Status KvCacheManager::preempt(SeqId seq, PreemptionMode mode) {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "preempt"));
+  if (s->state != SequenceState::kRunning) {
+    return absl::FailedPreconditionError(absl::StrCat("preempt(seq ", seq, "): sequence is ",
+                                                      state_name(s->state), ", not running"));
+  }
+  const int32_t bs = options_.block_size;
+  if (mode == PreemptionMode::kSwap) {
+    const int32_t needed = div_ceil(s->num_computed, bs);
+    if (needed > host_pool_.num_free_blocks()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("preempt(seq ", seq, ", swap): need ", needed, " host blocks, ",
+                       host_pool_.num_free_blocks(), " free of ", options_.num_host_blocks));
+    }
+    s->host_blocks.resize(needed);
+    PAGEDKV_CHECK(host_pool_.allocate(s->host_blocks).ok());
+    for (int32_t i = 0; i < needed; ++i) {
+      const int32_t valid = std::min(bs, s->num_computed - i * bs);
+      // The device source is released below on purpose: swap-out runs first in a step.
+      record_copy(pending_swaps_.swap_out, {s->blocks[i], s->host_blocks[i], valid}, nullptr,
+                  &host_pending_);
+    }
+    blocks_swapped_out_ += needed;
+    ++preemptions_swap_;
+    release_device_blocks(*s);
+    s->state = SequenceState::kSwapped;
+  } else {
+    release_device_blocks(*s);
+    s->num_computed = 0;
+    s->state = SequenceState::kWaiting;
+    ++preemptions_recompute_;
+  }
+  s->num_offered_blocks = 0;
+  if (options_.preemption_hooks != nullptr) options_.preemption_hooks->on_preempt(seq, mode);
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheManager::swap_in(SeqId seq) {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "swap_in"));
+  if (s->state != SequenceState::kSwapped) {
+    return absl::FailedPreconditionError(absl::StrCat("swap_in(seq ", seq, "): sequence is ",
+                                                      state_name(s->state), ", not swapped"));
+  }
+  const auto needed = static_cast<int32_t>(s->host_blocks.size());
+  if (needed > device_pool_.num_free_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat("swap_in(seq ", seq, "): need ", needed,
+                                                     " blocks, ", device_pool_.num_free_blocks(),
+                                                     " free of ", options_.num_blocks));
+  }
+  s->blocks.resize(needed);
+  PAGEDKV_CHECK(device_pool_.allocate(s->blocks).ok());
+  const int32_t bs = options_.block_size;
+  for (int32_t i = 0; i < needed; ++i) {
+    const int32_t valid = std::min(bs, s->num_computed - i * bs);
+    record_copy(pending_swaps_.swap_in, {s->host_blocks[i], s->blocks[i], valid}, &host_pending_,
+                &device_pending_);
+  }
+  blocks_swapped_in_ += needed;
+  release_host_blocks(*s);
+  s->state = SequenceState::kRunning;
+  offer_computed_blocks(*s);
+  return absl::OkStatus();
+}
+
+// --- fork and free -----------------------------------------------------------------------
+
+absl::Status KvCacheManager::fork(SeqId parent, SeqId child) {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * p, find_or_error(parent, "fork"));
+  if (find(child) != nullptr) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("fork(parent ", parent, "): child sequence ", child, " exists"));
+  }
+  if (p->state == SequenceState::kSwapped) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fork(parent ", parent, "): parent is swapped; swap_in() first"));
+  }
+  auto c = std::make_unique<Sequence>(*p);
+  c->id = child;
+  c->arrival = next_arrival_++;
+  // Only blocks holding computed tokens are shared; the parent keeps its lookahead blocks.
+  c->blocks.resize(div_ceil(p->num_computed, options_.block_size));
+  c->num_offered_blocks = std::min(c->num_offered_blocks, static_cast<int32_t>(c->blocks.size()));
+  for (const BlockId b : c->blocks) device_pool_.touch(b);
+  sequences_.emplace(child, std::move(c));
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheManager::free(SeqId seq) {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "free"));
+  release_device_blocks(*s);
+  release_host_blocks(*s);
+  sequences_.erase(seq);
+  return absl::OkStatus();
+}
+
+// --- pending copies ----------------------------------------------------------------------
+
+void KvCacheManager::record_copy(std::vector<BlockCopy>& ops, BlockCopy op,
+                                 std::vector<uint16_t>* src_marks,
+                                 std::vector<uint16_t>* dst_marks) {
+  ops.push_back(op);
+  if (src_marks != nullptr) ++(*src_marks)[op.src];
+  if (dst_marks != nullptr) ++(*dst_marks)[op.dst];
+}
+
+void KvCacheManager::release_device_blocks(Sequence& seq) {
+  // Tail first: a prompt's later blocks are evicted before its shared beginning.
+  for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) {
+    if (device_pending_[*it] > 0 && device_pool_.ref_count(*it) == 1) {
+      deferred_device_.push_back(*it);  // still named by a pending copy
+    } else {
+      const BlockId released[] = {*it};
+      device_pool_.free(released);
+    }
+  }
+  seq.blocks.clear();
+}
+
+void KvCacheManager::release_host_blocks(Sequence& seq) {
+  for (auto it = seq.host_blocks.rbegin(); it != seq.host_blocks.rend(); ++it) {
+    if (host_pending_[*it] > 0) {
+      deferred_host_.push_back(*it);
+    } else {
+      const BlockId released[] = {*it};
+      host_pool_.free(released);
+    }
+  }
+  seq.host_blocks.clear();
+}
+
+void KvCacheManager::release_deferred() {
+  auto release = [](std::vector<BlockId>& deferred, const std::vector<uint16_t>& pending,
+                    BlockPool& pool) {
+    std::erase_if(deferred, [&](BlockId b) {
+      if (pending[b] > 0) return false;
+      const BlockId released[] = {b};
+      pool.free(released);
+      return true;
+    });
+  };
+  release(deferred_device_, device_pending_, device_pool_);
+  release(deferred_host_, host_pending_, host_pool_);
+}
+
+std::vector<BlockCopy> KvCacheManager::take_pending_copies() {
+  for (const BlockCopy& op : pending_copies_) {
+    --device_pending_[op.src];
+    --device_pending_[op.dst];
+  }
+  std::vector<BlockCopy> taken = std::exchange(pending_copies_, {});
+  release_deferred();
+  return taken;
+}
+
+SwapOps KvCacheManager::take_pending_swaps() {
+  for (const BlockCopy& op : pending_swaps_.swap_out) --host_pending_[op.dst];
+  for (const BlockCopy& op : pending_swaps_.swap_in) {
+    --host_pending_[op.src];
+    --device_pending_[op.dst];
+  }
+  SwapOps taken = std::exchange(pending_swaps_, {});
+  release_deferred();
+  return taken;
+}
+
+// --- lookups -----------------------------------------------------------------------------
+
+bool KvCacheManager::contains(SeqId seq) const { return find(seq) != nullptr; }
+
+absl::StatusOr<SequenceView> KvCacheManager::sequence(SeqId seq) const {
+  PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, find_or_error(seq, "sequence"));
+  return SequenceView{s->id,           s->state,  s->priority, s->arrival,
+                      s->num_computed, s->tokens, s->blocks,   s->host_blocks};
+}
+
+int32_t KvCacheManager::num_sequences() const { return static_cast<int32_t>(sequences_.size()); }
+
+std::vector<SequenceInfo> KvCacheManager::running_sequences() const {
+  std::vector<SequenceInfo> running;
+  for (const auto& [id, s] : sequences_) {
+    if (s->state != SequenceState::kRunning) continue;
+    running.push_back({id, s->priority, s->arrival, static_cast<int32_t>(s->blocks.size()),
+                       static_cast<int32_t>(s->tokens.size()), s->num_computed});
+  }
+  std::sort(running.begin(), running.end(),
+            [](const SequenceInfo& a, const SequenceInfo& b) { return a.arrival < b.arrival; });
+  return running;
+}
+
+KvCacheManager::Stats KvCacheManager::stats() const {
+  const BlockPool::Stats device = device_pool_.stats();
+  const BlockPool::Stats host = host_pool_.stats();
+  Stats s;
+  s.num_blocks = device.num_blocks;
+  s.used_blocks = device.used_blocks;
+  s.free_blocks = device.free_blocks;
+  s.cached_free_blocks = device.cached_free_blocks;
+  s.num_host_blocks = host.num_blocks;
+  s.used_host_blocks = host.used_blocks;
+  s.prefix_query_tokens = prefix_query_tokens_;
+  s.prefix_hit_tokens = prefix_hit_tokens_;
+  s.evictions = device.evictions;
+  s.cow_copies = cow_copies_;
+  s.preemptions_recompute = preemptions_recompute_;
+  s.preemptions_swap = preemptions_swap_;
+  s.blocks_swapped_out = blocks_swapped_out_;
+  s.blocks_swapped_in = blocks_swapped_in_;
+  return s;
+}
+
+}  // namespace pagedkv
