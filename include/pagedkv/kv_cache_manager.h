@@ -118,8 +118,8 @@ struct SequenceView {
 };
 
 struct SequenceOptions {
-  int32_t priority = 0;              // larger runs first; the lowest is preempted first
-  std::vector<uint64_t> extra_keys;  // hashed into every block: cache salt, adapter id, ...
+  int32_t priority = 0;                   // larger runs first; the lowest is preempted first
+  std::vector<uint64_t> extra_keys = {};  // hashed into every block: cache salt, adapter id
 };
 
 class KvCacheManager {
@@ -135,7 +135,7 @@ class KvCacheManager {
     BlockHashFn hash_fn = hash_block;                             // injectable for collision tests
     KvEventSink* event_sink = nullptr;                            // optional, not owned
     PreemptionHooks* preemption_hooks = nullptr;                  // optional, not owned
-    VictimPolicy victim_policy;                                   // empty: the default policy
+    VictimPolicy victim_policy = nullptr;                         // empty: the default policy
   };
 
   struct Stats {

@@ -266,7 +266,7 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   if (new_blocks + reserve > device_pool_.num_free_blocks()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("allocate_slots(seq ", seq.id, "): need ", new_blocks, " blocks",
-                     admission ? " + watermark " : "", admission ? absl::StrCat(reserve) : "", ", ",
+                     reserve > 0 ? absl::StrCat(" + watermark ", reserve) : "", ", ",
                      device_pool_.num_free_blocks(), " free of ", options_.num_blocks));
   }
 

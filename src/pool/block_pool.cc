@@ -58,6 +58,7 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
       --cached_free_blocks_;
       ++evictions_;
     }
+    hash_index_->renew(b);
     ref_count_[b] = 1;
   }
   used_blocks_ += static_cast<int32_t>(n);

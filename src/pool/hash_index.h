@@ -8,8 +8,9 @@
 //
 // A hash hit alone is never trusted: with an injected weak hash (tests, fuzzers) or a real
 // collision, verification rejects the candidate. The parent is checked by block id and
-// generation: a block's generation changes whenever it leaves the index, so a child cached
-// after a parent that was later evicted and refilled can never match the new content.
+// generation: a block's generation changes whenever it is (re)allocated, that is whenever
+// its contents may change, so a child can only match after the very contents it was
+// cached after, never after a later refill of the same block id.
 #ifndef PAGEDKV_POOL_HASH_INDEX_H_
 #define PAGEDKV_POOL_HASH_INDEX_H_
 
@@ -73,12 +74,14 @@ class HashIndex {
     return true;
   }
 
-  // Removes `b` from the index and bumps its generation.
+  // Removes `b` from the index.
   void erase(BlockId b) {
     index_.erase(hash_[b]);
     cached_[b] = 0;
-    ++generation_[b];
   }
+
+  // Marks that `b` is about to receive new contents.
+  void renew(BlockId b) { ++generation_[b]; }
 
   // Calls fn(hash, block) for every entry.
   template <typename Fn>

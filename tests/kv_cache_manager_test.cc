@@ -1,0 +1,568 @@
+// Tests of KvCacheManager: admission, prefix matching, slots, copy-on-write, preemption,
+// swapping, block tables, bad input. check_invariants() runs after every step.
+#include "pagedkv/kv_cache_manager.h"
+
+#include <catch2/catch.hpp>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace pagedkv {
+namespace {
+
+using Slots = std::vector<int64_t>;
+using Blocks = std::vector<BlockId>;
+
+void require_valid(const KvCacheManager& m) {
+  const absl::Status status = m.check_invariants();
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+}
+
+KvCacheManager make_manager(KvCacheManager::Options options) {
+  auto m = KvCacheManager::create(std::move(options));
+  INFO(m.status().ToString());
+  REQUIRE(m.ok());
+  return *std::move(m);
+}
+
+std::vector<TokenId> iota_tokens(int n, TokenId first = 100) {
+  std::vector<TokenId> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+Slots allocate(KvCacheManager& m, SeqId seq, int32_t n, int32_t lookahead = 0) {
+  auto slots = m.allocate_slots(seq, n, lookahead);
+  INFO(slots.status().ToString());
+  REQUIRE(slots.ok());
+  require_valid(m);
+  return Slots(slots->begin(), slots->end());
+}
+
+Blocks table(const KvCacheManager& m, SeqId seq) {
+  auto view = m.sequence(seq);
+  REQUIRE(view.ok());
+  return Blocks(view->block_table.begin(), view->block_table.end());
+}
+
+void admit(KvCacheManager& m, SeqId seq, const std::vector<TokenId>& prompt,
+           SequenceOptions options = {}) {
+  REQUIRE(m.add_sequence(seq, prompt, std::move(options)).ok());
+  require_valid(m);
+}
+
+// Everything observable about the manager, to check that a failed call changed nothing.
+struct Snapshot {
+  KvCacheManager::Stats stats;
+  std::vector<std::tuple<SeqId, SequenceState, int32_t, std::vector<TokenId>, Blocks, Blocks>> seqs;
+  Blocks free_queue;
+  bool operator==(const Snapshot& o) const {
+    return seqs == o.seqs && free_queue == o.free_queue &&
+           stats.used_blocks == o.stats.used_blocks && stats.free_blocks == o.stats.free_blocks &&
+           stats.cached_free_blocks == o.stats.cached_free_blocks &&
+           stats.used_host_blocks == o.stats.used_host_blocks &&
+           stats.evictions == o.stats.evictions && stats.cow_copies == o.stats.cow_copies;
+  }
+};
+
+Snapshot snapshot(const KvCacheManager& m, const std::vector<SeqId>& ids) {
+  Snapshot s{m.stats(), {}, m.device_pool().free_queue_order()};
+  for (const SeqId id : ids) {
+    auto v = m.sequence(id);
+    if (!v.ok()) continue;
+    s.seqs.emplace_back(id, v->state, v->num_computed_tokens,
+                        std::vector<TokenId>(v->tokens.begin(), v->tokens.end()),
+                        Blocks(v->block_table.begin(), v->block_table.end()),
+                        Blocks(v->host_blocks.begin(), v->host_blocks.end()));
+  }
+  return s;
+}
+
+void require_error(const absl::Status& status, absl::StatusCode code, const std::string& fragment) {
+  INFO(status.ToString());
+  REQUIRE(status.code() == code);
+  REQUIRE_THAT(std::string(status.message()), Catch::Contains(fragment));
+}
+
+BlockHash constant_hash(const BlockHash*, std::span<const TokenId>, std::span<const uint64_t>) {
+  return BlockHash{7, 7};
+}
+
+struct RecordingHooks : PreemptionHooks {
+  std::vector<std::pair<SeqId, PreemptionMode>> calls;
+  void on_preempt(SeqId victim, PreemptionMode mode) override { calls.emplace_back(victim, mode); }
+};
+
+TEST_CASE("create rejects invalid options, naming the value") {
+  require_error(KvCacheManager::create({.num_blocks = 0}).status(),
+                absl::StatusCode::kInvalidArgument, "num_blocks 0");
+  require_error(KvCacheManager::create({.num_blocks = 4, .block_size = -2}).status(),
+                absl::StatusCode::kInvalidArgument, "block_size -2");
+  require_error(KvCacheManager::create({.num_blocks = 4, .num_host_blocks = -1}).status(),
+                absl::StatusCode::kInvalidArgument, "num_host_blocks -1");
+  require_error(KvCacheManager::create({.num_blocks = 4, .watermark_blocks = 4}).status(),
+                absl::StatusCode::kInvalidArgument, "watermark_blocks 4");
+  require_error(KvCacheManager::create({.num_blocks = 4, .max_model_len = 0}).status(),
+                absl::StatusCode::kInvalidArgument, "max_model_len 0");
+  require_error(KvCacheManager::create({.num_blocks = 4, .hash_fn = nullptr}).status(),
+                absl::StatusCode::kInvalidArgument, "hash_fn");
+}
+
+TEST_CASE("prefill returns the slot mapping and fills blocks in order") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  admit(m, 1, iota_tokens(6));
+  REQUIRE(*m.match_prefix(1) == 0);
+  REQUIRE(allocate(m, 1, 6) == Slots{0, 1, 2, 3, 4, 5});
+  REQUIRE(table(m, 1) == Blocks{0, 1});
+  REQUIRE(m.sequence(1)->state == SequenceState::kRunning);
+  REQUIRE(m.sequence(1)->num_computed_tokens == 6);
+  // Decode: two tokens fit in block 1, the third opens block 2.
+  for (const int64_t expected : {6, 7, 8}) {
+    REQUIRE(m.append_tokens(1, std::vector<TokenId>{1}).ok());
+    REQUIRE(allocate(m, 1, 1) == Slots{expected});
+  }
+  REQUIRE(table(m, 1) == Blocks{0, 1, 2});
+  REQUIRE(m.stats().used_blocks == 3);
+}
+
+TEST_CASE("lookahead reserves spare slots without computing them") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  admit(m, 1, iota_tokens(3));
+  REQUIRE(allocate(m, 1, 3, /*lookahead=*/6) == Slots{0, 1, 2});
+  REQUIRE(table(m, 1) == Blocks{0, 1, 2});
+  REQUIRE(m.sequence(1)->num_computed_tokens == 3);
+  REQUIRE(m.append_tokens(1, iota_tokens(2)).ok());
+  REQUIRE(allocate(m, 1, 2) == Slots{3, 4});
+  REQUIRE(table(m, 1) == Blocks{0, 1, 2});  // no new block
+}
+
+TEST_CASE("a freed prompt's full blocks hit the prefix cache, never the last token") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  const std::vector<TokenId> prompt = iota_tokens(10);
+  admit(m, 1, prompt);
+  allocate(m, 1, 10);
+  const Blocks first = table(m, 1);  // 0 1 2
+  REQUIRE(m.free(1).ok());
+  require_valid(m);
+  REQUIRE(m.stats().cached_free_blocks == 2);  // two full blocks; block 2 is partial
+
+  admit(m, 2, prompt);
+  REQUIRE(*m.match_prefix(2) == 8);
+  REQUIRE(table(m, 2) == Blocks{first[0], first[1]});
+  // The new block comes from the head of the free queue: a clean block, not block 2.
+  REQUIRE(allocate(m, 2, 2) == Slots{3 * 4, 3 * 4 + 1});
+  REQUIRE(m.stats().prefix_query_tokens == 10);  // only sequence 2 looked up
+  REQUIRE(m.stats().prefix_hit_tokens == 8);
+
+  // A prompt of exactly two blocks reuses only the first: its last token must be computed.
+  admit(m, 3, iota_tokens(8));
+  REQUIRE(*m.match_prefix(3) == 4);
+  REQUIRE(table(m, 3) == Blocks{first[0]});
+  require_valid(m);
+}
+
+TEST_CASE("eviction under pressure takes the least recently freed, tail blocks first") {
+  KvCacheManager m = make_manager({.num_blocks = 6, .block_size = 2});
+  admit(m, 1, iota_tokens(6, 0));
+  allocate(m, 1, 6);  // blocks 0 1 2, all full and cached
+  admit(m, 2, iota_tokens(4, 50));
+  allocate(m, 2, 4);  // blocks 3 4
+  REQUIRE(m.free(1).ok());
+  REQUIRE(m.free(2).ok());
+  require_valid(m);
+  REQUIRE(m.device_pool().free_queue_order() == Blocks{5, 2, 1, 0, 4, 3});
+  admit(m, 3, iota_tokens(5, 200));
+  allocate(m, 3, 5);  // 3 blocks: 5 (clean), then evicts 2 and 1
+  REQUIRE(table(m, 3) == Blocks{5, 2, 1});
+  REQUIRE(m.stats().evictions == 2);
+  // Sequence 1's first block survived; its second did not.
+  admit(m, 4, iota_tokens(6, 0));
+  REQUIRE(*m.match_prefix(4) == 2);
+  REQUIRE(table(m, 4) == Blocks{0});
+  require_valid(m);
+}
+
+TEST_CASE("the same tokens with a different cache salt share nothing") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  const std::vector<TokenId> prompt = iota_tokens(9);
+  admit(m, 1, prompt, {.extra_keys = {1111}});
+  allocate(m, 1, 9);
+  admit(m, 2, prompt, {.extra_keys = {2222}});
+  REQUIRE(*m.match_prefix(2) == 0);
+  admit(m, 3, prompt, {.extra_keys = {1111}});
+  REQUIRE(*m.match_prefix(3) == 8);
+  require_valid(m);
+}
+
+TEST_CASE("a forced hash collision is never shared") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4, .hash_fn = constant_hash});
+  admit(m, 1, iota_tokens(9, 0));
+  allocate(m, 1, 9);
+  admit(m, 2, iota_tokens(9, 1000));  // every block hashes the same, contents differ
+  REQUIRE(*m.match_prefix(2) == 0);
+  allocate(m, 2, 9);
+  // With the same contents, the verified block is shared as usual.
+  admit(m, 3, iota_tokens(9, 0));
+  REQUIRE(*m.match_prefix(3) == 4);
+  REQUIRE(table(m, 3)[0] == table(m, 1)[0]);
+  require_valid(m);
+}
+
+TEST_CASE("fork shares blocks; appending to a shared partial block copies it once") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  admit(m, 1, iota_tokens(6));
+  allocate(m, 1, 6);  // blocks 0 (full) 1 (2 tokens)
+  REQUIRE(m.fork(1, 2).ok());
+  require_valid(m);
+  REQUIRE(table(m, 2) == Blocks{0, 1});
+  REQUIRE(m.device_pool().ref_count(1) == 2);
+
+  SECTION("the child appends") {
+    REQUIRE(m.append_tokens(2, std::vector<TokenId>{9}).ok());
+    REQUIRE(allocate(m, 2, 1) == Slots{2 * 4 + 2});
+    REQUIRE(table(m, 2) == Blocks{0, 2});
+    REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{1, 2, 2}});
+    // The parent now owns block 1 alone: no second copy.
+    REQUIRE(m.append_tokens(1, std::vector<TokenId>{8}).ok());
+    REQUIRE(allocate(m, 1, 1) == Slots{1 * 4 + 2});
+    REQUIRE(m.take_pending_copies().empty());
+  }
+  SECTION("the parent appends") {
+    REQUIRE(m.append_tokens(1, std::vector<TokenId>{8}).ok());
+    REQUIRE(allocate(m, 1, 1) == Slots{2 * 4 + 2});
+    REQUIRE(table(m, 1) == Blocks{0, 2});
+    REQUIRE(table(m, 2) == Blocks{0, 1});
+    REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{1, 2, 2}});
+  }
+  REQUIRE(m.stats().cow_copies == 1);
+  REQUIRE(m.device_pool().ref_count(0) == 2);  // the full block stays shared
+  require_valid(m);
+}
+
+TEST_CASE("full blocks are never copied") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  admit(m, 1, iota_tokens(8));
+  allocate(m, 1, 8);
+  REQUIRE(m.fork(1, 2).ok());
+  REQUIRE(m.append_tokens(2, std::vector<TokenId>{1}).ok());
+  REQUIRE(allocate(m, 2, 1) == Slots{2 * 4});
+  REQUIRE(m.take_pending_copies().empty());
+  REQUIRE(m.stats().cow_copies == 0);
+  require_valid(m);
+}
+
+TEST_CASE("a block named by a pending copy is released only after the copies are taken") {
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4});
+  admit(m, 1, iota_tokens(2));
+  allocate(m, 1, 2);  // block 0, partial
+  REQUIRE(m.fork(1, 2).ok());
+  REQUIRE(m.append_tokens(2, std::vector<TokenId>{5}).ok());
+  allocate(m, 2, 1);        // copy 0 -> 1
+  REQUIRE(m.free(1).ok());  // block 0 is the pending copy's source
+  require_valid(m);
+  REQUIRE(m.device_pool().ref_count(0) == 1);
+  REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{0, 1, 2}});
+  REQUIRE(m.device_pool().ref_count(0) == 0);
+  require_valid(m);
+}
+
+TEST_CASE("recompute preemption frees the victim's blocks and calls the hooks") {
+  RecordingHooks hooks;
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .preemption_hooks = &hooks});
+  admit(m, 1, iota_tokens(4, 0), {.priority = 1});
+  allocate(m, 1, 4);
+  admit(m, 2, iota_tokens(3, 50), {.priority = 0});
+  allocate(m, 2, 3);  // pool full
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{9}).ok());
+  REQUIRE(m.allocate_slots(1, 1).status().code() == absl::StatusCode::kResourceExhausted);
+
+  auto slots = m.allocate_slots_or_preempt(1, 1);
+  REQUIRE(slots.ok());
+  require_valid(m);
+  REQUIRE(hooks.calls ==
+          std::vector<std::pair<SeqId, PreemptionMode>>{{2, PreemptionMode::kRecompute}});
+  REQUIRE(m.sequence(2)->state == SequenceState::kWaiting);
+  REQUIRE(m.sequence(2)->num_computed_tokens == 0);
+  REQUIRE(m.sequence(2)->tokens.size() == 3);
+  REQUIRE(m.stats().preemptions_recompute == 1);
+  // Its full block stayed cached: resuming hits it.
+  REQUIRE(m.free(1).ok());
+  REQUIRE(*m.match_prefix(2) == 2);
+  require_valid(m);
+}
+
+TEST_CASE("the default victim is the lowest priority, then the latest arrival") {
+  RecordingHooks hooks;
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 1, .preemption_hooks = &hooks});
+  admit(m, 10, iota_tokens(1), {.priority = 5});
+  admit(m, 11, iota_tokens(1), {.priority = 0});
+  admit(m, 12, iota_tokens(1), {.priority = 0});
+  admit(m, 13, iota_tokens(1), {.priority = 9});
+  for (SeqId id : {10, 11, 12, 13}) allocate(m, id, 1);
+  REQUIRE(m.append_tokens(13, iota_tokens(3)).ok());
+  REQUIRE(m.allocate_slots_or_preempt(13, 3).ok());
+  require_valid(m);
+  REQUIRE(hooks.calls ==
+          std::vector<std::pair<SeqId, PreemptionMode>>{{12, PreemptionMode::kRecompute},
+                                                        {11, PreemptionMode::kRecompute},
+                                                        {10, PreemptionMode::kRecompute}});
+}
+
+TEST_CASE("a custom victim policy decides, and giving up leaves ResourceExhausted") {
+  std::vector<SeqId> offered;
+  KvCacheManager m = make_manager({.num_blocks = 2,
+                                   .block_size = 1,
+                                   .victim_policy = [&](std::span<const SequenceInfo> running,
+                                                        SeqId) -> std::optional<Preemption> {
+                                     for (const SequenceInfo& info : running)
+                                       offered.push_back(info.id);
+                                     return std::nullopt;
+                                   }});
+  admit(m, 1, iota_tokens(1));
+  admit(m, 2, iota_tokens(1));
+  allocate(m, 1, 1);
+  allocate(m, 2, 1);
+  REQUIRE(m.append_tokens(2, iota_tokens(1)).ok());
+  const Snapshot before = snapshot(m, {1, 2});
+  require_error(m.allocate_slots_or_preempt(2, 1).status(), absl::StatusCode::kResourceExhausted,
+                "need 1 blocks, 0 free of 2");
+  REQUIRE(offered == std::vector<SeqId>{1});
+  REQUIRE(snapshot(m, {1, 2}) == before);
+}
+
+TEST_CASE("swap preemption moves blocks to the host pool and swap_in restores them") {
+  RecordingHooks hooks;
+  KvCacheManager m = make_manager({.num_blocks = 6,
+                                   .block_size = 2,
+                                   .num_host_blocks = 4,
+                                   .preemption_mode = PreemptionMode::kSwap,
+                                   .preemption_hooks = &hooks});
+  admit(m, 1, iota_tokens(5, 0));
+  allocate(m, 1, 5);  // blocks 0 1 2 (last holds 1 token)
+  admit(m, 2, iota_tokens(6, 50));
+  allocate(m, 2, 6);  // blocks 3 4 5
+  const Blocks device_before = table(m, 1);
+
+  REQUIRE(m.append_tokens(2, iota_tokens(1)).ok());
+  REQUIRE(m.allocate_slots_or_preempt(2, 1).ok());  // victim: seq 1, latest arrival? no: seq 1
+  require_valid(m);
+  REQUIRE(hooks.calls == std::vector<std::pair<SeqId, PreemptionMode>>{{1, PreemptionMode::kSwap}});
+  REQUIRE(m.sequence(1)->state == SequenceState::kSwapped);
+  const Blocks host(m.sequence(1)->host_blocks.begin(), m.sequence(1)->host_blocks.end());
+  REQUIRE(host == Blocks{0, 1, 2});
+  REQUIRE(m.stats().used_host_blocks == 3);
+  require_error(m.allocate_slots(1, 0).status(), absl::StatusCode::kFailedPrecondition, "swapped");
+
+  SwapOps out = m.take_pending_swaps();
+  REQUIRE(out.swap_out == std::vector<BlockCopy>{{device_before[0], 0, 2},
+                                                 {device_before[1], 1, 2},
+                                                 {device_before[2], 2, 1}});
+  REQUIRE(out.swap_in.empty());
+
+  // Device blocks are short until sequence 2 finishes: swap_in fails cleanly.
+  const Snapshot before = snapshot(m, {1, 2});
+  require_error(m.swap_in(1), absl::StatusCode::kResourceExhausted, "need 3 blocks");
+  REQUIRE(snapshot(m, {1, 2}) == before);
+
+  REQUIRE(m.free(2).ok());
+  REQUIRE(m.swap_in(1).ok());
+  require_valid(m);
+  const Blocks device_after = table(m, 1);
+  SwapOps in = m.take_pending_swaps();
+  REQUIRE(in.swap_in == std::vector<BlockCopy>{{0, device_after[0], 2},
+                                               {1, device_after[1], 2},
+                                               {2, device_after[2], 1}});
+  REQUIRE(m.sequence(1)->state == SequenceState::kRunning);
+  REQUIRE(m.sequence(1)->num_computed_tokens == 5);
+  REQUIRE(m.sequence(1)->tokens.size() == 5);
+  REQUIRE(m.stats().used_host_blocks == 0);
+  REQUIRE(m.stats().preemptions_swap == 1);
+  REQUIRE(m.stats().blocks_swapped_out == 3);
+  REQUIRE(m.stats().blocks_swapped_in == 3);
+  // It runs on: the next token lands after the restored ones.
+  REQUIRE(m.append_tokens(1, iota_tokens(1)).ok());
+  REQUIRE(allocate(m, 1, 1) == Slots{int64_t{device_after[2]} * 2 + 1});
+}
+
+TEST_CASE("swap mode falls back to recompute when the host pool is too small") {
+  RecordingHooks hooks;
+  KvCacheManager m = make_manager({.num_blocks = 4,
+                                   .block_size = 2,
+                                   .num_host_blocks = 1,
+                                   .preemption_mode = PreemptionMode::kSwap,
+                                   .preemption_hooks = &hooks});
+  admit(m, 1, iota_tokens(4));
+  allocate(m, 1, 4);
+  admit(m, 2, iota_tokens(4, 9));
+  allocate(m, 2, 4);
+  REQUIRE(m.append_tokens(1, iota_tokens(1)).ok());
+  REQUIRE(m.allocate_slots_or_preempt(1, 1).ok());
+  REQUIRE(hooks.calls ==
+          std::vector<std::pair<SeqId, PreemptionMode>>{{2, PreemptionMode::kRecompute}});
+  require_error(m.preempt(1, PreemptionMode::kSwap), absl::StatusCode::kResourceExhausted,
+                "need 3 host blocks, 1 free of 1");
+  require_valid(m);
+}
+
+TEST_CASE("block tables and CSR for a batch") {
+  KvCacheManager m = make_manager({.num_blocks = 16, .block_size = 4});
+  admit(m, 1, iota_tokens(9, 0));
+  allocate(m, 1, 9);  // 0 1 2
+  admit(m, 2, iota_tokens(4, 50));
+  allocate(m, 2, 4, /*lookahead=*/4);  // 3 (4: lookahead, not in the table)
+  admit(m, 3, iota_tokens(1, 80));
+  allocate(m, 3, 1);  // 5
+  const std::vector<SeqId> batch = {2, 1, 3};
+  BlockTables tables;
+  REQUIRE(m.build_block_tables(batch, &tables).ok());
+  REQUIRE(tables.num_seqs == 3);
+  REQUIRE(tables.max_blocks == 3);
+  REQUIRE(tables.block_size == 4);
+  REQUIRE(tables.block_table == std::vector<int32_t>{3, kPaddingBlock, kPaddingBlock,  //
+                                                     0, 1, 2,                          //
+                                                     5, kPaddingBlock, kPaddingBlock});
+  REQUIRE(tables.context_lens == std::vector<int32_t>{4, 9, 1});
+  REQUIRE(tables.indptr == std::vector<int32_t>{0, 1, 4, 5});
+  REQUIRE(tables.indices == std::vector<int32_t>{3, 0, 1, 2, 5});
+  REQUIRE(tables.last_page_len == std::vector<int32_t>{4, 1, 1});
+  const BlockTableView view = tables.padded();
+  REQUIRE(view.block_table == tables.block_table.data());
+  REQUIRE(view.max_blocks == 3);
+
+  // Rebuilding a smaller batch reuses the buffers.
+  const int32_t* data = tables.block_table.data();
+  REQUIRE(m.build_block_tables(std::vector<SeqId>{3}, &tables).ok());
+  REQUIRE(tables.block_table.data() == data);
+  REQUIRE(tables.block_table == std::vector<int32_t>{5});
+
+  // Caller-provided buffers: too small is refused before anything is written.
+  std::vector<int32_t> small(5, -7), lens(3, -7);
+  require_error(m.write_block_tables(batch, 3, small, lens), absl::StatusCode::kInvalidArgument,
+                "need 9 table entries");
+  REQUIRE(small == std::vector<int32_t>(5, -7));
+  std::vector<int32_t> narrow(6), lens2(3);
+  require_error(m.write_block_tables(batch, 2, narrow, lens2), absl::StatusCode::kInvalidArgument,
+                "sequence 1 needs 3 entries, more than max_blocks 2");
+  std::vector<int32_t> indptr(4), indices(4), last(3);
+  require_error(m.write_csr_block_tables(batch, indptr, indices, last),
+                absl::StatusCode::kInvalidArgument, "indices[5]");
+}
+
+TEST_CASE("the watermark holds back admissions but not running sequences") {
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .watermark_blocks = 1});
+  admit(m, 1, iota_tokens(4));
+  allocate(m, 1, 4);  // 2 blocks, 2 free
+  admit(m, 2, iota_tokens(3));
+  require_error(m.allocate_slots(2, 3).status(), absl::StatusCode::kResourceExhausted,
+                "need 2 blocks + watermark 1, 2 free of 4");
+  REQUIRE(m.append_tokens(1, iota_tokens(3)).ok());
+  REQUIRE(allocate(m, 1, 3).size() == 3);  // running: may use the last blocks
+  REQUIRE(m.stats().free_blocks == 0);
+}
+
+TEST_CASE("bad input names the problem and changes nothing") {
+  KvCacheManager m =
+      make_manager({.num_blocks = 4, .block_size = 4, .num_host_blocks = 2, .max_model_len = 12});
+  admit(m, 1, iota_tokens(5));
+  allocate(m, 1, 5);
+  admit(m, 2, iota_tokens(2));
+  const std::vector<SeqId> ids = {1, 2, 3};
+  const Snapshot before = snapshot(m, ids);
+
+  require_error(m.add_sequence(1, iota_tokens(2)), absl::StatusCode::kAlreadyExists, "sequence 1");
+  require_error(m.add_sequence(3, {}), absl::StatusCode::kInvalidArgument, "empty prompt");
+  require_error(m.add_sequence(3, iota_tokens(13)), absl::StatusCode::kInvalidArgument,
+                "13 tokens exceeds max_model_len 12");
+  {
+    KvCacheManager small = make_manager({.num_blocks = 2, .block_size = 4});
+    require_error(small.add_sequence(3, iota_tokens(9)), absl::StatusCode::kInvalidArgument,
+                  "needs 3 blocks of 4 tokens; the pool admits at most 2");
+  }
+  require_error(m.append_tokens(3, iota_tokens(1)), absl::StatusCode::kNotFound,
+                "unknown sequence 3");
+  require_error(m.append_tokens(1, iota_tokens(8)), absl::StatusCode::kInvalidArgument,
+                "5 + 8 tokens exceeds max_model_len 12");
+  require_error(m.allocate_slots(3, 1).status(), absl::StatusCode::kNotFound, "unknown sequence 3");
+  require_error(m.allocate_slots(1, -1).status(), absl::StatusCode::kInvalidArgument,
+                "num_new_tokens -1");
+  require_error(m.allocate_slots(1, 1, -2).status(), absl::StatusCode::kInvalidArgument,
+                "num_lookahead -2");
+  require_error(m.allocate_slots(1, 1).status(), absl::StatusCode::kInvalidArgument,
+                "5 computed + 1 new tokens exceeds the sequence's 5 tokens");
+  require_error(m.allocate_slots(1, 0, 12).status(), absl::StatusCode::kInvalidArgument,
+                "17 slots need 5 blocks; the pool has 4");
+  require_error(m.allocate_slots_or_preempt(3, 1).status(), absl::StatusCode::kNotFound,
+                "unknown sequence 3");
+  require_error(m.match_prefix(3).status(), absl::StatusCode::kNotFound, "unknown sequence 3");
+  require_error(m.match_prefix(1).status(), absl::StatusCode::kFailedPrecondition, "running");
+  require_error(m.fork(3, 4), absl::StatusCode::kNotFound, "unknown sequence 3");
+  require_error(m.fork(1, 2), absl::StatusCode::kAlreadyExists, "child sequence 2 exists");
+  require_error(m.free(3), absl::StatusCode::kNotFound, "unknown sequence 3");
+  require_error(m.preempt(3, PreemptionMode::kRecompute), absl::StatusCode::kNotFound,
+                "unknown sequence 3");
+  require_error(m.preempt(2, PreemptionMode::kRecompute), absl::StatusCode::kFailedPrecondition,
+                "waiting, not running");
+  require_error(m.swap_in(1), absl::StatusCode::kFailedPrecondition, "running, not swapped");
+  require_error(m.swap_in(3), absl::StatusCode::kNotFound, "unknown sequence 3");
+  require_error(m.sequence(3).status(), absl::StatusCode::kNotFound, "unknown sequence 3");
+  BlockTables tables;
+  require_error(m.build_block_tables(std::vector<SeqId>{1, 3}, &tables),
+                absl::StatusCode::kNotFound, "unknown sequence 3");
+  require_error(m.build_block_tables(std::vector<SeqId>{2}, &tables),
+                absl::StatusCode::kFailedPrecondition, "sequence 2 is not running");
+  REQUIRE(snapshot(m, ids) == before);
+  require_valid(m);
+}
+
+TEST_CASE("a failed allocation changes nothing") {
+  KvCacheManager m = make_manager({.num_blocks = 3, .block_size = 2});
+  admit(m, 1, iota_tokens(4));
+  allocate(m, 1, 4);
+  REQUIRE(m.fork(1, 2).ok());
+  admit(m, 3, iota_tokens(5, 40));
+  const Snapshot before = snapshot(m, {1, 2, 3});
+  require_error(m.allocate_slots(3, 5).status(), absl::StatusCode::kResourceExhausted,
+                "need 3 blocks, 1 free of 3");
+  REQUIRE(snapshot(m, {1, 2, 3}) == before);
+  require_valid(m);
+}
+
+TEST_CASE("newly filled blocks emit BlockStored with their parent's hash") {
+  KvEventBuffer events;
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .event_sink = &events});
+  admit(m, 1, std::vector<TokenId>{1, 2, 3, 4, 5}, {.extra_keys = {77}});
+  allocate(m, 1, 5);
+  const std::vector<KvEvent> seen = events.take();
+  REQUIRE(seen.size() == 2);
+  const auto& first = std::get<BlockStored>(seen[0]);
+  const auto& second = std::get<BlockStored>(seen[1]);
+  REQUIRE(first.token_ids == std::vector<TokenId>{1, 2});
+  REQUIRE(second.token_ids == std::vector<TokenId>{3, 4});
+  REQUIRE(first.extra_keys == std::vector<uint64_t>{77});
+  REQUIRE_FALSE(first.parent_hash.has_value());
+  REQUIRE(second.parent_hash == first.block_hashes.at(0));
+  REQUIRE(m.device_pool().cached_hash(table(m, 1)[1]) == second.block_hashes.at(0));
+
+  m.reset_prefix_cache();
+  require_valid(m);
+  REQUIRE(std::holds_alternative<AllBlocksCleared>(events.take().at(0)));
+  admit(m, 2, std::vector<TokenId>{1, 2, 3, 4, 5}, {.extra_keys = {77}});
+  REQUIRE(*m.match_prefix(2) == 0);
+}
+
+TEST_CASE("prefix caching off never matches and never hashes") {
+  KvCacheManager m =
+      make_manager({.num_blocks = 8, .block_size = 2, .enable_prefix_caching = false});
+  admit(m, 1, iota_tokens(6));
+  allocate(m, 1, 6);
+  REQUIRE(m.free(1).ok());
+  admit(m, 2, iota_tokens(6));
+  REQUIRE(*m.match_prefix(2) == 0);
+  REQUIRE(m.stats().cached_free_blocks == 0);
+  require_valid(m);
+}
+
+}  // namespace
+}  // namespace pagedkv
