@@ -1,0 +1,145 @@
+// File: pagedkv/attention.h
+//
+// The KV-cache kernels as host code calls them: write the new tokens' K/V through the slot
+// mapping, paged decode attention (one query token per sequence), and paged extend
+// (prefill) attention (the new tokens of each sequence attend causally to the cached
+// prefix and to each other). Each call runs on the Device it is given, with pointers of
+// that device: host pointers for kCpu, device pointers for kCuda (launched asynchronously
+// on `stream`, a cudaStream_t or nullptr for the default stream). The CPU versions are the
+// reference the CUDA ones are tested against; both share layouts, address math, the
+// split plan and the softmax merge (kv_cache_view.h, decode_plan.h, merge_state.h).
+//
+// Supported: q / out dtype fp32, fp16, bf16; KV in the q dtype, or fp8 e4m3 with
+// per-tensor fp32 scales (by pointer on the call's device; null means 1); head_dim 64, 128,
+// 256; any block_size >= 1 (8, 16 and 32 are the tested ones); num_q_heads a multiple of
+// num_kv_heads. Unsupported values are refused with InvalidArgument before any work.
+//
+// Block-table contract: row i of the table holds ceil(context_lens[i] / block_size) valid
+// block ids; entries beyond, and slots beyond the context length, are never read, so they
+// may hold anything (tests fill them with NaN). The CPU wrappers check every id and length
+// they read (InvalidArgument naming the sequence, the value and the limit); the CUDA
+// wrappers cannot read device tables, so there those are the caller's contract.
+//
+// Example (one decode step of one layer, on whatever device is present):
+//   Device device = default_device();
+//   KvCacheView cache = storage.view(layer);
+//   PAGEDKV_RETURN_IF_ERROR(write_kv(device, cache, {.k = k, .v = v,
+//       .src_dtype = DType::kFloat32, .slot_mapping = slots, .num_tokens = num_seqs}));
+//   PAGEDKV_RETURN_IF_ERROR(paged_decode_attention(device, cache, tables.padded(),
+//       {.q = q, .out = out, .dtype = DType::kFloat32, .num_q_heads = 8,
+//        .max_context_len = max_len}));
+#ifndef PAGEDKV_ATTENTION_H_
+#define PAGEDKV_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "pagedkv/block_table.h"
+#include "pagedkv/decode_plan.h"
+#include "pagedkv/device.h"
+#include "pagedkv/dtype.h"
+#include "pagedkv/kv_cache_view.h"
+
+namespace pagedkv {
+
+// Arguments of write_kv().
+struct WriteKvArgs {
+  const void* k = nullptr;            // [num_tokens, num_kv_heads, head_dim], src_dtype, contiguous
+  const void* v = nullptr;            // same shape and dtype as k
+  DType src_dtype = DType::kFloat32;  // fp32, fp16 or bf16
+  const int64_t* slot_mapping = nullptr;  // [num_tokens] slots; a negative slot is skipped
+  int32_t num_tokens = 0;
+  const float* maybe_k_scale = nullptr;  // fp8 cache: stored K = K / *k_scale (null: 1)
+  const float* maybe_v_scale = nullptr;  // fp8 cache: stored V = V / *v_scale (null: 1)
+};
+
+// write_kv()
+//
+// Scatters the K and V of `num_tokens` new tokens into their slots of one layer's pools,
+// converting from src_dtype to the cache dtype (rounding to nearest even; fp8 saturates to
+// +-448 after dividing by the scale). Slot s is block s / block_size, offset s % block_size.
+// Errors: InvalidArgument for a null pointer, a negative count, an unsupported dtype pair,
+// or (CPU) a slot at or beyond num_blocks * block_size, naming the token and the limit.
+// On CUDA an out-of-range slot is the caller's contract (the kernel skips it).
+[[nodiscard]] absl::Status write_kv(Device device, const KvCacheView& cache,
+                                    const WriteKvArgs& args, void* stream = nullptr);
+
+// Arguments of paged_decode_attention().
+struct DecodeArgs {
+  const void* q = nullptr;        // [num_seqs, num_q_heads, head_dim], dtype
+  void* out = nullptr;            // [num_seqs, num_q_heads, head_dim], dtype
+  float* maybe_lse = nullptr;     // [num_seqs, num_q_heads] natural log-sum-exp, or null
+  DType dtype = DType::kFloat32;  // of q and out: fp32, fp16 or bf16
+  int32_t num_q_heads = 0;
+  float sm_scale = 0.0f;                 // softmax scale; 0 means 1 / sqrt(head_dim)
+  const float* maybe_k_scale = nullptr;  // fp8 KV only (null: 1)
+  const float* maybe_v_scale = nullptr;  // fp8 KV only (null: 1)
+  // Upper bound of the batch's context lengths, used to plan split-K. Required on CUDA
+  // when splitting (the lengths live in device memory); on CPU 0 means "compute it".
+  int32_t max_context_len = 0;
+};
+
+// Options of paged_decode_attention().
+struct DecodeOptions {
+  int32_t num_splits = 0;  // 0: automatic plan; 1: no split; n > 1: exactly n splits
+  // CUDA split-K partials (decode_workspace_bytes() of the plan). Null: a buffer the
+  // library keeps and grows per device (not for CUDA-graph capture; pass one instead).
+  void* maybe_workspace = nullptr;
+  int64_t workspace_bytes = 0;
+  void* stream = nullptr;  // cudaStream_t on CUDA; ignored on CPU
+};
+
+// paged_decode_attention()
+//
+// For each sequence i and query head h: out[i, h] = softmax(sm_scale * q[i, h] . K^T) V
+// over the sequence's first context_lens[i] tokens, read through its block-table row,
+// with K/V of KV head h / (num_q_heads / num_kv_heads). A zero-length context gives zeros
+// (and lse -inf). Split-K partials are merged by log-sum-exp in fp32.
+// Errors: InvalidArgument naming the value and the limit (dtype, head_dim, head counts,
+// table shape, CPU: ids and lengths, CUDA: a workspace that is too small).
+// Internal if a CUDA launch fails.
+[[nodiscard]] absl::Status paged_decode_attention(Device device, const KvCacheView& cache,
+                                                  const BlockTableView& table,
+                                                  const DecodeArgs& args,
+                                                  const DecodeOptions& options = {});
+
+// The plan paged_decode_attention() uses for these arguments on `device` (SM count and
+// occupancy of the current CUDA device; one worker on CPU).
+[[nodiscard]] DecodePlan plan_decode_for(Device device, const KvCacheView& cache,
+                                         const BlockTableView& table, const DecodeArgs& args,
+                                         const DecodeOptions& options = {});
+
+// Arguments of paged_extend_attention().
+struct ExtendArgs {
+  const void* q = nullptr;     // [num_new_tokens, num_q_heads, head_dim], dtype; the new
+                               // tokens of all sequences, sequence after sequence
+  void* out = nullptr;         // same shape and dtype as q
+  float* maybe_lse = nullptr;  // [num_new_tokens, num_q_heads] natural log, or null
+  DType dtype = DType::kFloat32;
+  int32_t num_q_heads = 0;
+  float sm_scale = 0.0f;  // 0 means 1 / sqrt(head_dim)
+  const float* maybe_k_scale = nullptr;
+  const float* maybe_v_scale = nullptr;
+  // [num_seqs + 1]: the new tokens of sequence i are q rows qo_indptr[i] ..
+  // qo_indptr[i + 1], and they are the last tokens of its context_lens[i].
+  const int32_t* qo_indptr = nullptr;
+  // Largest number of new tokens of one sequence. Required on CUDA (it sizes the grid);
+  // on CPU 0 means "compute it".
+  int32_t max_query_len = 0;
+};
+
+// paged_extend_attention()
+//
+// Prefill / extend attention over the paged cache: the K/V of the new tokens must already
+// be written (write_kv). New token j of sequence i sits at position p = context_lens[i] -
+// n_i + j and attends to context tokens [0, p] (the cached prefix and the new tokens up to
+// itself, causal), read through the block table, K/V head h / group as in decode.
+// Errors: as paged_decode_attention(), plus (CPU) a sequence with more new tokens than
+// context, naming both.
+[[nodiscard]] absl::Status paged_extend_attention(Device device, const KvCacheView& cache,
+                                                  const BlockTableView& table,
+                                                  const ExtendArgs& args, void* stream = nullptr);
+
+}  // namespace pagedkv
+
+#endif  // PAGEDKV_ATTENTION_H_

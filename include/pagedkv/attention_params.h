@@ -1,0 +1,107 @@
+// File: pagedkv/attention_params.h
+//
+// The argument bundles the attention and cache-write kernels receive, on CPU and CUDA
+// alike, and the work decomposition both follow. Host code normally calls the validated
+// wrappers in pagedkv/attention.h instead; this header is what cuda/ includes (no Abseil).
+//
+// Work decomposition: one work item (a CTA on CUDA) per (sequence, KV head, z), where z is
+// the split index for decode (split-K, see decode_plan.h) and the query-tile index for
+// extend. A work item owns `rows` = query tokens x group_size query heads, which share
+// every K/V tile it loads: the GQA group is served by one pass over the KV head's tokens.
+// Row r is query token r / group_size and query head kv_head * group_size +
+// r % group_size. Query token i of the item may attend to context tokens [0, limit_i),
+// limit_i = causal_base + i + 1; tokens at or beyond it are excluded by selection, never
+// by multiplying with zero, and tokens at or beyond the context length are never read.
+#ifndef PAGEDKV_ATTENTION_PARAMS_H_
+#define PAGEDKV_ATTENTION_PARAMS_H_
+
+#include <cstdint>
+
+#include "pagedkv/block_table.h"
+#include "pagedkv/dtype.h"
+#include "pagedkv/host_device.h"
+#include "pagedkv/kv_cache_view.h"
+
+namespace pagedkv {
+
+// log2(e): scores are kept in base 2 (see merge_state.h).
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+struct AttentionParams {
+  const void* q = nullptr;     // decode [num_seqs, num_q_heads, head_dim];
+                               // extend [num_new_tokens, num_q_heads, head_dim]; dtype q_dtype
+  void* o = nullptr;           // same shape and dtype as q
+  float* maybe_lse = nullptr;  // [rows of q, num_q_heads], natural log; -inf when empty
+  DType q_dtype = DType::kFloat32;
+  KvCacheView kv;
+  BlockTableView table;  // padded table; context_lens include any new (extend) tokens
+  const int32_t* maybe_qo_indptr = nullptr;  // extend: [num_seqs + 1]; null for decode
+  int32_t num_q_heads = 0;
+  int32_t group_size = 1;                // num_q_heads / kv.num_kv_heads
+  float score_scale = 0.0f;              // sm_scale * log2(e); the k scale is applied on top
+  const float* maybe_k_scale = nullptr;  // fp8 KV: dequantized K = stored K * *k_scale
+  const float* maybe_v_scale = nullptr;  // fp8 KV: dequantized V = stored V * *v_scale
+  int32_t num_splits = 1;                // decode: z range; extend: 1
+  int32_t tokens_per_split = 0;          // decode split size, a multiple of block_size
+  int32_t q_tile = 1;                    // query tokens per work item (decode: 1)
+  int32_t num_q_tiles = 1;               // extend: z range, ceil(max_query_len / q_tile)
+  float* maybe_partial_o = nullptr;      // split-K: [num_splits, num_seqs, num_q_heads, head_dim]
+  float* maybe_partial_ml = nullptr;     // split-K: [num_splits, num_seqs, num_q_heads, 2]
+};
+
+// What one (sequence, z) work item covers.
+struct WorkItem {
+  int32_t q_first = 0;      // first query row of q/o (token index into q)
+  int32_t num_q = 0;        // query tokens in this item (0: nothing to do)
+  int32_t causal_base = 0;  // query token i attends to tokens < causal_base + i + 1
+  int32_t begin = 0;        // first context token this item reads
+  int32_t end = 0;          // one past the last; begin >= end means an empty item
+};
+
+PAGEDKV_HOST_DEVICE PAGEDKV_INLINE WorkItem describe_work(const AttentionParams& p, int32_t seq,
+                                                          int32_t z) {
+  WorkItem w;
+  const int32_t len = p.table.context_lens[seq];
+  if (p.maybe_qo_indptr == nullptr) {  // decode: one query token, split z of the context
+    w.q_first = seq;
+    w.num_q = 1;
+    w.causal_base = len - 1;
+    if (p.num_splits <= 1) {
+      w.begin = 0;
+      w.end = len;
+    } else {
+      const int64_t begin = int64_t{z} * p.tokens_per_split;
+      const int64_t end = z == p.num_splits - 1 ? len : begin + p.tokens_per_split;
+      w.begin = static_cast<int32_t>(begin < len ? begin : len);
+      w.end = static_cast<int32_t>(end < len ? end : len);
+    }
+    return w;
+  }
+  const int32_t q_begin = p.maybe_qo_indptr[seq];
+  const int32_t num_new = p.maybe_qo_indptr[seq + 1] - q_begin;
+  const int32_t first = z * p.q_tile;
+  int32_t num_q = num_new - first;
+  num_q = num_q < 0 ? 0 : (num_q > p.q_tile ? p.q_tile : num_q);
+  w.q_first = q_begin + first;
+  w.num_q = num_q;
+  w.causal_base = len - num_new + first;
+  w.begin = 0;
+  const int32_t end = num_q > 0 ? w.causal_base + num_q : 0;
+  w.end = end < 0 ? 0 : (end > len ? len : end);
+  return w;
+}
+
+struct WriteKvParams {
+  const void* k = nullptr;  // [num_tokens, num_kv_heads, head_dim], src_dtype, contiguous
+  const void* v = nullptr;
+  DType src_dtype = DType::kFloat32;
+  const int64_t* slot_mapping = nullptr;  // [num_tokens]; a negative slot is skipped
+  int32_t num_tokens = 0;
+  const float* maybe_k_scale = nullptr;  // fp8 cache: stored K = K / *k_scale
+  const float* maybe_v_scale = nullptr;
+  KvCacheView kv;
+};
+
+}  // namespace pagedkv
+
+#endif  // PAGEDKV_ATTENTION_PARAMS_H_

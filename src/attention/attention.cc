@@ -1,0 +1,400 @@
+// Host wrappers of the attention and cache-write kernels: validate, plan, dispatch to the
+// CPU reference or the CUDA launchers.
+#include "pagedkv/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "attention/cpu_kernels.h"
+#include "attention/dispatch.h"
+#include "common/status_macros.h"
+#include "pagedkv/attention_params.h"
+#include "pagedkv/decode_plan.h"
+
+#if PAGEDKV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "launch.h"
+#endif
+
+namespace pagedkv {
+namespace {
+
+absl::Status invalid(const char* fn, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(fn, ": ", what));
+}
+
+absl::Status check_device(const char* fn, Device device) {
+  if (device == Device::kCuda && !cuda_device_available()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(fn, ": no usable CUDA device (", cuda_unavailable_reason(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_cache(const char* fn, Device device, const KvCacheView& c) {
+  if (c.num_kv_heads <= 0) return invalid(fn, absl::StrCat("num_kv_heads is ", c.num_kv_heads));
+  if (c.block_size <= 0) return invalid(fn, absl::StrCat("block_size is ", c.block_size));
+  if (c.num_blocks < 0) return invalid(fn, absl::StrCat("num_blocks is ", c.num_blocks));
+  if (c.head_dim <= 0) return invalid(fn, absl::StrCat("head_dim is ", c.head_dim));
+  if (c.num_blocks > 0 && (c.k == nullptr || c.v == nullptr)) {
+    return invalid(fn, "cache K or V pointer is null");
+  }
+  if (c.block_stride <= 0 || c.head_stride <= 0 || c.token_stride <= 0) {
+    return invalid(fn, absl::StrCat("cache strides must be positive (block ", c.block_stride,
+                                    ", head ", c.head_stride, ", token ", c.token_stride, ")"));
+  }
+  if (device == Device::kCuda) {
+    const int64_t elem = bytes_per_element(c.dtype);
+    const int64_t bytes[] = {c.block_stride * elem, c.head_stride * elem, c.token_stride * elem,
+                             c.head_dim * elem};
+    for (int64_t b : bytes) {
+      if (b % 16 != 0) {
+        return invalid(fn, absl::StrCat("CUDA needs 16-byte aligned rows; a cache stride of ", b,
+                                        " bytes is not a multiple of 16"));
+      }
+    }
+    if (reinterpret_cast<uintptr_t>(c.k) % 16 != 0 || reinterpret_cast<uintptr_t>(c.v) % 16 != 0) {
+      return invalid(fn, "CUDA needs 16-byte aligned K and V pools");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_attention_types(const char* fn, DType q_dtype, const KvCacheView& c,
+                                      int32_t num_q_heads) {
+  if (q_dtype == DType::kFloat8E4M3) {
+    return invalid(fn, "q/out dtype fp8_e4m3 is not supported (fp32, fp16, bf16 are)");
+  }
+  if (c.dtype != q_dtype && c.dtype != DType::kFloat8E4M3) {
+    return invalid(fn, absl::StrCat("cache dtype ", dtype_name(c.dtype), " must be the q dtype (",
+                                    dtype_name(q_dtype), ") or fp8_e4m3"));
+  }
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
+    return invalid(fn, absl::StrCat("head_dim ", c.head_dim, " is not supported (64, 128, 256)"));
+  }
+  if (num_q_heads <= 0 || num_q_heads % c.num_kv_heads != 0) {
+    return invalid(fn,
+                   absl::StrCat("num_q_heads ", num_q_heads,
+                                " must be a positive multiple of num_kv_heads ", c.num_kv_heads));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_table(const char* fn, Device device, const KvCacheView& c,
+                            const BlockTableView& t) {
+  if (t.num_seqs < 0) return invalid(fn, absl::StrCat("num_seqs is ", t.num_seqs));
+  if (t.block_size != c.block_size) {
+    return invalid(fn, absl::StrCat("table block_size ", t.block_size,
+                                    " differs from the cache block_size ", c.block_size));
+  }
+  if (t.max_blocks < 0) return invalid(fn, absl::StrCat("max_blocks is ", t.max_blocks));
+  if (t.num_seqs > 0 && (t.context_lens == nullptr || t.block_table == nullptr)) {
+    return invalid(fn, "block_table or context_lens is null");
+  }
+  if (device == Device::kCuda) {
+    if (t.num_seqs > 0x7fffffff - 1) return invalid(fn, "too many sequences");
+    return absl::OkStatus();  // device memory: the ids and lengths are the caller's contract
+  }
+  const int64_t capacity = int64_t{t.max_blocks} * t.block_size;
+  for (int32_t i = 0; i < t.num_seqs; ++i) {
+    const int32_t len = t.context_lens[i];
+    if (len < 0 || len > capacity) {
+      return invalid(
+          fn, absl::StrCat("sequence ", i, ": context length ", len, " outside [0, max_blocks ",
+                           t.max_blocks, " x block_size ", t.block_size, " = ", capacity, "]"));
+    }
+    const int32_t used = num_blocks_for_tokens(len, t.block_size);
+    const int32_t* row = t.block_table + int64_t{i} * t.max_blocks;
+    for (int32_t e = 0; e < used; ++e) {
+      if (row[e] < 0 || row[e] >= c.num_blocks) {
+        return invalid(fn, absl::StrCat("sequence ", i, ": block table entry ", e, " is ", row[e],
+                                        ", outside [0, num_blocks ", c.num_blocks, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+float score_scale(float sm_scale, int32_t head_dim) {
+  const float scale = sm_scale != 0.0f ? sm_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return scale * kLog2e;
+}
+
+#if PAGEDKV_HAVE_CUDA
+absl::Status cuda_status(const char* fn, cudaError_t err) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(fn, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+}
+
+// Shared memory a CTA of `rows` rows needs must fit the device's opt-in limit.
+absl::Status check_smem(const char* fn, const KvCacheView& c, DType q_dtype, int32_t rows) {
+  int device = 0;
+  int limit = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  PAGEDKV_RETURN_IF_ERROR(cuda_status(fn, err));
+  const size_t need = internal::attention_smem_bytes(q_dtype, c.dtype, c.head_dim, rows);
+  if (need > static_cast<size_t>(limit)) {
+    return invalid(fn, absl::StrCat(rows, " query rows per CTA need ", need,
+                                    " bytes of shared memory; the device allows ", limit,
+                                    " (lower num_q_heads / num_kv_heads)"));
+  }
+  return absl::OkStatus();
+}
+
+// Device workspace for split-K partials when the caller passes none, grown on demand.
+absl::StatusOr<void*> library_workspace(int64_t bytes) {
+  static std::mutex mutex;
+  static void* buffer = nullptr;
+  static int64_t capacity = 0;
+  static int owner = -1;
+  std::lock_guard<std::mutex> lock(mutex);
+  int device = 0;
+  PAGEDKV_RETURN_IF_ERROR(cuda_status("paged_decode_attention", cudaGetDevice(&device)));
+  if (buffer != nullptr && (capacity < bytes || owner != device)) {
+    int current = device;
+    cudaSetDevice(owner);
+    cudaFree(buffer);
+    cudaSetDevice(current);
+    buffer = nullptr;
+    capacity = 0;
+  }
+  if (buffer == nullptr) {
+    const int64_t size = std::max<int64_t>(bytes, int64_t{1} << 20);
+    PAGEDKV_RETURN_IF_ERROR(
+        cuda_status("paged_decode_attention", cudaMalloc(&buffer, static_cast<size_t>(size))));
+    capacity = size;
+    owner = device;
+  }
+  return buffer;
+}
+#endif
+
+AttentionParams base_params(const KvCacheView& cache, const BlockTableView& table, DType dtype,
+                            int32_t num_q_heads, float sm_scale, const float* k_scale,
+                            const float* v_scale) {
+  AttentionParams p;
+  p.q_dtype = dtype;
+  p.kv = cache;
+  p.table = table;
+  p.num_q_heads = num_q_heads;
+  p.group_size = num_q_heads / cache.num_kv_heads;
+  p.score_scale = score_scale(sm_scale, cache.head_dim);
+  p.maybe_k_scale = k_scale;
+  p.maybe_v_scale = v_scale;
+  return p;
+}
+
+}  // namespace
+
+absl::Status write_kv(Device device, const KvCacheView& cache, const WriteKvArgs& args,
+                      void* stream) {
+  constexpr const char* fn = "write_kv";
+  PAGEDKV_RETURN_IF_ERROR(check_device(fn, device));
+  PAGEDKV_RETURN_IF_ERROR(validate_cache(fn, device, cache));
+  if (args.num_tokens < 0) return invalid(fn, absl::StrCat("num_tokens is ", args.num_tokens));
+  if (args.num_tokens == 0) return absl::OkStatus();
+  if (args.k == nullptr || args.v == nullptr || args.slot_mapping == nullptr) {
+    return invalid(fn, "k, v or slot_mapping is null");
+  }
+  if (args.src_dtype == DType::kFloat8E4M3) {
+    return invalid(fn, "source dtype fp8_e4m3 is not supported (fp32, fp16, bf16 are)");
+  }
+  WriteKvParams p;
+  p.k = args.k;
+  p.v = args.v;
+  p.src_dtype = args.src_dtype;
+  p.slot_mapping = args.slot_mapping;
+  p.num_tokens = args.num_tokens;
+  p.maybe_k_scale = args.maybe_k_scale;
+  p.maybe_v_scale = args.maybe_v_scale;
+  p.kv = cache;
+  if (device == Device::kCpu) {
+    const int64_t num_slots = int64_t{cache.num_blocks} * cache.block_size;
+    for (int32_t i = 0; i < args.num_tokens; ++i) {
+      if (args.slot_mapping[i] >= num_slots) {
+        return invalid(fn, absl::StrCat("token ", i, ": slot ", args.slot_mapping[i],
+                                        " is at or beyond num_blocks ", cache.num_blocks,
+                                        " x block_size ", cache.block_size, " = ", num_slots));
+      }
+    }
+    internal::write_kv_cpu(p);
+    return absl::OkStatus();
+  }
+#if PAGEDKV_HAVE_CUDA
+  return cuda_status(fn, internal::launch_write_kv(p, static_cast<cudaStream_t>(stream)));
+#else
+  (void)stream;
+  return absl::FailedPreconditionError("write_kv: compiled without CUDA");
+#endif
+}
+
+DecodePlan plan_decode_for(Device device, const KvCacheView& cache, const BlockTableView& table,
+                           const DecodeArgs& args, const DecodeOptions& options) {
+  DecodePlanInputs in;
+  in.num_seqs = table.num_seqs;
+  in.num_kv_heads = cache.num_kv_heads;
+  in.max_context_len = args.max_context_len;
+  in.block_size = std::max(cache.block_size, 1);
+  in.requested_splits = options.num_splits;
+  if (device == Device::kCpu && in.max_context_len <= 0 && table.context_lens != nullptr) {
+    for (int32_t i = 0; i < table.num_seqs; ++i) {
+      in.max_context_len = std::max(in.max_context_len, table.context_lens[i]);
+    }
+  }
+#if PAGEDKV_HAVE_CUDA
+  if (device == Device::kCuda && cuda_device_available() && options.num_splits == 0) {
+    int dev = 0;
+    int sms = 0;
+    int ctas = 0;
+    const int32_t group = args.num_q_heads / std::max(cache.num_kv_heads, 1);
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        internal::attention_ctas_per_sm(args.dtype, cache.dtype, cache.head_dim, group, &ctas) ==
+            cudaSuccess) {
+      in.num_sms = sms;
+      in.ctas_per_sm = std::max(ctas, 1);
+    }
+  }
+#endif
+  return plan_decode(in);
+}
+
+absl::Status paged_decode_attention(Device device, const KvCacheView& cache,
+                                    const BlockTableView& table, const DecodeArgs& args,
+                                    const DecodeOptions& options) {
+  constexpr const char* fn = "paged_decode_attention";
+  PAGEDKV_RETURN_IF_ERROR(check_device(fn, device));
+  PAGEDKV_RETURN_IF_ERROR(validate_cache(fn, device, cache));
+  PAGEDKV_RETURN_IF_ERROR(validate_attention_types(fn, args.dtype, cache, args.num_q_heads));
+  PAGEDKV_RETURN_IF_ERROR(validate_table(fn, device, cache, table));
+  if (table.num_seqs == 0) return absl::OkStatus();
+  if (args.q == nullptr || args.out == nullptr) return invalid(fn, "q or out is null");
+  if (options.num_splits < 0 || options.num_splits > kMaxSplits) {
+    return invalid(
+        fn, absl::StrCat("num_splits ", options.num_splits, " outside [0, ", kMaxSplits, "]"));
+  }
+  if (device == Device::kCuda && args.max_context_len <= 0 && options.num_splits != 1) {
+    return invalid(fn, absl::StrCat("max_context_len is ", args.max_context_len,
+                                    "; CUDA needs it to plan split-K (or set num_splits = 1)"));
+  }
+  if (device == Device::kCuda && options.num_splits > 65535) {
+    return invalid(fn, "num_splits above the CUDA grid limit 65535");
+  }
+  const DecodePlan plan = plan_decode_for(device, cache, table, args, options);
+  AttentionParams p = base_params(cache, table, args.dtype, args.num_q_heads, args.sm_scale,
+                                  args.maybe_k_scale, args.maybe_v_scale);
+  p.q = args.q;
+  p.o = args.out;
+  p.maybe_lse = args.maybe_lse;
+  p.num_splits = plan.num_splits;
+  p.tokens_per_split = plan.tokens_per_split;
+  p.q_tile = 1;
+  p.num_q_tiles = 1;
+  if (device == Device::kCpu) {
+    internal::paged_attention_cpu(p);
+    return absl::OkStatus();
+  }
+#if PAGEDKV_HAVE_CUDA
+  PAGEDKV_RETURN_IF_ERROR(check_smem(fn, cache, args.dtype, p.group_size));
+  if (plan.num_splits > 1) {
+    const int64_t need =
+        decode_workspace_bytes(plan, table.num_seqs, args.num_q_heads, cache.head_dim);
+    void* workspace = options.maybe_workspace;
+    if (workspace != nullptr && options.workspace_bytes < need) {
+      return invalid(
+          fn, absl::StrCat("workspace of ", options.workspace_bytes, " bytes is smaller than the ",
+                           need, " bytes ", plan.num_splits, " splits need"));
+    }
+    if (workspace == nullptr) {
+      absl::StatusOr<void*> buffer = library_workspace(need);
+      if (!buffer.ok()) return buffer.status();
+      workspace = *buffer;
+    }
+    p.maybe_partial_o = static_cast<float*>(workspace);
+    p.maybe_partial_ml = p.maybe_partial_o + int64_t{plan.num_splits} * table.num_seqs *
+                                                 args.num_q_heads * cache.head_dim;
+  }
+  return cuda_status(
+      fn, internal::launch_paged_attention(p, static_cast<cudaStream_t>(options.stream)));
+#else
+  return absl::FailedPreconditionError("paged_decode_attention: compiled without CUDA");
+#endif
+}
+
+absl::Status paged_extend_attention(Device device, const KvCacheView& cache,
+                                    const BlockTableView& table, const ExtendArgs& args,
+                                    void* stream) {
+  constexpr const char* fn = "paged_extend_attention";
+  PAGEDKV_RETURN_IF_ERROR(check_device(fn, device));
+  PAGEDKV_RETURN_IF_ERROR(validate_cache(fn, device, cache));
+  PAGEDKV_RETURN_IF_ERROR(validate_attention_types(fn, args.dtype, cache, args.num_q_heads));
+  PAGEDKV_RETURN_IF_ERROR(validate_table(fn, device, cache, table));
+  if (table.num_seqs == 0) return absl::OkStatus();
+  if (args.q == nullptr || args.out == nullptr || args.qo_indptr == nullptr) {
+    return invalid(fn, "q, out or qo_indptr is null");
+  }
+  int32_t max_query_len = args.max_query_len;
+  if (device == Device::kCpu) {
+    if (args.qo_indptr[0] != 0) {
+      return invalid(fn, absl::StrCat("qo_indptr[0] is ", args.qo_indptr[0], ", must be 0"));
+    }
+    int32_t longest = 0;
+    for (int32_t i = 0; i < table.num_seqs; ++i) {
+      const int32_t n = args.qo_indptr[i + 1] - args.qo_indptr[i];
+      if (n < 0 || n > table.context_lens[i]) {
+        return invalid(
+            fn, absl::StrCat("sequence ", i, ": ", n, " new tokens, must be in [0, context length ",
+                             table.context_lens[i], "]"));
+      }
+      longest = std::max(longest, n);
+    }
+    if (max_query_len > 0 && longest > max_query_len) {
+      return invalid(fn, absl::StrCat("a sequence has ", longest,
+                                      " new tokens, more than max_query_len ", max_query_len));
+    }
+    max_query_len = longest;
+  } else if (max_query_len <= 0) {
+    return invalid(
+        fn, absl::StrCat("max_query_len is ", max_query_len, "; CUDA needs it to size the grid"));
+  }
+  if (max_query_len == 0) return absl::OkStatus();
+  AttentionParams p = base_params(cache, table, args.dtype, args.num_q_heads, args.sm_scale,
+                                  args.maybe_k_scale, args.maybe_v_scale);
+  p.q = args.q;
+  p.o = args.out;
+  p.maybe_lse = args.maybe_lse;
+  p.maybe_qo_indptr = args.qo_indptr;
+  p.num_splits = 1;
+  if (device == Device::kCpu) {
+    p.q_tile = std::min(max_query_len, 64);
+    p.num_q_tiles = (max_query_len + p.q_tile - 1) / p.q_tile;
+    internal::paged_attention_cpu(p);
+    return absl::OkStatus();
+  }
+#if PAGEDKV_HAVE_CUDA
+  p.q_tile = std::max(1, 32 / p.group_size);
+  p.num_q_tiles = (max_query_len + p.q_tile - 1) / p.q_tile;
+  if (p.num_q_tiles > 65535) {
+    return invalid(fn, absl::StrCat("max_query_len ", max_query_len, " needs ", p.num_q_tiles,
+                                    " query tiles, above the CUDA grid limit 65535"));
+  }
+  PAGEDKV_RETURN_IF_ERROR(check_smem(fn, cache, args.dtype, p.q_tile * p.group_size));
+  return cuda_status(fn, internal::launch_paged_attention(p, static_cast<cudaStream_t>(stream)));
+#else
+  (void)stream;
+  return absl::FailedPreconditionError("paged_extend_attention: compiled without CUDA");
+#endif
+}
+
+}  // namespace pagedkv

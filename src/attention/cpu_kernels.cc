@@ -1,0 +1,211 @@
+// CPU reference of the paged attention and cache-write kernels.
+//
+// Same work decomposition as the CUDA kernels (attention_params.h): per (sequence, KV
+// head, z) the query rows of the GQA group are loaded once, the item's context tokens are
+// processed in chunks of kChunk tokens (gathered through the block table, converted to
+// fp32 once per chunk and shared by all rows), and each row keeps an online-softmax
+// MergeState. Inner loops run over head_dim, a compile-time constant, with independent
+// accumulators so the compiler vectorizes them; nothing is allocated per token.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "attention/cpu_kernels.h"
+#include "attention/dispatch.h"
+#include "pagedkv/merge_state.h"
+#include "pagedkv/numeric.h"
+
+namespace pagedkv::internal {
+namespace {
+
+// Context tokens gathered per step. Independent of block_size, so a paged cache and a
+// contiguous one run the same loops; only the row addresses differ.
+constexpr int32_t kChunk = 32;
+
+template <int HD>
+inline float dot(const float* __restrict a, const float* __restrict b) {
+  float acc[8] = {};
+  for (int d = 0; d < HD; d += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[d + j] * b[d + j];
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+template <int HD>
+inline void scale_row(float* __restrict o, float s) {
+  for (int d = 0; d < HD; ++d) o[d] *= s;
+}
+
+template <int HD>
+inline void axpy(float* __restrict o, float p, const float* __restrict v) {
+  for (int d = 0; d < HD; ++d) o[d] += p * v[d];
+}
+
+template <typename T, int HD>
+inline void convert_row(const T* __restrict src, float* __restrict dst, float scale) {
+  for (int d = 0; d < HD; ++d) dst[d] = to_float(src[d]) * scale;
+}
+
+template <typename QT, typename KVT, int HD>
+void attention_typed(const AttentionParams& p) {
+  const KvCacheView& kv = p.kv;
+  const int32_t group = p.group_size;
+  const int32_t max_rows = p.q_tile * group;
+  const bool split = p.maybe_qo_indptr == nullptr && p.num_splits > 1;
+  const int32_t num_z = p.maybe_qo_indptr == nullptr ? p.num_splits : p.num_q_tiles;
+  const float k_scale = p.maybe_k_scale != nullptr ? *p.maybe_k_scale : 1.0f;
+  const float v_scale = p.maybe_v_scale != nullptr ? *p.maybe_v_scale : 1.0f;
+  const float q_scale = p.score_scale * k_scale;
+
+  // Work buffers, allocated once per call.
+  std::vector<float> q_rows(static_cast<size_t>(max_rows) * HD);
+  std::vector<float> o_rows(static_cast<size_t>(max_rows) * HD);
+  std::vector<MergeState> states(max_rows);
+  std::vector<float> o_total(split ? static_cast<size_t>(group) * HD : 0);
+  std::vector<MergeState> totals(split ? group : 0);
+  std::vector<float> k_buf(static_cast<size_t>(kChunk) * HD);
+  std::vector<float> v_buf(static_cast<size_t>(kChunk) * HD);
+  const float* k_rows[kChunk];
+  const float* v_rows[kChunk];
+  float scores[kChunk];
+
+  const QT* q = static_cast<const QT*>(p.q);
+  QT* out = static_cast<QT*>(p.o);
+  const KVT* k_pool = static_cast<const KVT*>(kv.k);
+  const KVT* v_pool = static_cast<const KVT*>(kv.v);
+
+  auto write_row = [&](int64_t q_row, int32_t head, const float* o, const MergeState& st) {
+    const float inv = inv_sum(st) * v_scale;
+    QT* dst = out + (q_row * p.num_q_heads + head) * HD;
+    for (int d = 0; d < HD; ++d) dst[d] = from_float<QT>(o[d] * inv);
+    if (p.maybe_lse != nullptr) p.maybe_lse[q_row * p.num_q_heads + head] = natural_lse(st);
+  };
+
+  for (int32_t seq = 0; seq < p.table.num_seqs; ++seq) {
+    const int32_t* table_row = p.table.block_table + int64_t{seq} * p.table.max_blocks;
+    for (int32_t kvh = 0; kvh < kv.num_kv_heads; ++kvh) {
+      if (split) {
+        std::fill(o_total.begin(), o_total.end(), 0.0f);
+        std::fill(totals.begin(), totals.end(), MergeState{});
+      }
+      for (int32_t z = 0; z < num_z; ++z) {
+        const WorkItem w = describe_work(p, seq, z);
+        if (w.num_q == 0) continue;
+        const int32_t rows = w.num_q * group;
+        for (int32_t r = 0; r < rows; ++r) {
+          const int64_t q_row = w.q_first + r / group;
+          const int32_t head = kvh * group + r % group;
+          convert_row<QT, HD>(q + (q_row * p.num_q_heads + head) * HD, &q_rows[size_t(r) * HD],
+                              q_scale);
+          states[r] = MergeState{};
+        }
+        std::fill(o_rows.begin(), o_rows.begin() + int64_t{rows} * HD, 0.0f);
+
+        for (int32_t t0 = w.begin; t0 < w.end; t0 += kChunk) {
+          const int32_t n = std::min(kChunk, w.end - t0);
+          // Gather: only tokens below the item's end (<= context length) are addressed.
+          for (int32_t j = 0; j < n; ++j) {
+            const int64_t off = token_offset(kv, table_row, t0 + j, kvh);
+            if constexpr (std::is_same_v<KVT, float>) {
+              k_rows[j] = k_pool + off;
+              v_rows[j] = v_pool + off;
+            } else {
+              convert_row<KVT, HD>(k_pool + off, &k_buf[size_t(j) * HD], 1.0f);
+              convert_row<KVT, HD>(v_pool + off, &v_buf[size_t(j) * HD], 1.0f);
+              k_rows[j] = &k_buf[size_t(j) * HD];
+              v_rows[j] = &v_buf[size_t(j) * HD];
+            }
+          }
+          for (int32_t r = 0; r < rows; ++r) {
+            // Causal selection: this row sees tokens < limit, a prefix of the chunk.
+            const int32_t limit = w.causal_base + r / group + 1;
+            const int32_t valid = std::clamp(limit - t0, 0, n);
+            if (valid == 0) continue;
+            const float* qr = &q_rows[size_t(r) * HD];
+            float tile_max = -INFINITY;
+            for (int32_t j = 0; j < valid; ++j) {
+              scores[j] = dot<HD>(qr, k_rows[j]);
+              tile_max = std::max(tile_max, scores[j]);
+            }
+            MergeState& st = states[r];
+            float* orow = &o_rows[size_t(r) * HD];
+            const float rescale = raise_max(st, tile_max);
+            if (rescale != 1.0f) scale_row<HD>(orow, rescale);
+            for (int32_t j = 0; j < valid; ++j) {
+              const float pj = exp2f(scores[j] - st.m);
+              st.l += pj;
+              axpy<HD>(orow, pj, v_rows[j]);
+            }
+          }
+        }
+
+        for (int32_t r = 0; r < rows; ++r) {
+          const int32_t head = kvh * group + r % group;
+          const float* orow = &o_rows[size_t(r) * HD];
+          if (split) {  // merge partial z into the running total, in split order
+            float* ot = &o_total[size_t(r) * HD];
+            const MergeScales s = merge_into(totals[r], states[r]);
+            for (int d = 0; d < HD; ++d) ot[d] = ot[d] * s.self + orow[d] * s.other;
+          } else {
+            write_row(w.q_first + r / group, head, orow, states[r]);
+          }
+        }
+      }
+      if (split) {
+        for (int32_t g = 0; g < group; ++g) {
+          write_row(seq, kvh * group + g, &o_total[size_t(g) * HD], totals[g]);
+        }
+      }
+    }
+  }
+}
+
+template <typename Src, typename Dst>
+void write_kv_typed(const WriteKvParams& p) {
+  const KvCacheView& kv = p.kv;
+  const int32_t head_dim = kv.head_dim;
+  const bool fp8 = std::is_same_v<Dst, Fp8E4M3>;
+  const float k_inv = fp8 && p.maybe_k_scale != nullptr ? 1.0f / *p.maybe_k_scale : 1.0f;
+  const float v_inv = fp8 && p.maybe_v_scale != nullptr ? 1.0f / *p.maybe_v_scale : 1.0f;
+  const Src* k = static_cast<const Src*>(p.k);
+  const Src* v = static_cast<const Src*>(p.v);
+  Dst* k_pool = static_cast<Dst*>(kv.k);
+  Dst* v_pool = static_cast<Dst*>(kv.v);
+  for (int32_t i = 0; i < p.num_tokens; ++i) {
+    const int64_t slot = p.slot_mapping[i];
+    if (slot < 0) continue;
+    for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+      const int64_t src = (int64_t{i} * kv.num_kv_heads + h) * head_dim;
+      const int64_t dst = slot_offset(kv, slot, h);
+      if constexpr (std::is_same_v<Src, Dst>) {
+        std::memcpy(k_pool + dst, k + src, sizeof(Src) * head_dim);
+        std::memcpy(v_pool + dst, v + src, sizeof(Src) * head_dim);
+      } else {
+        for (int32_t d = 0; d < head_dim; ++d) {
+          k_pool[dst + d] = from_float<Dst>(to_float(k[src + d]) * k_inv);
+          v_pool[dst + d] = from_float<Dst>(to_float(v[src + d]) * v_inv);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void paged_attention_cpu(const AttentionParams& p) {
+  dispatch_attention(p.q_dtype, p.kv.dtype, p.kv.head_dim, [&](auto q_tag, auto kv_tag, auto hd) {
+    attention_typed<typename decltype(q_tag)::type, typename decltype(kv_tag)::type,
+                    decltype(hd)::value>(p);
+  });
+}
+
+void write_kv_cpu(const WriteKvParams& p) {
+  dispatch_write_kv(p.src_dtype, p.kv.dtype, [&](auto src_tag, auto dst_tag) {
+    write_kv_typed<typename decltype(src_tag)::type, typename decltype(dst_tag)::type>(p);
+  });
+}
+
+}  // namespace pagedkv::internal
