@@ -298,6 +298,8 @@ class KvCacheManager {
   absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(internal::Sequence& seq,
                                                                int32_t num_new_tokens,
                                                                int32_t num_lookahead);
+  void allocate_new_blocks(internal::Sequence& seq, int32_t new_blocks, bool copy_on_write,
+                           int32_t write_block, int32_t valid_tokens);
   std::optional<Preemption> choose_victim(SeqId requester) const;
   void hash_full_blocks(internal::Sequence& seq, int32_t num_full_blocks);
   void offer_computed_blocks(internal::Sequence& seq);

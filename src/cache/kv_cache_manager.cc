@@ -153,7 +153,9 @@ absl::Status KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> t
         absl::StrCat("append_tokens(seq ", seq, "): ", s->tokens.size(), " + ", tokens.size(),
                      " tokens exceeds max_model_len ", options_.max_model_len));
   }
-  s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+  // push_back, not a range insert: a decode step appends one token, and a range insert
+  // of one element costs a memmove call.
+  for (const TokenId t : tokens) s->tokens.push_back(t);
   return absl::OkStatus();
 }
 
@@ -163,7 +165,6 @@ void KvCacheManager::hash_full_blocks(Sequence& seq, int32_t num_full_blocks) {
   const int32_t bs = options_.block_size;
   PAGEDKV_DCHECK(static_cast<int64_t>(num_full_blocks) * bs <=
                  static_cast<int64_t>(seq.tokens.size()));
-  seq.block_hashes.reserve(num_full_blocks);
   for (auto i = static_cast<int32_t>(seq.block_hashes.size()); i < num_full_blocks; ++i) {
     const BlockHash* parent = i == 0 ? nullptr : &seq.block_hashes[i - 1];
     seq.block_hashes.push_back(options_.hash_fn(parent, block_tokens(seq, i, bs), seq.extra_keys));
@@ -255,8 +256,8 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
                      " slots need ", total_blocks, " blocks; the pool has ", options_.num_blocks));
   }
   // Copy-on-write: the partially filled last block is written by this call and shared.
-  const int32_t partial = seq.num_computed % bs;
   const int32_t write_block = seq.num_computed / bs;
+  const int32_t partial = seq.num_computed - write_block * bs;
   const bool copy_on_write =
       num_new_tokens > 0 && partial != 0 && device_pool_.ref_count(seq.blocks[write_block]) > 1;
   const int32_t new_blocks =
@@ -270,30 +271,41 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
                      device_pool_.num_free_blocks(), " free of ", options_.num_blocks));
   }
 
-  // Validated; from here on nothing fails.
+  // Validated; from here on nothing fails. A decode step inside its last block skips this.
+  if (new_blocks > 0) allocate_new_blocks(seq, new_blocks, copy_on_write, write_block, partial);
+
+  // Slots walk (block, offset) from the first new token; no division per token.
+  slot_mapping_.resize(num_new_tokens);
+  int32_t block = write_block;
+  int32_t offset = partial;
+  for (int64_t& slot : slot_mapping_) {
+    slot = int64_t{seq.blocks[block]} * bs + offset;
+    if (++offset == bs) {
+      offset = 0;
+      ++block;
+    }
+  }
+  seq.num_computed = static_cast<int32_t>(new_total);
+  seq.state = SequenceState::kRunning;
+  if (seq.num_offered_blocks < seq.num_computed / bs) offer_computed_blocks(seq);
+  return std::span<const int64_t>(slot_mapping_);
+}
+
+void KvCacheManager::allocate_new_blocks(Sequence& seq, int32_t new_blocks, bool copy_on_write,
+                                         int32_t write_block, int32_t valid_tokens) {
   scratch_blocks_.resize(new_blocks);
   PAGEDKV_CHECK(device_pool_.allocate(scratch_blocks_).ok());
   auto fresh = scratch_blocks_.begin();
   if (copy_on_write) {
     const BlockId src = seq.blocks[write_block];
     const BlockId dst = *fresh++;
-    record_copy(pending_copies_, {src, dst, partial}, &device_pending_, &device_pending_);
+    record_copy(pending_copies_, {src, dst, valid_tokens}, &device_pending_, &device_pending_);
     const BlockId released[] = {src};
     device_pool_.free(released);  // still held by the other sharers
     seq.blocks[write_block] = dst;
     ++cow_copies_;
   }
   seq.blocks.insert(seq.blocks.end(), fresh, scratch_blocks_.end());
-
-  slot_mapping_.resize(num_new_tokens);
-  for (int32_t i = 0; i < num_new_tokens; ++i) {
-    const int32_t t = seq.num_computed + i;
-    slot_mapping_[i] = int64_t{seq.blocks[t / bs]} * bs + t % bs;
-  }
-  seq.num_computed = static_cast<int32_t>(new_total);
-  seq.state = SequenceState::kRunning;
-  offer_computed_blocks(seq);
-  return std::span<const int64_t>(slot_mapping_);
 }
 
 absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preempt(
