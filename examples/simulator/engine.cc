@@ -1,0 +1,454 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "tokens.h"
+
+namespace pagedkv::sim {
+namespace {
+
+enum class State { kWaiting, kRunning, kSwapped, kDone };
+
+struct Seq {
+  int32_t request = 0;
+  int32_t sample = 0;     // output stream of this sequence (samples and beams differ)
+  int32_t generated = 0;  // output tokens generated so far
+  State state = State::kWaiting;
+  bool registered = false;  // added to the allocator
+};
+
+struct Group {
+  int32_t live = 0;           // sequences not finished
+  int32_t forks_pending = 0;  // children to fork after the first prefill
+  int32_t next_sample = 1;
+  bool rejected = false;
+  std::vector<SeqId> members;  // live sequences, oldest first (beams)
+};
+
+struct StepRecord {
+  double time_s;
+  double dt_s;
+  float utilization;
+  int32_t concurrency;
+};
+
+class Engine {
+ public:
+  Engine(const Trace& trace, const AllocatorSetup& setup, const EngineOptions& options,
+         SimAllocator& alloc)
+      : trace_(trace), setup_(setup), opt_(options), alloc_(alloc) {
+    groups_.resize(trace.requests.size());
+    request_stamp_.assign(trace.requests.size(), -1);
+    alloc_.set_preemption_listener(
+        [this](SeqId seq, PreemptionMode mode) { on_preempted(seq, mode); });
+  }
+
+  absl::StatusOr<EngineResult> run() {
+    result_.allocator = allocator_name(setup_.config);
+    result_.requests = static_cast<int64_t>(trace_.requests.size());
+    const int64_t total = result_.requests;
+    int64_t finished = 0;  // completed + rejected
+    int idle_loops = 0;
+    while (true) {
+      finished = result_.completed + result_.rejected;
+      if (finished == total) break;
+      while (next_request_ < total && trace_.requests[next_request_].arrival_s <= now_) {
+        arrive(static_cast<int32_t>(next_request_++));
+      }
+      if (running_.empty() && waiting_.empty() && swapped_.empty()) {
+        if (next_request_ >= total) {
+          return absl::InternalError(absl::StrCat("engine idle with ", total - finished,
+                                                  " requests unfinished at t=", now_));
+        }
+        now_ = trace_.requests[next_request_].arrival_s;
+        continue;
+      }
+      absl::Status s = step();
+      if (!s.ok()) return s;
+      if (scheduled_.empty()) {
+        if (running_.empty() && swapped_.empty() && waiting_.empty() && next_request_ < total) {
+          now_ = std::max(now_, trace_.requests[next_request_].arrival_s);
+          continue;
+        }
+        if (++idle_loops > 3) {
+          return absl::InternalError(absl::StrCat(
+              "engine stuck at t=", now_, ": ", running_.size(), " running, ", waiting_.size(),
+              " waiting, ", swapped_.size(), " swapped, nothing schedulable"));
+        }
+      } else {
+        idle_loops = 0;
+      }
+      if (opt_.progress && result_.steps % opt_.progress_every == 0 && result_.steps > 0) {
+        opt_.progress(result_.steps, result_.completed + result_.rejected, total);
+      }
+    }
+    finish();
+    return std::move(result_);
+  }
+
+ private:
+  template <typename F>
+  auto timed(F&& f) {
+    if (!opt_.measure_allocator_time) return f();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = f();
+    alloc_ns_ +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    return r;
+  }
+
+  const Request& request_of(const Seq& s) const { return trace_.requests[s.request]; }
+
+  void arrive(int32_t r) {
+    const Request& req = trace_.requests[r];
+    Group& g = groups_[r];
+    g.forks_pending = (req.num_samples - 1) + (req.beam_width - 1);
+    g.next_sample = 1;
+    g.live = 1;
+    const SeqId id = next_id_++;
+    seqs_.emplace(id, Seq{.request = r, .sample = 0});
+    g.members.push_back(id);
+    waiting_.push_back(id);
+  }
+
+  void on_preempted(SeqId id, PreemptionMode mode) {
+    Seq& s = seqs_.at(id);
+    step_preempted_ = true;
+    if (mode == PreemptionMode::kSwap) {
+      s.state = State::kSwapped;
+      swapped_.push_back(id);
+    } else {
+      s.state = State::kWaiting;
+      waiting_.push_front(id);  // resumes before new requests
+    }
+  }
+
+  absl::Status fail(const char* what, SeqId id, const absl::Status& s) const {
+    return absl::InternalError(absl::StrCat(result_.allocator, " step ", result_.steps, ": ", what,
+                                            "(seq ", id, "): ", s.message()));
+  }
+
+  absl::Status step() {
+    step_preempted_ = false;
+    scheduled_.clear();
+    int64_t prefill_tokens = 0;
+
+    // 1. Decode: every running sequence reserves its last generated token.
+    const std::vector<SeqId> snapshot = running_;
+    for (SeqId id : snapshot) {
+      Seq& s = seqs_.at(id);
+      if (s.state != State::kRunning) continue;  // preempted earlier in this step
+      absl::StatusOr<int32_t> work = timed([&] { return alloc_.reserve(id, true); });
+      if (work.ok()) {
+        scheduled_.push_back(id);
+        continue;
+      }
+      if (!absl::IsResourceExhausted(work.status())) return fail("reserve", id, work.status());
+      absl::Status p = timed([&] { return alloc_.preempt(id); });
+      if (!p.ok()) return fail("preempt", id, p);
+    }
+
+    // 2. Swapped sequences come back, oldest first, when nothing was preempted.
+    while (!step_preempted_ && !swapped_.empty() && num_running() < opt_.max_num_seqs) {
+      const SeqId id = swapped_.front();
+      absl::Status in = timed([&] { return alloc_.swap_in(id); });
+      if (absl::IsResourceExhausted(in)) break;
+      if (!in.ok()) return fail("swap_in", id, in);
+      swapped_.pop_front();
+      seqs_.at(id).state = State::kRunning;
+      running_.push_back(id);
+      absl::StatusOr<int32_t> work = timed([&] { return alloc_.reserve(id, false); });
+      if (work.ok()) {
+        scheduled_.push_back(id);
+      } else if (!absl::IsResourceExhausted(work.status())) {
+        return fail("reserve", id, work.status());
+      }
+    }
+
+    // 3. Admission in arrival order, when nothing was preempted or is swapped out.
+    while (!step_preempted_ && swapped_.empty() && !waiting_.empty() &&
+           num_running() < opt_.max_num_seqs && prefill_tokens < opt_.max_prefill_tokens) {
+      const SeqId id = waiting_.front();
+      Seq& s = seqs_.at(id);
+      Group& g = groups_[s.request];
+      if (!s.registered) {
+        const Request& req = request_of(s);
+        const std::vector<TokenId> prompt = prompt_tokens(req, s.request);
+        absl::Status add = timed([&] {
+          return alloc_.add(id, prompt, req.input_length + req.output_length - 1, g.forks_pending);
+        });
+        if (absl::IsInvalidArgument(add)) {  // can never fit this budget
+          waiting_.pop_front();
+          reject(id);
+          continue;
+        }
+        if (!add.ok()) return fail("add", id, add);
+        s.registered = true;
+      }
+      absl::StatusOr<int32_t> work = timed([&] { return alloc_.admit(id); });
+      if (absl::IsResourceExhausted(work.status())) break;
+      if (!work.ok()) return fail("admit", id, work.status());
+      waiting_.pop_front();
+      s.state = State::kRunning;
+      running_.push_back(id);
+      scheduled_.push_back(id);
+      prefill_tokens += *work;
+      // Parallel samples and beams share the prompt: fork after its prefill.
+      for (; g.forks_pending > 0; --g.forks_pending) {
+        const SeqId child = next_id_++;
+        absl::Status f = timed([&] { return alloc_.fork(id, child); });
+        if (!f.ok()) return fail("fork", id, f);
+        seqs_.emplace(child, Seq{.request = s.request,
+                                 .sample = g.next_sample++,
+                                 .generated = s.generated,
+                                 .state = State::kRunning,
+                                 .registered = true});
+        g.members.push_back(child);
+        ++g.live;
+        running_.push_back(child);
+        scheduled_.push_back(child);
+      }
+    }
+    if (scheduled_.empty()) {
+      rebuild_running();
+      return absl::OkStatus();
+    }
+
+    // Memory and concurrency while the step computes.
+    active_.clear();
+    for (SeqId id : running_) {
+      if (seqs_.at(id).state == State::kRunning) active_.push_back(id);
+    }
+    const AllocatorUsage usage = alloc_.usage(active_);
+    int32_t concurrency = 0;
+    for (SeqId id : active_) {
+      const int32_t r = seqs_.at(id).request;
+      if (request_stamp_[r] != result_.steps) {
+        request_stamp_[r] = result_.steps;
+        ++concurrency;
+      }
+    }
+    const double dt = (opt_.step_ms +
+                       opt_.prefill_ms_per_1k_tokens * static_cast<double>(prefill_tokens) / 1000) /
+                      1000;
+    record(dt, usage, concurrency);
+    now_ += dt;
+    ++result_.steps;
+
+    // 4. Every scheduled sequence generates a token; finished ones release their memory.
+    beam_groups_.clear();
+    for (SeqId id : scheduled_) {
+      Seq& s = seqs_.at(id);
+      if (s.state != State::kRunning) continue;  // preempted after it was scheduled
+      ++s.generated;
+      ++result_.generated_tokens;
+      const Request& req = request_of(s);
+      if (s.generated >= req.output_length) {
+        absl::Status f = timed([&] { return alloc_.free(id); });
+        if (!f.ok()) return fail("free", id, f);
+        finish_sequence(id);
+        continue;
+      }
+      const TokenId token = output_token(s.request, s.sample, s.generated - 1);
+      absl::Status a = timed([&] { return alloc_.append(id, token); });
+      if (!a.ok()) return fail("append", id, a);
+      if (req.beam_width > 1 && s.generated % opt_.beam_interval == 0) {
+        beam_groups_.push_back(s.request);
+      }
+    }
+    std::sort(beam_groups_.begin(), beam_groups_.end());
+    beam_groups_.erase(std::unique(beam_groups_.begin(), beam_groups_.end()), beam_groups_.end());
+    for (int32_t r : beam_groups_) {
+      if (absl::Status b = reshape_beams(r); !b.ok()) return b;
+    }
+    rebuild_running();
+    return absl::OkStatus();
+  }
+
+  // Beam-style fork: the last running beam is dropped and the first one forked.
+  absl::Status reshape_beams(int32_t r) {
+    Group& g = groups_[r];
+    std::vector<SeqId> live;
+    for (SeqId id : g.members) {
+      if (seqs_.at(id).state == State::kRunning) live.push_back(id);
+    }
+    if (live.size() < 2) return absl::OkStatus();
+    const SeqId worst = live.back();
+    const SeqId best = live.front();
+    absl::Status f = timed([&] { return alloc_.free(worst); });
+    if (!f.ok()) return fail("free", worst, f);
+    finish_sequence(worst);
+    const SeqId child = next_id_++;
+    absl::Status k = timed([&] { return alloc_.fork(best, child); });
+    if (absl::IsResourceExhausted(k)) return absl::OkStatus();  // the beam stays narrower
+    if (!k.ok()) return fail("fork", best, k);
+    const Seq& parent = seqs_.at(best);
+    seqs_.emplace(child, Seq{.request = r,
+                             .sample = g.next_sample++,
+                             .generated = parent.generated,
+                             .state = State::kRunning,
+                             .registered = true});
+    g.members.push_back(child);
+    ++g.live;
+    running_.push_back(child);
+    return absl::OkStatus();
+  }
+
+  void finish_sequence(SeqId id) {
+    Seq& s = seqs_.at(id);
+    s.state = State::kDone;
+    Group& g = groups_[s.request];
+    std::erase(g.members, id);
+    if (--g.live == 0) {
+      ++result_.completed;
+      latency_sum_ += now_ - trace_.requests[s.request].arrival_s;
+      result_.sim_time_s = now_;
+    }
+  }
+
+  void reject(SeqId id) {
+    Seq& s = seqs_.at(id);
+    s.state = State::kDone;
+    groups_[s.request].rejected = true;
+    groups_[s.request].live = 0;
+    ++result_.rejected;
+    seqs_.erase(id);
+  }
+
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+
+  void rebuild_running() {
+    std::vector<SeqId> kept;
+    kept.reserve(running_.size());
+    for (SeqId id : running_) {
+      auto it = seqs_.find(id);
+      if (it == seqs_.end()) continue;
+      if (it->second.state == State::kRunning) {
+        kept.push_back(id);
+      } else if (it->second.state == State::kDone) {
+        seqs_.erase(it);
+      }
+    }
+    running_ = std::move(kept);
+  }
+
+  void record(double dt, const AllocatorUsage& usage, int32_t concurrency) {
+    const double util = usage.reserved_slots > 0 ? static_cast<double>(usage.token_slots) /
+                                                       static_cast<double>(usage.reserved_slots)
+                                                 : 0.0;
+    steps_.push_back({now_, dt, static_cast<float>(util), concurrency});
+    if (usage.reserved_slots > 0) {
+      util_weighted_ += util * dt;
+      util_time_ += dt;
+    }
+    memory_weighted_ += static_cast<double>(usage.token_slots) /
+                        static_cast<double>(std::max<int64_t>(setup_.budget_tokens, 1)) * dt;
+    conc_weighted_ += concurrency * dt;
+    busy_time_ += dt;
+    result_.peak_concurrency = std::max(result_.peak_concurrency, concurrency);
+  }
+
+  void finish() {
+    const AllocatorCounters c = alloc_.counters();
+    result_.preemptions = c.preemptions_recompute + c.preemptions_swap;
+    result_.preemptions_swap = c.preemptions_swap;
+    result_.prefix_query_tokens = c.prefix_query_tokens;
+    result_.prefix_hit_tokens = c.prefix_hit_tokens;
+    result_.evictions = c.evictions;
+    result_.cow_copies = c.cow_copies;
+    result_.mean_utilization = util_time_ > 0 ? util_weighted_ / util_time_ : 0;
+    result_.mean_memory_use = busy_time_ > 0 ? memory_weighted_ / busy_time_ : 0;
+    result_.mean_concurrency = busy_time_ > 0 ? conc_weighted_ / busy_time_ : 0;
+    const double start = trace_.requests.empty() ? 0 : trace_.requests.front().arrival_s;
+    const double span = result_.sim_time_s - start;
+    result_.throughput_rps = span > 0 ? static_cast<double>(result_.completed) / span : 0;
+    result_.mean_latency_s =
+        result_.completed > 0 ? latency_sum_ / static_cast<double>(result_.completed) : 0;
+    result_.allocator_ns_per_step =
+        opt_.measure_allocator_time && result_.steps > 0
+            ? static_cast<double>(alloc_ns_) / static_cast<double>(result_.steps)
+            : 0;
+    // The over-time series: time-weighted bucket means over the busy steps.
+    const int32_t points = std::max(1, opt_.series_points);
+    if (!steps_.empty()) {
+      const double t0 = steps_.front().time_s;
+      const double t1 = steps_.back().time_s + steps_.back().dt_s;
+      const double width = std::max((t1 - t0) / points, 1e-9);
+      std::vector<double> u(points, 0), k(points, 0), w(points, 0);
+      for (const StepRecord& r : steps_) {
+        const int32_t b = std::min(points - 1, static_cast<int32_t>((r.time_s - t0) / width));
+        u[b] += r.utilization * r.dt_s;
+        k[b] += r.concurrency * r.dt_s;
+        w[b] += r.dt_s;
+      }
+      for (int32_t b = 0; b < points; ++b) {
+        if (w[b] <= 0) continue;
+        result_.series.push_back({.time_s = t0 + (b + 0.5) * width,
+                                  .utilization = u[b] / w[b],
+                                  .concurrency = static_cast<int32_t>(k[b] / w[b] + 0.5)});
+      }
+    }
+  }
+
+  const Trace& trace_;
+  const AllocatorSetup& setup_;
+  const EngineOptions& opt_;
+  SimAllocator& alloc_;
+
+  EngineResult result_;
+  double now_ = 0;
+  int64_t next_request_ = 0;
+  SeqId next_id_ = 0;
+  bool step_preempted_ = false;
+  int64_t alloc_ns_ = 0;
+  double latency_sum_ = 0;
+  double util_weighted_ = 0, util_time_ = 0, memory_weighted_ = 0, conc_weighted_ = 0,
+         busy_time_ = 0;
+
+  absl::flat_hash_map<SeqId, Seq> seqs_;
+  std::vector<Group> groups_;
+  std::vector<int64_t> request_stamp_;
+  std::deque<SeqId> waiting_;
+  std::deque<SeqId> swapped_;
+  std::vector<SeqId> running_;    // admission order
+  std::vector<SeqId> scheduled_;  // computing this step
+  std::vector<SeqId> active_;
+  std::vector<int32_t> beam_groups_;
+  std::vector<StepRecord> steps_;
+};
+
+}  // namespace
+
+absl::StatusOr<EngineResult> run_engine(const Trace& trace, const AllocatorSetup& setup,
+                                        const EngineOptions& options) {
+  for (size_t i = 0; i < trace.requests.size(); ++i) {
+    const Request& r = trace.requests[i];
+    if (r.input_length <= 0 || r.output_length <= 0 ||
+        int64_t{r.input_length} + r.output_length > setup.max_model_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(trace.name, " request ", i, ": input ", r.input_length, " + output ",
+                       r.output_length, " must be positive and fit max_model_len ",
+                       setup.max_model_len, " (clamp the trace first)"));
+    }
+    if (r.num_samples < 1 || r.beam_width < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(trace.name, " request ", i, ": num_samples and beam_width must be >= 1"));
+    }
+  }
+  if (options.beam_interval < 1) {
+    return absl::InvalidArgumentError("beam_interval must be >= 1");
+  }
+  absl::StatusOr<std::unique_ptr<SimAllocator>> alloc = make_allocator(setup);
+  if (!alloc.ok()) return alloc.status();
+  Engine engine(trace, setup, options, **alloc);
+  return engine.run();
+}
+
+}  // namespace pagedkv::sim

@@ -1,0 +1,90 @@
+// File: examples/simulator/engine.h
+//
+// A simple serving-engine model that replays a trace against one allocator, in the
+// iteration-level style of Orca and vLLM:
+//   - Requests arrive at their trace time and wait in FIFO order.
+//   - Each step: every running sequence reserves a slot for its last generated token
+//     (preempting the latest-arrived running sequences when blocks run out: recompute or
+//     swap); then swapped sequences come back if they fit; then, if nothing was preempted
+//     and nothing is swapped, waiting requests are admitted in order while their prompt
+//     fits (paged: leaving the watermark free; contiguous: a first-fit reservation), up to
+//     max_num_seqs running sequences and max_prefill_tokens prompt tokens per step.
+//   - A step takes step_ms plus prefill_ms_per_1k_tokens per 1,000 prompt tokens
+//     computed, then every scheduled sequence generates one token. A request completes
+//     after output_length tokens (all of its samples / beams).
+//   - Parallel samples fork after the prompt's prefill; beam requests keep beam_width
+//     beams and every beam_interval tokens drop their last beam and fork their first.
+// It measures KV utilization, concurrency, throughput, preemptions, prefix hits,
+// evictions and the wall time spent inside allocator calls (in the CLI only).
+#ifndef PAGEDKV_EXAMPLES_SIMULATOR_ENGINE_H_
+#define PAGEDKV_EXAMPLES_SIMULATOR_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sim_allocator.h"
+#include "trace.h"
+
+namespace pagedkv::sim {
+
+struct EngineOptions {
+  int32_t max_num_seqs = 512;            // running sequences at most
+  int32_t max_prefill_tokens = 16384;    // prompt tokens per step (one prompt always fits)
+  double step_ms = 20;                   // decode step time
+  double prefill_ms_per_1k_tokens = 50;  // added per 1,000 prompt tokens computed
+  int32_t beam_interval = 8;             // beam requests re-fork every this many tokens
+  int32_t series_points = 400;           // samples of the over-time series
+  bool measure_allocator_time = false;   // time allocator calls (wall clock)
+  // Called every ~progress_every steps with (steps, completed, total requests).
+  std::function<void(int64_t, int64_t, int64_t)> progress;
+  int64_t progress_every = 20000;
+};
+
+struct SeriesPoint {
+  double time_s = 0;
+  double utilization = 0;   // token slots / reserved slots, at that step
+  int32_t concurrency = 0;  // requests with a running sequence
+};
+
+struct EngineResult {
+  std::string allocator;
+  int64_t requests = 0;
+  int64_t completed = 0;
+  int64_t rejected = 0;  // could never fit the budget
+  int64_t steps = 0;
+  double sim_time_s = 0;         // last completion time
+  double mean_utilization = 0;   // step-time weighted mean of token / reserved slots
+  double mean_memory_use = 0;    // step-time weighted mean of token slots / budget
+  int32_t peak_concurrency = 0;  // requests with a running sequence
+  double mean_concurrency = 0;   // step-time weighted, over steps with work
+  double throughput_rps = 0;     // completed / sim_time_s
+  double mean_latency_s = 0;     // arrival to completion
+  int64_t preemptions = 0;       // recompute + swap
+  int64_t preemptions_swap = 0;
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t evictions = 0;
+  int64_t cow_copies = 0;
+  int64_t generated_tokens = 0;
+  double allocator_ns_per_step = 0;  // 0 unless measure_allocator_time
+  std::vector<SeriesPoint> series;
+  double prefix_hit_rate() const {
+    return prefix_query_tokens == 0 ? 0.0
+                                    : static_cast<double>(prefix_hit_tokens) / prefix_query_tokens;
+  }
+};
+
+// Replays `trace` on a fresh allocator made from `setup`. Every request must satisfy
+// input_length + output_length <= setup.max_model_len (see clamp_to_model_len()).
+// Errors: InvalidArgument for a bad trace or setup; Internal when the allocator breaks
+// the engine's expectations (with the step and sequence).
+[[nodiscard]] absl::StatusOr<EngineResult> run_engine(const Trace& trace,
+                                                      const AllocatorSetup& setup,
+                                                      const EngineOptions& options);
+
+}  // namespace pagedkv::sim
+
+#endif  // PAGEDKV_EXAMPLES_SIMULATOR_ENGINE_H_

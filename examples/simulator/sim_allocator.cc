@@ -1,0 +1,373 @@
+#include "sim_allocator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "contiguous_arena.h"
+#include "pagedkv/block_table.h"
+
+namespace pagedkv::sim {
+
+std::string allocator_name(const AllocatorConfig& config) {
+  switch (config.kind) {
+    case AllocatorKind::kContiguousMax:
+      return "contiguous-max";
+    case AllocatorKind::kContiguousOracle:
+      return "contiguous-oracle";
+    case AllocatorKind::kPaged:
+      return absl::StrCat("paged/", config.block_size);
+    case AllocatorKind::kPagedPrefix:
+      return absl::StrCat("paged+prefix/", config.block_size);
+  }
+  return "unknown";
+}
+
+namespace {
+
+// --- contiguous reservation ------------------------------------------------------------
+
+class ContiguousAllocator final : public SimAllocator {
+ public:
+  ContiguousAllocator(int64_t budget_tokens, int32_t max_model_len, bool oracle)
+      : arena_(budget_tokens), max_model_len_(max_model_len), oracle_(oracle) {}
+
+  absl::Status add(SeqId seq, std::span<const TokenId> prompt, int32_t final_tokens,
+                   int32_t num_forks) override {
+    if (seqs_.contains(seq)) {
+      return absl::AlreadyExistsError(absl::StrCat("add: sequence ", seq, " exists"));
+    }
+    if (prompt.empty() || final_tokens < static_cast<int32_t>(prompt.size()) ||
+        final_tokens > max_model_len_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "add(seq ", seq, "): need 0 < prompt (", prompt.size(), ") <= final_tokens (",
+          final_tokens, ") <= max_model_len (", max_model_len_, ")"));
+    }
+    Seq s;
+    s.num_tokens = static_cast<int32_t>(prompt.size());
+    s.region = oracle_ ? final_tokens : max_model_len_;
+    s.num_forks = num_forks;
+    if (s.region * int64_t{1 + num_forks} > arena_.num_slots()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("add(seq ", seq, "): ", 1 + num_forks, " reservations of ", s.region,
+                       " slots exceed the budget of ", arena_.num_slots(), " slots"));
+    }
+    seqs_.emplace(seq, s);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int32_t> admit(SeqId seq) override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("admit: unknown ", seq));
+    Seq& s = it->second;
+    if (s.offset >= 0) {
+      return absl::FailedPreconditionError(absl::StrCat("admit(seq ", seq, "): already running"));
+    }
+    // The sequence and the children it forks are reserved together, all or nothing.
+    std::vector<int64_t> taken;
+    for (int32_t i = 0; i <= s.num_forks; ++i) {
+      absl::StatusOr<int64_t> offset = arena_.allocate(s.region);
+      if (!offset.ok()) {
+        for (int64_t o : taken) (void)arena_.release(o);
+        return offset.status();
+      }
+      taken.push_back(*offset);
+    }
+    s.offset = taken[0];
+    s.spare.assign(taken.begin() + 1, taken.end());
+    s.num_forks = 0;
+    const int32_t work = s.num_tokens - s.computed;
+    s.computed = s.num_tokens;
+    return work;
+  }
+
+  absl::StatusOr<int32_t> reserve(SeqId seq, bool /*may_preempt*/) override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("reserve: unknown ", seq));
+    Seq& s = it->second;
+    if (s.offset < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("reserve(seq ", seq, "): not running"));
+    }
+    const int32_t work = s.num_tokens - s.computed;
+    s.computed = s.num_tokens;
+    return work;
+  }
+
+  absl::Status preempt(SeqId seq) override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end() || it->second.offset < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("preempt(seq ", seq, "): not running"));
+    }
+    release_regions(it->second);
+    it->second.computed = 0;
+    ++preemptions_;
+    notify_preempted(seq, PreemptionMode::kRecompute);
+    return absl::OkStatus();
+  }
+
+  absl::Status swap_in(SeqId seq) override {
+    return absl::FailedPreconditionError(
+        absl::StrCat("swap_in(seq ", seq, "): contiguous sequences are never swapped"));
+  }
+
+  absl::Status append(SeqId seq, TokenId /*token*/) override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("append: unknown ", seq));
+    Seq& s = it->second;
+    if (s.num_tokens + 1 > s.region) {
+      return absl::InvalidArgumentError(absl::StrCat("append(seq ", seq, "): ", s.num_tokens + 1,
+                                                     " tokens exceed its reservation of ",
+                                                     s.region));
+    }
+    ++s.num_tokens;
+    return absl::OkStatus();
+  }
+
+  absl::Status fork(SeqId parent, SeqId child) override {
+    auto it = seqs_.find(parent);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("fork: unknown ", parent));
+    if (seqs_.contains(child)) {
+      return absl::AlreadyExistsError(absl::StrCat("fork: child ", child, " exists"));
+    }
+    Seq& p = it->second;
+    if (p.offset < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("fork(parent ", parent, "): not running"));
+    }
+    Seq c = p;
+    c.spare.clear();
+    c.num_forks = 0;
+    if (!p.spare.empty()) {
+      c.offset = p.spare.back();
+      p.spare.pop_back();
+    } else {
+      // A contiguous child copies the parent's KV into a reservation of its own.
+      absl::StatusOr<int64_t> offset = arena_.allocate(p.region);
+      if (!offset.ok()) return offset.status();
+      c.offset = *offset;
+    }
+    seqs_.emplace(child, std::move(c));
+    return absl::OkStatus();
+  }
+
+  absl::Status free(SeqId seq) override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("free: unknown ", seq));
+    release_regions(it->second);
+    seqs_.erase(it);
+    return absl::OkStatus();
+  }
+
+  AllocatorUsage usage(std::span<const SeqId> running) const override {
+    AllocatorUsage u;
+    for (SeqId id : running) {
+      auto it = seqs_.find(id);
+      if (it != seqs_.end() && it->second.offset >= 0) u.token_slots += it->second.computed;
+    }
+    u.reserved_slots = arena_.reserved_slots();
+    return u;
+  }
+
+  AllocatorCounters counters() const override { return {.preemptions_recompute = preemptions_}; }
+
+ private:
+  struct Seq {
+    int32_t num_tokens = 0;
+    int32_t computed = 0;
+    int64_t region = 0;   // slots reserved per sequence
+    int64_t offset = -1;  // -1: not admitted
+    int32_t num_forks = 0;
+    std::vector<int64_t> spare;  // reserved for children not yet forked
+  };
+
+  void release_regions(Seq& s) {
+    if (s.offset >= 0) (void)arena_.release(s.offset);
+    for (int64_t o : s.spare) (void)arena_.release(o);
+    s.offset = -1;
+    s.spare.clear();
+  }
+
+  ContiguousArena arena_;
+  int32_t max_model_len_;
+  bool oracle_;
+  int64_t preemptions_ = 0;
+  absl::flat_hash_map<SeqId, Seq> seqs_;
+};
+
+// --- paged: the library's KvCacheManager ---------------------------------------------------
+
+class PagedAllocator final : public SimAllocator, public PreemptionHooks {
+ public:
+  static absl::StatusOr<std::unique_ptr<PagedAllocator>> create(const AllocatorSetup& setup) {
+    const int32_t bs = setup.config.block_size;
+    if (bs <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("block_size ", bs, " must be > 0"));
+    }
+    const int64_t blocks = setup.budget_tokens / bs;
+    if (blocks < 2 || blocks > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("budget of ", setup.budget_tokens,
+                                                     " tokens gives ", blocks, " blocks of ", bs,
+                                                     "; need 2 to 2^31-1"));
+    }
+    auto a = std::unique_ptr<PagedAllocator>(new PagedAllocator());
+    KvCacheManager::Options o;
+    o.num_blocks = static_cast<int32_t>(blocks);
+    o.block_size = bs;
+    o.num_host_blocks =
+        setup.preemption_mode == PreemptionMode::kSwap
+            ? static_cast<int32_t>(std::min<int64_t>(setup.host_budget_tokens / bs, INT32_MAX))
+            : 0;
+    o.max_model_len = setup.max_model_len;
+    o.watermark_blocks = std::min<int32_t>(
+        static_cast<int32_t>(std::floor(setup.watermark_fraction * static_cast<double>(blocks))),
+        o.num_blocks - 1);
+    o.enable_prefix_caching = setup.config.kind == AllocatorKind::kPagedPrefix;
+    o.preemption_mode = o.num_host_blocks > 0 ? setup.preemption_mode : PreemptionMode::kRecompute;
+    o.preemption_hooks = a.get();
+    absl::StatusOr<KvCacheManager> manager = KvCacheManager::create(std::move(o));
+    if (!manager.ok()) return manager.status();
+    a->manager_.emplace(std::move(*manager));
+    a->block_size_ = bs;
+    return a;
+  }
+
+  void on_preempt(SeqId victim, PreemptionMode mode) override { notify_preempted(victim, mode); }
+
+  absl::Status add(SeqId seq, std::span<const TokenId> prompt, int32_t final_tokens,
+                   int32_t /*num_forks*/) override {
+    const KvCacheManager::Options& o = manager_->options();
+    const int32_t admissible = o.num_blocks - o.watermark_blocks;
+    if (num_blocks_for_tokens(final_tokens, block_size_) > admissible) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("add(seq ", seq, "): ", final_tokens, " tokens need ",
+                       num_blocks_for_tokens(final_tokens, block_size_),
+                       " blocks; the pool admits ", admissible));
+    }
+    return manager_->add_sequence(seq, prompt);
+  }
+
+  absl::StatusOr<int32_t> admit(SeqId seq) override {
+    if (!matched_.contains(seq)) {
+      absl::StatusOr<int32_t> cached = manager_->match_prefix(seq);
+      if (!cached.ok()) return cached.status();
+      matched_.insert(seq);
+    }
+    absl::StatusOr<int32_t> work = uncomputed(seq);
+    if (!work.ok()) return work.status();
+    absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, *work);
+    if (!slots.ok()) return slots.status();  // ResourceExhausted: keeps its matched prefix
+    matched_.erase(seq);
+    return *work;
+  }
+
+  absl::StatusOr<int32_t> reserve(SeqId seq, bool may_preempt) override {
+    absl::StatusOr<int32_t> work = uncomputed(seq);
+    if (!work.ok()) return work.status();
+    absl::StatusOr<std::span<const int64_t>> slots =
+        may_preempt ? manager_->allocate_slots_or_preempt(seq, *work)
+                    : manager_->allocate_slots(seq, *work);
+    if (!slots.ok()) return slots.status();
+    return *work;
+  }
+
+  absl::Status preempt(SeqId seq) override {
+    const PreemptionMode mode = manager_->options().preemption_mode;
+    absl::Status s = manager_->preempt(seq, mode);
+    if (absl::IsResourceExhausted(s) && mode == PreemptionMode::kSwap) {
+      return manager_->preempt(seq, PreemptionMode::kRecompute);  // host pool full
+    }
+    return s;
+  }
+
+  absl::Status swap_in(SeqId seq) override { return manager_->swap_in(seq); }
+
+  absl::Status append(SeqId seq, TokenId token) override {
+    return manager_->append_tokens(seq, std::span<const TokenId>(&token, 1));
+  }
+
+  absl::Status fork(SeqId parent, SeqId child) override { return manager_->fork(parent, child); }
+
+  absl::Status free(SeqId seq) override {
+    matched_.erase(seq);
+    return manager_->free(seq);
+  }
+
+  AllocatorUsage usage(std::span<const SeqId> running) const override {
+    const int32_t bs = block_size_;
+    AllocatorUsage u;
+    u.reserved_slots = int64_t{manager_->stats().used_blocks} * bs;
+    // Every held block is full except each sequence's last one (and any block past its
+    // computed tokens); partial last blocks shared by forks count once.
+    int64_t empty = 0;
+    partial_.clear();
+    auto account = [&](SeqId id) {
+      absl::StatusOr<SequenceView> v = manager_->sequence(id);
+      if (!v.ok() || v->block_table.empty()) return;
+      const int32_t c = v->num_computed_tokens;
+      const int32_t used = num_blocks_for_tokens(c, bs);
+      for (size_t i = used; i < v->block_table.size(); ++i) {
+        if (partial_.insert(v->block_table[i]).second) empty += bs;
+      }
+      if (c % bs != 0 && partial_.insert(v->block_table[used - 1]).second) empty += bs - c % bs;
+    };
+    for (SeqId id : running) account(id);
+    for (SeqId id : matched_) account(id);
+    u.token_slots = u.reserved_slots - empty;
+    return u;
+  }
+
+  AllocatorCounters counters() const override {
+    const KvCacheManager::Stats s = manager_->stats();
+    return {.prefix_query_tokens = s.prefix_query_tokens,
+            .prefix_hit_tokens = s.prefix_hit_tokens,
+            .evictions = s.evictions,
+            .preemptions_recompute = s.preemptions_recompute,
+            .preemptions_swap = s.preemptions_swap,
+            .cow_copies = s.cow_copies,
+            .blocks_swapped_out = s.blocks_swapped_out};
+  }
+
+  const KvCacheManager& manager() const { return *manager_; }
+
+ private:
+  PagedAllocator() = default;
+
+  absl::StatusOr<int32_t> uncomputed(SeqId seq) const {
+    absl::StatusOr<SequenceView> v = manager_->sequence(seq);
+    if (!v.ok()) return v.status();
+    return static_cast<int32_t>(v->tokens.size()) - v->num_computed_tokens;
+  }
+
+  std::optional<KvCacheManager> manager_;
+  int32_t block_size_ = 16;
+  absl::flat_hash_set<SeqId> matched_;  // waiting, holding a matched prefix
+  mutable absl::flat_hash_set<BlockId> partial_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SimAllocator>> make_allocator(const AllocatorSetup& setup) {
+  if (setup.budget_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV budget of ", setup.budget_tokens, " tokens must be > 0"));
+  }
+  switch (setup.config.kind) {
+    case AllocatorKind::kContiguousMax:
+    case AllocatorKind::kContiguousOracle:
+      return std::unique_ptr<SimAllocator>(
+          new ContiguousAllocator(setup.budget_tokens, setup.max_model_len,
+                                  setup.config.kind == AllocatorKind::kContiguousOracle));
+    case AllocatorKind::kPaged:
+    case AllocatorKind::kPagedPrefix: {
+      absl::StatusOr<std::unique_ptr<PagedAllocator>> a = PagedAllocator::create(setup);
+      if (!a.ok()) return a.status();
+      return std::unique_ptr<SimAllocator>(std::move(*a));
+    }
+  }
+  return absl::InvalidArgumentError("unknown allocator kind");
+}
+
+}  // namespace pagedkv::sim

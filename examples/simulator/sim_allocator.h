@@ -1,0 +1,115 @@
+// File: examples/simulator/sim_allocator.h
+//
+// The allocators the engine model compares, behind one small interface:
+//   contiguous-max     the pre-paging baseline: each sequence reserves max_model_len
+//                      contiguous slots at admission, placed first-fit (Orca "Max");
+//   contiguous-oracle  the same, reserving exactly prompt + output tokens (Orca "Oracle",
+//                      which needs the output length in advance: an upper bound for
+//                      any reservation scheme);
+//   paged              pagedkv's KvCacheManager without prefix caching;
+//   paged+prefix       KvCacheManager with prefix caching.
+// The paged allocators are the library itself; this file only adapts its calls to the
+// engine model's vocabulary. Contiguous sequences never grow past their reservation, so
+// they are never preempted.
+#ifndef PAGEDKV_EXAMPLES_SIMULATOR_SIM_ALLOCATOR_H_
+#define PAGEDKV_EXAMPLES_SIMULATOR_SIM_ALLOCATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/types.h"
+
+namespace pagedkv::sim {
+
+enum class AllocatorKind { kContiguousMax, kContiguousOracle, kPaged, kPagedPrefix };
+
+struct AllocatorConfig {
+  AllocatorKind kind = AllocatorKind::kPaged;
+  int32_t block_size = 16;  // tokens per block (paged only)
+};
+
+// "contiguous-max", "paged+prefix/16", ...
+std::string allocator_name(const AllocatorConfig& config);
+
+// Memory held at one instant.
+struct AllocatorUsage {
+  int64_t token_slots = 0;     // slots holding a token's KV (computed tokens)
+  int64_t reserved_slots = 0;  // slots set aside for running sequences
+};
+
+struct AllocatorCounters {
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t evictions = 0;
+  int64_t preemptions_recompute = 0;
+  int64_t preemptions_swap = 0;
+  int64_t cow_copies = 0;
+  int64_t blocks_swapped_out = 0;
+};
+
+struct AllocatorSetup {
+  AllocatorConfig config;
+  int64_t budget_tokens = 0;       // KV slots of the device budget
+  int64_t host_budget_tokens = 0;  // KV slots of host swap space (paged, swap mode)
+  int32_t max_model_len = 8192;
+  double watermark_fraction = 0.01;  // paged admission leaves this share of blocks free
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+};
+
+class SimAllocator {
+ public:
+  virtual ~SimAllocator() = default;
+
+  // Called for each sequence preempted as a victim of another's allocation, or itself.
+  using PreemptionListener = std::function<void(SeqId, PreemptionMode)>;
+  void set_preemption_listener(PreemptionListener listener) { listener_ = std::move(listener); }
+
+  // Registers a waiting sequence that will hold at most `final_tokens` tokens, of which
+  // `num_forks` children are forked right after its first prefill.
+  // Errors: InvalidArgument when it can never fit (the engine rejects the request).
+  [[nodiscard]] virtual absl::Status add(SeqId seq, std::span<const TokenId> prompt,
+                                         int32_t final_tokens, int32_t num_forks) = 0;
+
+  // Admits a waiting sequence: claims its cached prefix and reserves all its uncomputed
+  // tokens. Returns the tokens to compute (the prefill work). ResourceExhausted: not now.
+  [[nodiscard]] virtual absl::StatusOr<int32_t> admit(SeqId seq) = 0;
+
+  // Reserves a running sequence's uncomputed tokens (its last generated token), preempting
+  // others when `may_preempt`. Returns the tokens to compute. ResourceExhausted: no room.
+  [[nodiscard]] virtual absl::StatusOr<int32_t> reserve(SeqId seq, bool may_preempt) = 0;
+
+  // Preempts a running sequence itself (the listener is called).
+  [[nodiscard]] virtual absl::Status preempt(SeqId seq) = 0;
+
+  // Brings a swapped sequence back. ResourceExhausted: not now.
+  [[nodiscard]] virtual absl::Status swap_in(SeqId seq) = 0;
+
+  [[nodiscard]] virtual absl::Status append(SeqId seq, TokenId token) = 0;
+  [[nodiscard]] virtual absl::Status fork(SeqId parent, SeqId child) = 0;
+  [[nodiscard]] virtual absl::Status free(SeqId seq) = 0;
+
+  // Memory held by `running` sequences (and any the allocator holds for admission).
+  virtual AllocatorUsage usage(std::span<const SeqId> running) const = 0;
+  virtual AllocatorCounters counters() const = 0;
+
+ protected:
+  void notify_preempted(SeqId seq, PreemptionMode mode) {
+    if (listener_) listener_(seq, mode);
+  }
+
+ private:
+  PreemptionListener listener_;
+};
+
+// Errors: InvalidArgument for a budget that holds no block / slot, or a bad block size.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<SimAllocator>> make_allocator(
+    const AllocatorSetup& setup);
+
+}  // namespace pagedkv::sim
+
+#endif  // PAGEDKV_EXAMPLES_SIMULATOR_SIM_ALLOCATOR_H_

@@ -1,0 +1,147 @@
+#include "simulate.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "fmt/format.h"
+
+namespace pagedkv::sim {
+namespace {
+
+TraceKind kind_of(const std::string& path) {
+  return std::string_view(path).ends_with(".jsonl") ? TraceKind::kMooncake : TraceKind::kAzure;
+}
+
+}  // namespace
+
+TraceSettings default_settings(TraceKind kind, const std::string& name) {
+  switch (kind) {
+    case TraceKind::kAzure:
+      return {.budget_gib = 8,
+              .time_scale = name.find("conv") != std::string::npos ? 8.0 : 16.0,
+              .max_model_len = 8192};
+    case TraceKind::kMooncake:
+      return {.budget_gib = 64, .time_scale = 1, .max_model_len = 131072};
+    case TraceKind::kSynthetic:
+      return {.budget_gib = 8, .time_scale = 1, .max_model_len = 8192};
+  }
+  return {};
+}
+
+std::vector<AllocatorConfig> allocator_configs(const SimOptions& options) {
+  std::vector<AllocatorConfig> configs = {{.kind = AllocatorKind::kContiguousMax}};
+  if (options.contiguous_oracle) configs.push_back({.kind = AllocatorKind::kContiguousOracle});
+  for (int32_t bs : options.block_sizes) {
+    configs.push_back({.kind = AllocatorKind::kPaged, .block_size = bs});
+  }
+  for (int32_t bs : options.block_sizes) {
+    configs.push_back({.kind = AllocatorKind::kPagedPrefix, .block_size = bs});
+  }
+  return configs;
+}
+
+std::string resolve_trace_path(const SimOptions& options, const std::string& trace) {
+  if (std::filesystem::exists(trace) || options.traces_dir.empty()) return trace;
+  return (std::filesystem::path(options.traces_dir) / trace).string();
+}
+
+absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions& options) {
+  TraceSettings settings = default_settings(kind, trace.name);
+  if (options.budget_gib) settings.budget_gib = *options.budget_gib;
+  if (options.time_scale) settings.time_scale = *options.time_scale;
+  if (options.max_model_len) settings.max_model_len = *options.max_model_len;
+  if (!(settings.budget_gib > 0) || !(settings.time_scale > 0) || settings.max_model_len < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(trace.name, ": budget_gib (", settings.budget_gib, ") and time_scale (",
+                     settings.time_scale, ") must be > 0 and max_model_len (",
+                     settings.max_model_len, ") >= 2"));
+  }
+  if (absl::Status s = options.spec.validate(); !s.ok()) return s;
+  const int64_t max_requests = options.quick ? options.quick_requests : options.max_requests;
+  truncate_trace(trace, max_requests);
+
+  TraceRun run;
+  run.trace = trace.name;
+  run.requests = static_cast<int64_t>(trace.requests.size());
+  run.clamp = clamp_to_model_len(trace, settings.max_model_len);
+  scale_arrivals(trace, settings.time_scale);
+  run.time_scale = settings.time_scale;
+  run.budget_gib = settings.budget_gib;
+  const auto budget_bytes = static_cast<int64_t>(std::llround(settings.budget_gib * (1 << 30)));
+  run.budget_tokens = budget_bytes / options.spec.bytes_per_token();
+  run.max_model_len = settings.max_model_len;
+  const auto host_bytes = static_cast<int64_t>(std::llround(options.host_swap_gib * (1 << 30)));
+
+  for (const AllocatorConfig& config : allocator_configs(options)) {
+    AllocatorSetup setup;
+    setup.config = config;
+    if (config.kind == AllocatorKind::kPaged || config.kind == AllocatorKind::kPagedPrefix) {
+      KvCacheSpec spec = options.spec;
+      spec.block_size = config.block_size;
+      absl::StatusOr<int32_t> blocks = spec.num_blocks_for_budget(budget_bytes);
+      if (!blocks.ok()) return blocks.status();
+      setup.budget_tokens = int64_t{*blocks} * config.block_size;
+    } else {
+      setup.budget_tokens = run.budget_tokens;
+    }
+    setup.host_budget_tokens = host_bytes / options.spec.bytes_per_token();
+    setup.max_model_len = settings.max_model_len;
+    setup.preemption_mode = options.preemption_mode;
+    EngineOptions engine = options.engine;
+    const std::string name = allocator_name(config);
+    if (options.progress) {
+      engine.progress = [&](int64_t steps, int64_t done, int64_t total) {
+        options.progress(run.trace, name, steps, done, total);
+      };
+    }
+    absl::StatusOr<EngineResult> result = run_engine(trace, setup, engine);
+    if (!result.ok()) return result.status();
+    if (options.progress) {
+      options.progress(run.trace, name, result->steps, result->completed + result->rejected,
+                       result->requests);
+    }
+    run.results.push_back(std::move(*result));
+  }
+  return run;
+}
+
+absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
+  SimReport report;
+  report.model =
+      fmt::format("{} layers x {} KV heads x head_dim {} in {} ({} bytes per token)",
+                  options.spec.num_layers, options.spec.num_kv_heads, options.spec.head_dim,
+                  dtype_name(options.spec.dtype), options.spec.bytes_per_token());
+  report.bytes_per_token = options.spec.bytes_per_token();
+  report.quick = options.quick;
+  bool eviction_done = !options.eviction;
+  for (const std::string& name : options.traces) {
+    const std::string path = resolve_trace_path(options, name);
+    absl::StatusOr<Trace> trace = read_trace(path);
+    if (!trace.ok()) return trace.status();
+    const TraceKind kind = kind_of(path);
+    if (kind == TraceKind::kMooncake && !eviction_done) {
+      // The eviction study always replays the whole trace: it takes well under a second.
+      absl::StatusOr<std::vector<EvictionRow>> rows =
+          eviction_study(block_streams(*trace), options.eviction_sizes);
+      if (!rows.ok()) return rows.status();
+      report.eviction_trace = trace->name;
+      report.eviction = std::move(*rows);
+      eviction_done = true;
+    }
+    absl::StatusOr<TraceRun> run = run_trace(std::move(*trace), kind, options);
+    if (!run.ok()) return run.status();
+    report.runs.push_back(std::move(*run));
+  }
+  if (options.synthetic) {
+    absl::StatusOr<Trace> trace = generate_synthetic(options.synthetic_options);
+    if (!trace.ok()) return trace.status();
+    absl::StatusOr<TraceRun> run = run_trace(std::move(*trace), TraceKind::kSynthetic, options);
+    if (!run.ok()) return run.status();
+    report.runs.push_back(std::move(*run));
+  }
+  return report;
+}
+
+}  // namespace pagedkv::sim
