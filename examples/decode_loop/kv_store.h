@@ -1,0 +1,56 @@
+// File: examples/decode_loop/kv_store.h
+//
+// The KV bytes and the kernels that read and write them, as the engine sees them: the
+// paged K/V pools of every layer, the host pool for swapped blocks, and per step
+//   execute()    swap-out, copy-on-write and swap-in copies, in that order
+//   set_batch()  the batch's slot mapping and block tables (uploaded once per forward)
+//   attend()     per layer: write_kv of the new tokens, then paged decode attention (one
+//                query per sequence) or paged extend attention (prefill of the uncached
+//                part: cached prefix + new tokens, causal among the new ones)
+// The model's activations stay on the host; on CUDA they are staged to the device around
+// each kernel call, and the KV cache itself never leaves the device except to swap.
+#ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_KV_STORE_H_
+#define PAGEDKV_EXAMPLES_DECODE_LOOP_KV_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model.h"
+#include "pagedkv/block_table.h"
+#include "pagedkv/device.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_cache_spec.h"
+
+namespace decode_loop {
+
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+
+  // Pools of `num_blocks` device blocks and `num_host_blocks` host blocks of `spec`.
+  static absl::StatusOr<std::unique_ptr<KvStore>> create(pagedkv::Device device,
+                                                         const pagedkv::KvCacheSpec& spec,
+                                                         int32_t num_blocks,
+                                                         int32_t num_host_blocks);
+
+  // Runs the step's block copies: swaps.swap_out, then copies, then swaps.swap_in.
+  virtual absl::Status execute(const pagedkv::SwapOps& swaps,
+                               std::span<const pagedkv::BlockCopy> copies) = 0;
+
+  // The batch the next attend() calls see. `qo_indptr` empty: a decode batch (one new token
+  // per sequence); else [num_seqs + 1] rows of each sequence's new tokens (prefill).
+  virtual absl::Status set_batch(std::span<const int64_t> slots, const pagedkv::BlockTables& tables,
+                                 std::span<const int32_t> qo_indptr, int32_t max_query_len) = 0;
+
+  // Writes io.k / io.v into the batch's slots of `io.layer` and computes io.out.
+  virtual absl::Status attend(const AttentionIo& io, int32_t num_q_heads) = 0;
+
+  virtual pagedkv::Device device() const = 0;
+};
+
+}  // namespace decode_loop
+
+#endif  // PAGEDKV_EXAMPLES_DECODE_LOOP_KV_STORE_H_

@@ -1,0 +1,260 @@
+// The example model: seeded weights and a batched forward pass (see model.h).
+#include "model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace decode_loop {
+namespace {
+
+// SplitMix64: a tiny, platform-independent generator (std::normal_distribution is not
+// specified bit for bit, so it would make weights differ between standard libraries).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double normal() {                                                           // Box-Muller
+    const double u1 = 1.0 - uniform();
+    const double u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+std::vector<float> normal_matrix(Rng& rng, int64_t rows, int64_t cols, double stddev) {
+  std::vector<float> m(static_cast<size_t>(rows * cols));
+  for (float& e : m) e = static_cast<float>(rng.normal() * stddev);
+  return m;
+}
+
+std::vector<float> gains(Rng& rng, int32_t dim) {
+  std::vector<float> g(dim);
+  for (float& e : g) e = static_cast<float>(1.0 + 0.1 * rng.normal());
+  return g;
+}
+
+// Transposes [rows, cols] to [cols, rows]: matmul() reads one output's weights contiguously.
+std::vector<float> transpose(const std::vector<float>& m, int32_t rows, int32_t cols) {
+  std::vector<float> t(m.size());
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t c = 0; c < cols; ++c) {
+      t[static_cast<size_t>(c) * rows + r] = m[static_cast<size_t>(r) * cols + c];
+    }
+  }
+  return t;
+}
+
+// Rows of x per pass over a weight column; each row's arithmetic is the same for any R.
+template <int R>
+void matmul_rows(const float* x, const float* wt, float* y, int32_t in, int32_t out) {
+  for (int32_t j = 0; j < out; ++j) {
+    const float* wj = wt + static_cast<size_t>(j) * in;
+    float acc[R][8] = {};
+    for (int32_t k = 0; k < in; k += 8) {
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + static_cast<size_t>(r) * in + k;
+        for (int l = 0; l < 8; ++l) acc[r][l] += xr[l] * wj[k + l];
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float* a = acc[r];
+      y[static_cast<size_t>(r) * out + j] =
+          ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    }
+  }
+}
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+// w is stored transposed, [out, in]; `in` is a multiple of 8 (checked by Model).
+void matmul(const float* x, const float* wt, float* y, int32_t n, int32_t in, int32_t out) {
+  int32_t r = 0;
+  for (; r + 4 <= n; r += 4) {
+    matmul_rows<4>(x + static_cast<size_t>(r) * in, wt, y + static_cast<size_t>(r) * out, in, out);
+  }
+  for (; r < n; ++r) {
+    matmul_rows<1>(x + static_cast<size_t>(r) * in, wt, y + static_cast<size_t>(r) * out, in, out);
+  }
+}
+
+void rms_norm(const float* x, const float* g, float* y, int32_t n, int32_t dim, float eps) {
+  for (int32_t r = 0; r < n; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * dim;
+    float* yr = y + static_cast<size_t>(r) * dim;
+    double sum = 0.0;
+    for (int32_t i = 0; i < dim; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+    const auto inv = static_cast<float>(1.0 / std::sqrt(sum / dim + eps));
+    for (int32_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv * g[i];
+  }
+}
+
+absl::Status validate(const ModelConfig& c) {
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: head_dim ", c.head_dim, " must be 64, 128 or 256"));
+  }
+  if (c.num_kv_heads <= 0 || c.num_q_heads <= 0 || c.num_q_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model: num_q_heads ", c.num_q_heads,
+                                                   " must be a positive multiple of num_kv_heads ",
+                                                   c.num_kv_heads));
+  }
+  for (const auto& [name, value] : {std::pair<const char*, int32_t>{"d_model", c.d_model},
+                                    {"ffn_dim", c.ffn_dim},
+                                    {"vocab_size", c.vocab_size}}) {
+    if (value <= 0 || value % 8 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: ", name, " ", value, " must be a positive multiple of 8"));
+    }
+  }
+  if (c.num_layers <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: num_layers ", c.num_layers, " must be > 0"));
+  }
+  return absl::OkStatus();
+}
+
+Model::Model(const ModelConfig& config) : config_(config) {
+  const ModelConfig& c = config_;
+  Rng rng(c.seed * 0x2545F4914F6CDD1Dull + 17);
+  const double d_std = 1.0 / std::sqrt(static_cast<double>(c.d_model));
+  embedding_ = normal_matrix(rng, c.vocab_size, c.d_model, 1.0);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    Layer layer;
+    layer.attn_norm = gains(rng, c.d_model);
+    // Queries and keys get a larger scale so that attention is selective, not uniform.
+    layer.wq =
+        transpose(normal_matrix(rng, c.d_model, c.q_dim(), 2.0 * d_std), c.d_model, c.q_dim());
+    layer.wk =
+        transpose(normal_matrix(rng, c.d_model, c.kv_dim(), 2.0 * d_std), c.d_model, c.kv_dim());
+    layer.wv = transpose(normal_matrix(rng, c.d_model, c.kv_dim(), d_std), c.d_model, c.kv_dim());
+    layer.wo = transpose(
+        normal_matrix(rng, c.q_dim(), c.d_model, 1.0 / std::sqrt(static_cast<double>(c.q_dim()))),
+        c.q_dim(), c.d_model);
+    layer.mlp_norm = gains(rng, c.d_model);
+    layer.w1 = transpose(normal_matrix(rng, c.d_model, c.ffn_dim, d_std), c.d_model, c.ffn_dim);
+    layer.w3 = transpose(normal_matrix(rng, c.d_model, c.ffn_dim, d_std), c.d_model, c.ffn_dim);
+    layer.w2 = transpose(
+        normal_matrix(rng, c.ffn_dim, c.d_model, 1.0 / std::sqrt(static_cast<double>(c.ffn_dim))),
+        c.ffn_dim, c.d_model);
+    layers_.push_back(std::move(layer));
+  }
+  final_norm_ = gains(rng, c.d_model);
+  w_out_ = transpose(normal_matrix(rng, c.d_model, c.vocab_size, c.logit_scale * d_std), c.d_model,
+                     c.vocab_size);
+  inv_freq_.resize(c.head_dim / 2);
+  for (int32_t i = 0; i < c.head_dim / 2; ++i) {
+    inv_freq_[i] = static_cast<float>(
+        std::pow(static_cast<double>(c.rope_theta), -2.0 * i / static_cast<double>(c.head_dim)));
+  }
+}
+
+int64_t macs_per_token(const ModelConfig& c) {
+  const int64_t per_layer = int64_t{c.d_model} * (c.q_dim() + 2 * c.kv_dim()) +
+                            int64_t{c.q_dim()} * c.d_model + int64_t{3} * c.d_model * c.ffn_dim;
+  return per_layer * c.num_layers + int64_t{c.d_model} * c.vocab_size;
+}
+
+// Rotary embedding, rotate-half form (Llama): dims i and i + head_dim / 2 form a pair
+// rotated by position * inv_freq[i]. The angle is computed in double so both paths agree.
+void Model::rope(float* x, int32_t num_heads, std::span<const int32_t> positions) const {
+  const int32_t hd = config_.head_dim;
+  const int32_t half = hd / 2;
+  for (size_t t = 0; t < positions.size(); ++t) {
+    for (int32_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(positions[t]) * inv_freq_[i];
+      const auto cs = static_cast<float>(std::cos(angle));
+      const auto sn = static_cast<float>(std::sin(angle));
+      for (int32_t h = 0; h < num_heads; ++h) {
+        float* row = x + (t * num_heads + h) * hd;
+        const float a = row[i];
+        const float b = row[i + half];
+        row[i] = a * cs - b * sn;
+        row[i + half] = b * cs + a * sn;
+      }
+    }
+  }
+}
+
+absl::Status Model::forward(std::span<const TokenId> tokens, std::span<const int32_t> positions,
+                            const AttentionFn& attend, std::span<const int32_t> logit_rows,
+                            std::vector<float>* logits, Workspace* ws) const {
+  const ModelConfig& c = config_;
+  const auto n = static_cast<int32_t>(tokens.size());
+  if (positions.size() != tokens.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: ", tokens.size(), " tokens but ", positions.size(), " positions"));
+  }
+  if (n == 0) return absl::OkStatus();
+  const auto rows = static_cast<size_t>(n);
+  ws->x.resize(rows * c.d_model);
+  ws->xn.resize(rows * c.d_model);
+  ws->q.resize(rows * c.q_dim());
+  ws->k.resize(rows * c.kv_dim());
+  ws->v.resize(rows * c.kv_dim());
+  ws->attn.resize(rows * c.q_dim());
+  ws->proj.resize(rows * c.d_model);
+  ws->h1.resize(rows * c.ffn_dim);
+  ws->h3.resize(rows * c.ffn_dim);
+  for (int32_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("forward: token ", tokens[t], " at row ", t,
+                                                     " outside the vocabulary of ", c.vocab_size));
+    }
+    std::copy_n(embedding_.begin() + static_cast<ptrdiff_t>(tokens[t]) * c.d_model, c.d_model,
+                ws->x.begin() + static_cast<ptrdiff_t>(t) * c.d_model);
+  }
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const Layer& layer = layers_[l];
+    rms_norm(ws->x.data(), layer.attn_norm.data(), ws->xn.data(), n, c.d_model, c.rms_eps);
+    matmul(ws->xn.data(), layer.wq.data(), ws->q.data(), n, c.d_model, c.q_dim());
+    matmul(ws->xn.data(), layer.wk.data(), ws->k.data(), n, c.d_model, c.kv_dim());
+    matmul(ws->xn.data(), layer.wv.data(), ws->v.data(), n, c.d_model, c.kv_dim());
+    rope(ws->q.data(), c.num_q_heads, positions);
+    rope(ws->k.data(), c.num_kv_heads, positions);
+    const absl::Status status = attend({.layer = l,
+                                        .num_tokens = n,
+                                        .q = ws->q.data(),
+                                        .k = ws->k.data(),
+                                        .v = ws->v.data(),
+                                        .out = ws->attn.data()});
+    if (!status.ok()) return status;
+    matmul(ws->attn.data(), layer.wo.data(), ws->proj.data(), n, c.q_dim(), c.d_model);
+    for (size_t i = 0; i < ws->x.size(); ++i) ws->x[i] += ws->proj[i];
+    rms_norm(ws->x.data(), layer.mlp_norm.data(), ws->xn.data(), n, c.d_model, c.rms_eps);
+    matmul(ws->xn.data(), layer.w1.data(), ws->h1.data(), n, c.d_model, c.ffn_dim);
+    matmul(ws->xn.data(), layer.w3.data(), ws->h3.data(), n, c.d_model, c.ffn_dim);
+    for (size_t i = 0; i < ws->h1.size(); ++i) ws->h1[i] = silu(ws->h1[i]) * ws->h3[i];
+    matmul(ws->h1.data(), layer.w2.data(), ws->proj.data(), n, c.ffn_dim, c.d_model);
+    for (size_t i = 0; i < ws->x.size(); ++i) ws->x[i] += ws->proj[i];
+  }
+  const auto num_logits = static_cast<int32_t>(logit_rows.size());
+  ws->logits_in.resize(static_cast<size_t>(num_logits) * c.d_model);
+  for (int32_t i = 0; i < num_logits; ++i) {
+    const int32_t r = logit_rows[i];
+    if (r < 0 || r >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: logit row ", r, " outside the batch of ", n));
+    }
+    rms_norm(ws->x.data() + static_cast<size_t>(r) * c.d_model, final_norm_.data(),
+             ws->logits_in.data() + static_cast<size_t>(i) * c.d_model, 1, c.d_model, c.rms_eps);
+  }
+  logits->resize(static_cast<size_t>(num_logits) * c.vocab_size);
+  matmul(ws->logits_in.data(), w_out_.data(), logits->data(), num_logits, c.d_model, c.vocab_size);
+  return absl::OkStatus();
+}
+
+}  // namespace decode_loop

@@ -1,0 +1,177 @@
+// File: examples/decode_loop/scheduler.h
+//
+// The engine of the example: a scheduler that drives pagedkv::KvCacheManager, a KV store
+// that holds the bytes, and the model. One call to step() is one engine iteration:
+//
+//   schedule   1. running sequences: reserve one slot each (allocate_slots_or_preempt);
+//                 when the pool is short, the victim policy preempts a sequence that is
+//                 not yet scheduled this step (recompute or swap), or the requester itself
+//              2. swapped sequences: swap_in() when nothing was preempted this step
+//              3. waiting sequences (new, or preempted by recompute): add_sequence,
+//                 match_prefix, allocate_slots for the uncached part
+//   move KV    take_pending_swaps().swap_out, take_pending_copies(), swap_in: executed by
+//              the KV store before any write (both take_* every step)
+//   compute    prefill batch: write_kv + paged_extend_attention per layer
+//              decode batch:  write_kv + paged_decode_attention per layer, batched tables
+//   commit     pick tokens (greedy or keyed sampling), fork samples after a prompt's
+//              prefill (copy-on-write on their first append), append_tokens, free when done
+#ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_SCHEDULER_H_
+#define PAGEDKV_EXAMPLES_DECODE_LOOP_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kv_store.h"
+#include "model.h"
+#include "pagedkv/block_table.h"
+#include "pagedkv/device.h"
+#include "pagedkv/dtype.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "sampling.h"
+#include "workload.h"
+
+namespace decode_loop {
+
+using pagedkv::SeqId;
+
+enum class PreemptionPolicy {
+  kRecompute,  // always recompute
+  kSwap,       // swap when the host pool has room, else recompute
+  kMixed,      // alternate swap and recompute, so one run exercises both
+};
+
+struct EngineOptions {
+  pagedkv::Device device = pagedkv::Device::kCpu;
+  pagedkv::DType kv_dtype = pagedkv::DType::kFloat32;
+  int32_t block_size = 16;
+  int32_t num_blocks = 0;       // device KV blocks (from --kv-budget-mb)
+  int32_t num_host_blocks = 0;  // host blocks for swapping
+  int32_t watermark_blocks = 1;
+  PreemptionPolicy preemption = PreemptionPolicy::kMixed;
+  int32_t max_running = 256;          // sequences decoding at once
+  int32_t max_prefill_tokens = 2048;  // new prompt tokens per step
+  uint64_t seed = 1;
+  bool progress = false;  // status line on stderr
+};
+
+// One sequence: a request's sample.
+struct SequenceRecord {
+  enum class Where { kWaiting, kRunning, kSwapped, kDone };
+  SeqId seq = 0;
+  int64_t request = 0;
+  int32_t sample = 0;
+  std::vector<TokenId> tokens;  // prompt, then generated tokens
+  int32_t prompt_len = 0;
+  int32_t max_new_tokens = 0;
+  int32_t pending_forks = 0;  // samples to fork from this one after its prompt's prefill
+  SamplingParams sampling;
+  Where where = Where::kWaiting;
+  bool in_manager = false;
+  int32_t recompute_preemptions = 0;
+  int32_t swap_preemptions = 0;
+  bool forked = false;  // created by fork()
+
+  int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
+};
+
+struct RunStats {
+  int64_t steps = 0;
+  int64_t requests = 0;
+  int64_t requests_completed = 0;
+  int64_t sequences = 0;
+  int64_t prompt_tokens = 0;     // of the workload (per request)
+  int64_t prefill_tokens = 0;    // computed by prefill, including recomputation
+  int64_t recompute_tokens = 0;  // of those, tokens recomputed after preemption
+  int64_t generated_tokens = 0;  // committed tokens, all samples
+  int64_t decode_tokens = 0;     // tokens processed by decode steps
+  double prefill_seconds = 0.0;
+  double decode_seconds = 0.0;
+  double wall_seconds = 0.0;
+  int64_t admit_query_tokens = 0;  // tokens looked up at successful admissions
+  int64_t admit_hit_tokens = 0;    // of those, found in the prefix cache
+  int32_t peak_running = 0;
+  int32_t peak_used_blocks = 0;
+  double real_slot_steps = 0.0;  // sum over steps of token slots holding real tokens
+  double used_slot_steps = 0.0;  // sum over steps of slots of used blocks
+  int64_t swap_out_blocks_executed = 0;
+  int64_t swap_in_blocks_executed = 0;
+  int64_t cow_copies_executed = 0;
+  pagedkv::KvCacheManager::Stats manager;  // at the end
+};
+
+class Engine : private pagedkv::PreemptionHooks {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> create(const Model& model,
+                                                        const EngineOptions& options);
+  ~Engine() override;
+
+  // Queues every request, then steps until all are done.
+  absl::Status run(const std::vector<Request>& requests);
+
+  const RunStats& stats() const { return stats_; }
+  const absl::flat_hash_map<SeqId, SequenceRecord>& sequences() const { return records_; }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  Engine(const Model& model, const EngineOptions& options);
+
+  // One new-token batch of a forward pass.
+  struct Batch {
+    std::vector<SeqId> seqs;
+    std::vector<TokenId> tokens;
+    std::vector<int32_t> positions;
+    std::vector<int64_t> slots;
+    std::vector<int32_t> qo_indptr;  // prefill: [seqs + 1]
+    std::vector<int32_t> logit_rows;
+    int32_t max_query_len = 0;
+    void clear();
+  };
+
+  absl::Status step();
+  absl::Status schedule_running();
+  absl::Status schedule_swapped();
+  absl::Status schedule_waiting();
+  absl::Status execute_kv_ops();
+  absl::Status run_batch(Batch& batch, bool prefill);
+  absl::Status commit(const Batch& batch);
+  absl::Status preempt_self(SeqId seq);
+  void record_utilization();
+  void print_progress(bool final);
+
+  // Victim policy and hooks.
+  std::optional<pagedkv::Preemption> choose_victim(std::span<const pagedkv::SequenceInfo> running,
+                                                   SeqId requester);
+  pagedkv::PreemptionMode mode_for(int32_t num_computed_tokens);
+  void on_preempt(SeqId victim, pagedkv::PreemptionMode mode) override;
+
+  static SeqId seq_id(int64_t request, int32_t sample) { return request * 64 + sample; }
+
+  const Model& model_;
+  EngineOptions options_;
+  std::unique_ptr<pagedkv::KvCacheManager> manager_;
+  std::unique_ptr<KvStore> store_;
+  absl::flat_hash_map<SeqId, SequenceRecord> records_;
+  std::deque<SeqId> waiting_;
+  std::deque<SeqId> swapped_;
+  std::vector<SeqId> running_;  // in admission order
+  absl::flat_hash_set<SeqId> scheduled_;
+  bool preempted_this_step_ = false;
+  int64_t preemption_count_ = 0;
+  Batch prefill_;
+  Batch decode_;
+  pagedkv::BlockTables tables_;
+  std::vector<float> logits_;
+  Workspace ws_;
+  RunStats stats_;
+  int64_t last_progress_ns_ = 0;
+};
+
+}  // namespace decode_loop
+
+#endif  // PAGEDKV_EXAMPLES_DECODE_LOOP_SCHEDULER_H_

@@ -1,0 +1,40 @@
+// File: examples/decode_loop/summary.h
+//
+// The end-of-run report: a human-readable summary, or with --json one JSON object (written
+// with fmt; the CTest test parses it with python3's json module).
+#ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_SUMMARY_H_
+#define PAGEDKV_EXAMPLES_DECODE_LOOP_SUMMARY_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "model.h"
+#include "scheduler.h"
+#include "verify.h"
+
+namespace decode_loop {
+
+struct Report {
+  std::string device;
+  std::string workload;
+  std::string kv_dtype;
+  std::string preemption_policy;
+  ModelConfig model;
+  EngineOptions engine;
+  int64_t kv_budget_bytes = 0;
+  int64_t bytes_per_block = 0;
+  RunStats run;
+  // Contiguous max-length reservation of the same workload, for comparison.
+  int32_t contiguous_max_len = 0;           // tokens reserved per sequence
+  int32_t contiguous_peak_concurrency = 0;  // sequences the same budget holds
+  double contiguous_utilization = 0.0;      // mean real tokens / reserved slots
+  std::optional<VerifyResult> verify;
+};
+
+std::string format_text(const Report& report);
+std::string format_json(const Report& report);
+
+}  // namespace decode_loop
+
+#endif  // PAGEDKV_EXAMPLES_DECODE_LOOP_SUMMARY_H_
