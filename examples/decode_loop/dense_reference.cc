@@ -26,19 +26,24 @@ float round_to(pagedkv::DType dtype, float x) {
 
 // Causal softmax attention over all n tokens: token i attends to tokens 0..i.
 void causal_attention(const ModelConfig& c, const AttentionIo& io, pagedkv::DType kv_dtype,
-                      std::vector<float>& k, std::vector<float>& v, std::vector<float>& scores) {
+                      std::vector<float>& k, std::vector<float>& v, std::vector<float>& q_rounded,
+                      std::vector<float>& scores) {
   const int32_t n = io.num_tokens;
   const int32_t hd = c.head_dim;
   const int32_t group = c.num_q_heads / c.num_kv_heads;
+  // The paged cache stores K/V in kv_dtype, and a 16-bit cache runs attention with q and
+  // out in that dtype too: round the same values here.
   k.assign(io.k, io.k + static_cast<size_t>(n) * c.kv_dim());
   v.assign(io.v, io.v + static_cast<size_t>(n) * c.kv_dim());
   for (float& e : k) e = round_to(kv_dtype, e);
   for (float& e : v) e = round_to(kv_dtype, e);
+  q_rounded.assign(io.q, io.q + static_cast<size_t>(n) * c.q_dim());
+  for (float& e : q_rounded) e = round_to(kv_dtype, e);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   scores.resize(n);
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t h = 0; h < c.num_q_heads; ++h) {
-      const float* q = io.q + (static_cast<size_t>(i) * c.num_q_heads + h) * hd;
+      const float* q = q_rounded.data() + (static_cast<size_t>(i) * c.num_q_heads + h) * hd;
       const int32_t kvh = h / group;
       float max = -INFINITY;
       for (int32_t j = 0; j <= i; ++j) {
@@ -60,6 +65,7 @@ void causal_attention(const ModelConfig& c, const AttentionIo& io, pagedkv::DTyp
         const float p = scores[j] / denom;
         for (int32_t d = 0; d < hd; ++d) out[d] += p * vj[d];
       }
+      for (int32_t d = 0; d < hd; ++d) out[d] = round_to(kv_dtype, out[d]);
     }
   }
 }
@@ -72,11 +78,11 @@ absl::StatusOr<DenseResult> dense_generate(const Model& model, std::span<const T
   const ModelConfig& c = model.config();
   std::vector<TokenId> tokens(prompt.begin(), prompt.end());
   std::vector<int32_t> positions;
-  std::vector<float> k, v, scores, logits;
+  std::vector<float> k, v, q_rounded, scores, logits;
   Workspace ws;
   DenseResult result;
   const AttentionFn attend = [&](const AttentionIo& io) {
-    causal_attention(c, io, kv_dtype, k, v, scores);
+    causal_attention(c, io, kv_dtype, k, v, q_rounded, scores);
     return absl::OkStatus();
   };
   for (int32_t step = 0; step < num_new; ++step) {

@@ -6,12 +6,31 @@
 
 #include "absl/strings/str_cat.h"
 #include "pagedkv/attention.h"
+#include "pagedkv/numeric.h"
 
 namespace decode_loop {
 namespace {
 
 using pagedkv::BlockCopy;
 using pagedkv::KvCacheView;
+
+// fp32 <-> 16-bit conversion of activations for attention in a 16-bit cache dtype.
+void convert_from_float(const float* src, size_t n, pagedkv::DType dtype, void* dst) {
+  auto* out = static_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = dtype == pagedkv::DType::kBFloat16
+                 ? pagedkv::from_float<pagedkv::BFloat16>(src[i]).bits
+                 : pagedkv::from_float<pagedkv::Half>(src[i]).bits;
+  }
+}
+
+void convert_to_float(const void* src, size_t n, pagedkv::DType dtype, float* dst) {
+  const auto* in = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) {
+    dst[i] = dtype == pagedkv::DType::kBFloat16 ? pagedkv::to_float(pagedkv::BFloat16{in[i]})
+                                                : pagedkv::to_float(pagedkv::Half{in[i]});
+  }
+}
 
 // Host-memory pools (CPU backend).
 class HostKvStore final : public KvStore {
@@ -56,20 +75,33 @@ class HostKvStore final : public KvStore {
                                              .slot_mapping = slots_.data(),
                                              .num_tokens = io.num_tokens});
     if (!status.ok()) return status;
-    if (qo_indptr_.empty()) {
-      return pagedkv::paged_decode_attention(pagedkv::Device::kCpu, view, tables_->padded(),
-                                             {.q = io.q,
-                                              .out = io.out,
-                                              .dtype = pagedkv::DType::kFloat32,
-                                              .num_q_heads = num_q_heads});
+    // The kernels take q in the cache's dtype: a 16-bit cache runs 16-bit attention.
+    const size_t q_elems = static_cast<size_t>(io.num_tokens) * num_q_heads * spec_.head_dim;
+    const void* q = io.q;
+    void* out = io.out;
+    if (spec_.dtype != pagedkv::DType::kFloat32) {
+      q_buf_.resize(q_elems * 2);
+      out_buf_.resize(q_elems * 2);
+      convert_from_float(io.q, q_elems, spec_.dtype, q_buf_.data());
+      q = q_buf_.data();
+      out = out_buf_.data();
     }
-    return pagedkv::paged_extend_attention(pagedkv::Device::kCpu, view, tables_->padded(),
-                                           {.q = io.q,
-                                            .out = io.out,
-                                            .dtype = pagedkv::DType::kFloat32,
-                                            .num_q_heads = num_q_heads,
-                                            .qo_indptr = qo_indptr_.data(),
-                                            .max_query_len = max_query_len_});
+    if (qo_indptr_.empty()) {
+      status = pagedkv::paged_decode_attention(
+          pagedkv::Device::kCpu, view, tables_->padded(),
+          {.q = q, .out = out, .dtype = spec_.dtype, .num_q_heads = num_q_heads});
+    } else {
+      status = pagedkv::paged_extend_attention(pagedkv::Device::kCpu, view, tables_->padded(),
+                                               {.q = q,
+                                                .out = out,
+                                                .dtype = spec_.dtype,
+                                                .num_q_heads = num_q_heads,
+                                                .qo_indptr = qo_indptr_.data(),
+                                                .max_query_len = max_query_len_});
+    }
+    if (status.ok() && out != io.out)
+      convert_to_float(out_buf_.data(), q_elems, spec_.dtype, io.out);
+    return status;
   }
 
   pagedkv::Device device() const override { return pagedkv::Device::kCpu; }
@@ -105,6 +137,7 @@ class HostKvStore final : public KvStore {
   const pagedkv::BlockTables* tables_ = nullptr;
   std::span<const int32_t> qo_indptr_;
   int32_t max_query_len_ = 0;
+  std::vector<unsigned char> q_buf_, out_buf_;
 };
 
 }  // namespace

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""CTest checker for pagedkv-decode: runs the binary with --json and checks the summary.
+
+usage: check_decode.py [--full] BINARY [ARGS...]
+
+Always checks: exit status 0, the JSON parses, every request completed, verification ran
+and passed. With --full (the default small workload) also: prefix-cache hit rate > 0, at
+least one preemption of each mode, at least one copy-on-write copy, and swapped blocks
+came back.
+"""
+import json
+import subprocess
+import sys
+
+
+def main(argv):
+    full = False
+    if argv and argv[0] == "--full":
+        full = True
+        argv = argv[1:]
+    if not argv:
+        print(__doc__)
+        return 2
+    cmd = argv + ["--json"]
+    print("running:", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.stderr:
+        print(proc.stderr, file=sys.stderr)
+    if proc.returncode != 0:
+        print(proc.stdout)
+        print(f"FAIL: exit status {proc.returncode}")
+        return 1
+    try:
+        summary = json.loads(proc.stdout)
+    except json.JSONDecodeError as e:
+        print(proc.stdout)
+        print(f"FAIL: --json output does not parse: {e}")
+        return 1
+
+    failures = []
+
+    def check(condition, what):
+        status = "ok  " if condition else "FAIL"
+        print(f"{status} {what}")
+        if not condition:
+            failures.append(what)
+
+    check(summary["requests_completed"] == summary["requests"],
+          f"all requests complete ({summary['requests_completed']}/{summary['requests']})")
+    check(summary["generated_tokens"] > 0, f"tokens generated ({summary['generated_tokens']})")
+    verify = summary["verify"]
+    check(verify is not None and verify["passed"] and len(verify["sequences"]) > 0,
+          "verification against the dense reference passed"
+          + (f" ({len(verify['sequences'])} sequences)" if verify else ""))
+    if full:
+        check(summary["prefix_cache_hit_rate"] > 0,
+              f"prefix-cache hit rate > 0 ({summary['prefix_cache_hit_rate']:.3f})")
+        check(summary["preemptions_recompute"] >= 1,
+              f"recompute preemption ({summary['preemptions_recompute']})")
+        check(summary["preemptions_swap"] >= 1, f"swap preemption ({summary['preemptions_swap']})")
+        check(summary["blocks_swapped_in"] == summary["blocks_swapped_out"],
+              "every swapped-out block swapped back in")
+        check(summary["cow_copies"] >= 1, f"copy-on-write copies ({summary['cow_copies']})")
+        check(0 < summary["kv_utilization"] <= 1,
+              f"KV utilization in (0, 1] ({summary['kv_utilization']:.3f})")
+    if failures:
+        print(f"FAIL: {len(failures)} check(s) failed")
+        return 1
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
