@@ -67,12 +67,10 @@ std::string format_text(const Report& r) {
   line(fmt::format("decode         {} tokens in {:.2f} s = {:.0f} tok/s ({} steps)",
                    s.decode_tokens, s.decode_seconds,
                    ratio(static_cast<double>(s.decode_tokens), s.decode_seconds), s.steps));
-  line(fmt::format(
-      "prefix cache   hit rate {:.1f}% ({} of {} tokens at admission; allocator "
-      "counters {} of {})",
-      100.0 *
-          ratio(static_cast<double>(s.admit_hit_tokens), static_cast<double>(s.admit_query_tokens)),
-      s.admit_hit_tokens, s.admit_query_tokens, m.prefix_hit_tokens, m.prefix_query_tokens));
+  line(fmt::format("prefix cache   hit rate {:.1f}% ({} of {} prompt tokens found at admission)",
+                   100.0 * ratio(static_cast<double>(s.admit_hit_tokens),
+                                 static_cast<double>(s.admit_query_tokens)),
+                   s.admit_hit_tokens, s.admit_query_tokens));
   line(
       fmt::format("KV blocks      peak {} of {} in use, utilization {:.1f}% (real token slots / "
                   "allocated slots, mean over steps)",
@@ -152,6 +150,9 @@ std::string format_json(const Report& r) {
                                     static_cast<double>(s.admit_query_tokens))));
   field("prefix_hit_tokens", std::to_string(s.admit_hit_tokens));
   field("prefix_query_tokens", std::to_string(s.admit_query_tokens));
+  // The allocator's own counters also count lookups of admissions that were retried.
+  field("allocator_prefix_hit_tokens", std::to_string(m.prefix_hit_tokens));
+  field("allocator_prefix_query_tokens", std::to_string(m.prefix_query_tokens));
   field("peak_used_blocks", std::to_string(s.peak_used_blocks));
   field("kv_utilization", fmt::format("{:.6f}", ratio(s.real_slot_steps, s.used_slot_steps)));
   field("preemptions_recompute", std::to_string(m.preemptions_recompute));
