@@ -1,0 +1,356 @@
+// Test fixtures for the attention kernels: a paged cache built from a random block
+// permutation with NaN in every unused slot, unused block and padding entry, and
+// references computed independently (own address math, fp64, two-pass softmax).
+// Shared by attention_test.cc (CPU) and kernels_cuda_test.cc (CUDA vs CPU).
+#ifndef PAGEDKV_TESTS_ATTENTION_TEST_UTIL_H_
+#define PAGEDKV_TESTS_ATTENTION_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagedkv/attention.h"
+#include "pagedkv/block_table.h"
+#include "pagedkv/dtype.h"
+#include "pagedkv/kv_cache_view.h"
+#include "pagedkv/numeric.h"
+
+namespace pagedkv::testing {
+
+inline float load_elem(const uint8_t* base, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return reinterpret_cast<const float*>(base)[i];
+    case DType::kFloat16:
+      return to_float(reinterpret_cast<const Half*>(base)[i]);
+    case DType::kBFloat16:
+      return to_float(reinterpret_cast<const BFloat16*>(base)[i]);
+    case DType::kFloat8E4M3:
+      return to_float(reinterpret_cast<const Fp8E4M3*>(base)[i]);
+  }
+  return 0.0f;
+}
+
+inline void store_elem(uint8_t* base, DType dtype, int64_t i, float x) {
+  switch (dtype) {
+    case DType::kFloat32:
+      reinterpret_cast<float*>(base)[i] = x;
+      return;
+    case DType::kFloat16:
+      reinterpret_cast<Half*>(base)[i] = from_float<Half>(x);
+      return;
+    case DType::kBFloat16:
+      reinterpret_cast<BFloat16*>(base)[i] = from_float<BFloat16>(x);
+      return;
+    case DType::kFloat8E4M3:
+      reinterpret_cast<Fp8E4M3*>(base)[i] = from_float<Fp8E4M3>(x);
+      return;
+  }
+}
+
+struct AttentionCase {
+  int32_t head_dim = 128;
+  int32_t block_size = 16;
+  int32_t num_q_heads = 8;
+  int32_t num_kv_heads = 2;
+  DType q_dtype = DType::kFloat32;
+  DType kv_dtype = DType::kFloat32;
+  KvLayout layout = KvLayout::kHND;
+  std::vector<int32_t> lens = {};        // context length of each sequence
+  std::vector<int32_t> new_tokens = {};  // extend: new tokens per sequence; empty for decode
+  uint64_t seed = 1;
+
+  bool extend() const { return !new_tokens.empty(); }
+  std::string name() const {
+    std::string s = std::string(dtype_name(q_dtype)) + "/" + dtype_name(kv_dtype) +
+                    " hd=" + std::to_string(head_dim) + " bs=" + std::to_string(block_size) +
+                    " heads=" + std::to_string(num_q_heads) + "/" + std::to_string(num_kv_heads) +
+                    (layout == KvLayout::kHND ? " HND" : " NHD") + " lens=";
+    for (size_t i = 0; i < lens.size() && i < 8; ++i) s += std::to_string(lens[i]) + ",";
+    if (lens.size() > 8) s += "...(" + std::to_string(lens.size()) + ")";
+    return s;
+  }
+};
+
+// Host data of one case.
+struct AttentionFixture {
+  AttentionCase c;
+  int32_t num_blocks = 0;
+  int32_t max_blocks = 0;
+  std::vector<uint8_t> k_pool, v_pool;
+  std::vector<int32_t> table, lens, qo_indptr;
+  std::vector<uint8_t> q;  // [query rows, num_q_heads, head_dim], q dtype
+  int32_t num_q_rows = 0;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+
+  int32_t num_seqs() const { return static_cast<int32_t>(lens.size()); }
+  bool fp8() const { return c.kv_dtype == DType::kFloat8E4M3; }
+  const float* k_scale_ptr() const { return fp8() ? &k_scale : nullptr; }
+  const float* v_scale_ptr() const { return fp8() ? &v_scale : nullptr; }
+  int32_t max_len() const { return *std::max_element(lens.begin(), lens.end()); }
+
+  KvCacheView view() {
+    return make_kv_cache_view(k_pool.data(), v_pool.data(), c.kv_dtype, num_blocks, c.num_kv_heads,
+                              c.block_size, c.head_dim, c.layout);
+  }
+  BlockTableView table_view() const {
+    return {table.data(), lens.data(), num_seqs(), max_blocks, c.block_size};
+  }
+
+  // Independent address math (not elem_offset).
+  int64_t index(int32_t seq, int32_t t, int32_t h, int32_t d) const {
+    const int64_t block = table[int64_t{seq} * max_blocks + t / c.block_size];
+    const int64_t off = t % c.block_size;
+    if (c.layout == KvLayout::kHND) {
+      return ((block * c.num_kv_heads + h) * c.block_size + off) * c.head_dim + d;
+    }
+    return ((block * c.block_size + off) * c.num_kv_heads + h) * c.head_dim + d;
+  }
+  // Dequantized cache value.
+  double kv(bool is_v, int32_t seq, int32_t t, int32_t h, int32_t d) const {
+    const float raw =
+        load_elem(is_v ? v_pool.data() : k_pool.data(), c.kv_dtype, index(seq, t, h, d));
+    return fp8() ? double{raw} * (is_v ? v_scale : k_scale) : double{raw};
+  }
+  double qv(int64_t row, int32_t head, int32_t d) const {
+    return load_elem(q.data(), c.q_dtype, (row * c.num_q_heads + head) * c.head_dim + d);
+  }
+  // Query row -> (sequence, causal limit).
+  void row_info(int64_t row, int32_t* seq, int32_t* limit) const {
+    if (!c.extend()) {
+      *seq = static_cast<int32_t>(row);
+      *limit = lens[row];
+      return;
+    }
+    int32_t s = 0;
+    while (qo_indptr[s + 1] <= row) ++s;
+    *seq = s;
+    *limit = lens[s] - c.new_tokens[s] + static_cast<int32_t>(row - qo_indptr[s]) + 1;
+  }
+};
+
+inline AttentionFixture make_fixture(const AttentionCase& c) {
+  AttentionFixture f;
+  f.c = c;
+  f.lens = c.lens;
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const int32_t n = f.num_seqs();
+  int32_t needed = 0;
+  int32_t longest = 0;
+  for (int32_t len : c.lens) {
+    needed += num_blocks_for_tokens(len, c.block_size);
+    longest = std::max(longest, num_blocks_for_tokens(len, c.block_size));
+  }
+  f.num_blocks = std::max(3 * needed, needed + 8);
+  f.max_blocks = longest + 2;
+  std::vector<int32_t> perm(f.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  // Rows: used entries from the permutation, padding entries name unused (NaN) blocks.
+  f.table.assign(static_cast<size_t>(n) * f.max_blocks, 0);
+  int32_t next = 0;
+  int32_t pad = 0;
+  const int32_t unused = f.num_blocks - needed;
+  for (int32_t s = 0; s < n; ++s) {
+    const int32_t used = num_blocks_for_tokens(c.lens[s], c.block_size);
+    for (int32_t e = 0; e < f.max_blocks; ++e) {
+      f.table[int64_t{s} * f.max_blocks + e] =
+          e < used ? perm[next++] : perm[needed + (pad++ % unused)];
+    }
+  }
+  if (f.fp8()) {
+    f.k_scale = 0.01f;
+    f.v_scale = 0.02f;
+  }
+  const int64_t pool = int64_t{f.num_blocks} * c.num_kv_heads * c.block_size * c.head_dim;
+  const int64_t elem = bytes_per_element(c.kv_dtype);
+  f.k_pool.assign(pool * elem, 0);
+  f.v_pool.assign(pool * elem, 0);
+  // NaN everywhere first: one element's bytes, replicated.
+  uint8_t nan_bytes[4];
+  store_elem(nan_bytes, c.kv_dtype, 0, NAN);
+  for (int64_t i = 0; i < pool * elem; ++i) f.k_pool[i] = nan_bytes[i % elem];
+  f.v_pool = f.k_pool;
+  for (int32_t s = 0; s < n; ++s) {
+    for (int32_t t = 0; t < c.lens[s]; ++t) {
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        for (int32_t d = 0; d < c.head_dim; ++d) {
+          const int64_t i = f.index(s, t, h, d);
+          store_elem(f.k_pool.data(), c.kv_dtype, i, uni(rng) / f.k_scale);
+          store_elem(f.v_pool.data(), c.kv_dtype, i, uni(rng) / f.v_scale);
+        }
+      }
+    }
+  }
+  if (c.extend()) {
+    f.qo_indptr.assign(n + 1, 0);
+    for (int32_t s = 0; s < n; ++s) f.qo_indptr[s + 1] = f.qo_indptr[s] + c.new_tokens[s];
+    f.num_q_rows = f.qo_indptr[n];
+  } else {
+    f.num_q_rows = n;
+  }
+  const int64_t q_elems = int64_t{f.num_q_rows} * c.num_q_heads * c.head_dim;
+  f.q.assign(q_elems * bytes_per_element(c.q_dtype), 0);
+  for (int64_t i = 0; i < q_elems; ++i) store_elem(f.q.data(), c.q_dtype, i, 2.0f * uni(rng));
+  return f;
+}
+
+struct Outputs {
+  std::vector<double> out;  // [rows, num_q_heads, head_dim]
+  std::vector<double> lse;  // [rows, num_q_heads]
+};
+
+// Dense copies of one sequence's dequantized K and V: [len][num_kv_heads][head_dim].
+struct Gathered {
+  std::vector<double> k, v;
+};
+inline Gathered gather(const AttentionFixture& f, int32_t seq) {
+  const AttentionCase& c = f.c;
+  Gathered g;
+  const int64_t n = int64_t{f.lens[seq]} * c.num_kv_heads * c.head_dim;
+  g.k.resize(n);
+  g.v.resize(n);
+  int64_t i = 0;
+  for (int32_t t = 0; t < f.lens[seq]; ++t) {
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      for (int32_t d = 0; d < c.head_dim; ++d, ++i) {
+        g.k[i] = f.kv(false, seq, t, h, d);
+        g.v[i] = f.kv(true, seq, t, h, d);
+      }
+    }
+  }
+  return g;
+}
+
+// fp64 reference: gathered K/V, two-pass softmax.
+inline Outputs reference(const AttentionFixture& f) {
+  const AttentionCase& c = f.c;
+  const int32_t group = c.num_q_heads / c.num_kv_heads;
+  const int32_t hd = c.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  Outputs r;
+  r.out.assign(int64_t{f.num_q_rows} * c.num_q_heads * hd, 0.0);
+  r.lse.assign(int64_t{f.num_q_rows} * c.num_q_heads, -INFINITY);
+  std::vector<double> scores, q(hd);
+  int32_t gathered_seq = -1;
+  Gathered g;
+  for (int64_t row = 0; row < f.num_q_rows; ++row) {
+    int32_t seq = 0;
+    int32_t limit = 0;
+    f.row_info(row, &seq, &limit);
+    if (seq != gathered_seq) {
+      g = gather(f, seq);
+      gathered_seq = seq;
+    }
+    for (int32_t h = 0; h < c.num_q_heads; ++h) {
+      if (limit == 0) continue;
+      const int32_t kvh = h / group;
+      for (int32_t d = 0; d < hd; ++d) q[d] = f.qv(row, h, d);
+      scores.assign(limit, 0.0);
+      double m = -INFINITY;
+      for (int32_t t = 0; t < limit; ++t) {
+        const double* k = &g.k[(int64_t{t} * c.num_kv_heads + kvh) * hd];
+        double s = 0.0;
+        for (int32_t d = 0; d < hd; ++d) s += q[d] * k[d];
+        scores[t] = s * scale;
+        m = std::max(m, scores[t]);
+      }
+      double l = 0.0;
+      for (int32_t t = 0; t < limit; ++t) l += std::exp(scores[t] - m);
+      double* o = &r.out[(row * c.num_q_heads + h) * hd];
+      for (int32_t t = 0; t < limit; ++t) {
+        const double p = std::exp(scores[t] - m) / l;
+        const double* v = &g.v[(int64_t{t} * c.num_kv_heads + kvh) * hd];
+        for (int32_t d = 0; d < hd; ++d) o[d] += p * v[d];
+      }
+      r.lse[row * c.num_q_heads + h] = m + std::log(l);
+    }
+  }
+  return r;
+}
+
+// A naive bf16 implementation: scores rounded to bf16, probabilities rounded to bf16,
+// fp32 sums, output rounded to bf16. The bf16 tolerance is twice its error.
+inline std::vector<double> naive_bf16(const AttentionFixture& f) {
+  const AttentionCase& c = f.c;
+  const int32_t group = c.num_q_heads / c.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  auto bf = [](float x) { return to_float(from_float<BFloat16>(x)); };
+  std::vector<double> out(int64_t{f.num_q_rows} * c.num_q_heads * c.head_dim, 0.0);
+  std::vector<float> scores, acc(c.head_dim);
+  int32_t gathered_seq = -1;
+  Gathered g;
+  for (int64_t row = 0; row < f.num_q_rows; ++row) {
+    int32_t seq = 0;
+    int32_t limit = 0;
+    f.row_info(row, &seq, &limit);
+    if (seq != gathered_seq) {
+      g = gather(f, seq);
+      gathered_seq = seq;
+    }
+    for (int32_t h = 0; h < c.num_q_heads; ++h) {
+      const int32_t kvh = h / group;
+      scores.assign(limit, 0.0f);
+      float m = -INFINITY;
+      for (int32_t t = 0; t < limit; ++t) {
+        float s = 0.0f;
+        for (int32_t d = 0; d < c.head_dim; ++d) {
+          s += static_cast<float>(f.qv(row, h, d) *
+                                  g.k[(int64_t{t} * c.num_kv_heads + kvh) * c.head_dim + d]);
+        }
+        scores[t] = bf(bf(s) * scale);
+        m = std::max(m, scores[t]);
+      }
+      if (limit == 0) continue;
+      float l = 0.0f;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int32_t t = 0; t < limit; ++t) {
+        const float p = bf(std::exp(scores[t] - m));
+        l += p;
+        for (int32_t d = 0; d < c.head_dim; ++d) {
+          acc[d] +=
+              p * static_cast<float>(g.v[(int64_t{t} * c.num_kv_heads + kvh) * c.head_dim + d]);
+        }
+      }
+      for (int32_t d = 0; d < c.head_dim; ++d) {
+        out[(row * c.num_q_heads + h) * c.head_dim + d] = bf(acc[d] / l);
+      }
+    }
+  }
+  return out;
+}
+
+// Kernel outputs as doubles, read from `bytes` of dtype `dtype`.
+inline std::vector<double> to_doubles(const std::vector<uint8_t>& bytes, DType dtype) {
+  const int64_t n = static_cast<int64_t>(bytes.size()) / bytes_per_element(dtype);
+  std::vector<double> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = load_elem(bytes.data(), dtype, i);
+  return out;
+}
+
+inline double max_abs_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double e = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - b[i]));
+  return e;
+}
+
+inline bool all_finite(const std::vector<double>& a) {
+  return std::all_of(a.begin(), a.end(), [](double x) { return std::isfinite(x); });
+}
+
+// Absolute tolerance of dtype pairs other than bf16 (bf16 is relative to naive_bf16).
+inline double tolerance(const AttentionCase& c) {
+  if (c.kv_dtype == DType::kFloat8E4M3) return 1e-2;
+  if (c.q_dtype == DType::kFloat16) return 1e-3;
+  return 1e-5;
+}
+
+}  // namespace pagedkv::testing
+
+#endif  // PAGEDKV_TESTS_ATTENTION_TEST_UTIL_H_
