@@ -4,14 +4,12 @@
 #include "pagedkv/kv_cache_manager.h"
 
 int main() {
-  pagedkv::KvCacheManager::Options options;
-  options.num_blocks = 8;
-  options.block_size = 4;
-  pagedkv::KvCacheManager manager(options);
+  auto manager = pagedkv::KvCacheManager::create({.num_blocks = 8, .block_size = 4});
+  if (!manager.ok()) return 1;
   const int32_t prompt[] = {1, 2, 3, 4, 5};
-  if (!manager.add_sequence(1, prompt).ok()) return 1;
-  auto slots = manager.allocate_slots(1, 5);
+  if (!manager->add_sequence(1, prompt).ok()) return 1;
+  auto slots = manager->allocate_slots(1, 5);
   if (!slots.ok() || slots->size() != 5) return 1;
-  std::printf("consumer: %d blocks in use\n", manager.stats().used_blocks);
-  return manager.check_invariants().ok() ? 0 : 1;
+  std::printf("consumer: %d blocks in use\n", manager->stats().used_blocks);
+  return manager->check_invariants().ok() ? 0 : 1;
 }
