@@ -1,0 +1,130 @@
+// File: pagedkv/kv_storage.h
+//
+// KvStorage owns the KV bytes of a KvCacheSpec: for every layer a K pool and a V pool of
+// `num_blocks` blocks (CUDA device memory when a device is used, host memory otherwise),
+// plus an optional host pool of `num_host_blocks` blocks for swapped-out sequences
+// (pinned, device-mapped memory on CUDA). It hands kernels one KvCacheView per layer and
+// runs the allocator's copy-on-write and swap copies, each batch in one call (one kernel
+// launch on CUDA, across all layers).
+//
+// Layout: each pool is [num_blocks][num_kv_heads][block_size][head_dim] (HND, default)
+// or [num_blocks][block_size][num_kv_heads][head_dim] (NHD), see kv_cache_view.h. The
+// host pool has the same layout. Buffers are zero-filled at creation.
+//
+// Threading and streams: like a container, one owner; CUDA calls are queued on the stream
+// given (default: the legacy default stream) and storage calls must use one stream, as
+// the batched ops share a device scratch buffer.
+//
+// Example:
+//   KvCacheSpec spec{.num_layers = 32, .num_kv_heads = 8, .head_dim = 128,
+//                    .dtype = DType::kBFloat16, .block_size = 16};
+//   absl::StatusOr<int64_t> budget = KvStorage::free_memory_budget(default_device(), 0.9);
+//   absl::StatusOr<KvStorage> storage = KvStorage::create_for_budget(
+//       spec, *budget, {.device = default_device(), .num_host_blocks = 1024});
+//   KvCacheView layer0 = storage->view(0);            // for write_kv / attention
+//   PAGEDKV_RETURN_IF_ERROR(storage->copy_blocks(manager.take_pending_copies()));
+//   SwapOps swaps = manager.take_pending_swaps();
+//   PAGEDKV_RETURN_IF_ERROR(storage->swap_out(swaps.swap_out));
+//   PAGEDKV_RETURN_IF_ERROR(storage->swap_in(swaps.swap_in));
+#ifndef PAGEDKV_KV_STORAGE_H_
+#define PAGEDKV_KV_STORAGE_H_
+
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pagedkv/device.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_cache_spec.h"
+#include "pagedkv/kv_cache_view.h"
+
+namespace pagedkv {
+
+struct KvStorageOptions {
+  Device device = default_device();  // where the main pools live and copies run
+  KvLayout layout = KvLayout::kHND;
+  int32_t num_host_blocks = 0;  // blocks of the host swap pool (0: no swapping)
+};
+
+class KvStorage {
+ public:
+  // Allocates the pools. Errors: InvalidArgument for an invalid spec, a negative block
+  // count, or (CUDA) head_dim x element size not a multiple of 16 bytes;
+  // FailedPrecondition for kCuda without a usable device; ResourceExhausted when the
+  // memory cannot be allocated (the message names the bytes).
+  [[nodiscard]] static absl::StatusOr<KvStorage> create(const KvCacheSpec& spec, int32_t num_blocks,
+                                                        const KvStorageOptions& options = {});
+
+  // As create(), with as many blocks as `budget_bytes` holds (spec.num_blocks_for_budget).
+  [[nodiscard]] static absl::StatusOr<KvStorage> create_for_budget(
+      const KvCacheSpec& spec, int64_t budget_bytes, const KvStorageOptions& options = {});
+
+  // `fraction` of the free memory of `device`: cudaMemGetInfo's free bytes on CUDA, the
+  // available physical memory on CPU. InvalidArgument unless 0 < fraction <= 1.
+  [[nodiscard]] static absl::StatusOr<int64_t> free_memory_budget(Device device, double fraction);
+
+  KvStorage(KvStorage&& other) noexcept;
+  KvStorage& operator=(KvStorage&& other) noexcept;
+  KvStorage(const KvStorage&) = delete;
+  KvStorage& operator=(const KvStorage&) = delete;
+  ~KvStorage();
+
+  const KvCacheSpec& spec() const { return spec_; }
+  Device device() const { return device_; }
+  KvLayout layout() const { return layout_; }
+  int32_t num_blocks() const { return num_blocks_; }
+  int32_t num_host_blocks() const { return num_host_blocks_; }
+  // Bytes of all layers' K and V pools (main and host).
+  int64_t bytes() const { return 2 * int64_t{spec_.num_layers} * pool_bytes_; }
+  int64_t host_bytes() const { return 2 * int64_t{spec_.num_layers} * host_pool_bytes_; }
+
+  // Layer `layer`'s pools, on the storage device. Views stay valid for the storage's life.
+  KvCacheView view(int32_t layer) const;
+  // Layer `layer`'s pools in the host swap pool (host pointers; num_blocks = host blocks).
+  KvCacheView host_view(int32_t layer) const;
+
+  // KvStorage::copy_blocks()
+  //
+  // Copy-on-write: for every op, copies the first num_tokens tokens (all layers, K and V)
+  // of block src into block dst of the main pool; num_tokens == block_size copies the
+  // whole block and 0 nothing. The ops run in one batch, so no dst may repeat or be the
+  // src of another op. Errors: InvalidArgument naming the op, the value and the limit;
+  // nothing is copied then. Internal for a failed CUDA launch.
+  [[nodiscard]] absl::Status copy_blocks(std::span<const BlockCopy> ops, void* stream = nullptr);
+
+  // KvStorage::swap_out() / swap_in()
+  //
+  // swap_out copies main-pool block src to host-pool block dst, swap_in host src to main
+  // dst, num_tokens tokens of each (block_size: the whole block), all layers, one batch.
+  // Errors as copy_blocks() (dsts distinct; ids checked against each pool's size).
+  [[nodiscard]] absl::Status swap_out(std::span<const BlockCopy> ops, void* stream = nullptr);
+  [[nodiscard]] absl::Status swap_in(std::span<const BlockCopy> ops, void* stream = nullptr);
+
+  // Waits for the storage's queued CUDA work (a no-op on CPU).
+  [[nodiscard]] absl::Status synchronize();
+
+ private:
+  enum class Target { kCopy, kSwapOut, kSwapIn };
+  KvStorage() = default;
+  absl::Status run_copies(const char* fn, Target target, std::span<const BlockCopy> ops,
+                          void* stream);
+  void release();
+
+  KvCacheSpec spec_;
+  Device device_ = Device::kCpu;
+  KvLayout layout_ = KvLayout::kHND;
+  int32_t num_blocks_ = 0;
+  int32_t num_host_blocks_ = 0;
+  int64_t pool_bytes_ = 0;            // one layer's K (or V) pool in the main buffer
+  int64_t host_pool_bytes_ = 0;       // the same in the host buffer
+  char* data_ = nullptr;              // [num_layers][K, V][pool_bytes_]
+  char* host_data_ = nullptr;         // [num_layers][K, V][host_pool_bytes_], host pointer
+  char* host_data_device_ = nullptr;  // CUDA: host_data_ as the device sees it
+  int32_t* ops_scratch_ = nullptr;    // CUDA: device copy of a batch's ops
+  int64_t ops_capacity_ = 0;          // entries of ops_scratch_
+};
+
+}  // namespace pagedkv
+
+#endif  // PAGEDKV_KV_STORAGE_H_

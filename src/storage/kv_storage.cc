@@ -1,0 +1,348 @@
+// KvStorage: pools, sizing, and batched copy / swap ops on CPU and CUDA.
+#include "pagedkv/kv_storage.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+#if PAGEDKV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "launch.h"
+#endif
+
+namespace pagedkv {
+namespace {
+
+constexpr std::align_val_t kHostAlignment{64};
+
+#if PAGEDKV_HAVE_CUDA
+absl::Status cuda_status(const char* fn, cudaError_t err) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(fn, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+}
+#endif
+
+}  // namespace
+
+// --- construct -------------------------------------------------------------------------
+
+absl::StatusOr<KvStorage> KvStorage::create(const KvCacheSpec& spec, int32_t num_blocks,
+                                            const KvStorageOptions& options) {
+  PAGEDKV_RETURN_IF_ERROR(spec.validate());
+  if (num_blocks < 0 || options.num_host_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KvStorage: num_blocks ", num_blocks,
+                                                   " and num_host_blocks ", options.num_host_blocks,
+                                                   " must not be negative"));
+  }
+  const int64_t elem = bytes_per_element(spec.dtype);
+  if (options.device == Device::kCuda) {
+    if (!cuda_device_available()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("KvStorage: no usable CUDA device (", cuda_unavailable_reason(), ")"));
+    }
+    if (spec.head_dim * elem % 16 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvStorage: CUDA copies move 16-byte units; head_dim ", spec.head_dim, " x ",
+                       elem, " bytes is not a multiple of 16"));
+    }
+  }
+  KvStorage s;
+  s.spec_ = spec;
+  s.device_ = options.device;
+  s.layout_ = options.layout;
+  s.num_blocks_ = num_blocks;
+  s.num_host_blocks_ = options.num_host_blocks;
+  const int64_t block_bytes = int64_t{spec.num_kv_heads} * spec.block_size * spec.head_dim * elem;
+  s.pool_bytes_ = block_bytes * num_blocks;
+  s.host_pool_bytes_ = block_bytes * options.num_host_blocks;
+  const int64_t main_bytes = s.bytes();
+  const int64_t host_bytes = s.host_bytes();
+  auto exhausted = [](const char* what, int64_t bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("KvStorage: cannot allocate ", bytes,
+                                                     " bytes of ", what,
+                                                     "; lower num_blocks or the budget"));
+  };
+  if (s.device_ == Device::kCpu) {
+    if (main_bytes > 0) {
+      s.data_ = static_cast<char*>(
+          ::operator new[](static_cast<size_t>(main_bytes), kHostAlignment, std::nothrow));
+      if (s.data_ == nullptr) return exhausted("host memory", main_bytes);
+      std::memset(s.data_, 0, static_cast<size_t>(main_bytes));
+    }
+    if (host_bytes > 0) {
+      s.host_data_ = static_cast<char*>(
+          ::operator new[](static_cast<size_t>(host_bytes), kHostAlignment, std::nothrow));
+      if (s.host_data_ == nullptr) return exhausted("host swap memory", host_bytes);
+      std::memset(s.host_data_, 0, static_cast<size_t>(host_bytes));
+      s.host_data_device_ = s.host_data_;
+    }
+    return s;
+  }
+#if PAGEDKV_HAVE_CUDA
+  if (main_bytes > 0) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, static_cast<size_t>(main_bytes)) != cudaSuccess) {
+      cudaGetLastError();
+      return exhausted("device memory", main_bytes);
+    }
+    s.data_ = static_cast<char*>(p);
+    PAGEDKV_RETURN_IF_ERROR(
+        cuda_status("KvStorage", cudaMemset(p, 0, static_cast<size_t>(main_bytes))));
+  }
+  if (host_bytes > 0) {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, static_cast<size_t>(host_bytes),
+                      cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      return exhausted("pinned host memory", host_bytes);
+    }
+    s.host_data_ = static_cast<char*>(p);
+    std::memset(p, 0, static_cast<size_t>(host_bytes));
+    void* mapped = nullptr;
+    PAGEDKV_RETURN_IF_ERROR(cuda_status("KvStorage: cudaHostGetDevicePointer",
+                                        cudaHostGetDevicePointer(&mapped, p, 0)));
+    s.host_data_device_ = static_cast<char*>(mapped);
+  }
+  return s;
+#else
+  return absl::FailedPreconditionError("KvStorage: compiled without CUDA");
+#endif
+}
+
+absl::StatusOr<KvStorage> KvStorage::create_for_budget(const KvCacheSpec& spec,
+                                                       int64_t budget_bytes,
+                                                       const KvStorageOptions& options) {
+  absl::StatusOr<int32_t> blocks = spec.num_blocks_for_budget(budget_bytes);
+  if (!blocks.ok()) return blocks.status();
+  return create(spec, *blocks, options);
+}
+
+absl::StatusOr<int64_t> KvStorage::free_memory_budget(Device device, double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("free_memory_budget: fraction ", fraction, " outside (0, 1]"));
+  }
+  if (device == Device::kCpu) {
+    const long pages = sysconf(_SC_AVPHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page_size <= 0) {
+      return absl::UnavailableError("free_memory_budget: sysconf cannot report free memory");
+    }
+    return static_cast<int64_t>(static_cast<double>(pages) * page_size * fraction);
+  }
+  if (!cuda_device_available()) {
+    return absl::FailedPreconditionError(absl::StrCat("free_memory_budget: no usable CUDA device (",
+                                                      cuda_unavailable_reason(), ")"));
+  }
+#if PAGEDKV_HAVE_CUDA
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  PAGEDKV_RETURN_IF_ERROR(
+      cuda_status("free_memory_budget", cudaMemGetInfo(&free_bytes, &total_bytes)));
+  return static_cast<int64_t>(static_cast<double>(free_bytes) * fraction);
+#else
+  return absl::FailedPreconditionError("free_memory_budget: compiled without CUDA");
+#endif
+}
+
+KvStorage::KvStorage(KvStorage&& other) noexcept { *this = std::move(other); }
+
+KvStorage& KvStorage::operator=(KvStorage&& other) noexcept {
+  if (this != &other) {
+    release();
+    spec_ = other.spec_;
+    device_ = other.device_;
+    layout_ = other.layout_;
+    num_blocks_ = other.num_blocks_;
+    num_host_blocks_ = other.num_host_blocks_;
+    pool_bytes_ = other.pool_bytes_;
+    host_pool_bytes_ = other.host_pool_bytes_;
+    data_ = std::exchange(other.data_, nullptr);
+    host_data_ = std::exchange(other.host_data_, nullptr);
+    host_data_device_ = std::exchange(other.host_data_device_, nullptr);
+    ops_scratch_ = std::exchange(other.ops_scratch_, nullptr);
+    ops_capacity_ = std::exchange(other.ops_capacity_, 0);
+  }
+  return *this;
+}
+
+KvStorage::~KvStorage() { release(); }
+
+void KvStorage::release() {
+  if (device_ == Device::kCpu) {
+    if (data_ != nullptr) ::operator delete[](data_, kHostAlignment);
+    if (host_data_ != nullptr) ::operator delete[](host_data_, kHostAlignment);
+  } else {
+#if PAGEDKV_HAVE_CUDA
+    // Frees synchronize with queued work that may still read these buffers.
+    if (data_ != nullptr) cudaFree(data_);
+    if (host_data_ != nullptr) cudaFreeHost(host_data_);
+    if (ops_scratch_ != nullptr) cudaFree(ops_scratch_);
+#endif
+  }
+  data_ = nullptr;
+  host_data_ = nullptr;
+  host_data_device_ = nullptr;
+  ops_scratch_ = nullptr;
+  ops_capacity_ = 0;
+}
+
+// --- views -----------------------------------------------------------------------------
+
+KvCacheView KvStorage::view(int32_t layer) const {
+  char* k = data_ == nullptr ? nullptr : data_ + 2 * int64_t{layer} * pool_bytes_;
+  char* v = k == nullptr ? nullptr : k + pool_bytes_;
+  return make_kv_cache_view(k, v, spec_.dtype, num_blocks_, spec_.num_kv_heads, spec_.block_size,
+                            spec_.head_dim, layout_);
+}
+
+KvCacheView KvStorage::host_view(int32_t layer) const {
+  char* k = host_data_ == nullptr ? nullptr : host_data_ + 2 * int64_t{layer} * host_pool_bytes_;
+  char* v = k == nullptr ? nullptr : k + host_pool_bytes_;
+  return make_kv_cache_view(k, v, spec_.dtype, num_host_blocks_, spec_.num_kv_heads,
+                            spec_.block_size, spec_.head_dim, layout_);
+}
+
+// --- copies ----------------------------------------------------------------------------
+
+absl::Status KvStorage::copy_blocks(std::span<const BlockCopy> ops, void* stream) {
+  return run_copies("copy_blocks", Target::kCopy, ops, stream);
+}
+
+absl::Status KvStorage::swap_out(std::span<const BlockCopy> ops, void* stream) {
+  return run_copies("swap_out", Target::kSwapOut, ops, stream);
+}
+
+absl::Status KvStorage::swap_in(std::span<const BlockCopy> ops, void* stream) {
+  return run_copies("swap_in", Target::kSwapIn, ops, stream);
+}
+
+absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<const BlockCopy> ops,
+                                   void* stream) {
+  const int32_t src_blocks = target == Target::kSwapIn ? num_host_blocks_ : num_blocks_;
+  const int32_t dst_blocks = target == Target::kSwapOut ? num_host_blocks_ : num_blocks_;
+  const char* src_name = target == Target::kSwapIn ? "host" : "device";
+  const char* dst_name = target == Target::kSwapOut ? "host" : "device";
+  // Validate the whole batch before copying anything.
+  absl::flat_hash_set<BlockId> dsts;
+  std::vector<int32_t> packed;  // [op][src, dst, num_tokens], ops with tokens to copy
+  packed.reserve(ops.size() * 3);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const BlockCopy& op = ops[i];
+    if (op.src < 0 || op.src >= src_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(fn, ": op ", i, ": src block ", op.src,
+                                                     " outside [0, ", src_blocks, ") of the ",
+                                                     src_name, " pool"));
+    }
+    if (op.dst < 0 || op.dst >= dst_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(fn, ": op ", i, ": dst block ", op.dst,
+                                                     " outside [0, ", dst_blocks, ") of the ",
+                                                     dst_name, " pool"));
+    }
+    if (op.num_tokens < 0 || op.num_tokens > spec_.block_size) {
+      return absl::InvalidArgumentError(absl::StrCat(fn, ": op ", i, ": num_tokens ", op.num_tokens,
+                                                     " outside [0, block_size ", spec_.block_size,
+                                                     "]"));
+    }
+    if (!dsts.insert(op.dst).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": op ", i, ": dst block ", op.dst, " is written twice in one batch"));
+    }
+    if (op.num_tokens > 0) packed.insert(packed.end(), {op.src, op.dst, op.num_tokens});
+  }
+  if (target == Target::kCopy) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (dsts.contains(ops[i].src)) {
+        return absl::InvalidArgumentError(absl::StrCat(fn, ": op ", i, ": src block ", ops[i].src,
+                                                       " is also a dst in the same batch"));
+      }
+    }
+  }
+  const int32_t num_ops = static_cast<int32_t>(packed.size() / 3);
+  if (num_ops == 0 || spec_.num_layers == 0) return absl::OkStatus();
+
+  const int64_t elem = bytes_per_element(spec_.dtype);
+  const int64_t block_bytes =
+      int64_t{spec_.num_kv_heads} * spec_.block_size * spec_.head_dim * elem;
+  const bool hnd = layout_ == KvLayout::kHND;
+  const int32_t segments = hnd ? spec_.num_kv_heads : 1;
+  const int64_t segment_bytes = hnd ? int64_t{spec_.block_size} * spec_.head_dim * elem : 0;
+  const int64_t token_bytes =
+      hnd ? spec_.head_dim * elem : spec_.num_kv_heads * spec_.head_dim * elem;
+  const char* src = target == Target::kSwapIn ? host_data_device_ : data_;
+  char* dst = target == Target::kSwapOut ? host_data_device_ : data_;
+  const int64_t src_pool = target == Target::kSwapIn ? host_pool_bytes_ : pool_bytes_;
+  const int64_t dst_pool = target == Target::kSwapOut ? host_pool_bytes_ : pool_bytes_;
+  const int32_t num_pools = 2 * spec_.num_layers;
+
+  if (device_ == Device::kCpu) {
+    for (int32_t i = 0; i < num_ops; ++i) {
+      const int32_t s = packed[3 * i], d = packed[3 * i + 1], n = packed[3 * i + 2];
+      for (int32_t pool = 0; pool < num_pools; ++pool) {
+        const char* from = src + pool * src_pool + s * block_bytes;
+        char* to = dst + pool * dst_pool + d * block_bytes;
+        if (n >= spec_.block_size) {
+          std::memcpy(to, from, static_cast<size_t>(block_bytes));
+          continue;
+        }
+        for (int32_t seg = 0; seg < segments; ++seg) {
+          std::memcpy(to + seg * segment_bytes, from + seg * segment_bytes,
+                      static_cast<size_t>(n * token_bytes));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+#if PAGEDKV_HAVE_CUDA
+  const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+  if (ops_capacity_ < static_cast<int64_t>(packed.size())) {
+    if (ops_scratch_ != nullptr) cudaFree(ops_scratch_);
+    ops_scratch_ = nullptr;
+    ops_capacity_ = 0;
+    const int64_t capacity = std::max<int64_t>(static_cast<int64_t>(packed.size()), 3 * 1024);
+    void* p = nullptr;
+    PAGEDKV_RETURN_IF_ERROR(cuda_status(fn, cudaMalloc(&p, sizeof(int32_t) * capacity)));
+    ops_scratch_ = static_cast<int32_t*>(p);
+    ops_capacity_ = capacity;
+  }
+  PAGEDKV_RETURN_IF_ERROR(
+      cuda_status(fn, cudaMemcpyAsync(ops_scratch_, packed.data(), sizeof(int32_t) * packed.size(),
+                                      cudaMemcpyHostToDevice, cuda_stream)));
+  internal::CopyBlocksParams p;
+  p.src = src;
+  p.dst = dst;
+  p.src_pool_bytes = src_pool;
+  p.dst_pool_bytes = dst_pool;
+  p.num_pools = num_pools;
+  p.ops = ops_scratch_;
+  p.num_ops = num_ops;
+  p.block_size = spec_.block_size;
+  p.block_bytes = block_bytes;
+  p.segments = segments;
+  p.segment_bytes = segment_bytes;
+  p.token_bytes = token_bytes;
+  return cuda_status(fn, internal::launch_copy_blocks(p, cuda_stream));
+#else
+  (void)stream;
+  return absl::FailedPreconditionError(absl::StrCat(fn, ": compiled without CUDA"));
+#endif
+}
+
+absl::Status KvStorage::synchronize() {
+#if PAGEDKV_HAVE_CUDA
+  if (device_ == Device::kCuda) return cuda_status("synchronize", cudaDeviceSynchronize());
+#endif
+  return absl::OkStatus();
+}
+
+}  // namespace pagedkv

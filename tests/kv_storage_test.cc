@@ -1,0 +1,202 @@
+// KvStorage (pagedkv/kv_storage.h) on the CPU backend: sizing, views, and byte-exact
+// copy-on-write and swap round trips. The CUDA backend runs the same checks in
+// kernels_cuda_test.cc when a device is usable.
+#include "pagedkv/kv_storage.h"
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace pagedkv {
+namespace {
+
+const KvCacheSpec kSpec{
+    .num_layers = 3, .num_kv_heads = 2, .head_dim = 64, .dtype = DType::kBFloat16, .block_size = 8};
+
+// Bytes of one token row (head_dim elements) of (layer, K or V, block, head, token).
+std::vector<uint8_t> row(const KvCacheView& view, bool is_v, int32_t block, int32_t head,
+                         int32_t token) {
+  const int64_t elem = bytes_per_element(view.dtype);
+  const uint8_t* base = static_cast<const uint8_t*>(is_v ? view.v : view.k);
+  const uint8_t* at = base + elem_offset(view, block, head, token, 0) * elem;
+  return std::vector<uint8_t>(at, at + view.head_dim * elem);
+}
+
+void fill_random(const KvStorage& s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (int32_t layer = 0; layer < s.spec().num_layers; ++layer) {
+    for (const KvCacheView& v : {s.view(layer), s.host_view(layer)}) {
+      const int64_t bytes = pool_elements(v) * bytes_per_element(v.dtype);
+      for (void* pool : {v.k, v.v}) {
+        uint8_t* p = static_cast<uint8_t*>(pool);
+        for (int64_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(rng());
+      }
+    }
+  }
+}
+
+std::vector<uint8_t> snapshot(const KvStorage& s, bool host) {
+  std::vector<uint8_t> out;
+  for (int32_t layer = 0; layer < s.spec().num_layers; ++layer) {
+    const KvCacheView v = host ? s.host_view(layer) : s.view(layer);
+    const int64_t bytes = pool_elements(v) * bytes_per_element(v.dtype);
+    for (const void* pool : {v.k, v.v}) {
+      const uint8_t* p = static_cast<const uint8_t*>(pool);
+      out.insert(out.end(), p, p + bytes);
+    }
+  }
+  return out;
+}
+
+KvStorage make(KvLayout layout, int32_t num_blocks = 10, int32_t host_blocks = 6) {
+  absl::StatusOr<KvStorage> s =
+      KvStorage::create(kSpec, num_blocks,
+                        {.device = Device::kCpu, .layout = layout, .num_host_blocks = host_blocks});
+  REQUIRE(s.ok());
+  return std::move(*s);
+}
+
+TEST_CASE("storage holds every layer's K and V pools, zero-filled", "[kv_storage]") {
+  KvStorage s = make(KvLayout::kHND);
+  CHECK(s.bytes() == kSpec.bytes_per_block() * 10);
+  CHECK(s.host_bytes() == kSpec.bytes_per_block() * 6);
+  const std::vector<uint8_t> all = snapshot(s, false);
+  CHECK(static_cast<int64_t>(all.size()) == s.bytes());
+  CHECK(std::all_of(all.begin(), all.end(), [](uint8_t b) { return b == 0; }));
+  // Pools are disjoint and in [layer][K, V] order.
+  const KvCacheView l0 = s.view(0), l1 = s.view(1);
+  const int64_t pool = pool_elements(l0) * 2;
+  CHECK(static_cast<char*>(l0.v) - static_cast<char*>(l0.k) == pool);
+  CHECK(static_cast<char*>(l1.k) - static_cast<char*>(l0.k) == 2 * pool);
+  CHECK(l0.block_stride == 2 * 8 * 64);
+  CHECK(l0.head_stride == 8 * 64);
+  CHECK(l0.token_stride == 64);
+  KvStorage nhd = make(KvLayout::kNHD);
+  CHECK(nhd.view(2).head_stride == 64);
+  CHECK(nhd.view(2).token_stride == 2 * 64);
+  CHECK(nhd.host_view(0).num_blocks == 6);
+}
+
+TEST_CASE("storage sized from a byte budget holds whole blocks", "[kv_storage]") {
+  const int64_t budget = kSpec.bytes_per_block() * 7 + 100;
+  absl::StatusOr<KvStorage> s =
+      KvStorage::create_for_budget(kSpec, budget, {.device = Device::kCpu});
+  REQUIRE(s.ok());
+  CHECK(s->num_blocks() == 7);
+  absl::StatusOr<KvStorage> tiny =
+      KvStorage::create_for_budget(kSpec, 100, {.device = Device::kCpu});
+  CHECK(tiny.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(tiny.status().message().find("does not hold one block") != std::string::npos);
+  absl::StatusOr<int64_t> free_budget = KvStorage::free_memory_budget(Device::kCpu, 0.5);
+  REQUIRE(free_budget.ok());
+  CHECK(*free_budget > 0);
+  CHECK(KvStorage::free_memory_budget(Device::kCpu, 0.0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  if (!cuda_device_available()) {
+    CHECK(KvStorage::create(kSpec, 4, {.device = Device::kCuda}).status().code() ==
+          absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST_CASE("copy-on-write copies the first num_tokens tokens of every layer exactly",
+          "[kv_storage]") {
+  for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+    KvStorage s = make(layout);
+    fill_random(s, 7);
+    const std::vector<uint8_t> before = snapshot(s, false);
+    const std::vector<BlockCopy> ops = {{.src = 1, .dst = 4, .num_tokens = 3},
+                                        {.src = 2, .dst = 5, .num_tokens = 8},
+                                        {.src = 1, .dst = 6, .num_tokens = 0}};
+    // Expected rows, computed before the copy.
+    std::vector<std::vector<uint8_t>> expected;
+    for (int32_t layer = 0; layer < 3; ++layer) {
+      for (bool is_v : {false, true}) {
+        for (const BlockCopy& op : ops) {
+          for (int32_t h = 0; h < 2; ++h) {
+            for (int32_t t = 0; t < 8; ++t) {
+              expected.push_back(
+                  row(s.view(layer), is_v, t < op.num_tokens ? op.src : op.dst, h, t));
+            }
+          }
+        }
+      }
+    }
+    REQUIRE(s.copy_blocks(ops).ok());
+    size_t i = 0;
+    for (int32_t layer = 0; layer < 3; ++layer) {
+      for (bool is_v : {false, true}) {
+        for (const BlockCopy& op : ops) {
+          for (int32_t h = 0; h < 2; ++h) {
+            for (int32_t t = 0; t < 8; ++t) {
+              REQUIRE(row(s.view(layer), is_v, op.dst, h, t) == expected[i++]);
+            }
+          }
+        }
+      }
+    }
+    // Blocks other than the dsts are unchanged.
+    const std::vector<uint8_t> after = snapshot(s, false);
+    const int64_t block = kSpec.bytes_per_block() / 3 / 2;  // one pool's block
+    int64_t changed = 0;
+    for (size_t b = 0; b < after.size(); ++b) {
+      const int64_t id = static_cast<int64_t>(b) / block % 10;
+      if (id != 4 && id != 5 && after[b] != before[b]) ++changed;
+    }
+    CHECK(changed == 0);
+  }
+}
+
+TEST_CASE("swap out then swap in restores the blocks bit for bit", "[kv_storage]") {
+  for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+    KvStorage s = make(layout);
+    fill_random(s, 11);
+    const std::vector<uint8_t> original = snapshot(s, false);
+    const std::vector<BlockCopy> out = {{.src = 3, .dst = 0, .num_tokens = 8},
+                                        {.src = 9, .dst = 5, .num_tokens = 8},
+                                        {.src = 0, .dst = 2, .num_tokens = 8}};
+    REQUIRE(s.swap_out(out).ok());
+    for (int32_t layer = 0; layer < 3; ++layer) {  // the blocks are reused meanwhile
+      for (int32_t b : {3, 9, 0}) {
+        KvCacheView v = s.view(layer);
+        const int64_t bytes = v.block_stride * 2;
+        std::memset(static_cast<char*>(v.k) + b * bytes, 0x5a, bytes);
+        std::memset(static_cast<char*>(v.v) + b * bytes, 0xa5, bytes);
+      }
+    }
+    CHECK(snapshot(s, false) != original);
+    const std::vector<BlockCopy> in = {{.src = 0, .dst = 3, .num_tokens = 8},
+                                       {.src = 5, .dst = 9, .num_tokens = 8},
+                                       {.src = 2, .dst = 0, .num_tokens = 8}};
+    REQUIRE(s.swap_in(in).ok());
+    CHECK(snapshot(s, false) == original);
+  }
+}
+
+TEST_CASE("invalid copy batches are refused whole, naming the op", "[kv_storage]") {
+  KvStorage s = make(KvLayout::kHND);
+  fill_random(s, 3);
+  const std::vector<uint8_t> main = snapshot(s, false), host = snapshot(s, true);
+  auto expect = [&](const absl::Status& st, const std::string& fragment) {
+    INFO(st.ToString());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(st.message().find(fragment) != std::string::npos);
+    CHECK(snapshot(s, false) == main);
+    CHECK(snapshot(s, true) == host);
+  };
+  const std::vector<BlockCopy> twice = {{1, 2, 8}, {3, 2, 8}};
+  expect(s.copy_blocks(twice), "copy_blocks: op 1: dst block 2 is written twice");
+  const std::vector<BlockCopy> chain = {{1, 2, 8}, {2, 3, 8}};
+  expect(s.copy_blocks(chain), "op 1: src block 2 is also a dst");
+  const std::vector<BlockCopy> range = {{1, 2, 8}, {10, 3, 8}};
+  expect(s.copy_blocks(range), "op 1: src block 10 outside [0, 10) of the device pool");
+  const std::vector<BlockCopy> host_range = {{1, 6, 8}};
+  expect(s.swap_out(host_range), "swap_out: op 0: dst block 6 outside [0, 6) of the host pool");
+  const std::vector<BlockCopy> tokens = {{1, 2, 9}};
+  expect(s.swap_in(tokens), "num_tokens 9 outside [0, block_size 8]");
+}
+
+}  // namespace
+}  // namespace pagedkv
