@@ -18,12 +18,10 @@ namespace {
 
 using testing::AttentionCase;
 using testing::AttentionFixture;
+using testing::check_run;
+using testing::naive_error;
 using testing::Outputs;
-
-struct Run {
-  std::vector<double> out;
-  std::vector<float> lse;
-};
+using testing::Run;
 
 Run run_decode_cpu(AttentionFixture& f, int32_t num_splits) {
   const AttentionCase& c = f.c;
@@ -59,37 +57,6 @@ Run run_extend_cpu(AttentionFixture& f) {
   INFO(status.ToString());
   REQUIRE(status.ok());
   return {testing::to_doubles(out, c.q_dtype), lse};
-}
-
-// Checks a run against the reference: no NaN/Inf, the dtype's tolerance, empty rows give
-// zeros and lse -inf.
-void check_run(const AttentionFixture& f, const Run& run, const Outputs& ref,
-               double naive_bf16_error) {
-  const AttentionCase& c = f.c;
-  INFO(c.name());
-  REQUIRE(testing::all_finite(run.out));
-  const double err = testing::max_abs_error(run.out, ref.out);
-  if (c.q_dtype == DType::kBFloat16 && c.kv_dtype == DType::kBFloat16) {
-    INFO("error " << err << ", naive bf16 error " << naive_bf16_error);
-    CHECK(err <= 2.0 * naive_bf16_error);
-  } else {
-    INFO("error " << err << ", tolerance " << testing::tolerance(c));
-    CHECK(err <= testing::tolerance(c));
-  }
-  for (size_t i = 0; i < ref.lse.size(); ++i) {
-    if (std::isinf(ref.lse[i])) {
-      REQUIRE(std::isinf(run.lse[i]));
-      REQUIRE(run.lse[i] < 0);
-    } else {
-      REQUIRE(std::isfinite(run.lse[i]));
-      REQUIRE(std::abs(run.lse[i] - ref.lse[i]) <= 1e-4 * (1.0 + std::abs(ref.lse[i])));
-    }
-  }
-}
-
-double naive_error(const AttentionFixture& f, const Outputs& ref) {
-  if (f.c.q_dtype != DType::kBFloat16 || f.c.kv_dtype != DType::kBFloat16) return 0.0;
-  return testing::max_abs_error(testing::naive_bf16(f), ref.out);
 }
 
 void check_decode(const AttentionCase& c, std::initializer_list<int32_t> splits) {

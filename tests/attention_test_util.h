@@ -6,6 +6,7 @@
 #define PAGEDKV_TESTS_ATTENTION_TEST_UTIL_H_
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -349,6 +350,43 @@ inline double tolerance(const AttentionCase& c) {
   if (c.kv_dtype == DType::kFloat8E4M3) return 1e-2;
   if (c.q_dtype == DType::kFloat16) return 1e-3;
   return 1e-5;
+}
+
+// Outputs of one kernel run, as doubles (out) and fp32 (lse).
+struct Run {
+  std::vector<double> out;
+  std::vector<float> lse;
+};
+
+// Checks a run against the reference: no NaN/Inf, the dtype's tolerance, empty rows give
+// zeros and lse -inf.
+inline void check_run(const AttentionFixture& f, const Run& run, const Outputs& ref,
+                      double naive_bf16_error) {
+  const AttentionCase& c = f.c;
+  INFO(c.name());
+  REQUIRE(testing::all_finite(run.out));
+  const double err = testing::max_abs_error(run.out, ref.out);
+  if (c.q_dtype == DType::kBFloat16 && c.kv_dtype == DType::kBFloat16) {
+    INFO("error " << err << ", naive bf16 error " << naive_bf16_error);
+    CHECK(err <= 2.0 * naive_bf16_error);
+  } else {
+    INFO("error " << err << ", tolerance " << testing::tolerance(c));
+    CHECK(err <= testing::tolerance(c));
+  }
+  for (size_t i = 0; i < ref.lse.size(); ++i) {
+    if (std::isinf(ref.lse[i])) {
+      REQUIRE(std::isinf(run.lse[i]));
+      REQUIRE(run.lse[i] < 0);
+    } else {
+      REQUIRE(std::isfinite(run.lse[i]));
+      REQUIRE(std::abs(run.lse[i] - ref.lse[i]) <= 1e-4 * (1.0 + std::abs(ref.lse[i])));
+    }
+  }
+}
+
+inline double naive_error(const AttentionFixture& f, const Outputs& ref) {
+  if (f.c.q_dtype != DType::kBFloat16 || f.c.kv_dtype != DType::kBFloat16) return 0.0;
+  return testing::max_abs_error(testing::naive_bf16(f), ref.out);
 }
 
 }  // namespace pagedkv::testing

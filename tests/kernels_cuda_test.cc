@@ -1,0 +1,429 @@
+// CUDA kernels against the CPU reference and the fp64 dense reference: decode (split off,
+// forced, automatic), extend, write_kv, and KvStorage copy / swap round trips on the
+// device. Compiled whenever the library is built with CUDA; each test runs only when a
+// device is usable and otherwise WARNs the reason and returns (Catch2 v2 has no SKIP).
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "pagedkv/device.h"
+
+#if PAGEDKV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "attention_test_util.h"
+#include "pagedkv/attention.h"
+#include "pagedkv/kv_storage.h"
+#endif
+
+namespace pagedkv {
+namespace {
+
+// True when a CUDA device is usable; otherwise reports the skip.
+bool have_gpu() {
+  if (cuda_device_available()) return true;
+  WARN("skipped: no usable CUDA device (" << cuda_unavailable_reason() << ")");
+  return false;
+}
+
+#if !PAGEDKV_HAVE_CUDA
+
+TEST_CASE("CUDA kernels match the CPU reference", "[gpu]") { have_gpu(); }
+
+#else
+
+using testing::AttentionCase;
+using testing::AttentionFixture;
+using testing::Outputs;
+using testing::Run;
+
+#define CUDA_REQUIRE(expr) REQUIRE((expr) == cudaSuccess)
+
+// Device copy of a host vector, freed on scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    CUDA_REQUIRE(cudaMalloc(&ptr_, bytes == 0 ? 16 : bytes));
+  }
+  template <typename T>
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size() * sizeof(T)) {
+    CUDA_REQUIRE(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  template <typename T>
+  std::vector<T> read() const {
+    std::vector<T> host(bytes_ / sizeof(T));
+    CUDA_REQUIRE(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The fixture's buffers on the device.
+struct DeviceFixture {
+  explicit DeviceFixture(const AttentionFixture& f)
+      : k(f.k_pool),
+        v(f.v_pool),
+        table(f.table),
+        lens(f.lens),
+        q(f.q),
+        indptr(f.qo_indptr.empty() ? std::vector<int32_t>{0} : f.qo_indptr),
+        scales(std::vector<float>{f.k_scale, f.v_scale}) {}
+  DeviceBuffer k, v, table, lens, q, indptr, scales;
+};
+
+Run run_cuda(AttentionFixture& f, int32_t num_splits, void* workspace = nullptr,
+             int64_t workspace_bytes = 0) {
+  const AttentionCase& c = f.c;
+  DeviceFixture d(f);
+  DeviceBuffer out(f.q.size());
+  DeviceBuffer lse(sizeof(float) * f.num_q_rows * c.num_q_heads);
+  KvCacheView view = f.view();
+  view.k = d.k.get();
+  view.v = d.v.get();
+  BlockTableView table = f.table_view();
+  table.block_table = d.table.get<int32_t>();
+  table.context_lens = d.lens.get<int32_t>();
+  const float* k_scale = f.fp8() ? d.scales.get<float>() : nullptr;
+  const float* v_scale = f.fp8() ? d.scales.get<float>() + 1 : nullptr;
+  absl::Status status;
+  if (c.extend()) {
+    int32_t longest = 0;
+    for (int32_t n : c.new_tokens) longest = std::max(longest, n);
+    status = paged_extend_attention(Device::kCuda, view, table,
+                                    {.q = d.q.get(),
+                                     .out = out.get(),
+                                     .maybe_lse = lse.get<float>(),
+                                     .dtype = c.q_dtype,
+                                     .num_q_heads = c.num_q_heads,
+                                     .maybe_k_scale = k_scale,
+                                     .maybe_v_scale = v_scale,
+                                     .qo_indptr = d.indptr.get<int32_t>(),
+                                     .max_query_len = longest});
+  } else {
+    status = paged_decode_attention(Device::kCuda, view, table,
+                                    {.q = d.q.get(),
+                                     .out = out.get(),
+                                     .maybe_lse = lse.get<float>(),
+                                     .dtype = c.q_dtype,
+                                     .num_q_heads = c.num_q_heads,
+                                     .maybe_k_scale = k_scale,
+                                     .maybe_v_scale = v_scale,
+                                     .max_context_len = f.max_len()},
+                                    {.num_splits = num_splits,
+                                     .maybe_workspace = workspace,
+                                     .workspace_bytes = workspace_bytes});
+  }
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  return {testing::to_doubles(out.read<uint8_t>(), c.q_dtype), lse.read<float>()};
+}
+
+Run run_cpu(AttentionFixture& f, int32_t num_splits) {
+  const AttentionCase& c = f.c;
+  std::vector<uint8_t> out(f.q.size());
+  std::vector<float> lse(int64_t{f.num_q_rows} * c.num_q_heads);
+  absl::Status status;
+  if (c.extend()) {
+    status = paged_extend_attention(Device::kCpu, f.view(), f.table_view(),
+                                    {.q = f.q.data(),
+                                     .out = out.data(),
+                                     .maybe_lse = lse.data(),
+                                     .dtype = c.q_dtype,
+                                     .num_q_heads = c.num_q_heads,
+                                     .maybe_k_scale = f.k_scale_ptr(),
+                                     .maybe_v_scale = f.v_scale_ptr(),
+                                     .qo_indptr = f.qo_indptr.data()});
+  } else {
+    status = paged_decode_attention(Device::kCpu, f.view(), f.table_view(),
+                                    {.q = f.q.data(),
+                                     .out = out.data(),
+                                     .maybe_lse = lse.data(),
+                                     .dtype = c.q_dtype,
+                                     .num_q_heads = c.num_q_heads,
+                                     .maybe_k_scale = f.k_scale_ptr(),
+                                     .maybe_v_scale = f.v_scale_ptr()},
+                                    {.num_splits = num_splits});
+  }
+  REQUIRE(status.ok());
+  return {testing::to_doubles(out, c.q_dtype), lse};
+}
+
+// CUDA vs the fp64 reference (the CPU criteria) and vs the CPU reference run.
+void check_cuda(const AttentionCase& c, std::initializer_list<int32_t> splits) {
+  AttentionFixture f = testing::make_fixture(c);
+  const Outputs ref = testing::reference(f);
+  const double naive = testing::naive_error(f, ref);
+  for (int32_t s : splits) {
+    INFO(c.name() << " num_splits " << s);
+    const Run gpu = run_cuda(f, s);
+    testing::check_run(f, gpu, ref, naive);
+    const Run cpu = run_cpu(f, s == 0 ? 1 : s);
+    const double tol =
+        c.q_dtype == DType::kBFloat16 ? 2.0 * std::max(naive, 1e-3) : testing::tolerance(c);
+    CHECK(testing::max_abs_error(gpu.out, cpu.out) <= tol);
+  }
+}
+
+constexpr std::pair<int32_t, int32_t> kHeads[] = {{32, 32}, {32, 8}, {8, 1}, {40, 40}};
+
+TEST_CASE("CUDA decode matches the references over head_dim x block_size x heads (fp32)", "[gpu]") {
+  if (!have_gpu()) return;
+  uint64_t seed = 1;
+  for (int32_t hd : {64, 128, 256}) {
+    for (int32_t bs : {8, 16, 32}) {
+      for (auto [hq, hkv] : kHeads) {
+        AttentionCase c{.head_dim = hd, .block_size = bs, .num_q_heads = hq, .num_kv_heads = hkv};
+        c.lens = {1, bs - 1, bs, bs + 1, 97, 0, 33};
+        c.seed = seed++;
+        check_cuda(c, {1, 16, 0});
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA decode over long contexts and large batches, split off / forced / auto", "[gpu]") {
+  if (!have_gpu()) return;
+  check_cuda({.head_dim = 128,
+              .block_size = 16,
+              .num_q_heads = 32,
+              .num_kv_heads = 8,
+              .lens = {2048},
+              .seed = 11},
+             {1, 8, 0});
+  check_cuda({.head_dim = 64,
+              .block_size = 32,
+              .num_q_heads = 8,
+              .num_kv_heads = 1,
+              .lens = {2048, 1, 97, 31, 32, 33, 500},
+              .seed = 12},
+             {1, 5, 0});
+  AttentionCase c{.head_dim = 256,
+                  .block_size = 8,
+                  .num_q_heads = 8,
+                  .num_kv_heads = 1,
+                  .q_dtype = DType::kBFloat16,
+                  .kv_dtype = DType::kBFloat16};
+  std::mt19937 rng(37);
+  for (int i = 0; i < 37; ++i) c.lens.push_back(i % 9 == 0 ? 0 : static_cast<int32_t>(rng() % 400));
+  c.seed = 13;
+  check_cuda(c, {1, 4, 0});
+}
+
+TEST_CASE("CUDA decode in fp16, bf16 and with fp8 KV matches the references", "[gpu]") {
+  if (!have_gpu()) return;
+  const std::pair<DType, DType> dtypes[] = {{DType::kFloat16, DType::kFloat16},
+                                            {DType::kBFloat16, DType::kBFloat16},
+                                            {DType::kFloat32, DType::kFloat8E4M3},
+                                            {DType::kFloat16, DType::kFloat8E4M3},
+                                            {DType::kBFloat16, DType::kFloat8E4M3}};
+  uint64_t seed = 100;
+  for (auto [q_dtype, kv_dtype] : dtypes) {
+    for (int32_t hd : {64, 128, 256}) {
+      for (int32_t bs : {8, 16, 32}) {
+        for (auto [hq, hkv] : kHeads) {
+          AttentionCase c{.head_dim = hd,
+                          .block_size = bs,
+                          .num_q_heads = hq,
+                          .num_kv_heads = hkv,
+                          .q_dtype = q_dtype,
+                          .kv_dtype = kv_dtype};
+          c.lens = {1, bs - 1, bs, bs + 1, 97, 0, 33};
+          c.seed = seed++;
+          check_cuda(c, {1, 3});
+        }
+      }
+    }
+    check_cuda({.head_dim = 128,
+                .block_size = 16,
+                .num_q_heads = 8,
+                .num_kv_heads = 2,
+                .q_dtype = q_dtype,
+                .kv_dtype = kv_dtype,
+                .layout = KvLayout::kNHD,
+                .lens = {17, 1, 64, 0, 700},
+                .seed = seed++},
+               {1, 2, 0});
+  }
+}
+
+TEST_CASE("CUDA extend matches the causal dense reference", "[gpu]") {
+  if (!have_gpu()) return;
+  const std::pair<DType, DType> dtypes[] = {{DType::kFloat32, DType::kFloat32},
+                                            {DType::kBFloat16, DType::kBFloat16},
+                                            {DType::kFloat16, DType::kFloat8E4M3}};
+  uint64_t seed = 200;
+  for (auto [q_dtype, kv_dtype] : dtypes) {
+    for (int32_t hd : {64, 128, 256}) {
+      for (auto [hq, hkv] : {std::pair{8, 2}, std::pair{32, 32}, std::pair{8, 1}}) {
+        AttentionCase c{.head_dim = hd,
+                        .block_size = hd == 128 ? 8 : 16,
+                        .num_q_heads = hq,
+                        .num_kv_heads = hkv,
+                        .q_dtype = q_dtype,
+                        .kv_dtype = kv_dtype};
+        c.lens = {5, 40, 97, 16, 1, 150};
+        c.new_tokens = {5, 10, 1, 16, 1, 130};
+        c.seed = seed++;
+        check_cuda(c, {1});
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA decode uses a caller workspace and refuses one too small", "[gpu]") {
+  if (!have_gpu()) return;
+  AttentionCase c{.head_dim = 128,
+                  .block_size = 16,
+                  .num_q_heads = 8,
+                  .num_kv_heads = 2,
+                  .q_dtype = DType::kBFloat16,
+                  .kv_dtype = DType::kBFloat16,
+                  .lens = {1000, 3, 0}};
+  AttentionFixture f = testing::make_fixture(c);
+  const DecodePlan plan{.num_splits = 6, .tokens_per_split = 176};
+  const int64_t need = decode_workspace_bytes(plan, 3, 8, 128);
+  DeviceBuffer workspace(need);
+  const Run with = run_cuda(f, 6, workspace.get(), need);
+  const Run without = run_cuda(f, 6);
+  CHECK(with.out == without.out);
+  DeviceFixture d(f);
+  DeviceBuffer out(f.q.size());
+  KvCacheView view = f.view();
+  view.k = d.k.get();
+  view.v = d.v.get();
+  BlockTableView table = f.table_view();
+  table.block_table = d.table.get<int32_t>();
+  table.context_lens = d.lens.get<int32_t>();
+  const absl::Status s = paged_decode_attention(
+      Device::kCuda, view, table,
+      {.q = d.q.get(),
+       .out = out.get(),
+       .dtype = c.q_dtype,
+       .num_q_heads = 8,
+       .max_context_len = 1000},
+      {.num_splits = 6, .maybe_workspace = workspace.get(), .workspace_bytes = need - 1});
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("workspace of " + std::to_string(need - 1) + " bytes") !=
+        std::string::npos);
+}
+
+TEST_CASE("CUDA write_kv writes the same bytes as the CPU", "[gpu]") {
+  if (!have_gpu()) return;
+  for (DType cache : {DType::kFloat32, DType::kBFloat16, DType::kFloat8E4M3}) {
+    for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+      const int32_t blocks = 5, hkv = 2, bs = 16, hd = 128, n = 37;
+      const int64_t pool_bytes = int64_t{blocks} * hkv * bs * hd * bytes_per_element(cache);
+      std::vector<uint8_t> k_pool(pool_bytes, 0x11), v_pool(pool_bytes, 0x22);
+      std::vector<float> k(n * hkv * hd), v(k.size());
+      std::mt19937 rng(9);
+      for (float& x : k) x = static_cast<float>(rng() % 2000) / 100.0f - 10.0f;
+      for (float& x : v) x = static_cast<float>(rng() % 2000) / 100.0f - 10.0f;
+      std::vector<int64_t> slots(n);
+      for (int32_t i = 0; i < n; ++i) slots[i] = i % 7 == 3 ? -1 : (i * 13) % (blocks * bs);
+      const std::vector<float> scales = {0.05f, 0.1f};
+      const bool fp8 = cache == DType::kFloat8E4M3;
+      KvCacheView cpu_view =
+          make_kv_cache_view(k_pool.data(), v_pool.data(), cache, blocks, hkv, bs, hd, layout);
+      DeviceBuffer dk(k_pool), dv(v_pool), dks(k), dvs(v), dslots(slots), dscales(scales);
+      REQUIRE(write_kv(Device::kCpu, cpu_view,
+                       {.k = k.data(),
+                        .v = v.data(),
+                        .src_dtype = DType::kFloat32,
+                        .slot_mapping = slots.data(),
+                        .num_tokens = n,
+                        .maybe_k_scale = fp8 ? &scales[0] : nullptr,
+                        .maybe_v_scale = fp8 ? &scales[1] : nullptr})
+                  .ok());
+      KvCacheView gpu_view =
+          make_kv_cache_view(dk.get(), dv.get(), cache, blocks, hkv, bs, hd, layout);
+      REQUIRE(write_kv(Device::kCuda, gpu_view,
+                       {.k = dks.get(),
+                        .v = dvs.get(),
+                        .src_dtype = DType::kFloat32,
+                        .slot_mapping = dslots.get<int64_t>(),
+                        .num_tokens = n,
+                        .maybe_k_scale = fp8 ? dscales.get<float>() : nullptr,
+                        .maybe_v_scale = fp8 ? dscales.get<float>() + 1 : nullptr})
+                  .ok());
+      CHECK(dk.read<uint8_t>() == k_pool);
+      CHECK(dv.read<uint8_t>() == v_pool);
+    }
+  }
+}
+
+TEST_CASE("CUDA storage: copy-on-write and swap round trips preserve bytes exactly", "[gpu]") {
+  if (!have_gpu()) return;
+  const KvCacheSpec spec{.num_layers = 3,
+                         .num_kv_heads = 2,
+                         .head_dim = 64,
+                         .dtype = DType::kBFloat16,
+                         .block_size = 8};
+  for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+    absl::StatusOr<KvStorage> gpu = KvStorage::create(
+        spec, 10, {.device = Device::kCuda, .layout = layout, .num_host_blocks = 6});
+    absl::StatusOr<KvStorage> cpu = KvStorage::create(
+        spec, 10, {.device = Device::kCpu, .layout = layout, .num_host_blocks = 6});
+    REQUIRE(gpu.ok());
+    REQUIRE(cpu.ok());
+    // Same random bytes in both: the CPU storage is the expected result.
+    std::mt19937 rng(21);
+    const int64_t pool = pool_elements(cpu->view(0)) * 2;
+    for (int32_t layer = 0; layer < 3; ++layer) {
+      for (int kv = 0; kv < 2; ++kv) {
+        std::vector<uint8_t> bytes(pool);
+        for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+        const KvCacheView cv = cpu->view(layer), gv = gpu->view(layer);
+        std::memcpy(kv == 0 ? cv.k : cv.v, bytes.data(), pool);
+        CUDA_REQUIRE(cudaMemcpy(kv == 0 ? gv.k : gv.v, bytes.data(), pool, cudaMemcpyHostToDevice));
+      }
+    }
+    auto device_bytes = [&](const KvStorage& s) {
+      std::vector<uint8_t> all(s.bytes());
+      CUDA_REQUIRE(cudaMemcpy(all.data(), s.view(0).k, all.size(), cudaMemcpyDeviceToHost));
+      return all;
+    };
+    auto host_bytes = [&](const KvStorage& s) {
+      const char* base = static_cast<const char*>(s.view(0).k);
+      return std::vector<uint8_t>(base, base + s.bytes());
+    };
+    const std::vector<uint8_t> original = host_bytes(*cpu);
+    const std::vector<BlockCopy> cow = {{1, 4, 3}, {2, 5, 8}, {7, 6, 1}};
+    REQUIRE(cpu->copy_blocks(cow).ok());
+    REQUIRE(gpu->copy_blocks(cow).ok());
+    REQUIRE(gpu->synchronize().ok());
+    CHECK(device_bytes(*gpu) == host_bytes(*cpu));
+    CHECK(host_bytes(*cpu) != original);
+
+    const std::vector<uint8_t> before_swap = host_bytes(*cpu);
+    const std::vector<BlockCopy> out = {{3, 0, 8}, {9, 5, 8}, {4, 2, 8}};
+    const std::vector<BlockCopy> clobber = {{0, 3, 8}, {1, 9, 8}, {2, 4, 8}};
+    const std::vector<BlockCopy> in = {{0, 3, 8}, {5, 9, 8}, {2, 4, 8}};
+    REQUIRE(gpu->swap_out(out).ok());
+    REQUIRE(gpu->copy_blocks(clobber).ok());
+    REQUIRE(gpu->synchronize().ok());
+    CHECK(device_bytes(*gpu) != before_swap);
+    REQUIRE(gpu->swap_in(in).ok());
+    REQUIRE(gpu->synchronize().ok());
+    CHECK(device_bytes(*gpu) == before_swap);
+  }
+}
+
+#endif  // PAGEDKV_HAVE_CUDA
+
+}  // namespace
+}  // namespace pagedkv
