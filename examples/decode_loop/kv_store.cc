@@ -1,155 +1,255 @@
-// KvStore on the library's storage and kernels (see kv_store.h).
+// KvStore on the library's KvStorage and attention kernels (see kv_store.h).
 #include "kv_store.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "pagedkv/attention.h"
+#include "pagedkv/kv_storage.h"
 #include "pagedkv/numeric.h"
+
+#if PAGEDKV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace decode_loop {
 namespace {
 
-using pagedkv::BlockCopy;
+using pagedkv::Device;
+using pagedkv::DType;
 using pagedkv::KvCacheView;
 
 // fp32 <-> 16-bit conversion of activations for attention in a 16-bit cache dtype.
-void convert_from_float(const float* src, size_t n, pagedkv::DType dtype, void* dst) {
+void convert_from_float(const float* src, size_t n, DType dtype, void* dst) {
   auto* out = static_cast<uint16_t*>(dst);
   for (size_t i = 0; i < n; ++i) {
-    out[i] = dtype == pagedkv::DType::kBFloat16
-                 ? pagedkv::from_float<pagedkv::BFloat16>(src[i]).bits
-                 : pagedkv::from_float<pagedkv::Half>(src[i]).bits;
+    out[i] = dtype == DType::kBFloat16 ? pagedkv::from_float<pagedkv::BFloat16>(src[i]).bits
+                                       : pagedkv::from_float<pagedkv::Half>(src[i]).bits;
   }
 }
 
-void convert_to_float(const void* src, size_t n, pagedkv::DType dtype, float* dst) {
+void convert_to_float(const void* src, size_t n, DType dtype, float* dst) {
   const auto* in = static_cast<const uint16_t*>(src);
   for (size_t i = 0; i < n; ++i) {
-    dst[i] = dtype == pagedkv::DType::kBFloat16 ? pagedkv::to_float(pagedkv::BFloat16{in[i]})
-                                                : pagedkv::to_float(pagedkv::Half{in[i]});
+    dst[i] = dtype == DType::kBFloat16 ? pagedkv::to_float(pagedkv::BFloat16{in[i]})
+                                       : pagedkv::to_float(pagedkv::Half{in[i]});
   }
 }
 
-// Host-memory pools (CPU backend).
-class HostKvStore final : public KvStore {
+// A grow-only buffer on the store's device: host memory on CPU, cudaMalloc on CUDA. The
+// engine's activations live on the host; kernels get them through these.
+class Staging {
  public:
-  HostKvStore(const pagedkv::KvCacheSpec& spec, int32_t num_blocks, int32_t num_host_blocks)
-      : spec_(spec), num_blocks_(num_blocks) {
-    const int64_t elems = static_cast<int64_t>(num_blocks) * block_elems();
-    const int64_t host_elems = static_cast<int64_t>(num_host_blocks) * block_elems();
-    const int32_t esize = pagedkv::bytes_per_element(spec.dtype);
-    for (int32_t l = 0; l < spec.num_layers; ++l) {
-      k_.emplace_back(static_cast<size_t>(elems * esize));
-      v_.emplace_back(static_cast<size_t>(elems * esize));
-      host_k_.emplace_back(static_cast<size_t>(host_elems * esize));
-      host_v_.emplace_back(static_cast<size_t>(host_elems * esize));
-    }
+  explicit Staging(Device device) : device_(device) {}
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+#if PAGEDKV_HAVE_CUDA
+    if (device_ == Device::kCuda && device_ptr_ != nullptr) cudaFree(device_ptr_);
+#endif
   }
 
-  absl::Status execute(const pagedkv::SwapOps& swaps, std::span<const BlockCopy> copies) override {
-    for (const BlockCopy& op : swaps.swap_out) copy(op, /*from_host=*/false, /*to_host=*/true);
-    for (const BlockCopy& op : copies) copy(op, false, false);
-    for (const BlockCopy& op : swaps.swap_in) copy(op, true, false);
+  // A buffer of at least `bytes` on the device.
+  absl::StatusOr<void*> reserve(size_t bytes) {
+    if (device_ == Device::kCpu) {
+      host_.resize(std::max(host_.size(), bytes));
+      return static_cast<void*>(host_.data());
+    }
+#if PAGEDKV_HAVE_CUDA
+    if (bytes > capacity_) {
+      if (device_ptr_ != nullptr) cudaFree(device_ptr_);
+      device_ptr_ = nullptr;
+      capacity_ = 0;
+      const cudaError_t err = cudaMalloc(&device_ptr_, bytes);
+      if (err != cudaSuccess) return cuda_error("cudaMalloc", err, bytes);
+      capacity_ = bytes;
+    }
+    return device_ptr_;
+#else
+    return absl::FailedPreconditionError("decode loop: built without CUDA");
+#endif
+  }
+
+  // Copies `bytes` from host `src` into the buffer and returns it.
+  absl::StatusOr<void*> upload(const void* src, size_t bytes) {
+    absl::StatusOr<void*> dst = reserve(bytes);
+    if (!dst.ok() || bytes == 0) return dst;
+    if (device_ == Device::kCpu) {
+      std::memcpy(*dst, src, bytes);
+      return dst;
+    }
+#if PAGEDKV_HAVE_CUDA
+    const cudaError_t err = cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice);
+    if (err != cudaSuccess) return cuda_error("cudaMemcpy to device", err, bytes);
+#endif
+    return dst;
+  }
+
+  // Copies `bytes` from the buffer to host `dst` (after the default stream's work).
+  absl::Status download(void* dst, size_t bytes) {
+    if (device_ == Device::kCpu) {
+      std::memcpy(dst, host_.data(), bytes);
+      return absl::OkStatus();
+    }
+#if PAGEDKV_HAVE_CUDA
+    const cudaError_t err = cudaMemcpy(dst, device_ptr_, bytes, cudaMemcpyDeviceToHost);
+    if (err != cudaSuccess) return cuda_error("cudaMemcpy to host", err, bytes);
+#endif
     return absl::OkStatus();
+  }
+
+ private:
+#if PAGEDKV_HAVE_CUDA
+  static absl::Status cuda_error(const char* what, cudaError_t err, size_t bytes) {
+    return absl::InternalError(absl::StrCat("decode loop: ", what, " of ", bytes, " bytes: ",
+                                            cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+  }
+  void* device_ptr_ = nullptr;
+  size_t capacity_ = 0;
+#endif
+  Device device_;
+  std::vector<unsigned char> host_;
+};
+
+class PagedKvStore final : public KvStore {
+ public:
+  explicit PagedKvStore(pagedkv::KvStorage storage)
+      : storage_(std::move(storage)),
+        slots_(storage_.device()),
+        block_table_(storage_.device()),
+        context_lens_(storage_.device()),
+        qo_indptr_(storage_.device()),
+        q_(storage_.device()),
+        k_(storage_.device()),
+        v_(storage_.device()),
+        out_(storage_.device()) {}
+
+  absl::Status execute(const pagedkv::SwapOps& swaps,
+                       std::span<const pagedkv::BlockCopy> copies) override {
+    absl::Status status = storage_.swap_out(swaps.swap_out);
+    if (status.ok()) status = storage_.copy_blocks(copies);
+    if (status.ok()) status = storage_.swap_in(swaps.swap_in);
+    return status;
   }
 
   absl::Status set_batch(std::span<const int64_t> slots, const pagedkv::BlockTables& tables,
                          std::span<const int32_t> qo_indptr, int32_t max_query_len) override {
-    slots_ = slots;
-    tables_ = &tables;
-    qo_indptr_ = qo_indptr;
+    num_slots_ = static_cast<int32_t>(slots.size());
+    absl::StatusOr<void*> d_slots = slots_.upload(slots.data(), slots.size_bytes());
+    if (!d_slots.ok()) return d_slots.status();
+    absl::StatusOr<void*> d_table =
+        block_table_.upload(tables.block_table.data(), tables.block_table.size() * sizeof(int32_t));
+    if (!d_table.ok()) return d_table.status();
+    absl::StatusOr<void*> d_lens = context_lens_.upload(
+        tables.context_lens.data(), tables.context_lens.size() * sizeof(int32_t));
+    if (!d_lens.ok()) return d_lens.status();
+    d_slots_ = static_cast<const int64_t*>(*d_slots);
+    table_ = {.block_table = static_cast<const int32_t*>(*d_table),
+              .context_lens = static_cast<const int32_t*>(*d_lens),
+              .num_seqs = tables.num_seqs,
+              .max_blocks = tables.max_blocks,
+              .block_size = tables.block_size};
+    max_context_len_ = 0;
+    for (int32_t i = 0; i < tables.num_seqs; ++i) {
+      max_context_len_ = std::max(max_context_len_, tables.context_lens[i]);
+    }
+    d_qo_indptr_ = nullptr;
     max_query_len_ = max_query_len;
+    if (!qo_indptr.empty()) {
+      absl::StatusOr<void*> d_qo = qo_indptr_.upload(qo_indptr.data(), qo_indptr.size_bytes());
+      if (!d_qo.ok()) return d_qo.status();
+      d_qo_indptr_ = static_cast<const int32_t*>(*d_qo);
+    }
     return absl::OkStatus();
   }
 
   absl::Status attend(const AttentionIo& io, int32_t num_q_heads) override {
-    const KvCacheView view = pagedkv::make_kv_cache_view(
-        k_[io.layer].data(), v_[io.layer].data(), spec_.dtype, num_blocks_, spec_.num_kv_heads,
-        spec_.block_size, spec_.head_dim);
-    absl::Status status = pagedkv::write_kv(pagedkv::Device::kCpu, view,
-                                            {.k = io.k,
-                                             .v = io.v,
-                                             .src_dtype = pagedkv::DType::kFloat32,
-                                             .slot_mapping = slots_.data(),
+    const pagedkv::KvCacheSpec& spec = storage_.spec();
+    const Device device = storage_.device();
+    const KvCacheView view = storage_.view(io.layer);
+    if (io.num_tokens != num_slots_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attend: ", io.num_tokens, " tokens but the batch has ", num_slots_, " slots"));
+    }
+    const size_t kv_bytes =
+        static_cast<size_t>(io.num_tokens) * spec.num_kv_heads * spec.head_dim * sizeof(float);
+    absl::StatusOr<void*> k = k_.upload(io.k, kv_bytes);
+    if (!k.ok()) return k.status();
+    absl::StatusOr<void*> v = v_.upload(io.v, kv_bytes);
+    if (!v.ok()) return v.status();
+    absl::Status status = pagedkv::write_kv(device, view,
+                                            {.k = *k,
+                                             .v = *v,
+                                             .src_dtype = DType::kFloat32,
+                                             .slot_mapping = d_slots_,
                                              .num_tokens = io.num_tokens});
     if (!status.ok()) return status;
-    // The kernels take q in the cache's dtype: a 16-bit cache runs 16-bit attention.
-    const size_t q_elems = static_cast<size_t>(io.num_tokens) * num_q_heads * spec_.head_dim;
-    const void* q = io.q;
-    void* out = io.out;
-    if (spec_.dtype != pagedkv::DType::kFloat32) {
-      q_buf_.resize(q_elems * 2);
-      out_buf_.resize(q_elems * 2);
-      convert_from_float(io.q, q_elems, spec_.dtype, q_buf_.data());
-      q = q_buf_.data();
-      out = out_buf_.data();
+
+    // The kernels take q and out in the cache's dtype: a 16-bit cache runs 16-bit attention.
+    const size_t q_elems = static_cast<size_t>(io.num_tokens) * num_q_heads * spec.head_dim;
+    const DType dtype = spec.dtype;
+    const size_t q_bytes = q_elems * static_cast<size_t>(pagedkv::bytes_per_element(dtype));
+    const void* q_host = io.q;
+    if (dtype != DType::kFloat32) {
+      q_convert_.resize(q_bytes);
+      convert_from_float(io.q, q_elems, dtype, q_convert_.data());
+      q_host = q_convert_.data();
     }
-    if (qo_indptr_.empty()) {
-      status = pagedkv::paged_decode_attention(
-          pagedkv::Device::kCpu, view, tables_->padded(),
-          {.q = q, .out = out, .dtype = spec_.dtype, .num_q_heads = num_q_heads});
-    } else {
-      status = pagedkv::paged_extend_attention(pagedkv::Device::kCpu, view, tables_->padded(),
-                                               {.q = q,
-                                                .out = out,
-                                                .dtype = spec_.dtype,
+    absl::StatusOr<void*> q = q_.upload(q_host, q_bytes);
+    if (!q.ok()) return q.status();
+    absl::StatusOr<void*> out = out_.reserve(q_bytes);
+    if (!out.ok()) return out.status();
+    if (d_qo_indptr_ == nullptr) {
+      status = pagedkv::paged_decode_attention(device, view, table_,
+                                               {.q = *q,
+                                                .out = *out,
+                                                .dtype = dtype,
                                                 .num_q_heads = num_q_heads,
-                                                .qo_indptr = qo_indptr_.data(),
+                                                .max_context_len = max_context_len_});
+    } else {
+      status = pagedkv::paged_extend_attention(device, view, table_,
+                                               {.q = *q,
+                                                .out = *out,
+                                                .dtype = dtype,
+                                                .num_q_heads = num_q_heads,
+                                                .qo_indptr = d_qo_indptr_,
                                                 .max_query_len = max_query_len_});
     }
-    if (status.ok() && out != io.out)
-      convert_to_float(out_buf_.data(), q_elems, spec_.dtype, io.out);
+    if (!status.ok()) return status;
+    if (dtype == DType::kFloat32) return out_.download(io.out, q_bytes);
+    q_convert_.resize(q_bytes);
+    status = out_.download(q_convert_.data(), q_bytes);
+    if (status.ok()) convert_to_float(q_convert_.data(), q_elems, dtype, io.out);
     return status;
   }
 
-  pagedkv::Device device() const override { return pagedkv::Device::kCpu; }
+  Device device() const override { return storage_.device(); }
 
  private:
-  int64_t block_elems() const {
-    return static_cast<int64_t>(spec_.num_kv_heads) * spec_.block_size * spec_.head_dim;
-  }
-
-  // Copies the first op.num_tokens tokens of every head of one block, K and V, all layers.
-  void copy(const BlockCopy& op, bool from_host, bool to_host) {
-    const int32_t esize = pagedkv::bytes_per_element(spec_.dtype);
-    const size_t head_bytes = static_cast<size_t>(spec_.block_size) * spec_.head_dim * esize;
-    const size_t token_bytes = static_cast<size_t>(spec_.head_dim) * esize;
-    const size_t block_bytes = head_bytes * spec_.num_kv_heads;
-    for (int32_t l = 0; l < spec_.num_layers; ++l) {
-      for (auto [src_pool, dst_pool] :
-           {std::pair{from_host ? &host_k_[l] : &k_[l], to_host ? &host_k_[l] : &k_[l]},
-            std::pair{from_host ? &host_v_[l] : &v_[l], to_host ? &host_v_[l] : &v_[l]}}) {
-        for (int32_t h = 0; h < spec_.num_kv_heads; ++h) {
-          std::memcpy(dst_pool->data() + op.dst * block_bytes + h * head_bytes,
-                      src_pool->data() + op.src * block_bytes + h * head_bytes,
-                      op.num_tokens * token_bytes);
-        }
-      }
-    }
-  }
-
-  pagedkv::KvCacheSpec spec_;
-  int32_t num_blocks_;
-  std::vector<std::vector<unsigned char>> k_, v_, host_k_, host_v_;
-  std::span<const int64_t> slots_;
-  const pagedkv::BlockTables* tables_ = nullptr;
-  std::span<const int32_t> qo_indptr_;
+  pagedkv::KvStorage storage_;
+  Staging slots_, block_table_, context_lens_, qo_indptr_, q_, k_, v_, out_;
+  std::vector<unsigned char> q_convert_;
+  const int64_t* d_slots_ = nullptr;
+  int32_t num_slots_ = 0;
+  pagedkv::BlockTableView table_;
+  const int32_t* d_qo_indptr_ = nullptr;
+  int32_t max_context_len_ = 0;
   int32_t max_query_len_ = 0;
-  std::vector<unsigned char> q_buf_, out_buf_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvStore>> KvStore::create(pagedkv::Device device,
+absl::StatusOr<std::unique_ptr<KvStore>> KvStore::create(Device device,
                                                          const pagedkv::KvCacheSpec& spec,
                                                          int32_t num_blocks,
                                                          int32_t num_host_blocks) {
-  if (device != pagedkv::Device::kCpu) {
-    return absl::UnimplementedError("KvStore: CUDA storage is not wired in yet");
-  }
-  return std::unique_ptr<KvStore>(new HostKvStore(spec, num_blocks, num_host_blocks));
+  absl::StatusOr<pagedkv::KvStorage> storage = pagedkv::KvStorage::create(
+      spec, num_blocks, {.device = device, .num_host_blocks = num_host_blocks});
+  if (!storage.ok()) return storage.status();
+  return std::unique_ptr<KvStore>(new PagedKvStore(*std::move(storage)));
 }
 
 }  // namespace decode_loop
