@@ -78,8 +78,10 @@ class Engine {
         }
         if (++idle_loops > 3) {
           return absl::InternalError(absl::StrCat(
-              "engine stuck at t=", now_, ": ", running_.size(), " running, ", waiting_.size(),
-              " waiting, ", swapped_.size(), " swapped, nothing schedulable"));
+              result_.allocator, ": engine stuck at t=", now_, ": ", running_.size(), " running, ",
+              waiting_.size(), " waiting, ", swapped_.size(),
+              " swapped, nothing schedulable; last admission error: ", last_admit_error_,
+              "; allocator: ", alloc_.describe()));
         }
       } else {
         idle_loops = 0;
@@ -193,21 +195,27 @@ class Engine {
         s.registered = true;
       }
       absl::StatusOr<int32_t> work = timed([&] { return alloc_.admit(id); });
-      if (absl::IsResourceExhausted(work.status())) break;
+      if (absl::IsResourceExhausted(work.status())) {
+        last_admit_error_ = std::string(work.status().message());
+        break;
+      }
       if (!work.ok()) return fail("admit", id, work.status());
       waiting_.pop_front();
       s.state = State::kRunning;
       running_.push_back(id);
       scheduled_.push_back(id);
       prefill_tokens += *work;
-      // Parallel samples and beams share the prompt: fork after its prefill.
+      // Parallel samples and beams share the prompt: fork after its prefill. (Copies:
+      // emplace() below may rehash seqs_ and move `s`.)
+      const int32_t request = s.request;
+      const int32_t generated = s.generated;
       for (; g.forks_pending > 0; --g.forks_pending) {
         const SeqId child = next_id_++;
         absl::Status f = timed([&] { return alloc_.fork(id, child); });
         if (!f.ok()) return fail("fork", id, f);
-        seqs_.emplace(child, Seq{.request = s.request,
+        seqs_.emplace(child, Seq{.request = request,
                                  .sample = g.next_sample++,
-                                 .generated = s.generated,
+                                 .generated = generated,
                                  .state = State::kRunning,
                                  .registered = true});
         g.members.push_back(child);
@@ -216,6 +224,10 @@ class Engine {
         scheduled_.push_back(child);
       }
     }
+    timed([&] {
+      alloc_.run_copies();
+      return 0;
+    });
     if (scheduled_.empty()) {
       rebuild_running();
       return absl::OkStatus();
@@ -422,6 +434,7 @@ class Engine {
   std::vector<SeqId> active_;
   std::vector<int32_t> beam_groups_;
   std::vector<StepRecord> steps_;
+  std::string last_admit_error_;
 };
 
 }  // namespace

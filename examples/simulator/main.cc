@@ -28,10 +28,10 @@ block size. Runs the eviction study (LRU on BlockPool vs Belady) on the Mooncake
 
   --traces-dir DIR      shipped traces (default: $PAGEDKV_TRACES_DIR, else ../shared/traces
                         next to the source tree)
-  --trace NAME|PATH     a trace to replay (repeatable; .csv Azure, .jsonl Mooncake).
-                        Default: the three shipped traces.
-  --synthetic           also replay the synthetic workload (shared system prompts,
-                        parallel samples, beams)
+  --trace NAME|PATH     a trace to replay (repeatable; .csv Azure, .jsonl Mooncake,
+                        "generated" the generator). Default: the three shipped traces.
+  --synthetic           also replay the generated workload (shared system prompts,
+                        parallel samples, beams; trace name "generated")
   --no-eviction         skip the eviction study
   --quick               first 400 requests of each trace (for tests)
   --max-requests N      first N requests of each trace

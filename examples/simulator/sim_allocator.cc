@@ -173,6 +173,12 @@ class ContiguousAllocator final : public SimAllocator {
 
   AllocatorCounters counters() const override { return {.preemptions_recompute = preemptions_}; }
 
+  std::string describe() const override {
+    return absl::StrCat(seqs_.size(), " sequences, ", arena_.reserved_slots(), " of ",
+                        arena_.num_slots(), " slots reserved, largest hole ",
+                        arena_.largest_hole());
+  }
+
  private:
   struct Seq {
     int32_t num_tokens = 0;
@@ -250,15 +256,30 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
   }
 
   absl::StatusOr<int32_t> admit(SeqId seq) override {
+    // A sequence whose admission failed keeps its matched prefix (match_prefix() takes
+    // references) so that retrying next step neither rehashes nor recounts it. Only the
+    // queue head retries; any other holder (the head changed because a preempted sequence
+    // was queued in front) gives its blocks back, or waiting sequences could pin the pool.
+    if (!matched_.empty() && !matched_.contains(seq)) {
+      std::vector<SeqId> holders;
+      for (const auto& [id, cached] : matched_) holders.push_back(id);
+      for (SeqId other : holders) {
+        if (absl::Status s = release_match(other); !s.ok()) return s;
+      }
+    }
     if (!matched_.contains(seq)) {
       absl::StatusOr<int32_t> cached = manager_->match_prefix(seq);
       if (!cached.ok()) return cached.status();
-      matched_.insert(seq);
+      matched_.emplace(seq, *cached);
     }
     absl::StatusOr<int32_t> work = uncomputed(seq);
     if (!work.ok()) return work.status();
     absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, *work);
     if (!slots.ok()) return slots.status();  // ResourceExhausted: keeps its matched prefix
+    // Prefix statistics count admitted prefills only, not retries.
+    const int32_t cached = matched_.at(seq);
+    query_tokens_ += cached + *work;
+    hit_tokens_ += cached;
     matched_.erase(seq);
     return *work;
   }
@@ -283,6 +304,11 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
   }
 
   absl::Status swap_in(SeqId seq) override { return manager_->swap_in(seq); }
+
+  void run_copies() override {
+    (void)manager_->take_pending_swaps();
+    (void)manager_->take_pending_copies();
+  }
 
   absl::Status append(SeqId seq, TokenId token) override {
     return manager_->append_tokens(seq, std::span<const TokenId>(&token, 1));
@@ -314,15 +340,15 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
       if (c % bs != 0 && partial_.insert(v->block_table[used - 1]).second) empty += bs - c % bs;
     };
     for (SeqId id : running) account(id);
-    for (SeqId id : matched_) account(id);
+    for (const auto& [id, cached] : matched_) account(id);
     u.token_slots = u.reserved_slots - empty;
     return u;
   }
 
   AllocatorCounters counters() const override {
     const KvCacheManager::Stats s = manager_->stats();
-    return {.prefix_query_tokens = s.prefix_query_tokens,
-            .prefix_hit_tokens = s.prefix_hit_tokens,
+    return {.prefix_query_tokens = query_tokens_,
+            .prefix_hit_tokens = hit_tokens_,
             .evictions = s.evictions,
             .preemptions_recompute = s.preemptions_recompute,
             .preemptions_swap = s.preemptions_swap,
@@ -330,7 +356,13 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
             .blocks_swapped_out = s.blocks_swapped_out};
   }
 
-  const KvCacheManager& manager() const { return *manager_; }
+  std::string describe() const override {
+    const KvCacheManager::Stats s = manager_->stats();
+    return absl::StrCat(manager_->num_sequences(), " sequences (",
+                        manager_->running_sequences().size(), " running, ", matched_.size(),
+                        " holding a matched prefix), ", s.used_blocks, " of ", s.num_blocks,
+                        " blocks used");
+  }
 
  private:
   PagedAllocator() = default;
@@ -341,9 +373,22 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     return static_cast<int32_t>(v->tokens.size()) - v->num_computed_tokens;
   }
 
+  // Drops the prefix a waiting sequence matched: the manager has no "unmatch", so the
+  // sequence is freed and registered again with the same tokens.
+  absl::Status release_match(SeqId seq) {
+    absl::StatusOr<SequenceView> v = manager_->sequence(seq);
+    if (!v.ok()) return v.status();
+    const std::vector<TokenId> tokens(v->tokens.begin(), v->tokens.end());
+    matched_.erase(seq);
+    if (absl::Status s = manager_->free(seq); !s.ok()) return s;
+    return manager_->add_sequence(seq, tokens);
+  }
+
   std::optional<KvCacheManager> manager_;
   int32_t block_size_ = 16;
-  absl::flat_hash_set<SeqId> matched_;  // waiting, holding a matched prefix
+  absl::flat_hash_map<SeqId, int32_t> matched_;  // waiting, holding a matched prefix (tokens)
+  int64_t query_tokens_ = 0;                     // prompt tokens of admitted prefills
+  int64_t hit_tokens_ = 0;                       // of those, served from the prefix cache
   mutable absl::flat_hash_set<BlockId> partial_;
 };
 

@@ -43,8 +43,8 @@ struct AllocatorUsage {
 };
 
 struct AllocatorCounters {
-  int64_t prefix_query_tokens = 0;
-  int64_t prefix_hit_tokens = 0;
+  int64_t prefix_query_tokens = 0;  // tokens of admitted prefills (re-prefills included)
+  int64_t prefix_hit_tokens = 0;    // of those, claimed from the prefix cache
   int64_t evictions = 0;
   int64_t preemptions_recompute = 0;
   int64_t preemptions_swap = 0;
@@ -93,9 +93,16 @@ class SimAllocator {
   [[nodiscard]] virtual absl::Status fork(SeqId parent, SeqId child) = 0;
   [[nodiscard]] virtual absl::Status free(SeqId seq) = 0;
 
+  // Hands this step's block copies (copy-on-write, swap) to the "engine", as a real
+  // engine does before its kernels run; the paged allocator releases blocks that a
+  // pending copy still named only then.
+  virtual void run_copies() {}
+
   // Memory held by `running` sequences (and any the allocator holds for admission).
   virtual AllocatorUsage usage(std::span<const SeqId> running) const = 0;
   virtual AllocatorCounters counters() const = 0;
+  // A one-line state summary for error messages.
+  virtual std::string describe() const = 0;
 
  protected:
   void notify_preempted(SeqId seq, PreemptionMode mode) {

@@ -116,7 +116,12 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
   report.bytes_per_token = options.spec.bytes_per_token();
   report.quick = options.quick;
   bool eviction_done = !options.eviction;
+  bool synthetic = options.synthetic;
   for (const std::string& name : options.traces) {
+    if (name == "generated" || name == "synthetic") {
+      synthetic = true;
+      continue;
+    }
     const std::string path = resolve_trace_path(options, name);
     absl::StatusOr<Trace> trace = read_trace(path);
     if (!trace.ok()) return trace.status();
@@ -134,7 +139,7 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
     if (!run.ok()) return run.status();
     report.runs.push_back(std::move(*run));
   }
-  if (options.synthetic) {
+  if (synthetic) {
     absl::StatusOr<Trace> trace = generate_synthetic(options.synthetic_options);
     if (!trace.ok()) return trace.status();
     absl::StatusOr<TraceRun> run = run_trace(std::move(*trace), TraceKind::kSynthetic, options);

@@ -230,5 +230,247 @@ TEST_CASE("Belady beats LRU on a cyclic stream that LRU always misses", "[simula
   CHECK(absl::IsInvalidArgument(replay_lru({{1, 2, 3}}, 2).status()));
 }
 
+// --- engine model ------------------------------------------------------------------------
+
+Trace one_request_trace() {
+  Trace t;
+  t.name = "one";
+  t.requests = {make_request(10, 3)};
+  return t;
+}
+
+TEST_CASE("engine: utilization is token slots over reserved slots, step by step", "[simulator]") {
+  // One request, prompt 10, output 3: step 1 computes the prompt (10 tokens), steps 2
+  // and 3 one generated token each (11, 12 tokens). Paged with 4-token blocks holds
+  // 3 blocks = 12 slots throughout; contiguous-max reserves max_model_len = 16.
+  const Trace trace = one_request_trace();
+  EngineOptions engine;  // 20 ms per step + 50 ms per 1,000 prompt tokens
+  const double dt1 = 0.020 + 0.050 * 10 / 1000, dt = 0.020;
+  const double paged_mean = (10.0 / 12 * dt1 + 11.0 / 12 * dt + 12.0 / 12 * dt) / (dt1 + 2 * dt);
+  const double max_mean = (10.0 / 16 * dt1 + 11.0 / 16 * dt + 12.0 / 16 * dt) / (dt1 + 2 * dt);
+  for (AllocatorKind kind : {AllocatorKind::kPaged, AllocatorKind::kPagedPrefix,
+                             AllocatorKind::kContiguousMax, AllocatorKind::kContiguousOracle}) {
+    AllocatorSetup setup;
+    setup.config = {.kind = kind, .block_size = 4};
+    setup.budget_tokens = 64;
+    setup.max_model_len = 16;
+    setup.watermark_fraction = 0;
+    absl::StatusOr<EngineResult> r = run_engine(trace, setup, engine);
+    REQUIRE(r.ok());
+    INFO(r->allocator);
+    CHECK(r->completed == 1);
+    CHECK(r->steps == 3);
+    CHECK(r->generated_tokens == 3);
+    CHECK(r->sim_time_s == Approx(dt1 + 2 * dt));
+    CHECK(r->peak_concurrency == 1);
+    CHECK(r->preemptions == 0);
+    // Oracle reserves prompt + output - 1 = 12 slots: the same as three 4-token blocks.
+    CHECK(r->mean_utilization ==
+          Approx(kind == AllocatorKind::kContiguousMax ? max_mean : paged_mean));
+  }
+}
+
+TEST_CASE("engine: a pool too small for two growing requests preempts and still finishes",
+          "[simulator]") {
+  // Two requests of 6 prompt + 12 output tokens in 6 blocks of 4 tokens: both are
+  // admitted (2 blocks each), then decode needs 5 blocks each, so one is preempted
+  // (recompute) and resumes after the other finishes.
+  Trace t;
+  t.name = "two";
+  t.requests = {make_request(6, 12), make_request(6, 12)};
+  AllocatorSetup setup;
+  setup.config = {.kind = AllocatorKind::kPaged, .block_size = 4};
+  setup.budget_tokens = 24;
+  setup.max_model_len = 32;
+  setup.watermark_fraction = 0;
+  absl::StatusOr<EngineResult> r = run_engine(t, setup, EngineOptions{});
+  REQUIRE(r.ok());
+  CHECK(r->completed == 2);
+  CHECK(r->preemptions >= 1);
+  CHECK(r->generated_tokens >= 24);
+  CHECK(r->peak_concurrency == 2);
+
+  // Swap mode with host space: the victim is swapped out and back instead.
+  setup.preemption_mode = PreemptionMode::kSwap;
+  setup.host_budget_tokens = 64;
+  absl::StatusOr<EngineResult> swapped = run_engine(t, setup, EngineOptions{});
+  REQUIRE(swapped.ok());
+  CHECK(swapped->completed == 2);
+  CHECK(swapped->preemptions_swap >= 1);
+  CHECK(swapped->generated_tokens == 24);  // nothing recomputed
+}
+
+TEST_CASE("engine: requests that can never fit are rejected, bad traces refused", "[simulator]") {
+  Trace t;
+  t.name = "big";
+  t.requests = {make_request(40, 2), make_request(4, 2)};
+  AllocatorSetup setup;
+  setup.config = {.kind = AllocatorKind::kPaged, .block_size = 4};
+  setup.budget_tokens = 32;
+  setup.max_model_len = 64;
+  absl::StatusOr<EngineResult> r = run_engine(t, setup, EngineOptions{});
+  REQUIRE(r.ok());
+  CHECK(r->rejected == 1);
+  CHECK(r->completed == 1);
+  setup.max_model_len = 16;
+  absl::StatusOr<EngineResult> bad = run_engine(t, setup, EngineOptions{});
+  REQUIRE(absl::IsInvalidArgument(bad.status()));
+  CHECK(std::string(bad.status().message()).find("request 0") != std::string::npos);
+}
+
+TEST_CASE("engine: parallel samples share the prompt only when paged", "[simulator]") {
+  // One request with 4 samples, prompt 64, output 8. Paged (no prefix caching) shares
+  // the prompt's blocks between the forks; contiguous copies it into 4 reservations.
+  Trace t;
+  t.name = "n4";
+  t.requests = {make_request(64, 8)};
+  t.requests[0].num_samples = 4;
+  for (AllocatorKind kind : {AllocatorKind::kPaged, AllocatorKind::kContiguousOracle}) {
+    AllocatorSetup setup;
+    setup.config = {.kind = kind, .block_size = 16};
+    setup.budget_tokens = 1024;
+    setup.max_model_len = 128;
+    absl::StatusOr<EngineResult> r = run_engine(t, setup, EngineOptions{});
+    REQUIRE(r.ok());
+    INFO(r->allocator);
+    CHECK(r->completed == 1);
+    CHECK(r->generated_tokens == 32);
+    if (kind == AllocatorKind::kPaged) {
+      // The 64-token prompt fills 4 blocks exactly, so the samples share them and each
+      // appends into a block of its own: no copy-on-write.
+      CHECK(r->cow_copies == 0);
+      CHECK(r->mean_utilization > 0.6);
+    } else {
+      CHECK(r->mean_utilization > 0.85);
+    }
+  }
+}
+
+// --- quick runs on the shipped traces -------------------------------------------------------
+
+SimOptions quick_options() {
+  SimOptions o;
+  o.traces_dir = traces_dir();
+  o.quick = true;
+  o.eviction = false;
+  return o;
+}
+
+const EngineResult& find_result(const TraceRun& run, const std::string& name) {
+  for (const EngineResult& r : run.results) {
+    if (r.allocator == name) return r;
+  }
+  FAIL("no allocator " << name);
+  return run.results.front();
+}
+
+// Properties every quick run must show: all requests served, paging keeps ~all reserved
+// memory busy, contiguous max reservation wastes most of it, and paging runs more
+// requests at once.
+void check_paging_beats_contiguous(const TraceRun& run, int32_t contiguous_slots) {
+  REQUIRE(run.results.size() == 8);
+  for (const EngineResult& r : run.results) {
+    INFO(run.trace << " " << r.allocator);
+    CHECK(r.completed + r.rejected == r.requests);
+    CHECK(r.rejected == 0);
+    CHECK(r.mean_utilization <= 1.0);
+    CHECK(r.allocator_ns_per_step == 0);  // not measured in tests
+  }
+  const EngineResult& max = find_result(run, "contiguous-max");
+  const EngineResult& oracle = find_result(run, "contiguous-oracle");
+  CHECK(max.peak_concurrency == contiguous_slots);
+  CHECK(max.mean_utilization < 0.35);
+  for (int32_t bs : {8, 16, 32}) {
+    for (const char* kind : {"paged/", "paged+prefix/"}) {
+      const EngineResult& paged = find_result(run, kind + std::to_string(bs));
+      INFO(paged.allocator);
+      CHECK(paged.mean_utilization > 0.97);
+      CHECK(paged.mean_utilization > oracle.mean_utilization);
+      CHECK(paged.peak_concurrency >= 4 * max.peak_concurrency);
+      CHECK(paged.mean_concurrency > 2.5 * max.mean_concurrency);
+      CHECK(paged.throughput_rps > max.throughput_rps);
+    }
+  }
+  // Larger blocks waste more of each sequence's last block.
+  CHECK(find_result(run, "paged/8").mean_utilization >=
+        find_result(run, "paged/16").mean_utilization);
+  CHECK(find_result(run, "paged/16").mean_utilization >=
+        find_result(run, "paged/32").mean_utilization);
+  CHECK(find_result(run, "paged/16").prefix_hit_tokens == 0);
+}
+
+TEST_CASE("quick run on the Azure code trace: paging beats contiguous reservation", "[simulator]") {
+  const std::string path = trace_path("AzureLLMInferenceTrace_code.csv");
+  if (path.empty()) return;
+  absl::StatusOr<Trace> trace = read_trace(path);
+  REQUIRE(trace.ok());
+  REQUIRE(trace->requests.size() == 8819);
+  absl::StatusOr<TraceRun> run = run_trace(*trace, TraceKind::kAzure, quick_options());
+  REQUIRE(run.ok());
+  CHECK(run->requests == 400);
+  CHECK(run->budget_tokens == 65536);  // 8 GiB at 128 KiB per token
+  check_paging_beats_contiguous(*run, 65536 / 8192);
+  const EngineResult& max = find_result(*run, "contiguous-max");
+  CHECK(max.mean_utilization == Approx(0.317).margin(0.01));
+}
+
+TEST_CASE("quick run on the Azure conv trace: paging beats contiguous reservation", "[simulator]") {
+  const std::string path = trace_path("AzureLLMInferenceTrace_conv.csv");
+  if (path.empty()) return;
+  absl::StatusOr<Trace> trace = read_trace(path);
+  REQUIRE(trace.ok());
+  REQUIRE(trace->requests.size() == 19366);
+  absl::StatusOr<TraceRun> run = run_trace(*trace, TraceKind::kAzure, quick_options());
+  REQUIRE(run.ok());
+  check_paging_beats_contiguous(*run, 65536 / 8192);
+  const EngineResult& max = find_result(*run, "contiguous-max");
+  CHECK(max.mean_utilization == Approx(0.137).margin(0.01));
+  // Conversation outputs are long: paging serves several times more requests per second.
+  CHECK(find_result(*run, "paged/16").throughput_rps > 3 * max.throughput_rps);
+}
+
+TEST_CASE("quick run on the Mooncake trace: prefix caching hits shared prefixes", "[simulator]") {
+  const std::string path = trace_path("synthetic_trace.jsonl");
+  if (path.empty()) return;
+  absl::StatusOr<Trace> trace = read_trace(path);
+  REQUIRE(trace.ok());
+  absl::StatusOr<TraceRun> run = run_trace(*trace, TraceKind::kMooncake, quick_options());
+  REQUIRE(run.ok());
+  CHECK(run->budget_tokens == 524288);  // 64 GiB
+  check_paging_beats_contiguous(*run, 524288 / 131072);
+  for (int32_t bs : {8, 16, 32}) {
+    const EngineResult& prefix = find_result(*run, "paged+prefix/" + std::to_string(bs));
+    INFO(prefix.allocator);
+    CHECK(prefix.prefix_hit_tokens > 0);
+    CHECK(prefix.prefix_hit_tokens <= prefix.prefix_query_tokens);
+    CHECK(prefix.evictions > 0);
+  }
+}
+
+TEST_CASE("quick run on the generated workload: prefix caching multiplies concurrency",
+          "[simulator]") {
+  SimOptions o = quick_options();
+  o.traces.clear();
+  o.synthetic = true;
+  absl::StatusOr<SimReport> report = run_simulation(o);
+  REQUIRE(report.ok());
+  REQUIRE(report->runs.size() == 1);
+  const TraceRun& run = report->runs[0];
+  CHECK(run.trace == "generated");
+  const EngineResult& paged = find_result(run, "paged/16");
+  const EngineResult& prefix = find_result(run, "paged+prefix/16");
+  CHECK(prefix.completed == 400);
+  CHECK(prefix.prefix_hit_rate() > 0.5);  // 80% of prompts start with a 1,024-token system prompt
+  CHECK(prefix.peak_concurrency > paged.peak_concurrency);
+  CHECK(prefix.throughput_rps > paged.throughput_rps);
+  CHECK(paged.cow_copies > 0);  // beams fork mid-block
+  // The JSON and the SVG carry every allocator.
+  const std::string json = to_json(*report);
+  const std::string svg = to_svg(*report);
+  CHECK(json.find("\"name\": \"paged+prefix/32\"") != std::string::npos);
+  CHECK(svg.rfind("<svg", 0) == 0);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  CHECK(svg.find("contiguous-max") != std::string::npos);
+}
 }  // namespace
 }  // namespace pagedkv::sim

@@ -53,7 +53,7 @@ absl::StatusOr<Trace> generate_synthetic(const SyntheticOptions& o) {
   std::exponential_distribution<double> gap(o.rate_per_s);
   std::uniform_real_distribution<double> unit(0, 1);
   Trace trace;
-  trace.name = "synthetic";
+  trace.name = "generated";
   double t = 0;
   for (int32_t i = 0; i < o.num_requests; ++i) {
     Request r;

@@ -33,7 +33,9 @@ struct SyntheticOptions {
   uint64_t seed = 1;
 };
 
-// Generates a trace named "synthetic". Errors: InvalidArgument naming the bad option.
+// Generates a trace named "generated" (not to be confused with Mooncake's
+// synthetic_trace.jsonl, which the reader names "mooncake_synthetic_trace"). Errors:
+// InvalidArgument naming the bad option.
 [[nodiscard]] absl::StatusOr<Trace> generate_synthetic(const SyntheticOptions& options);
 
 }  // namespace pagedkv::sim

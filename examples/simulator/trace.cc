@@ -367,7 +367,7 @@ absl::StatusOr<Trace> read_azure_csv(const std::string& path) {
 absl::StatusOr<Trace> read_mooncake_jsonl(const std::string& path) {
   absl::StatusOr<std::string> text = read_file(path);
   if (!text.ok()) return text.status();
-  return parse_mooncake_jsonl(*text, stem(path));
+  return parse_mooncake_jsonl(*text, absl::StrCat("mooncake_", stem(path)));
 }
 
 absl::StatusOr<Trace> read_trace(const std::string& path) {
