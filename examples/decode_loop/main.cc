@@ -47,6 +47,8 @@ verification of 4 sequences against a dense no-cache reference.
   --max-running N             sequences decoding at once (default 256)
   --max-prefill-tokens N      prompt tokens per step (default 2048)
   --layers N                  transformer layers (default 2)
+  --d-model N                 model width (default 256)
+  --ffn-dim N                 SwiGLU hidden width (default 768)
   --seed N                    weights, prompts and sampling (default 1)
   --trace PATH                replay a trace (Mooncake .jsonl or Azure .csv)
   --trace-scale F             multiply trace lengths by F (default 0.015625 = 1/64)
@@ -63,6 +65,8 @@ struct Flags {
   std::string kv_dtype = "fp32";
   std::string preemption = "mixed";
   int32_t layers = 2;
+  int32_t d_model = ModelConfig{}.d_model;
+  int32_t ffn_dim = ModelConfig{}.ffn_dim;
   int32_t verify = 4;
   bool json = false;
   int32_t max_running = 256;
@@ -121,6 +125,10 @@ Flags parse(int argc, char** argv) {
       as_int(&f.max_prefill_tokens);
     } else if (arg == "--layers") {
       as_int(&f.layers);
+    } else if (arg == "--d-model") {
+      as_int(&f.d_model);
+    } else if (arg == "--ffn-dim") {
+      as_int(&f.ffn_dim);
     } else if (arg == "--seed") {
       int64_t seed = 0;
       if (!absl::SimpleAtoi(value, &seed)) fail(absl::StrCat(arg, ": not an integer: ", value));
@@ -181,6 +189,8 @@ int run(int argc, char** argv) {
 
   ModelConfig config;
   config.num_layers = flags.layers;
+  config.d_model = flags.d_model;
+  config.ffn_dim = flags.ffn_dim;
   config.seed = flags.workload.seed;
   if (absl::Status s = validate(config); !s.ok()) fail(std::string(s.message()));
   flags.workload.vocab_size = config.vocab_size;
