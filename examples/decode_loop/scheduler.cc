@@ -210,6 +210,7 @@ absl::Status Engine::schedule_waiting() {
     rec.where = Where::kRunning;
     running_.push_back(seq);
     scheduled_.insert(seq);
+    if (rec.first_cached_tokens < 0) rec.first_cached_tokens = *cached;
     stats_.admit_query_tokens += len;
     stats_.admit_hit_tokens += *cached;
     if (rec.num_generated() > 0) stats_.recompute_tokens += num_new;

@@ -75,7 +75,8 @@ struct SequenceRecord {
   bool in_manager = false;
   int32_t recompute_preemptions = 0;
   int32_t swap_preemptions = 0;
-  bool forked = false;  // created by fork()
+  bool forked = false;               // created by fork()
+  int32_t first_cached_tokens = -1;  // prefix-cache hit at its first admission (-1: none yet)
 
   int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
 };

@@ -42,7 +42,8 @@ absl::StatusOr<VerifyResult> verify(const Model& model, const Engine& engine, in
   pick("swap-preempted", [](const SequenceRecord& r) { return r.swap_preemptions > 0; });
   pick("recompute-preempted", [](const SequenceRecord& r) { return r.recompute_preemptions > 0; });
   pick("forked sample", [](const SequenceRecord& r) { return r.forked; });
-  pick("prefix-cache hit", [](const SequenceRecord& r) { return r.request > 0 && !r.forked; });
+  pick("prefix-cache hit",
+       [](const SequenceRecord& r) { return !r.forked && r.first_cached_tokens > 0; });
   // Then spread over the rest, and fill up in order if the stride fell short.
   auto add = [&](const SequenceRecord* rec) {
     if (picked.insert(rec->seq).second) {
