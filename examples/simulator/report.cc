@@ -60,7 +60,7 @@ constexpr const char* kColors[] = {"#d62728", "#ff7f0e", "#1f77b4", "#17becf", "
 double nice_max(double x) {
   if (x <= 0) return 1;
   const double p = std::pow(10, std::floor(std::log10(x)));
-  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0}) {
+  for (double m : {1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0}) {
     if (m * p >= x) return m * p;
   }
   return 10 * p;
