@@ -1,0 +1,312 @@
+// CUDA paged decode attention benchmark: microseconds, bytes moved (q + k + v + o) and
+// percentage of peak HBM bandwidth for batch {1, 16, 64, 256} x context {512, 2K, 8K,
+// 32K} x GQA group {1, 4, 8} x KV {bf16, fp8 e4m3} (q/out bf16, 8 KV heads, head_dim 128,
+// block_size 16, split-K planned automatically).
+//
+// Method: cold L2 (each run reads a different set of blocks: the runs rotate over enough
+// disjoint block tables to cover 3x the L2 size), no reused blocks (every sequence's
+// blocks are distinct, a random permutation of the pool), each run timed with CUDA events
+// around one CUDA-graph launch of the call (no host overhead inside the interval), median
+// of at least 100 runs after warm-up.
+//
+// Usage: decode_kernel_bench [--json=PATH] [--runs=N] [--peak_gbps=G]
+//   Peak bandwidth: 4800 GB/s (H200) unless --peak_gbps says otherwise.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagedkv/attention.h"
+#include "pagedkv/decode_plan.h"
+#include "pagedkv/numeric.h"
+
+namespace {
+
+using pagedkv::DType;
+
+constexpr int32_t kHeadDim = 128;
+constexpr int32_t kNumKvHeads = 8;
+constexpr int32_t kBlockSize = 16;
+
+#define CHECK_CUDA(expr)                                                 \
+  do {                                                                   \
+    const cudaError_t err_ = (expr);                                     \
+    if (err_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(err_));                            \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (false)
+
+// Bytes in [0, 0x3f]: finite whether read as bf16 pairs or as fp8 e4m3.
+__global__ void fill_kernel(uint8_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    p[i] = static_cast<uint8_t>(x & 0x3fu);
+  }
+}
+
+void fill(void* p, int64_t bytes, uint32_t seed) {
+  fill_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), bytes, seed);
+  CHECK_CUDA(cudaGetLastError());
+}
+
+struct Result {
+  int32_t batch, context, group;
+  std::string kv;
+  int32_t num_splits;
+  double us, bytes, pct;
+  bool graph;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path = "decode_kernel_bench.json";
+  int runs = 100;
+  double peak_gbps = 4800.0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--json=", 0) == 0) json_path = a.substr(7);
+    if (a.rfind("--runs=", 0) == 0) runs = std::max(100, std::atoi(a.c_str() + 7));
+    if (a.rfind("--peak_gbps=", 0) == 0) peak_gbps = std::atof(a.c_str() + 12);
+  }
+  if (!pagedkv::cuda_device_available()) {
+    std::printf("decode_kernel_bench: skipped, %s\n", pagedkv::cuda_unavailable_reason().c_str());
+    return 0;
+  }
+  int device = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  int l2_bytes = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  std::printf("device: %s, %d SMs, L2 %d MiB, peak %.0f GB/s\n", prop.name,
+              prop.multiProcessorCount, l2_bytes >> 20, peak_gbps);
+
+  const std::vector<int32_t> batches = {1, 16, 64, 256};
+  const std::vector<int32_t> contexts = {512, 2048, 8192, 32768};
+  const std::vector<int32_t> groups = {1, 4, 8};
+  const std::vector<DType> kv_dtypes = {DType::kBFloat16, DType::kFloat8E4M3};
+
+  // One K and one V pool sized for the largest configuration (bf16, batch 256 x 32K), or
+  // for 3x L2 of rotation, whichever is larger.
+  const int64_t largest = int64_t{256} * 32768 * kNumKvHeads * kHeadDim * 2;  // per pool
+  const int64_t pool_bytes = std::max<int64_t>(largest, int64_t{3} * l2_bytes);
+  void* k_pool = nullptr;
+  void* v_pool = nullptr;
+  CHECK_CUDA(cudaMalloc(&k_pool, pool_bytes));
+  CHECK_CUDA(cudaMalloc(&v_pool, pool_bytes));
+  fill(k_pool, pool_bytes, 1);
+  fill(v_pool, pool_bytes, 2);
+  const int32_t max_q = 256 * kNumKvHeads * 8 * kHeadDim;
+  void* q = nullptr;
+  void* out = nullptr;
+  CHECK_CUDA(cudaMalloc(&q, sizeof(uint16_t) * max_q));
+  CHECK_CUDA(cudaMalloc(&out, sizeof(uint16_t) * max_q));
+  fill(q, sizeof(uint16_t) * max_q, 3);
+  const float scales[2] = {0.05f, 0.05f};
+  float* d_scales = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_scales, sizeof(scales)));
+  CHECK_CUDA(cudaMemcpy(d_scales, scales, sizeof(scales), cudaMemcpyHostToDevice));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::mt19937 rng(7);
+  std::vector<Result> results;
+
+  std::printf("%-5s %-7s %-5s %-5s %-6s %10s %12s %7s\n", "batch", "context", "group", "kv",
+              "splits", "us", "MB moved", "% peak");
+  for (DType kv_dtype : kv_dtypes) {
+    const int64_t elem = pagedkv::bytes_per_element(kv_dtype);
+    const int64_t block_bytes = int64_t{kNumKvHeads} * kBlockSize * kHeadDim * elem;
+    const int32_t pool_blocks = static_cast<int32_t>(pool_bytes / block_bytes);
+    const pagedkv::KvCacheView view = pagedkv::make_kv_cache_view(
+        k_pool, v_pool, kv_dtype, pool_blocks, kNumKvHeads, kBlockSize, kHeadDim);
+    for (int32_t batch : batches) {
+      for (int32_t context : contexts) {
+        const int32_t blocks_per_seq = context / kBlockSize;
+        const int64_t kv_bytes = int64_t{batch} * context * kNumKvHeads * kHeadDim * elem * 2;
+        const int64_t needed = int64_t{batch} * blocks_per_seq;
+        const int32_t rotations = static_cast<int32_t>(
+            std::clamp<int64_t>(std::min<int64_t>((int64_t{3} * l2_bytes + kv_bytes - 1) / kv_bytes,
+                                                  pool_blocks / needed),
+                                1, 64));
+        // Disjoint random block sets, one table per rotation.
+        std::vector<int32_t> ids(pool_blocks);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        std::vector<int32_t> tables(ids.begin(), ids.begin() + needed * rotations);
+        std::vector<int32_t> lens(batch, context);
+        int32_t* d_tables = nullptr;
+        int32_t* d_lens = nullptr;
+        CHECK_CUDA(cudaMalloc(&d_tables, sizeof(int32_t) * tables.size()));
+        CHECK_CUDA(cudaMalloc(&d_lens, sizeof(int32_t) * batch));
+        CHECK_CUDA(cudaMemcpy(d_tables, tables.data(), sizeof(int32_t) * tables.size(),
+                              cudaMemcpyHostToDevice));
+        CHECK_CUDA(
+            cudaMemcpy(d_lens, lens.data(), sizeof(int32_t) * batch, cudaMemcpyHostToDevice));
+        for (int32_t group : groups) {
+          const int32_t hq = kNumKvHeads * group;
+          const bool fp8 = kv_dtype == DType::kFloat8E4M3;
+          pagedkv::DecodeArgs args{.q = q,
+                                   .out = out,
+                                   .dtype = DType::kBFloat16,
+                                   .num_q_heads = hq,
+                                   .maybe_k_scale = fp8 ? d_scales : nullptr,
+                                   .maybe_v_scale = fp8 ? d_scales + 1 : nullptr,
+                                   .max_context_len = context};
+          pagedkv::BlockTableView table{d_tables, d_lens, batch, blocks_per_seq, kBlockSize};
+          const pagedkv::DecodePlan plan =
+              pagedkv::plan_decode_for(pagedkv::Device::kCuda, view, table, args);
+          const int64_t ws_bytes = pagedkv::decode_workspace_bytes(plan, batch, hq, kHeadDim);
+          void* workspace = nullptr;
+          if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&workspace, ws_bytes));
+          const pagedkv::DecodeOptions options{.num_splits = plan.num_splits,
+                                               .maybe_workspace = workspace,
+                                               .workspace_bytes = ws_bytes,
+                                               .stream = stream};
+          // One graph per rotation; fall back to direct calls if capture is refused.
+          std::vector<cudaGraphExec_t> graphs;
+          bool use_graph = true;
+          for (int32_t r = 0; r < rotations && use_graph; ++r) {
+            table.block_table = d_tables + int64_t{r} * needed;
+            cudaGraph_t graph;
+            if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+              use_graph = false;
+              break;
+            }
+            const absl::Status st =
+                pagedkv::paged_decode_attention(pagedkv::Device::kCuda, view, table, args, options);
+            const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+            cudaGraphExec_t exec;
+            if (!st.ok() || end != cudaSuccess ||
+                cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+              cudaGetLastError();
+              use_graph = false;
+              break;
+            }
+            cudaGraphDestroy(graph);
+            graphs.push_back(exec);
+          }
+          auto launch = [&](int32_t r) {
+            if (use_graph) {
+              CHECK_CUDA(cudaGraphLaunch(graphs[r], stream));
+              return;
+            }
+            table.block_table = d_tables + int64_t{r} * needed;
+            const absl::Status st =
+                pagedkv::paged_decode_attention(pagedkv::Device::kCuda, view, table, args, options);
+            if (!st.ok()) {
+              std::fprintf(stderr, "%s\n", st.ToString().c_str());
+              std::exit(1);
+            }
+          };
+          for (int i = 0; i < 5; ++i) launch(i % rotations);
+          std::vector<float> times;
+          for (int i = 0; i < runs; ++i) {
+            CHECK_CUDA(cudaEventRecord(start, stream));
+            launch(i % rotations);
+            CHECK_CUDA(cudaEventRecord(stop, stream));
+            CHECK_CUDA(cudaEventSynchronize(stop));
+            float ms = 0;
+            CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+            times.push_back(ms);
+          }
+          std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+          const double us = 1000.0 * times[times.size() / 2];
+          const double bytes = static_cast<double>(kv_bytes) + 2.0 * batch * hq * kHeadDim * 2;
+          const double pct = 100.0 * bytes / (us * 1e-6) / (peak_gbps * 1e9);
+          results.push_back({batch, context, group, pagedkv::dtype_name(kv_dtype), plan.num_splits,
+                             us, bytes, pct, use_graph});
+          std::printf("%-5d %-7d %-5d %-5s %-6d %10.2f %12.2f %6.1f%%%s\n", batch, context, group,
+                      fp8 ? "fp8" : "bf16", plan.num_splits, us, bytes / 1e6, pct,
+                      use_graph ? "" : " (direct launch)");
+          std::fflush(stdout);
+          for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
+          if (workspace != nullptr) CHECK_CUDA(cudaFree(workspace));
+        }
+        CHECK_CUDA(cudaFree(d_tables));
+        CHECK_CUDA(cudaFree(d_lens));
+      }
+    }
+  }
+
+  // Targets of the issue.
+  auto find = [&](int32_t b, int32_t c, int32_t g, const char* kv) -> const Result* {
+    for (const Result& r : results) {
+      if (r.batch == b && r.context == c && r.group == g && r.kv == kv) return &r;
+    }
+    return nullptr;
+  };
+  std::printf("\ntargets:\n");
+  bool all = true;
+  auto report = [&](const std::string& what, bool ok) {
+    all = all && ok;
+    std::printf("  [%s] %s\n", ok ? "met" : "MISSED", what.c_str());
+  };
+  for (int32_t g : groups) {
+    for (int32_t b : {16, 64, 256}) {
+      for (int32_t c : {8192, 32768}) {
+        const Result* r = find(b, c, g, "bf16");
+        char line[160];
+        std::snprintf(line, sizeof(line), "bf16 batch %d context %d group %d: %.1f%% >= 80%%", b, c,
+                      g, r->pct);
+        report(line, r->pct >= 80.0);
+      }
+    }
+  }
+  for (int32_t g : groups) {
+    const Result* r = find(1, 32768, g, "bf16");
+    char line[160];
+    std::snprintf(line, sizeof(line),
+                  "bf16 batch 1 context 32768 group %d (%d splits): %.1f%% >= 75%%", g,
+                  r->num_splits, r->pct);
+    report(line, r->pct >= 75.0);
+  }
+  for (int32_t b : batches) {
+    for (int32_t g : groups) {
+      const Result* bf = find(b, 32768, g, "bf16");
+      const Result* f8 = find(b, 32768, g, "fp8_e4m3");
+      char line[160];
+      std::snprintf(line, sizeof(line),
+                    "fp8 vs bf16 batch %d context 32768 group %d: %.2fx >= 1.5x", b, g,
+                    bf->us / f8->us);
+      report(line, bf->us / f8->us >= 1.5);
+    }
+  }
+
+  FILE* json = std::fopen(json_path.c_str(), "w");
+  if (json != nullptr) {
+    std::fprintf(json,
+                 "{\"device\": \"%s\", \"peak_gbps\": %.0f, \"runs\": %d, \"all_targets_met\": "
+                 "%s,\n \"results\": [\n",
+                 prop.name, peak_gbps, runs, all ? "true" : "false");
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::fprintf(json,
+                   "  {\"batch\": %d, \"context\": %d, \"group\": %d, \"kv\": \"%s\", "
+                   "\"num_splits\": %d, \"us\": %.3f, \"bytes\": %.0f, \"pct_peak\": %.2f, "
+                   "\"graph\": %s}%s\n",
+                   r.batch, r.context, r.group, r.kv.c_str(), r.num_splits, r.us, r.bytes, r.pct,
+                   r.graph ? "true" : "false", i + 1 < results.size() ? "," : "");
+    }
+    std::fprintf(json, "]}\n");
+    std::fclose(json);
+    std::printf("\nwrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
