@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared command for a machine with a GPU (sized for one H200, < 8 minutes):
-# builds the library, tests and kernel benchmark with CUDA, runs the CUDA tests ([gpu]),
-# then bench/decode_kernel_bench.cu. Writes OUT_DIR/gpu-check.log (everything printed)
+# builds the library, tests, kernel benchmark and decode-loop example with CUDA, runs the
+# CUDA tests ([gpu]), bench/decode_kernel_bench.cu, then the decode loop on the device
+# with dense verification. Writes OUT_DIR/gpu-check.log (everything printed)
 # and OUT_DIR/gpu-check.json (test summary, benchmark results, timings).
 # Usage: bash scripts/gpu-check.sh [OUT_DIR]   (default: $OUT, else ./gpu-check)
 #   PAGEDKV_CUDA_ARCH (default 90) picks the architecture compiled (80 for A100).
@@ -27,7 +28,7 @@ timeout 330 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release 
   -DCMAKE_CUDA_ARCHITECTURES="$arch" > "$out/configure.log" 2>&1 || build_rc=$?
 tail -3 "$out/configure.log"
 if [ $build_rc -eq 0 ]; then
-  timeout 330 cmake --build "$build" --target pagedkv_tests decode_kernel_bench \
+  timeout 330 cmake --build "$build" --target pagedkv_tests decode_kernel_bench pagedkv-decode \
     -j"$(nproc)" 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
   build_rc=${PIPESTATUS[0]}
 fi
@@ -51,6 +52,13 @@ if [ $build_rc -eq 0 ]; then
   timeout 200 "$build/bench/decode_kernel_bench" --json="$out/decode_kernel_bench.json"
   bench_rc=$?
 fi
+
+step "decode loop on the device"
+decode_rc=1
+if [ $build_rc -eq 0 ]; then
+  timeout 120 "$build/examples/decode_loop/pagedkv-decode" --device cuda --verify 4
+  decode_rc=$?
+fi
 total_s=$(( $(date +%s) - start ))
 
 bench_json=null
@@ -59,9 +67,9 @@ summary_json=$(printf '%s' "$tests_summary" | sed 's/\\/\\\\/g; s/"/\\"/g')
 cat > "$out/gpu-check.json" <<JSON
 {"build_rc": $build_rc, "build_s": $build_s,
  "tests_rc": $tests_rc, "tests_summary": "$summary_json", "tests_s": $(( tests_s - build_s )),
- "bench_rc": $bench_rc, "bench_s": $(( total_s - tests_s )), "total_s": $total_s,
+ "bench_rc": $bench_rc, "decode_loop_rc": $decode_rc, "total_s": $total_s,
  "bench": $bench_json}
 JSON
-step "done: build rc $build_rc, tests rc $tests_rc ($tests_summary), bench rc $bench_rc"
+step "done: build rc $build_rc, tests rc $tests_rc ($tests_summary), bench rc $bench_rc, decode loop rc $decode_rc"
 echo "wrote $out/gpu-check.log and $out/gpu-check.json"
-[ $build_rc -eq 0 ] && [ $tests_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+[ $build_rc -eq 0 ] && [ $tests_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $decode_rc -eq 0 ]
