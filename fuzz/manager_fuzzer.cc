@@ -1,0 +1,20 @@
+// libFuzzer target: the input bytes decode to manager options and a sequence of valid and
+// invalid KvCacheManager operations (tests/support/manager_ops.h), checked after every
+// operation against check_invariants(), the reference model and the KV data-flow simulation.
+// Uses the real XXH3-128 block hash. A failed check prints the report and aborts.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "support/manager_ops.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string error =
+      pagedkv::testing::run_manager_ops({data, size}, pagedkv::testing::OpProfile::kManager);
+  if (!error.empty()) {
+    std::fprintf(stderr, "%s", error.c_str());
+    std::abort();
+  }
+  return 0;
+}

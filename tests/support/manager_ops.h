@@ -1,0 +1,1048 @@
+// File: tests/support/manager_ops.h
+//
+// The operation decoder and differential driver shared by the fuzzers (fuzz/), the property
+// tests (tests/property_test.cc) and the corpus replay (tests/fuzz_regression_test.cc): one
+// implementation, three front ends.
+//
+// run_manager_ops(bytes, profile) decodes the bytes into manager options and a sequence of
+// operations, valid and invalid alike: add_sequence with shared, copied, random or extreme
+// prompts and salts; match_prefix; allocate_slots and allocate_slots_or_preempt with normal
+// and extreme counts; append_tokens; fork; free; preempt in both modes; swap_in; "steps"
+// that take the pending copies and swaps; reset_prefix_cache; block tables in all three
+// forms; and decode rounds. Each operation runs on a KvCacheManager and on the
+// ReferenceModel, and after each one the driver checks:
+//   1. the same status code and returned value (hit length, slot mapping, copies, tables);
+//   2. the same state: every sequence (state, tokens, computed count, tables), every ref
+//      count, both free queues in order, which blocks are cached, the counters, the KV
+//      events and the preemption hooks;
+//   3. check_invariants() is OK;
+//   4. data flow: a simulated engine keeps one fingerprint per KV slot (device and host).
+//      A step runs swap-out, then copy-on-write copies, then swap-in copies (the order
+//      take_pending_swaps() documents), then writes each new token's fingerprint into its
+//      slot. After every step, every token a sequence counts as computed must read back
+//      its own fingerprint (a function of its prefix tokens and extra keys) through its
+//      block table: a block shared with, or reused by, another sequence with different
+//      content shows up here whatever the bookkeeping says.
+//
+// Engine protocol the simulated engine follows (the contract leaves it open): it runs the
+// step (flushes copies and writes) before it frees, preempts or forks a sequence that has
+// writes or incoming copies in the current step, and before allocate_slots_or_preempt
+// whenever such a sequence could become the victim. See docs/testing.md.
+//
+// Set PAGEDKV_OPS_TRACE=1 to print each operation as it runs (to replay a crash).
+//
+// Returns "" on success, else a report naming the first failed check and the operations
+// that led to it. Deterministic: the same bytes give the same run.
+#ifndef PAGEDKV_TESTS_SUPPORT_MANAGER_OPS_H_
+#define PAGEDKV_TESTS_SUPPORT_MANAGER_OPS_H_
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "pagedkv/block_hash.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_events.h"
+#include "support/reference_model.h"
+
+namespace pagedkv::testing {
+
+// Which mix of operations and options the bytes decode to.
+enum class OpProfile {
+  kManager,  // real XXH3-128 hash, balanced operation mix
+  kHash,     // an injected weak hash (forced collisions), adversarial token contents
+};
+
+// --- byte source ----------------------------------------------------------------------------
+
+// Reads the fuzzer's bytes front to back; past the end it yields zeros.
+class ByteSource {
+ public:
+  explicit ByteSource(std::span<const uint8_t> data) : data_(data) {}
+  bool empty() const { return pos_ >= data_.size(); }
+  uint8_t u8() { return pos_ < data_.size() ? data_[pos_++] : 0; }
+  // In [lo, hi].
+  int32_t range(int32_t lo, int32_t hi) {
+    return lo + static_cast<int32_t>(u8() % static_cast<uint32_t>(hi - lo + 1));
+  }
+  // Usually in [0, typical_max]; one time in 16, an extreme value.
+  int32_t count(int32_t typical_max) {
+    const uint8_t b = u8();
+    if (b < 240) return b % (typical_max + 1);
+    static constexpr int32_t kExtremes[] = {
+        -1, -2, INT32_MIN, INT32_MAX, 1 << 30, INT32_MAX - 1, -(1 << 30), 1 << 16};
+    return kExtremes[b % 8];
+  }
+
+ private:
+  std::span<const uint8_t> data_;
+  size_t pos_ = 0;
+};
+
+// --- weak hashes (OpProfile::kHash) -----------------------------------------------------------
+
+namespace weak_hash {
+
+inline uint64_t fnv(std::span<const TokenId> tokens) {
+  uint64_t h = 1469598103934665603ull;
+  for (const TokenId t : tokens) h = (h ^ static_cast<uint32_t>(t)) * 1099511628211ull;
+  return h;
+}
+// Every block collides with every other.
+inline BlockHash constant(const BlockHash*, std::span<const TokenId>, std::span<const uint64_t>) {
+  return {};
+}
+// Only the block's first token counts.
+inline BlockHash first_token(const BlockHash*, std::span<const TokenId> tokens,
+                             std::span<const uint64_t>) {
+  return {tokens.empty() ? 0 : static_cast<uint32_t>(tokens[0]), 0};
+}
+// Ignores the parent and the extra keys: equal blocks at different positions or under
+// different salts collide.
+inline BlockHash tokens_only(const BlockHash*, std::span<const TokenId> tokens,
+                             std::span<const uint64_t>) {
+  return {fnv(tokens), 0};
+}
+// The real hash without extra keys: salts and adapters collide.
+inline BlockHash no_salt(const BlockHash* parent, std::span<const TokenId> tokens,
+                         std::span<const uint64_t>) {
+  return hash_block(parent, tokens, {});
+}
+// The real hash without the parent: equal blocks after different prefixes collide.
+inline BlockHash no_parent(const BlockHash*, std::span<const TokenId> tokens,
+                           std::span<const uint64_t> extra_keys) {
+  return hash_block(nullptr, tokens, extra_keys);
+}
+// Two bits of the real hash.
+inline BlockHash two_bits(const BlockHash* parent, std::span<const TokenId> tokens,
+                          std::span<const uint64_t> extra_keys) {
+  return {hash_block(parent, tokens, extra_keys).lo & 3, 0};
+}
+// Sum of tokens mod 3, chained: different contents with equal sums collide.
+inline BlockHash token_sum(const BlockHash* parent, std::span<const TokenId> tokens,
+                           std::span<const uint64_t>) {
+  uint64_t sum = parent != nullptr ? parent->lo : 0;
+  for (const TokenId t : tokens) sum += static_cast<uint32_t>(t);
+  return {sum % 3, 0};
+}
+
+inline constexpr BlockHashFn kAll[] = {constant,  first_token, tokens_only, no_salt,
+                                       no_parent, two_bits,    token_sum,   hash_block};
+inline constexpr const char* kNames[] = {"constant",  "first_token", "tokens_only", "no_salt",
+                                         "no_parent", "two_bits",    "token_sum",   "real"};
+
+}  // namespace weak_hash
+
+// --- the driver -----------------------------------------------------------------------------
+
+// Steer around bugs already reported (each has a hidden regression test in
+// tests/fuzz_regression_test.cc); set to false to hunt them again.
+inline constexpr bool kAvoidKnownBugs = true;
+
+class ManagerOpRunner {
+ public:
+  static constexpr int kMaxOps = 2000;
+  static constexpr int kMaxTokensPerSeq = 4096;
+
+  ManagerOpRunner(std::span<const uint8_t> data, OpProfile profile)
+      : in_(data), profile_(profile), echo_(std::getenv("PAGEDKV_OPS_TRACE") != nullptr) {}
+
+  std::string run() {
+    decode_options();
+    log("create ", describe_options());
+    auto created = KvCacheManager::create(opts_);
+    const auto expected = ReferenceModel::validate(opts_);
+    if (created.status().code() != expected) {
+      return fail("create: got ", created.status(), ", model expects ", code_name(expected));
+    }
+    if (!created.ok()) return "";
+    impl_.emplace(*std::move(created));
+    model_.emplace(opts_);
+    bs_ = opts_.block_size;
+    device_mem_.assign(static_cast<size_t>(opts_.num_blocks) * bs_, kGarbage);
+    host_mem_.assign(static_cast<size_t>(opts_.num_host_blocks) * bs_, kGarbage);
+    for (int op = 0; op < kMaxOps && !in_.empty() && error_.empty(); ++op) {
+      run_one();
+      if (error_.empty()) check_all();
+    }
+    if (error_.empty()) step();  // the last step's writes must land too
+    return error_;
+  }
+
+  int num_ops() const { return num_ops_; }
+  // The manager's counters at the end of the run (zeros if creation failed), to show that a
+  // run reached copy-on-write, swapping, prefix hits and eviction.
+  KvCacheManager::Stats stats() const {
+    return impl_.has_value() ? impl_->stats() : KvCacheManager::Stats{};
+  }
+
+ private:
+  static constexpr uint64_t kGarbage = 0;
+  using Code = absl::StatusCode;
+
+  struct PendingWrite {
+    SeqId seq;
+    int64_t slot;
+    uint64_t value;
+  };
+
+  class RecordingHooks : public PreemptionHooks {
+   public:
+    void on_preempt(SeqId victim, PreemptionMode mode) override { calls.push_back({victim, mode}); }
+    std::vector<Preemption> calls;
+  };
+
+  // --- reporting ---
+
+  template <typename... Parts>
+  void log(const Parts&... parts) {
+    std::ostringstream line;
+    (line << ... << parts);
+    trace_.push_back(line.str());
+    if (trace_.size() > 60) trace_.pop_front();
+    if (echo_) std::fprintf(stderr, "op: %s\n", trace_.back().c_str());
+  }
+
+  template <typename... Parts>
+  std::string fail(const Parts&... parts) {
+    if (!error_.empty()) return error_;
+    std::ostringstream out;
+    out << "FAILED: ";
+    (out << ... << parts);
+    out << "\nlast operations (oldest first):\n";
+    for (const std::string& line : trace_) out << "  " << line << "\n";
+    error_ = out.str();
+    return error_;
+  }
+
+  static std::string code_name(Code c) { return absl::StatusCodeToString(c); }
+
+  template <typename T>
+  static std::string list(const std::vector<T>& v) {
+    std::ostringstream out;
+    out << "[";
+    for (size_t i = 0; i < v.size(); ++i) out << (i ? " " : "") << v[i];
+    out << "]";
+    return out.str();
+  }
+  template <typename T>
+  static std::string list(std::span<const T> v) {
+    return list(std::vector<T>(v.begin(), v.end()));
+  }
+
+  bool expect_code(const char* what, const absl::Status& got, Code expected) {
+    if (got.code() == expected) return true;
+    fail(what, ": got ", got, ", model expects ", code_name(expected));
+    return false;
+  }
+
+  // --- decoding ---
+
+  void decode_options() {
+    const uint8_t nb = in_.u8();
+    opts_.num_blocks = nb < 248 ? 1 + nb % 24 : std::array{0, -1, 48, 64, 1, 2, 3, 5}[nb % 8];
+    const uint8_t b = in_.u8();
+    opts_.block_size = b < 248 ? std::array{1, 2, 3, 4, 5, 7, 8, 16}[b % 8]
+                               : std::array{0, -1, 32, 1, 2, 1, 3, 6}[b % 8];
+    if (profile_ == OpProfile::kHash && b < 248) opts_.block_size = 1 + b % 4;
+    const uint8_t h = in_.u8();
+    opts_.num_host_blocks = h < 250 ? h % 20 : -1;
+    const uint8_t m = in_.u8();
+    opts_.max_model_len = m < 248 ? (m % 16 < 12 ? 1 << 20 : std::array{1, 7, 40, 100}[m % 4])
+                                  : std::array{0, -1, INT32_MAX, 1 << 20, 3, 1 << 20, 64, 5}[m % 8];
+    const uint8_t w = in_.u8();
+    opts_.watermark_blocks = w < 160 ? 0 : w < 250 ? 1 + w % 3 : w < 253 ? -1 : opts_.num_blocks;
+    const uint8_t f = in_.u8();
+    opts_.enable_prefix_caching = (f & 7) != 0;
+    opts_.preemption_mode = (f & 8) ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
+    hash_index_ = 7;  // real
+    if (profile_ == OpProfile::kHash) hash_index_ = (f >> 4) % 8;
+    opts_.hash_fn = weak_hash::kAll[hash_index_];
+    // A base text that shared prompts take prefixes of.
+    const uint8_t seed = in_.u8();
+    const int alphabet = profile_ == OpProfile::kHash ? 2 : 4;
+    uint32_t lcg = seed;
+    for (int i = 0; i < 96; ++i) {
+      lcg = lcg * 1664525u + 1013904223u;
+      base_.push_back(static_cast<TokenId>((lcg >> 16) % alphabet));
+    }
+    opts_.event_sink = &events_;
+    opts_.preemption_hooks = &hooks_;
+  }
+
+  std::string describe_options() const {
+    std::ostringstream out;
+    out << "num_blocks=" << opts_.num_blocks << " block_size=" << opts_.block_size
+        << " host=" << opts_.num_host_blocks << " max_model_len=" << opts_.max_model_len
+        << " watermark=" << opts_.watermark_blocks << " caching=" << opts_.enable_prefix_caching
+        << " mode=" << (opts_.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute")
+        << " hash=" << weak_hash::kNames[hash_index_];
+    return out.str();
+  }
+
+  // A sequence id: usually an existing one, else one of a few small ids or an extreme one.
+  SeqId pick_id() {
+    const uint8_t b = in_.u8();
+    const auto& seqs = model_->sequences();
+    if ((b & 3) != 0 && !seqs.empty()) {
+      auto it = seqs.begin();
+      std::advance(it, (b >> 2) % seqs.size());
+      return it->first;
+    }
+    const int v = (b >> 1) % 10;
+    if (v == 8) return std::numeric_limits<SeqId>::min();
+    if (v == 9) return -1;
+    return v;
+  }
+
+  TokenId pick_token() {
+    const uint8_t b = in_.u8();
+    if (profile_ == OpProfile::kHash) {
+      if (b < 224) return b % 2;
+      return std::array{INT32_MIN, INT32_MAX, -1, 0, 1, 2, 1 << 16, 7}[b % 8];
+    }
+    if (b < 248) return b % 6;
+    return std::array{INT32_MIN, INT32_MAX, -1, 0, 1, 2, 1 << 16, 7}[b % 8];
+  }
+
+  std::vector<TokenId> make_prompt() {
+    std::vector<TokenId> prompt;
+    const uint8_t mode = in_.u8() % 5;
+    if (mode <= 1) {  // a prefix of the shared base text, plus a short tail
+      prompt.assign(base_.begin(), base_.begin() + in_.range(1, 64));
+      for (int i = in_.range(0, 3); i > 0; --i) prompt.push_back(pick_token());
+    } else if (mode == 2) {  // a prefix of a live sequence's tokens, plus a tail
+      const auto& seqs = model_->sequences();
+      if (!seqs.empty()) {
+        auto it = seqs.begin();
+        std::advance(it, in_.u8() % seqs.size());
+        const auto& t = it->second.tokens;
+        prompt.assign(t.begin(), t.begin() + 1 + in_.u8() % t.size());
+      }
+      for (int i = in_.range(0, 2); i > 0; --i) prompt.push_back(pick_token());
+    } else if (mode == 3) {  // random tokens, possibly none
+      for (int i = in_.range(0, 24); i > 0; --i) prompt.push_back(pick_token());
+    } else {  // a block-sized pattern repeated: equal blocks after different prefixes
+      std::vector<TokenId> unit;
+      for (int i = in_.range(1, 4); i > 0; --i) unit.push_back(pick_token());
+      for (int r = in_.range(1, 12); r > 0; --r)
+        prompt.insert(prompt.end(), unit.begin(), unit.end());
+    }
+    return prompt;
+  }
+
+  std::vector<uint64_t> make_extra_keys() {
+    switch (in_.u8() % 16) {
+      case 11:
+        return {1};
+      case 12:
+        return {2};
+      case 13:
+        return {1, 2};
+      case 14:
+        return {2, 1};
+      case 15:
+        return {std::numeric_limits<uint64_t>::max()};
+      default:
+        return {};
+    }
+  }
+
+  // --- data flow ---
+
+  static uint64_t mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
+
+  // fp[t]: a fingerprint of the KV of token t, a function of tokens [0, t] and extra keys.
+  static std::vector<uint64_t> fingerprints(const ReferenceModel::Seq& s) {
+    uint64_t h = mix(s.extra_keys.size());
+    for (const uint64_t k : s.extra_keys) h = mix(h ^ k);
+    std::vector<uint64_t> fp;
+    fp.reserve(s.tokens.size());
+    for (const TokenId t : s.tokens) {
+      h = mix(h ^ static_cast<uint32_t>(t));
+      fp.push_back(h | 1);  // never kGarbage
+    }
+    return fp;
+  }
+
+  bool has_pending_writes(SeqId id) const {
+    return std::any_of(writes_.begin(), writes_.end(),
+                       [&](const PendingWrite& w) { return w.seq == id; });
+  }
+
+  // Some block of the sequence still waits for a copy into it.
+  bool has_incoming(const ReferenceModel::Seq& s) const {
+    for (const BlockId b : s.table) {
+      for (const BlockCopy& op : model_->pending_copies()) {
+        if (op.dst == b) return true;
+      }
+      for (const BlockCopy& op : model_->pending_swaps().swap_in) {
+        if (op.dst == b) return true;
+      }
+    }
+    return false;
+  }
+
+  bool unsettled(SeqId id) const {
+    const ReferenceModel::Seq* s = model_->find(id);
+    return s != nullptr && (has_pending_writes(id) || has_incoming(*s));
+  }
+
+  // The engine runs the step: takes the pending ops, copies, writes, then checks contents.
+  void step(int order = 0) {
+    log(order ? "step (copies first)" : "step (swaps first)");
+    ++num_ops_;
+    SwapOps swaps;
+    std::vector<BlockCopy> copies;
+    SwapOps model_swaps;
+    std::vector<BlockCopy> model_copies;
+    if (order) {
+      copies = impl_->take_pending_copies();
+      model_copies = model_->take_pending_copies();
+      swaps = impl_->take_pending_swaps();
+      model_swaps = model_->take_pending_swaps();
+    } else {
+      swaps = impl_->take_pending_swaps();
+      model_swaps = model_->take_pending_swaps();
+      copies = impl_->take_pending_copies();
+      model_copies = model_->take_pending_copies();
+    }
+    if (copies != model_copies) {
+      fail("take_pending_copies: got ", ops_string(copies), ", model expects ",
+           ops_string(model_copies));
+      return;
+    }
+    if (swaps.swap_out != model_swaps.swap_out || swaps.swap_in != model_swaps.swap_in) {
+      fail("take_pending_swaps: got out ", ops_string(swaps.swap_out), " in ",
+           ops_string(swaps.swap_in), ", model expects out ", ops_string(model_swaps.swap_out),
+           " in ", ops_string(model_swaps.swap_in));
+      return;
+    }
+    auto copy = [&](std::vector<uint64_t>& from, std::vector<uint64_t>& to, const BlockCopy& op) {
+      for (int32_t i = 0; i < op.num_tokens; ++i) {
+        to[static_cast<size_t>(op.dst) * bs_ + i] = from[static_cast<size_t>(op.src) * bs_ + i];
+      }
+    };
+    for (const BlockCopy& op : swaps.swap_out) copy(device_mem_, host_mem_, op);
+    for (const BlockCopy& op : copies) copy(device_mem_, device_mem_, op);
+    for (const BlockCopy& op : swaps.swap_in) copy(host_mem_, device_mem_, op);
+    for (const PendingWrite& w : writes_) device_mem_[w.slot] = w.value;
+    writes_.clear();
+    check_all();
+    check_contents();
+  }
+
+  static std::string ops_string(const std::vector<BlockCopy>& ops) {
+    std::ostringstream out;
+    out << "[";
+    for (const BlockCopy& op : ops) out << " " << op.src << "->" << op.dst << "/" << op.num_tokens;
+    out << " ]";
+    return out.str();
+  }
+
+  void check_contents() {
+    if (!error_.empty()) return;
+    for (const auto& [id, s] : model_->sequences()) {
+      const std::vector<uint64_t> fp = fingerprints(s);
+      const bool swapped = s.state == SequenceState::kSwapped;
+      const std::vector<BlockId>& table = swapped ? s.host : s.table;
+      const std::vector<uint64_t>& mem = swapped ? host_mem_ : device_mem_;
+      for (int32_t t = 0; t < s.computed; ++t) {
+        const BlockId b = table[t / bs_];
+        if (mem[static_cast<size_t>(b) * bs_ + t % bs_] != fp[t]) {
+          fail("data flow: seq ", id, " token ", t, " (", swapped ? "host" : "device", " block ", b,
+               " offset ", t % bs_, ") does not hold its own KV: ",
+               mem[static_cast<size_t>(b) * bs_ + t % bs_] == kGarbage
+                   ? "never written"
+                   : "another prefix's KV or stale data");
+          return;
+        }
+      }
+    }
+  }
+
+  // --- operations ---
+
+  void run_one() {
+    ++num_ops_;
+    const uint8_t op = in_.u8() % 32;
+    if (op < 3) return op_add();
+    if (op < 8) return op_admit();
+    if (op < 9) return op_match();
+    if (op < 12) return op_allocate(/*or_preempt=*/false);
+    if (op < 14) return op_allocate(/*or_preempt=*/true);
+    if (op < 16) return op_append();
+    if (op < 18) return op_fork();
+    if (op < 20) return op_free();
+    if (op < 22) return op_preempt();
+    if (op < 24) return op_swap_in();
+    if (op < 27) return step(in_.u8() & 1);
+    if (op < 28) {
+      log("reset_prefix_cache");
+      impl_->reset_prefix_cache();
+      model_->reset_prefix_cache();
+      return;
+    }
+    if (op < 29) return op_tables();
+    return op_decode_round();
+  }
+
+  void op_add() {
+    // Mostly a fresh id; sometimes one in use (AlreadyExists) or a small or extreme one.
+    const SeqId id = in_.u8() % 4 != 0 ? next_fresh_id_++ : pick_id();
+    const std::vector<TokenId> prompt = make_prompt();
+    SequenceOptions so;
+    so.extra_keys = make_extra_keys();
+    const uint8_t p = in_.u8();
+    so.priority = p < 250 ? p % 3 - 1 : std::array{INT32_MIN, INT32_MAX}[p % 2];
+    log("add_sequence(", id, ", ", prompt.size(), " tokens ", list(prompt), ", priority ",
+        so.priority, ", keys ", list(so.extra_keys), ")");
+    const Code expected = model_->add_sequence(id, prompt, so.priority, so.extra_keys);
+    expect_code("add_sequence", impl_->add_sequence(id, prompt, so), expected);
+    last_added_ = expected == Code::kOk ? id : -12345;
+  }
+
+  // What an engine does with a new request: add it, claim its cached prefix, then reserve
+  // slots for the rest of the prompt.
+  void op_admit() {
+    op_add();
+    const ReferenceModel::Seq* s = model_->find(last_added_);
+    if (!error_.empty() || s == nullptr || s->state != SequenceState::kWaiting) return;
+    match(last_added_);
+    s = model_->find(last_added_);
+    if (!error_.empty() || s == nullptr) return;
+    allocate(last_added_, static_cast<int32_t>(s->tokens.size()) - s->computed, 0,
+             /*or_preempt=*/(in_.u8() & 1) != 0);
+  }
+
+  void op_match() { match(pick_id()); }
+
+  void match(SeqId id) {
+    log("match_prefix(", id, ")");
+    const auto [code, hit] = model_->match_prefix(id);
+    const auto got = impl_->match_prefix(id);
+    if (!expect_code("match_prefix", got.status(), code)) return;
+    if (got.ok() && *got != hit)
+      fail("match_prefix(", id, "): got ", *got, ", model expects ", hit);
+    if (got.ok() && hit > 0) log("  -> hit ", hit, " tokens");
+  }
+
+  int32_t pick_new_tokens(SeqId id) {
+    const ReferenceModel::Seq* s = model_->find(id);
+    const int32_t remaining =
+        s == nullptr ? 1 : static_cast<int32_t>(s->tokens.size()) - s->computed;
+    switch (in_.u8() % 6) {
+      case 0:
+      case 1:
+        return remaining;
+      case 2:
+        return 1;
+      case 3:
+        return std::min(remaining, 1 + in_.u8() % 4);
+      case 4:
+        return 0;
+      default:
+        return in_.count(40);
+    }
+  }
+
+  int32_t pick_lookahead() {
+    const uint8_t b = in_.u8();
+    if (b < 192) return 0;
+    if (b < 248) return b % 5;
+    return std::array{
+        -1, INT32_MAX, INT32_MAX - 1, INT32_MAX - 15, 1 << 30, INT32_MIN, 64, 7}[b % 8];
+  }
+
+  void record_writes(SeqId id, const ReferenceModel::Seq& before_state, int32_t computed_before,
+                     const std::vector<int64_t>& slots) {
+    const ReferenceModel::Seq* s = model_->find(id);
+    const std::vector<uint64_t> fp = fingerprints(s != nullptr ? *s : before_state);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      writes_.push_back({id, slots[i], fp[computed_before + i]});
+    }
+  }
+
+  void op_allocate(bool or_preempt) {
+    const SeqId id = pick_id();
+    const int32_t n = pick_new_tokens(id);
+    const int32_t lookahead = pick_lookahead();
+    allocate(id, n, lookahead, or_preempt);
+  }
+
+  void allocate(SeqId id, int32_t n, int32_t lookahead, bool or_preempt) {
+    if (kAvoidKnownBugs && n >= 0 && lookahead >= 0) {
+      // Known bug 1 (BUGS-FROM-FUZZ.md): allocate_slots computes the block count of
+      // computed + n + lookahead tokens in int32; past INT32_MAX it wraps negative and the
+      // call writes a slot mapping from blocks it never allocated.
+      const ReferenceModel::Seq* s = model_->find(id);
+      const int64_t computed = s != nullptr ? s->computed : 0;
+      if ((computed + n + lookahead + bs_ - 1) / bs_ > INT32_MAX) lookahead = INT32_MAX / 2;
+    }
+    if (or_preempt && may_preempt_unsettled(id)) step();
+    if (!error_.empty()) return;
+    const char* name = or_preempt ? "allocate_slots_or_preempt" : "allocate_slots";
+    log(name, "(", id, ", ", n, ", lookahead ", lookahead, ")");
+    const ReferenceModel::Seq* before = model_->find(id);
+    const ReferenceModel::Seq before_copy = before != nullptr ? *before : ReferenceModel::Seq{};
+    const int32_t computed_before = before != nullptr ? before->computed : 0;
+    const auto [code, slots] = or_preempt ? model_->allocate_slots_or_preempt(id, n, lookahead)
+                                          : model_->allocate_slots(id, n, lookahead);
+    const auto got = or_preempt ? impl_->allocate_slots_or_preempt(id, n, lookahead)
+                                : impl_->allocate_slots(id, n, lookahead);
+    if (!expect_code(name, got.status(), code)) return;
+    if (!got.ok()) return;
+    const std::vector<int64_t> got_slots(got->begin(), got->end());
+    if (got_slots != slots) {
+      fail(name, "(", id, "): slot mapping ", list(got_slots), ", model expects ", list(slots));
+      return;
+    }
+    record_writes(id, before_copy, computed_before, slots);
+  }
+
+  // Could allocate_slots_or_preempt(id) preempt a sequence that is not settled this step?
+  bool may_preempt_unsettled(SeqId id) const {
+    for (const auto& [other, s] : model_->sequences()) {
+      if (other != id && s.state == SequenceState::kRunning && unsettled(other)) return true;
+    }
+    return false;
+  }
+
+  void op_append() {
+    const SeqId id = pick_id();
+    std::vector<TokenId> tokens;
+    const uint8_t b = in_.u8();
+    const int n = b < 250 ? b % 5 : 50;
+    for (int i = 0; i < n; ++i) tokens.push_back(pick_token());
+    log("append_tokens(", id, ", ", list(tokens), ")");
+    const Code expected = model_->append_tokens(id, tokens);
+    expect_code("append_tokens", impl_->append_tokens(id, tokens), expected);
+  }
+
+  void op_fork() {
+    const SeqId parent = pick_id();
+    const SeqId child = in_.u8() % 4 != 0 ? next_fresh_id_++ : pick_id();
+    if (unsettled(parent)) step();
+    if (!error_.empty()) return;
+    log("fork(", parent, ", ", child, ")");
+    const Code expected = model_->fork(parent, child);
+    expect_code("fork", impl_->fork(parent, child), expected);
+  }
+
+  void op_free() {
+    const SeqId id = pick_id();
+    if (has_pending_writes(id)) step();
+    if (!error_.empty()) return;
+    log("free(", id, ")");
+    const Code expected = model_->free(id);
+    expect_code("free", impl_->free(id), expected);
+  }
+
+  void op_preempt() {
+    const SeqId id = pick_id();
+    const PreemptionMode mode = (in_.u8() & 1) ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
+    if (mode == PreemptionMode::kSwap ? unsettled(id) : has_pending_writes(id)) step();
+    if (!error_.empty()) return;
+    log("preempt(", id, ", ", mode == PreemptionMode::kSwap ? "swap" : "recompute", ")");
+    const Code expected = model_->preempt(id, mode);
+    expect_code("preempt", impl_->preempt(id, mode), expected);
+  }
+
+  void op_swap_in() {
+    const SeqId id = pick_id();
+    log("swap_in(", id, ")");
+    const Code expected = model_->swap_in(id);
+    expect_code("swap_in", impl_->swap_in(id), expected);
+  }
+
+  // One engine iteration: every running sequence gets a token and a slot (preempting if
+  // needed), then the step runs.
+  void op_decode_round() {
+    log("decode round");
+    std::vector<SeqId> running;
+    for (const SequenceInfo& info : impl_->running_sequences()) running.push_back(info.id);
+    for (const SeqId id : running) {
+      const ReferenceModel::Seq* s = model_->find(id);
+      if (s == nullptr || s->state != SequenceState::kRunning || !error_.empty()) continue;
+      const int32_t missing = static_cast<int32_t>(s->tokens.size()) - s->computed;
+      if (missing == 0 && static_cast<int32_t>(s->tokens.size()) < kMaxTokensPerSeq) {
+        const TokenId token = pick_token();
+        log("append_tokens(", id, ", [", token, "])");
+        const Code expected = model_->append_tokens(id, std::span<const TokenId>(&token, 1));
+        if (!expect_code("append_tokens", impl_->append_tokens(id, {&token, 1}), expected)) return;
+      }
+      const ReferenceModel::Seq* now = model_->find(id);
+      const int32_t n = std::min(1, static_cast<int32_t>(now->tokens.size()) - now->computed);
+      allocate(id, n, 0, /*or_preempt=*/true);
+    }
+    if (error_.empty()) step();
+  }
+
+  void op_tables() {
+    std::vector<SeqId> ids;
+    for (int i = in_.range(0, 3); i > 0; --i) ids.push_back(pick_id());
+    const uint8_t form = in_.u8() % 3;
+    // Expected: the first missing or non-running sequence decides the error.
+    Code first_error = Code::kOk;
+    int32_t max_blocks = 0;
+    int32_t total = 0;
+    for (const SeqId id : ids) {
+      const ReferenceModel::Seq* s = model_->find(id);
+      if (s == nullptr) {
+        first_error = Code::kNotFound;
+        break;
+      }
+      if (s->state != SequenceState::kRunning) {
+        first_error = Code::kFailedPrecondition;
+        break;
+      }
+      const int32_t n = (s->computed + bs_ - 1) / bs_;
+      max_blocks = std::max(max_blocks, n);
+      total += n;
+    }
+    const auto nseq = static_cast<int32_t>(ids.size());
+    // Expected tables.
+    std::vector<int32_t> table, lens, indptr{0}, indices, last;
+    auto fill_expected = [&](int32_t width) {
+      table.clear();
+      lens.clear();
+      indices.clear();
+      last.clear();
+      indptr.assign(1, 0);
+      for (const SeqId id : ids) {
+        const ReferenceModel::Seq& s = *model_->find(id);
+        const int32_t n = (s.computed + bs_ - 1) / bs_;
+        for (int32_t j = 0; j < width; ++j) table.push_back(j < n ? s.table[j] : kPaddingBlock);
+        lens.push_back(s.computed);
+        for (int32_t j = 0; j < n; ++j) indices.push_back(s.table[j]);
+        indptr.push_back(static_cast<int32_t>(indices.size()));
+        last.push_back(n == 0 ? 0 : s.computed - (n - 1) * bs_);
+      }
+    };
+    if (form == 0) {
+      log("build_block_tables(", list(ids), ")");
+      BlockTables out;
+      if (!expect_code("build_block_tables", impl_->build_block_tables(ids, &out), first_error)) {
+        return;
+      }
+      if (first_error != Code::kOk) return;
+      fill_expected(max_blocks);
+      if (out.num_seqs != nseq || out.max_blocks != max_blocks || out.block_size != bs_ ||
+          out.block_table != table || out.context_lens != lens || out.indptr != indptr ||
+          out.indices != indices || out.last_page_len != last) {
+        fail("build_block_tables(", list(ids), "): got table ", list(out.block_table), " lens ",
+             list(out.context_lens), " indptr ", list(out.indptr), " indices ", list(out.indices),
+             " last ", list(out.last_page_len), "; model expects table ", list(table), " lens ",
+             list(lens), " indptr ", list(indptr), " indices ", list(indices), " last ",
+             list(last));
+      }
+      return;
+    }
+    constexpr int32_t kSentinel = -7;
+    if (form == 1) {
+      const int32_t width = in_.u8() < 200 ? max_blocks + in_.range(0, 2) : in_.range(-1, 2);
+      const int64_t want = static_cast<int64_t>(nseq) * std::max(width, 0);
+      const int32_t table_size =
+          static_cast<int32_t>(std::max<int64_t>(0, want - (in_.u8() < 220 ? 0 : 1)));
+      const int32_t lens_size = std::max(0, nseq - (in_.u8() < 220 ? 0 : 1));
+      log("write_block_tables(", list(ids), ", max_blocks ", width, ", buffers ", table_size, ", ",
+          lens_size, ")");
+      // NOTE (contract): buffers first, then each sequence in order (unknown, not running,
+      // too many entries).
+      Code expected = Code::kOk;
+      if (width < 0 || table_size < want || lens_size < nseq) {
+        expected = Code::kInvalidArgument;
+      } else {
+        for (const SeqId id : ids) {
+          const ReferenceModel::Seq* s = model_->find(id);
+          if (s == nullptr) {
+            expected = Code::kNotFound;
+          } else if (s->state != SequenceState::kRunning) {
+            expected = Code::kFailedPrecondition;
+          } else if ((s->computed + bs_ - 1) / bs_ > width) {
+            expected = Code::kInvalidArgument;
+          }
+          if (expected != Code::kOk) break;
+        }
+      }
+      std::vector<int32_t> got_table(table_size, kSentinel), got_lens(lens_size, kSentinel);
+      if (!expect_code("write_block_tables",
+                       impl_->write_block_tables(ids, width, got_table, got_lens), expected)) {
+        return;
+      }
+      if (expected != Code::kOk) {
+        if (std::any_of(got_table.begin(), got_table.end(),
+                        [](int32_t v) { return v != kSentinel; }) ||
+            std::any_of(got_lens.begin(), got_lens.end(),
+                        [](int32_t v) { return v != kSentinel; })) {
+          fail("write_block_tables failed but wrote into the caller's buffers");
+        }
+        return;
+      }
+      fill_expected(width);
+      table.resize(table_size, kSentinel);
+      lens.resize(lens_size, kSentinel);
+      if (got_table != table || got_lens != lens) {
+        fail("write_block_tables: got ", list(got_table), " / ", list(got_lens), "; model expects ",
+             list(table), " / ", list(lens));
+      }
+      return;
+    }
+    const int32_t indptr_size = std::max(0, nseq + 1 - (in_.u8() < 220 ? 0 : 1));
+    const int32_t indices_size = std::max(0, total - (in_.u8() < 220 ? 0 : 1));
+    const int32_t last_size = std::max(0, nseq - (in_.u8() < 220 ? 0 : 1));
+    log("write_csr_block_tables(", list(ids), ", buffers ", indptr_size, ", ", indices_size, ", ",
+        last_size, ")");
+    Code expected = first_error;
+    if (expected == Code::kOk &&
+        (indptr_size < nseq + 1 || indices_size < total || last_size < nseq)) {
+      expected = Code::kInvalidArgument;
+    }
+    std::vector<int32_t> got_indptr(indptr_size, kSentinel), got_indices(indices_size, kSentinel),
+        got_last(last_size, kSentinel);
+    if (!expect_code("write_csr_block_tables",
+                     impl_->write_csr_block_tables(ids, got_indptr, got_indices, got_last),
+                     expected)) {
+      return;
+    }
+    if (expected != Code::kOk) {
+      for (const auto* v : {&got_indptr, &got_indices, &got_last}) {
+        if (std::any_of(v->begin(), v->end(), [](int32_t x) { return x != kSentinel; })) {
+          fail("write_csr_block_tables failed but wrote into the caller's buffers");
+          return;
+        }
+      }
+      return;
+    }
+    fill_expected(0);
+    if (got_indptr != indptr || got_indices != indices || got_last != last) {
+      fail("write_csr_block_tables: got indptr ", list(got_indptr), " indices ", list(got_indices),
+           " last ", list(got_last), "; model expects ", list(indptr), " ", list(indices), " ",
+           list(last));
+    }
+  }
+
+  // --- state comparison ---
+
+  void check_all() {
+    if (!error_.empty()) return;
+    if (const absl::Status s = impl_->check_invariants(); !s.ok()) {
+      fail("check_invariants: ", s);
+      return;
+    }
+    const ReferenceModel& m = *model_;
+    if (impl_->num_sequences() != static_cast<int32_t>(m.sequences().size())) {
+      fail("num_sequences ", impl_->num_sequences(), ", model expects ", m.sequences().size());
+      return;
+    }
+    std::vector<SequenceInfo> expected_running;
+    for (const auto& [id, s] : m.sequences()) {
+      const auto view = impl_->sequence(id);
+      if (!view.ok()) {
+        fail("sequence(", id, "): ", view.status(), ", model has it");
+        return;
+      }
+      const SequenceView& v = *view;
+      const std::vector<TokenId> tokens(v.tokens.begin(), v.tokens.end());
+      const std::vector<BlockId> table(v.block_table.begin(), v.block_table.end());
+      const std::vector<BlockId> host(v.host_blocks.begin(), v.host_blocks.end());
+      if (v.id != id || v.state != s.state || v.priority != s.priority || v.arrival != s.arrival ||
+          v.num_computed_tokens != s.computed || tokens != s.tokens || table != s.table ||
+          host != s.host) {
+        fail("sequence ", id, ": got state ", static_cast<int>(v.state), " priority ", v.priority,
+             " arrival ", v.arrival, " computed ", v.num_computed_tokens, " tokens ",
+             v.tokens.size(), " table ", list(table), " host ", list(host),
+             "; model expects state ", static_cast<int>(s.state), " priority ", s.priority,
+             " arrival ", s.arrival, " computed ", s.computed, " tokens ", s.tokens.size(),
+             " table ", list(s.table), " host ", list(s.host));
+        return;
+      }
+      if (s.state == SequenceState::kRunning) {
+        expected_running.push_back({id, s.priority, s.arrival, static_cast<int32_t>(s.table.size()),
+                                    static_cast<int32_t>(s.tokens.size()), s.computed});
+      }
+    }
+    std::sort(expected_running.begin(), expected_running.end(),
+              [](const SequenceInfo& a, const SequenceInfo& b) { return a.arrival < b.arrival; });
+    const std::vector<SequenceInfo> running = impl_->running_sequences();
+    bool same_running = running.size() == expected_running.size();
+    for (size_t i = 0; same_running && i < running.size(); ++i) {
+      const SequenceInfo& a = running[i];
+      const SequenceInfo& b = expected_running[i];
+      same_running = a.id == b.id && a.priority == b.priority && a.arrival == b.arrival &&
+                     a.num_blocks == b.num_blocks && a.num_tokens == b.num_tokens &&
+                     a.num_computed_tokens == b.num_computed_tokens;
+    }
+    if (!same_running) {
+      fail("running_sequences() differs from the model's running sequences");
+      return;
+    }
+    const BlockPool& dev = impl_->device_pool();
+    const auto& blocks = m.device_blocks();
+    for (BlockId b = 0; b < opts_.num_blocks; ++b) {
+      const auto& d = blocks[b];
+      if (dev.ref_count(b) != d.ref || dev.is_cached(b) != d.cached ||
+          (d.cached && !(dev.cached_hash(b) == d.hash))) {
+        fail("device block ", b, ": ref_count ", dev.ref_count(b), " cached ", dev.is_cached(b),
+             "; model expects ref_count ", d.ref, " cached ", d.cached);
+        return;
+      }
+    }
+    if (dev.free_queue_order() != m.device_queue()) {
+      fail("device free queue ", list(dev.free_queue_order()), ", model expects ",
+           list(m.device_queue()));
+      return;
+    }
+    const BlockPool& host = impl_->host_pool();
+    for (BlockId b = 0; b < opts_.num_host_blocks; ++b) {
+      if (host.ref_count(b) != m.host_refs()[b]) {
+        fail("host block ", b, ": ref_count ", host.ref_count(b), ", model expects ",
+             m.host_refs()[b]);
+        return;
+      }
+    }
+    if (host.free_queue_order() != m.host_queue()) {
+      fail("host free queue ", list(host.free_queue_order()), ", model expects ",
+           list(m.host_queue()));
+      return;
+    }
+    check_stats();
+    check_events();
+    check_hooks();
+  }
+
+  void check_stats() {
+    if (!error_.empty()) return;
+    const KvCacheManager::Stats s = impl_->stats();
+    const ReferenceModel& m = *model_;
+    const auto& c = m.counters();
+    const auto free_blocks = static_cast<int32_t>(m.device_queue().size());
+    const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+        {"num_blocks", {s.num_blocks, opts_.num_blocks}},
+        {"used_blocks", {s.used_blocks, opts_.num_blocks - free_blocks}},
+        {"free_blocks", {s.free_blocks, free_blocks}},
+        {"cached_free_blocks", {s.cached_free_blocks, m.cached_free_blocks()}},
+        {"num_host_blocks", {s.num_host_blocks, opts_.num_host_blocks}},
+        {"used_host_blocks", {s.used_host_blocks, m.used_host_blocks()}},
+        {"prefix_query_tokens", {s.prefix_query_tokens, c.prefix_query_tokens}},
+        {"prefix_hit_tokens", {s.prefix_hit_tokens, c.prefix_hit_tokens}},
+        {"evictions", {s.evictions, c.evictions}},
+        {"cow_copies", {s.cow_copies, c.cow_copies}},
+        {"preemptions_recompute", {s.preemptions_recompute, c.preemptions_recompute}},
+        {"preemptions_swap", {s.preemptions_swap, c.preemptions_swap}},
+        {"blocks_swapped_out", {s.blocks_swapped_out, c.blocks_swapped_out}},
+        {"blocks_swapped_in", {s.blocks_swapped_in, c.blocks_swapped_in}},
+    };
+    for (const auto& [name, values] : fields) {
+      if (values.first != values.second) {
+        fail("stats().", name, " = ", values.first, ", model expects ", values.second);
+        return;
+      }
+    }
+  }
+
+  static std::string event_string(const KvEvent& e) {
+    std::ostringstream out;
+    if (const auto* s = std::get_if<BlockStored>(&e)) {
+      out << "Stored(" << s->block_hashes.size() << " hashes, " << s->token_ids.size()
+          << " tokens, parent " << s->parent_hash.has_value() << ")";
+    } else if (const auto* r = std::get_if<BlockRemoved>(&e)) {
+      out << "Removed(" << r->block_hashes.size() << " hashes)";
+    } else {
+      out << "Cleared";
+    }
+    return out.str();
+  }
+
+  static bool same_event(const KvEvent& a, const KvEvent& b) {
+    if (a.index() != b.index()) return false;
+    if (const auto* x = std::get_if<BlockStored>(&a)) {
+      const auto& y = std::get<BlockStored>(b);
+      return x->block_hashes == y.block_hashes && x->parent_hash == y.parent_hash &&
+             x->token_ids == y.token_ids && x->block_size == y.block_size &&
+             x->extra_keys == y.extra_keys;
+    }
+    if (const auto* x = std::get_if<BlockRemoved>(&a)) {
+      return x->block_hashes == std::get<BlockRemoved>(b).block_hashes;
+    }
+    return true;
+  }
+
+  void check_events() {
+    if (!error_.empty()) return;
+    const std::vector<KvEvent> got = events_.take();
+    const std::vector<KvEvent> expected = model_->take_events();
+    bool same = got.size() == expected.size();
+    for (size_t i = 0; same && i < got.size(); ++i) same = same_event(got[i], expected[i]);
+    if (!same) {
+      std::ostringstream g, e;
+      for (const KvEvent& x : got) g << event_string(x) << " ";
+      for (const KvEvent& x : expected) e << event_string(x) << " ";
+      fail("KV events: got ", g.str(), "; model expects ", e.str());
+    }
+  }
+
+  void check_hooks() {
+    if (!error_.empty()) return;
+    const std::vector<Preemption> got = std::exchange(hooks_.calls, {});
+    const std::vector<Preemption> expected = model_->take_preemptions();
+    bool same = got.size() == expected.size();
+    for (size_t i = 0; same && i < got.size(); ++i) {
+      same = got[i].victim == expected[i].victim && got[i].mode == expected[i].mode;
+    }
+    if (!same) {
+      std::ostringstream g, e;
+      for (const Preemption& p : got) g << p.victim << "/" << static_cast<int>(p.mode) << " ";
+      for (const Preemption& p : expected) e << p.victim << "/" << static_cast<int>(p.mode) << " ";
+      fail("preemption hooks: got ", g.str(), "; model expects ", e.str());
+    }
+  }
+
+  ByteSource in_;
+  OpProfile profile_;
+  KvCacheManager::Options opts_;
+  int hash_index_ = 7;
+  int32_t bs_ = 1;
+  std::vector<TokenId> base_;
+  KvEventBuffer events_;
+  RecordingHooks hooks_;
+  std::optional<KvCacheManager> impl_;
+  std::optional<ReferenceModel> model_;
+  std::vector<uint64_t> device_mem_;
+  std::vector<uint64_t> host_mem_;
+  std::vector<PendingWrite> writes_;
+  std::deque<std::string> trace_;
+  std::string error_;
+  int num_ops_ = 0;
+  SeqId last_added_ = -12345;
+  SeqId next_fresh_id_ = 100;
+  bool echo_ = false;  // PAGEDKV_OPS_TRACE set: print each operation as it runs
+};
+
+// Runs the operations the bytes decode to; "" when every check passed.
+inline std::string run_manager_ops(std::span<const uint8_t> data, OpProfile profile) {
+  return ManagerOpRunner(data, profile).run();
+}
+
+}  // namespace pagedkv::testing
+
+#endif  // PAGEDKV_TESTS_SUPPORT_MANAGER_OPS_H_

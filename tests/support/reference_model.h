@@ -1,0 +1,535 @@
+// File: tests/support/reference_model.h
+//
+// ReferenceModel: a deliberately plain, obviously-correct model of KvCacheManager's
+// observable behaviour, written from the header contracts (kv_cache_manager.h,
+// block_pool.h) for the property tests and fuzzers. It shares no code with src/: no
+// intrusive lists, no counters kept in sync, no lazily cached hashes. Every derived fact
+// (free count, which blocks a pending copy names, ref counts) is recomputed by scanning.
+//
+// What it models, per call: the status code, the returned value (hit length, slot mapping,
+// copies), and the state afterwards:
+//   - each sequence: state, priority, arrival, tokens, computed count, device table, host
+//     blocks, how many of its full blocks were offered to the prefix index;
+//   - each device and host block: its ref count (tables holding it, plus blocks parked
+//     because a pending copy still names them);
+//   - both free queues, head (allocated next) to tail, as plain vectors;
+//   - the prefix index: BlockHash -> block, where a hit must also match the stored tokens,
+//     extra keys and parent block (as that parent is now: a block's `incarnation` changes
+//     whenever it leaves the index);
+//   - counters (Stats), KV events and preemption hooks.
+// Contract choices the header leaves open are marked "NOTE (contract)"; the model follows
+// the implementation there so that a disagreement means a bug, not a taste difference.
+#ifndef PAGEDKV_TESTS_SUPPORT_REFERENCE_MODEL_H_
+#define PAGEDKV_TESTS_SUPPORT_REFERENCE_MODEL_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_events.h"
+#include "pagedkv/types.h"
+
+namespace pagedkv::testing {
+
+class ReferenceModel {
+ public:
+  using Code = absl::StatusCode;
+
+  struct Seq {
+    SeqId id = 0;
+    SequenceState state = SequenceState::kWaiting;
+    int32_t priority = 0;
+    int64_t arrival = 0;
+    std::vector<TokenId> tokens;
+    std::vector<uint64_t> extra_keys;
+    int32_t computed = 0;
+    std::vector<BlockId> table;  // device blocks
+    std::vector<BlockId> host;   // host blocks (swapped)
+    int32_t offered = 0;         // leading full blocks already offered to the index
+  };
+
+  struct DeviceBlock {
+    int32_t ref = 0;
+    bool cached = false;
+    uint64_t incarnation = 0;  // changes whenever the block leaves the index
+    // Valid while cached: what a hit must match.
+    BlockHash hash;
+    BlockId parent = kNoBlock;
+    uint64_t parent_incarnation = 0;
+    std::vector<TokenId> tokens;
+    std::vector<uint64_t> extra_keys;
+  };
+
+  struct Counters {
+    int64_t prefix_query_tokens = 0;
+    int64_t prefix_hit_tokens = 0;
+    int64_t evictions = 0;
+    int64_t cow_copies = 0;
+    int64_t preemptions_recompute = 0;
+    int64_t preemptions_swap = 0;
+    int64_t blocks_swapped_out = 0;
+    int64_t blocks_swapped_in = 0;
+  };
+
+  // Mirrors KvCacheManager::create(): InvalidArgument for any bad option.
+  static Code validate(const KvCacheManager::Options& o) {
+    if (o.num_blocks <= 0 || o.block_size <= 0 || o.num_host_blocks < 0 || o.max_model_len <= 0 ||
+        o.watermark_blocks < 0 || o.watermark_blocks >= o.num_blocks || o.hash_fn == nullptr) {
+      return Code::kInvalidArgument;
+    }
+    return Code::kOk;
+  }
+
+  explicit ReferenceModel(const KvCacheManager::Options& o)
+      : opts_(o), device_(o.num_blocks), host_ref_(o.num_host_blocks, 0) {
+    for (BlockId b = 0; b < o.num_blocks; ++b) device_queue_.push_back(b);
+    for (BlockId b = 0; b < o.num_host_blocks; ++b) host_queue_.push_back(b);
+  }
+
+  // --- calls -----------------------------------------------------------------------------
+
+  Code add_sequence(SeqId id, std::span<const TokenId> prompt, int32_t priority,
+                    std::span<const uint64_t> extra_keys) {
+    if (seqs_.count(id)) return Code::kAlreadyExists;
+    if (prompt.empty()) return Code::kInvalidArgument;
+    if (static_cast<int64_t>(prompt.size()) > opts_.max_model_len) return Code::kInvalidArgument;
+    if (blocks_for(static_cast<int64_t>(prompt.size())) >
+        opts_.num_blocks - opts_.watermark_blocks) {
+      return Code::kInvalidArgument;
+    }
+    Seq s;
+    s.id = id;
+    s.priority = priority;
+    s.arrival = next_arrival_++;
+    s.tokens.assign(prompt.begin(), prompt.end());
+    s.extra_keys.assign(extra_keys.begin(), extra_keys.end());
+    seqs_.emplace(id, std::move(s));
+    return Code::kOk;
+  }
+
+  Code append_tokens(SeqId id, std::span<const TokenId> tokens) {
+    Seq* s = find(id);
+    if (s == nullptr) return Code::kNotFound;
+    if (static_cast<int64_t>(s->tokens.size()) + static_cast<int64_t>(tokens.size()) >
+        opts_.max_model_len) {
+      return Code::kInvalidArgument;
+    }
+    s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+    return Code::kOk;
+  }
+
+  std::pair<Code, int32_t> match_prefix(SeqId id) {
+    Seq* s = find(id);
+    if (s == nullptr) return {Code::kNotFound, 0};
+    // NOTE (contract): a waiting sequence that already claimed a prefix cannot match again.
+    if (s->state != SequenceState::kWaiting || !s->table.empty()) {
+      return {Code::kFailedPrecondition, 0};
+    }
+    const auto len = static_cast<int64_t>(s->tokens.size());
+    counters_.prefix_query_tokens += len;
+    if (!opts_.enable_prefix_caching) return {Code::kOk, 0};
+    const int32_t bs = opts_.block_size;
+    const auto max_blocks = static_cast<int32_t>((len - 1) / bs);  // never the last token
+    const std::vector<BlockHash> hashes = block_hashes(*s, max_blocks);
+    std::vector<BlockId> hits;
+    BlockId parent = kNoBlock;
+    for (int32_t i = 0; i < max_blocks; ++i) {
+      const auto it = index_.find(key(hashes[i]));
+      if (it == index_.end()) break;
+      const BlockId c = it->second;
+      const DeviceBlock& d = device_[c];
+      const bool parent_ok =
+          d.parent == parent &&
+          (parent == kNoBlock || d.parent_incarnation == device_[parent].incarnation);
+      if (!parent_ok || d.extra_keys != s->extra_keys || d.tokens != block_tokens(*s, i)) break;
+      hits.push_back(c);
+      parent = c;
+    }
+    for (const BlockId b : hits) touch(b);
+    s->table = hits;
+    s->computed = static_cast<int32_t>(hits.size()) * bs;
+    s->offered = static_cast<int32_t>(hits.size());
+    counters_.prefix_hit_tokens += s->computed;
+    return {Code::kOk, s->computed};
+  }
+
+  std::pair<Code, std::vector<int64_t>> allocate_slots(SeqId id, int32_t n, int32_t lookahead) {
+    Seq* s = find(id);
+    if (s == nullptr) return {Code::kNotFound, {}};
+    return allocate(*s, n, lookahead);
+  }
+
+  std::pair<Code, std::vector<int64_t>> allocate_slots_or_preempt(SeqId id, int32_t n,
+                                                                  int32_t lookahead) {
+    Seq* s = find(id);
+    if (s == nullptr) return {Code::kNotFound, {}};
+    while (true) {
+      auto result = allocate(*s, n, lookahead);
+      if (result.first != Code::kResourceExhausted) return result;
+      // Default policy: lowest priority, then latest arrival; swap only if the host fits it.
+      const Seq* victim = nullptr;
+      for (const auto& [vid, v] : seqs_) {
+        if (vid == id || v.state != SequenceState::kRunning) continue;
+        if (victim == nullptr || v.priority < victim->priority ||
+            (v.priority == victim->priority && v.arrival > victim->arrival)) {
+          victim = &v;
+        }
+      }
+      if (victim == nullptr) return result;
+      PreemptionMode mode = opts_.preemption_mode;
+      if (mode == PreemptionMode::kSwap &&
+          blocks_for(victim->computed) > static_cast<int64_t>(host_queue_.size())) {
+        mode = PreemptionMode::kRecompute;
+      }
+      const Code c = preempt(victim->id, mode);
+      if (c != Code::kOk) return {c, {}};
+    }
+  }
+
+  Code preempt(SeqId id, PreemptionMode mode) {
+    Seq* s = find(id);
+    if (s == nullptr) return Code::kNotFound;
+    if (s->state != SequenceState::kRunning) return Code::kFailedPrecondition;
+    const int32_t bs = opts_.block_size;
+    if (mode == PreemptionMode::kSwap) {
+      const auto needed = static_cast<int32_t>(blocks_for(s->computed));
+      if (needed > static_cast<int32_t>(host_queue_.size())) return Code::kResourceExhausted;
+      s->host = take_from_queue(host_queue_, needed);
+      for (const BlockId h : s->host) host_ref_[h] = 1;
+      for (int32_t i = 0; i < needed; ++i) {
+        pending_swaps_.swap_out.push_back(
+            {s->table[i], s->host[i], std::min(bs, s->computed - i * bs)});
+      }
+      counters_.blocks_swapped_out += needed;
+      ++counters_.preemptions_swap;
+      release_device(*s);
+      s->state = SequenceState::kSwapped;
+    } else {
+      release_device(*s);
+      s->computed = 0;
+      s->state = SequenceState::kWaiting;
+      ++counters_.preemptions_recompute;
+    }
+    s->offered = 0;
+    preemptions_.push_back({id, mode});
+    return Code::kOk;
+  }
+
+  Code swap_in(SeqId id) {
+    Seq* s = find(id);
+    if (s == nullptr) return Code::kNotFound;
+    if (s->state != SequenceState::kSwapped) return Code::kFailedPrecondition;
+    const auto needed = static_cast<int32_t>(s->host.size());
+    if (needed > static_cast<int32_t>(device_queue_.size())) return Code::kResourceExhausted;
+    s->table = allocate_device(needed);
+    const int32_t bs = opts_.block_size;
+    for (int32_t i = 0; i < needed; ++i) {
+      pending_swaps_.swap_in.push_back(
+          {s->host[i], s->table[i], std::min(bs, s->computed - i * bs)});
+    }
+    counters_.blocks_swapped_in += needed;
+    release_host(*s);
+    s->state = SequenceState::kRunning;
+    offer(*s);
+    return Code::kOk;
+  }
+
+  Code fork(SeqId parent, SeqId child) {
+    Seq* p = find(parent);
+    if (p == nullptr) return Code::kNotFound;
+    if (seqs_.count(child)) return Code::kAlreadyExists;
+    if (p->state == SequenceState::kSwapped) return Code::kFailedPrecondition;
+    Seq c = *p;
+    c.id = child;
+    c.arrival = next_arrival_++;
+    c.table.resize(static_cast<size_t>(blocks_for(p->computed)));  // computed blocks only
+    c.offered = std::min(c.offered, static_cast<int32_t>(c.table.size()));
+    for (const BlockId b : c.table) touch(b);
+    seqs_.emplace(child, std::move(c));
+    return Code::kOk;
+  }
+
+  Code free(SeqId id) {
+    Seq* s = find(id);
+    if (s == nullptr) return Code::kNotFound;
+    release_device(*s);
+    release_host(*s);
+    seqs_.erase(id);
+    return Code::kOk;
+  }
+
+  std::vector<BlockCopy> take_pending_copies() {
+    std::vector<BlockCopy> out = std::exchange(pending_copies_, {});
+    release_deferred();
+    return out;
+  }
+
+  SwapOps take_pending_swaps() {
+    SwapOps out = std::exchange(pending_swaps_, {});
+    release_deferred();
+    return out;
+  }
+
+  void reset_prefix_cache() {
+    for (DeviceBlock& d : device_) {
+      if (d.cached) leave_index(d);
+    }
+    events_.push_back(AllBlocksCleared{});
+  }
+
+  // --- lookups -----------------------------------------------------------------------------
+
+  const Seq* find(SeqId id) const {
+    const auto it = seqs_.find(id);
+    return it == seqs_.end() ? nullptr : &it->second;
+  }
+  Seq* find(SeqId id) {
+    const auto it = seqs_.find(id);
+    return it == seqs_.end() ? nullptr : &it->second;
+  }
+  const std::map<SeqId, Seq>& sequences() const { return seqs_; }
+  const std::vector<DeviceBlock>& device_blocks() const { return device_; }
+  const std::vector<int32_t>& host_refs() const { return host_ref_; }
+  const std::vector<BlockId>& device_queue() const { return device_queue_; }
+  const std::vector<BlockId>& host_queue() const { return host_queue_; }
+  const Counters& counters() const { return counters_; }
+  const std::vector<BlockCopy>& pending_copies() const { return pending_copies_; }
+  const SwapOps& pending_swaps() const { return pending_swaps_; }
+  const KvCacheManager::Options& options() const { return opts_; }
+  int32_t used_host_blocks() const {
+    return static_cast<int32_t>(
+        std::count_if(host_ref_.begin(), host_ref_.end(), [](int32_t r) { return r > 0; }));
+  }
+  int32_t cached_free_blocks() const {
+    return static_cast<int32_t>(std::count_if(
+        device_.begin(), device_.end(), [](const auto& d) { return d.cached && d.ref == 0; }));
+  }
+  std::vector<KvEvent> take_events() { return std::exchange(events_, {}); }
+  std::vector<Preemption> take_preemptions() { return std::exchange(preemptions_, {}); }
+
+  // The chained hashes of the first n blocks of `s`, recomputed with the injected function.
+  std::vector<BlockHash> block_hashes(const Seq& s, int32_t n) const {
+    std::vector<BlockHash> out;
+    for (int32_t j = 0; j < n; ++j) {
+      out.push_back(
+          opts_.hash_fn(j == 0 ? nullptr : &out.back(), block_tokens(s, j), s.extra_keys));
+    }
+    return out;
+  }
+
+ private:
+  using Key = std::pair<uint64_t, uint64_t>;
+  static Key key(const BlockHash& h) { return {h.lo, h.hi}; }
+
+  int64_t blocks_for(int64_t tokens) const {
+    return (tokens + opts_.block_size - 1) / opts_.block_size;
+  }
+
+  std::vector<TokenId> block_tokens(const Seq& s, int32_t i) const {
+    const auto begin = s.tokens.begin() + static_cast<int64_t>(i) * opts_.block_size;
+    return std::vector<TokenId>(begin, begin + opts_.block_size);
+  }
+
+  static std::vector<BlockId> take_from_queue(std::vector<BlockId>& queue, int32_t n) {
+    std::vector<BlockId> out(queue.begin(), queue.begin() + n);
+    queue.erase(queue.begin(), queue.begin() + n);
+    return out;
+  }
+
+  void leave_index(DeviceBlock& d) {
+    index_.erase(key(d.hash));
+    d.cached = false;
+    ++d.incarnation;
+  }
+
+  // Head of the queue first; cached blocks taken this way are evicted.
+  std::vector<BlockId> allocate_device(int32_t n) {
+    std::vector<BlockId> out = take_from_queue(device_queue_, n);
+    BlockRemoved removed;
+    for (const BlockId b : out) {
+      DeviceBlock& d = device_[b];
+      if (d.cached) {
+        removed.block_hashes.push_back(d.hash);
+        leave_index(d);
+        ++counters_.evictions;
+      }
+      d.ref = 1;
+    }
+    if (!removed.block_hashes.empty()) events_.push_back(std::move(removed));
+    return out;
+  }
+
+  void touch(BlockId b) {
+    if (device_[b].ref++ == 0) std::erase(device_queue_, b);
+  }
+
+  void unref_device(BlockId b) {
+    if (--device_[b].ref == 0) device_queue_.push_back(b);
+  }
+
+  // Named by a pending op that reads or writes device memory after the release: a CoW copy
+  // (either end) or a swap-in destination. Swap-out sources are read first in a step, so
+  // they may be reused at once.
+  bool device_pending(BlockId b) const {
+    for (const BlockCopy& op : pending_copies_) {
+      if (op.src == b || op.dst == b) return true;
+    }
+    for (const BlockCopy& op : pending_swaps_.swap_in) {
+      if (op.dst == b) return true;
+    }
+    return false;
+  }
+  bool host_pending(BlockId h) const {
+    for (const BlockCopy& op : pending_swaps_.swap_out) {
+      if (op.dst == h) return true;
+    }
+    for (const BlockCopy& op : pending_swaps_.swap_in) {
+      if (op.src == h) return true;
+    }
+    return false;
+  }
+
+  // Tail first; a last reference to a block a pending op still names is parked.
+  void release_device(Seq& s) {
+    for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) {
+      if (device_pending(*it) && device_[*it].ref == 1) {
+        deferred_device_.push_back(*it);
+      } else {
+        unref_device(*it);
+      }
+    }
+    s.table.clear();
+  }
+
+  void release_host(Seq& s) {
+    for (auto it = s.host.rbegin(); it != s.host.rend(); ++it) {
+      if (host_pending(*it)) {
+        deferred_host_.push_back(*it);
+      } else {
+        host_ref_[*it] = 0;
+        host_queue_.push_back(*it);
+      }
+    }
+    s.host.clear();
+  }
+
+  void release_deferred() {
+    std::vector<BlockId> keep;
+    for (const BlockId b : deferred_device_) {
+      if (device_pending(b)) {
+        keep.push_back(b);
+      } else {
+        unref_device(b);
+      }
+    }
+    deferred_device_ = std::move(keep);
+    keep.clear();
+    for (const BlockId h : deferred_host_) {
+      if (host_pending(h)) {
+        keep.push_back(h);
+      } else {
+        host_ref_[h] = 0;
+        host_queue_.push_back(h);
+      }
+    }
+    deferred_host_ = std::move(keep);
+  }
+
+  std::pair<Code, std::vector<int64_t>> allocate(Seq& s, int32_t n, int32_t lookahead) {
+    const int32_t bs = opts_.block_size;
+    if (n < 0 || lookahead < 0) return {Code::kInvalidArgument, {}};
+    if (s.state == SequenceState::kSwapped) return {Code::kFailedPrecondition, {}};
+    const int64_t new_total = int64_t{s.computed} + n;
+    if (new_total > static_cast<int64_t>(s.tokens.size())) return {Code::kInvalidArgument, {}};
+    const int64_t total_blocks = blocks_for(new_total + lookahead);
+    if (total_blocks > opts_.num_blocks) return {Code::kInvalidArgument, {}};
+    const int32_t partial = s.computed % bs;
+    const int32_t write_block = s.computed / bs;
+    const bool cow = n > 0 && partial != 0 && device_[s.table[write_block]].ref > 1;
+    const int64_t new_blocks =
+        std::max<int64_t>(0, total_blocks - static_cast<int64_t>(s.table.size())) + (cow ? 1 : 0);
+    const int32_t reserve = s.state == SequenceState::kWaiting ? opts_.watermark_blocks : 0;
+    if (new_blocks + reserve > static_cast<int64_t>(device_queue_.size())) {
+      return {Code::kResourceExhausted, {}};
+    }
+    std::vector<BlockId> fresh = allocate_device(static_cast<int32_t>(new_blocks));
+    size_t next = 0;
+    if (cow) {
+      // NOTE (contract): the copy's destination is the first block allocated.
+      const BlockId src = s.table[write_block];
+      const BlockId dst = fresh[next++];
+      pending_copies_.push_back({src, dst, partial});
+      --device_[src].ref;  // other sharers still hold it
+      s.table[write_block] = dst;
+      ++counters_.cow_copies;
+    }
+    s.table.insert(s.table.end(), fresh.begin() + static_cast<int64_t>(next), fresh.end());
+    std::vector<int64_t> slots;
+    for (int64_t t = s.computed; t < new_total; ++t) {
+      slots.push_back(int64_t{s.table[t / bs]} * bs + t % bs);
+    }
+    s.computed = static_cast<int32_t>(new_total);
+    s.state = SequenceState::kRunning;
+    offer(s);
+    return {Code::kOk, std::move(slots)};
+  }
+
+  // Enters the sequence's newly full computed blocks into the index, each once: a block is
+  // skipped if it is already indexed or another block holds its hash.
+  void offer(Seq& s) {
+    const int32_t full = s.computed / opts_.block_size;
+    if (!opts_.enable_prefix_caching) {
+      s.offered = full;
+      return;
+    }
+    const std::vector<BlockHash> hashes =
+        s.offered < full ? block_hashes(s, full) : std::vector<BlockHash>{};
+    for (int32_t i = s.offered; i < full; ++i) {
+      const BlockId b = s.table[i];
+      const BlockHash& h = hashes[i];
+      DeviceBlock& d = device_[b];
+      if (d.cached || index_.count(key(h))) continue;
+      d.cached = true;
+      d.hash = h;
+      d.parent = i == 0 ? kNoBlock : s.table[i - 1];
+      d.parent_incarnation = i == 0 ? 0 : device_[s.table[i - 1]].incarnation;
+      d.tokens = block_tokens(s, i);
+      d.extra_keys = s.extra_keys;
+      index_[key(h)] = b;
+      BlockStored stored;
+      stored.block_hashes.push_back(h);
+      if (i > 0) stored.parent_hash = hashes[i - 1];
+      stored.token_ids = d.tokens;
+      stored.block_size = opts_.block_size;
+      stored.extra_keys = s.extra_keys;
+      events_.push_back(std::move(stored));
+    }
+    s.offered = std::max(s.offered, full);
+  }
+
+  KvCacheManager::Options opts_;
+  std::map<SeqId, Seq> seqs_;
+  int64_t next_arrival_ = 0;
+  std::vector<DeviceBlock> device_;
+  std::vector<BlockId> device_queue_;  // head first
+  std::vector<int32_t> host_ref_;
+  std::vector<BlockId> host_queue_;
+  std::map<Key, BlockId> index_;
+  std::vector<BlockCopy> pending_copies_;
+  SwapOps pending_swaps_;
+  std::vector<BlockId> deferred_device_;
+  std::vector<BlockId> deferred_host_;
+  Counters counters_;
+  std::vector<KvEvent> events_;
+  std::vector<Preemption> preemptions_;
+};
+
+}  // namespace pagedkv::testing
+
+#endif  // PAGEDKV_TESTS_SUPPORT_REFERENCE_MODEL_H_
