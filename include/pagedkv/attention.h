@@ -83,7 +83,8 @@ struct DecodeArgs {
 struct DecodeOptions {
   int32_t num_splits = 0;  // 0: automatic plan; 1: no split; n > 1: exactly n splits
   // CUDA split-K partials (decode_workspace_bytes() of the plan). Null: a buffer the
-  // library keeps and grows per device (not for CUDA-graph capture; pass one instead).
+  // library keeps and grows (one per process: not for CUDA-graph capture nor for calls on
+  // concurrent streams; pass a workspace per stream instead).
   void* maybe_workspace = nullptr;
   int64_t workspace_bytes = 0;
   void* stream = nullptr;  // cudaStream_t on CUDA; ignored on CPU
