@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 build=${BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja >/dev/null
-cmake --build "$build" -j"$(nproc)" --target pagedkv-allocator-demo
-exec "$build/examples/allocator_demo/pagedkv-allocator-demo" "$@"
+cmake --build "$build" -j"$(nproc)" --target pagedkv-decode
+exec "$build/examples/decode_loop/pagedkv-decode" "$@"
