@@ -9,7 +9,8 @@
 # Environment:
 #   BUILD_DIR  build folder (default build-fuzz); logs and new inputs go under it.
 #   MERGE=1    afterwards, merge the new inputs that add coverage into fuzz/corpus/<target>/.
-#   FUZZ_ARGS  extra libFuzzer flags for the fuzzing runs.
+#   FUZZ_ARGS  extra libFuzzer flags for the fuzzing runs (default: -max_len=1024
+#              -len_control=0: long inputs from the start, since each byte drives the ops).
 # A crash, leak, timeout or failed check exits 1; the input is copied to
 # fuzz/regressions/<target>/, which tests/fuzz_regression_test.cc replays. Commit it.
 set -euo pipefail
@@ -57,7 +58,7 @@ for t in "${targets[@]}"; do
     save_artifacts "$t" "$art"
     status=1
   else
-    echo "$t: $(grep -c . <(ls "fuzz/corpus/$t" "fuzz/regressions/$t")) inputs replayed cleanly"
+    echo "$t: $(find "fuzz/corpus/$t" "fuzz/regressions/$t" -type f | wc -l) inputs replayed cleanly"
   fi
 done
 [ "$status" -eq 0 ] || exit 1
@@ -73,7 +74,7 @@ for t in "${targets[@]}"; do
   # New inputs go to $work (first folder); the seed corpus is only read.
   # shellcheck disable=SC2086
   "$bin" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
-    -artifact_prefix="$art/" ${FUZZ_ARGS:-} "$work" "fuzz/corpus/$t" >"$build/fuzz-$t.log" 2>&1 &
+    -max_len=1024 -len_control=0 -artifact_prefix="$art/" ${FUZZ_ARGS:-} "$work" "fuzz/corpus/$t" >"$build/fuzz-$t.log" 2>&1 &
   pids[$t]=$!
 done
 for t in "${targets[@]}"; do
