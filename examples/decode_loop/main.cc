@@ -7,6 +7,7 @@
 // See docs/decode-loop.md.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -248,7 +249,9 @@ int run(int argc, char** argv) {
     num_seqs += r.num_samples;
   }
   const int64_t slots = int64_t{engine.num_blocks} * engine.block_size;
-  report.contiguous_peak_concurrency = static_cast<int32_t>(slots / report.contiguous_max_len);
+  // Capacity-bound, and never more than the workload's sequences.
+  report.contiguous_peak_concurrency =
+      static_cast<int32_t>(std::min(slots / report.contiguous_max_len, num_seqs));
   report.contiguous_utilization =
       static_cast<double>(real_tokens) / static_cast<double>(num_seqs * report.contiguous_max_len);
 

@@ -27,7 +27,7 @@ struct Report {
   RunStats run;
   // Contiguous max-length reservation of the same workload, for comparison.
   int32_t contiguous_max_len = 0;           // tokens reserved per sequence
-  int32_t contiguous_peak_concurrency = 0;  // sequences the same budget holds
+  int32_t contiguous_peak_concurrency = 0;  // sequences the same budget holds (at most all)
   double contiguous_utilization = 0.0;      // mean real tokens / reserved slots
   std::optional<VerifyResult> verify;
 };
