@@ -1,22 +1,48 @@
 #!/usr/bin/env python3
 """CTest checker for pagedkv-decode: runs the binary with --json and checks the summary.
 
-usage: check_decode.py [--full] BINARY [ARGS...]
+usage: check_decode.py [--full | --expect-mismatch] BINARY [ARGS...]
 
 Always checks: exit status 0, the JSON parses, every request completed, verification ran
 and passed. With --full (the default small workload) also: prefix-cache hit rate > 0, at
 least one preemption of each mode, at least one copy-on-write copy, and swapped blocks
-came back.
+came back. With --expect-mismatch (runs with --fault): the binary must exit 1 and its
+JSON must report a failed verification with at least one mismatching sequence.
 """
 import json
 import subprocess
 import sys
 
 
+def check_mismatch(proc):
+    """A deliberately broken run: verification must fail, visibly and in the exit status."""
+    try:
+        summary = json.loads(proc.stdout)
+    except json.JSONDecodeError as e:
+        print(proc.stdout)
+        print(f"FAIL: --json output does not parse: {e}")
+        return 1
+    verify = summary["verify"]
+    mismatches = [s for s in verify["sequences"] if not s["identical"]] if verify else []
+    for s in mismatches:
+        print(f"ok   mismatch caught: request {s['request']} sample {s['sample']} ({s['why']}) "
+              f"at step {s['first_mismatch']}")
+    if proc.returncode != 1 or not verify or verify["passed"] or not mismatches:
+        print(f"FAIL: expected exit 1 and a failed verification, got exit {proc.returncode}, "
+              f"verify {verify}")
+        return 1
+    print("PASS")
+    return 0
+
+
 def main(argv):
     full = False
+    expect_mismatch = False
     if argv and argv[0] == "--full":
         full = True
+        argv = argv[1:]
+    elif argv and argv[0] == "--expect-mismatch":
+        expect_mismatch = True
         argv = argv[1:]
     if not argv:
         print(__doc__)
@@ -26,6 +52,8 @@ def main(argv):
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.stderr:
         print(proc.stderr, file=sys.stderr)
+    if expect_mismatch:
+        return check_mismatch(proc)
     if proc.returncode != 0:
         print(proc.stdout)
         print(f"FAIL: exit status {proc.returncode}")

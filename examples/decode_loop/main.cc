@@ -55,6 +55,7 @@ verification of 4 sequences against a dense no-cache reference.
   --trace-scale F             multiply trace lengths by F (default 0.015625 = 1/64)
   --verify N                  check N sequences against the dense reference (default 4; 0: off)
   --json                      print the summary as JSON on stdout
+  --fault skip-copies|skip-swap-in   drop those KV copies, to show that --verify catches it
   --help
 )";
 
@@ -72,6 +73,7 @@ struct Flags {
   bool json = false;
   int32_t max_running = 256;
   int32_t max_prefill_tokens = 2048;
+  std::string fault = "none";
   WorkloadOptions workload;
 };
 
@@ -138,6 +140,8 @@ Flags parse(int argc, char** argv) {
       f.workload.trace_path = value;
     } else if (arg == "--trace-scale") {
       as_double(&f.workload.trace_scale);
+    } else if (arg == "--fault") {
+      f.fault = value;
     } else if (arg == "--verify") {
       as_int(&f.verify);
     } else {
@@ -186,6 +190,14 @@ int run(int argc, char** argv) {
     engine.preemption = PreemptionPolicy::kSwap;
   } else if (flags.preemption != "mixed") {
     fail(absl::StrCat("--preemption ", flags.preemption, ": expected mixed, recompute or swap"));
+  }
+
+  if (flags.fault == "skip-copies") {
+    engine.fault = Fault::kSkipCopies;
+  } else if (flags.fault == "skip-swap-in") {
+    engine.fault = Fault::kSkipSwapIn;
+  } else if (flags.fault != "none") {
+    fail(absl::StrCat("--fault ", flags.fault, ": expected skip-copies or skip-swap-in"));
   }
 
   ModelConfig config;

@@ -233,8 +233,10 @@ absl::Status Engine::schedule_waiting() {
 absl::Status Engine::execute_kv_ops() {
   // Both every step: the manager defers releasing blocks named by pending copies until the
   // engine has taken them.
-  const pagedkv::SwapOps swaps = manager_->take_pending_swaps();
-  const std::vector<pagedkv::BlockCopy> copies = manager_->take_pending_copies();
+  pagedkv::SwapOps swaps = manager_->take_pending_swaps();
+  std::vector<pagedkv::BlockCopy> copies = manager_->take_pending_copies();
+  if (options_.fault == Fault::kSkipCopies) copies.clear();
+  if (options_.fault == Fault::kSkipSwapIn) swaps.swap_in.clear();
   stats_.swap_out_blocks_executed += static_cast<int64_t>(swaps.swap_out.size());
   stats_.swap_in_blocks_executed += static_cast<int64_t>(swaps.swap_in.size());
   stats_.cow_copies_executed += static_cast<int64_t>(copies.size());

@@ -46,6 +46,14 @@ enum class PreemptionPolicy {
   kMixed,      // alternate swap and recompute, so one run exercises both
 };
 
+// Deliberate bugs for testing the verifier: each drops one kind of KV copy, so the
+// affected sequences read stale KV and --verify must report a mismatch.
+enum class Fault {
+  kNone,
+  kSkipCopies,  // copy-on-write copies are not run
+  kSkipSwapIn,  // swap-in copies are not run
+};
+
 struct EngineOptions {
   pagedkv::Device device = pagedkv::Device::kCpu;
   pagedkv::DType kv_dtype = pagedkv::DType::kFloat32;
@@ -58,6 +66,7 @@ struct EngineOptions {
   int32_t max_prefill_tokens = 2048;  // new prompt tokens per step
   uint64_t seed = 1;
   bool progress = false;  // status line on stderr
+  Fault fault = Fault::kNone;
 };
 
 // One sequence: a request's sample.
