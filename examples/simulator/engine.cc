@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <type_traits>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -99,11 +100,19 @@ class Engine {
   auto timed(F&& f) {
     if (!opt_.measure_allocator_time) return f();
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = f();
-    alloc_ns_ +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-    return r;
+    auto add_elapsed = [&] {
+      alloc_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - t0)
+                       .count();
+    };
+    if constexpr (std::is_void_v<decltype(f())>) {
+      f();
+      add_elapsed();
+    } else {
+      auto r = f();
+      add_elapsed();
+      return r;
+    }
   }
 
   const Request& request_of(const Seq& s) const { return trace_.requests[s.request]; }
@@ -224,10 +233,13 @@ class Engine {
         scheduled_.push_back(child);
       }
     }
-    timed([&] {
-      alloc_.run_copies();
-      return 0;
-    });
+    timed([&] { alloc_.run_copies(); });
+    if (opt_.check_invariants) {
+      if (absl::Status c = alloc_.check_invariants(); !c.ok()) {
+        return absl::InternalError(absl::StrCat(result_.allocator, " step ", result_.steps,
+                                                ": invariant broken: ", c.message()));
+      }
+    }
     if (scheduled_.empty()) {
       rebuild_running();
       return absl::OkStatus();

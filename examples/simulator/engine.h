@@ -38,6 +38,7 @@ struct EngineOptions {
   int32_t beam_interval = 8;             // beam requests re-fork every this many tokens
   int32_t series_points = 400;           // samples of the over-time series
   bool measure_allocator_time = false;   // time allocator calls (wall clock)
+  bool check_invariants = false;         // check the allocator's invariants every step (tests)
   // Called every ~progress_every steps with (steps, completed, total requests).
   std::function<void(int64_t, int64_t, int64_t)> progress;
   int64_t progress_every = 20000;

@@ -305,6 +305,8 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
 
   absl::Status swap_in(SeqId seq) override { return manager_->swap_in(seq); }
 
+  absl::Status check_invariants() const override { return manager_->check_invariants(); }
+
   void run_copies() override {
     (void)manager_->take_pending_swaps();
     (void)manager_->take_pending_copies();

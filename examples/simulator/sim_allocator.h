@@ -98,6 +98,9 @@ class SimAllocator {
   // pending copy still named only then.
   virtual void run_copies() {}
 
+  // The allocator's own invariant check (KvCacheManager::check_invariants() for paged).
+  [[nodiscard]] virtual absl::Status check_invariants() const { return absl::OkStatus(); }
+
   // Memory held by `running` sequences (and any the allocator holds for admission).
   virtual AllocatorUsage usage(std::span<const SeqId> running) const = 0;
   virtual AllocatorCounters counters() const = 0;

@@ -283,7 +283,9 @@ TEST_CASE("engine: a pool too small for two growing requests preempts and still 
   setup.budget_tokens = 24;
   setup.max_model_len = 32;
   setup.watermark_fraction = 0;
-  absl::StatusOr<EngineResult> r = run_engine(t, setup, EngineOptions{});
+  EngineOptions checked;
+  checked.check_invariants = true;
+  absl::StatusOr<EngineResult> r = run_engine(t, setup, checked);
   REQUIRE(r.ok());
   CHECK(r->completed == 2);
   CHECK(r->preemptions >= 1);
@@ -293,7 +295,7 @@ TEST_CASE("engine: a pool too small for two growing requests preempts and still 
   // Swap mode with host space: the victim is swapped out and back instead.
   setup.preemption_mode = PreemptionMode::kSwap;
   setup.host_budget_tokens = 64;
-  absl::StatusOr<EngineResult> swapped = run_engine(t, setup, EngineOptions{});
+  absl::StatusOr<EngineResult> swapped = run_engine(t, setup, checked);
   REQUIRE(swapped.ok());
   CHECK(swapped->completed == 2);
   CHECK(swapped->preemptions_swap >= 1);
@@ -452,6 +454,7 @@ TEST_CASE("quick run on the generated workload: prefix caching multiplies concur
   SimOptions o = quick_options();
   o.traces.clear();
   o.synthetic = true;
+  o.engine.check_invariants = true;  // KvCacheManager::check_invariants() after every step
   absl::StatusOr<SimReport> report = run_simulation(o);
   REQUIRE(report.ok());
   REQUIRE(report->runs.size() == 1);
