@@ -268,7 +268,13 @@ int run(int argc, char** argv) {
       static_cast<double>(real_tokens) / static_cast<double>(num_seqs * report.contiguous_max_len);
 
   if (flags.verify > 0) {
+    if (engine.progress) {
+      std::fprintf(stderr, "verifying %d sequences against the dense no-cache reference...",
+                   flags.verify);
+      std::fflush(stderr);
+    }
     absl::StatusOr<VerifyResult> result = verify(model, eng, flags.verify, kv_dtype);
+    if (engine.progress) std::fprintf(stderr, "\r\033[K");
     if (!result.ok()) fail(absl::StrCat("verify failed: ", result.status().ToString()));
     report.verify = *std::move(result);
   }
