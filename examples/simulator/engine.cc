@@ -28,7 +28,6 @@ struct Group {
   int32_t live = 0;           // sequences not finished
   int32_t forks_pending = 0;  // children to fork after the first prefill
   int32_t next_sample = 1;
-  bool rejected = false;
   std::vector<SeqId> members;  // live sequences, oldest first (beams)
 };
 
@@ -340,7 +339,6 @@ class Engine {
   void reject(SeqId id) {
     Seq& s = seqs_.at(id);
     s.state = State::kDone;
-    groups_[s.request].rejected = true;
     groups_[s.request].live = 0;
     ++result_.rejected;
     seqs_.erase(id);

@@ -32,6 +32,9 @@ block size. Runs the eviction study (LRU on BlockPool vs Belady) on the Mooncake
                         "generated" the generator). Default: the three shipped traces.
   --synthetic           also replay the generated workload (shared system prompts,
                         parallel samples, beams; trace name "generated")
+  --gen-requests N      generated workload: requests (default 2000)
+  --gen-rate X          generated workload: Poisson arrivals per second (default 20)
+  --gen-seed N          generated workload: random seed (default 1)
   --no-eviction         skip the eviction study
   --quick               first 400 requests of each trace (for tests)
   --max-requests N      first N requests of each trace
@@ -90,6 +93,13 @@ int main(int argc, char** argv) {
       options.traces.push_back(v);
     } else if (a == "--synthetic") {
       options.synthetic = true;
+    } else if (a == "--gen-requests" && value(&v) && absl::SimpleAtoi(v, &n) && n >= 0 &&
+               n <= (1 << 30)) {
+      options.synthetic_options.num_requests = static_cast<int32_t>(n);
+    } else if (a == "--gen-rate" && value(&v) && parse_double(v, &d) && d > 0) {
+      options.synthetic_options.rate_per_s = d;
+    } else if (a == "--gen-seed" && value(&v) && absl::SimpleAtoi(v, &n)) {
+      options.synthetic_options.seed = static_cast<uint64_t>(n);
     } else if (a == "--no-eviction") {
       options.eviction = false;
     } else if (a == "--quick") {

@@ -1,8 +1,11 @@
 #include "trace.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
