@@ -94,6 +94,17 @@ Flags parse(int argc, char** argv) {
       f.json = true;
       continue;
     }
+    static constexpr const char* kValueFlags[] = {
+        "--device",         "--kv-budget-mb", "--swap-space-mb",
+        "--block-size",     "--kv-dtype",     "--requests",
+        "--max-new-tokens", "--samples",      "--system-prompt-len",
+        "--preemption",     "--max-running",  "--max-prefill-tokens",
+        "--layers",         "--d-model",      "--ffn-dim",
+        "--seed",           "--trace",        "--trace-scale",
+        "--verify",         "--fault"};
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), arg) == std::end(kValueFlags)) {
+      fail(absl::StrCat("unknown option ", arg, " (see --help)"));
+    }
     if (i + 1 >= argc) fail(absl::StrCat(arg, " needs a value (see --help)"));
     const std::string value = argv[++i];
     auto as_int = [&](int32_t* out) {
@@ -216,7 +227,7 @@ int run(int argc, char** argv) {
                                   .block_size = flags.block_size};
   const auto budget = static_cast<int64_t>(flags.kv_budget_mb * (1 << 20));
   absl::StatusOr<int32_t> num_blocks = spec.num_blocks_for_budget(budget);
-  if (!num_blocks.ok()) fail(absl::StrCat("--kv-budget-mb: ", num_blocks.status().message()));
+  if (!num_blocks.ok()) fail(absl::StrCat("KV cache: ", num_blocks.status().message()));
   engine.num_blocks = *num_blocks;
   const double swap_mb = flags.swap_space_mb < 0 ? flags.kv_budget_mb : flags.swap_space_mb;
   engine.num_host_blocks =
