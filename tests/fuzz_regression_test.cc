@@ -86,6 +86,81 @@ TEST_CASE("allocate_slots rejects a lookahead whose block count overflows int32"
   CHECK(m.sequence(1)->num_computed_tokens == 0);
 }
 
+// The engine runs a step's copies in the order take_pending_swaps() documents: swap-out,
+// then copy-on-write copies, then swap-in. A block must therefore not be read by an earlier
+// group of that order before a later group writes it.
+bool intersects(const std::vector<BlockCopy>& readers, const std::vector<BlockCopy>& writers) {
+  for (const BlockCopy& r : readers) {
+    for (const BlockCopy& w : writers) {
+      if (r.src == w.dst) return true;
+    }
+  }
+  return false;
+}
+
+// Puts sequence 1 (3 tokens, block_size 2) on the host, runs that step, then swaps it back in
+// without running the step: its device blocks' swap-in copies are pending.
+KvCacheManager swapped_back_in() {
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .num_host_blocks = 4});
+  const TokenId prompt[] = {1, 2, 3};
+  REQUIRE(m.add_sequence(1, prompt).ok());
+  REQUIRE(m.allocate_slots(1, 3).ok());
+  REQUIRE(m.preempt(1, PreemptionMode::kSwap).ok());
+  (void)m.take_pending_swaps();  // step: swap-out runs
+  REQUIRE(m.swap_in(1).ok());
+  return m;
+}
+
+TEST_CASE("swap-out in the same step as a swap-in never reads the blocks still being filled",
+          "[.][known-bug]") {
+  // swap_in(1) then preempt(1, kSwap) before the step (allocate_slots_or_preempt picks such
+  // a victim when it was swapped in earlier in the same scheduling pass): the swap-out reads
+  // device blocks 2 and 3 before the swap-in copies fill them, so the host copy is garbage
+  // and the sequence resumes with wrong KV.
+  KvCacheManager m = swapped_back_in();
+  REQUIRE(m.preempt(1, PreemptionMode::kSwap).ok());
+  const SwapOps ops = m.take_pending_swaps();
+  CHECK_FALSE(intersects(ops.swap_out, ops.swap_in));
+}
+
+TEST_CASE("a copy-on-write copy never reads a block whose swap-in is still pending",
+          "[.][known-bug]") {
+  // swap_in(1), fork(1, 2) and a decode step of 2 before the step: the CoW copy of the
+  // shared partial block is ordered before the swap-in that fills it, so sequence 2 gets
+  // garbage for token 2.
+  KvCacheManager m = swapped_back_in();
+  REQUIRE(m.fork(1, 2).ok());
+  const TokenId next[] = {9};
+  REQUIRE(m.append_tokens(2, next).ok());
+  REQUIRE(m.allocate_slots(2, 1).ok());
+  const std::vector<BlockCopy> copies = m.take_pending_copies();
+  const SwapOps swaps = m.take_pending_swaps();
+  REQUIRE(copies.size() == 1);
+  CHECK_FALSE(intersects(copies, swaps.swap_in));
+}
+
+TEST_CASE("swap-out in the same step as a copy-on-write never reads the copy's destination",
+          "[.][known-bug]") {
+  // Sequence 2 forked from 1 appends a token (CoW of the shared partial block into a new
+  // block) and is then preempted by swap in the same scheduling pass, e.g. as the victim of
+  // allocate_slots_or_preempt for another sequence: the swap-out of the new block runs
+  // before the CoW copy fills it, so the host copy lacks tokens computed in earlier steps.
+  KvCacheManager m = make_manager({.num_blocks = 6, .block_size = 2, .num_host_blocks = 4});
+  const TokenId prompt[] = {1, 2, 3};
+  REQUIRE(m.add_sequence(1, prompt).ok());
+  REQUIRE(m.allocate_slots(1, 3).ok());
+  REQUIRE(m.fork(1, 2).ok());
+  (void)m.take_pending_copies();  // step: prefill written
+  const TokenId next[] = {9};
+  REQUIRE(m.append_tokens(2, next).ok());
+  REQUIRE(m.allocate_slots(2, 1).ok());  // CoW of block 1 into a new block
+  REQUIRE(m.preempt(2, PreemptionMode::kSwap).ok());
+  const SwapOps swaps = m.take_pending_swaps();
+  const std::vector<BlockCopy> copies = m.take_pending_copies();
+  REQUIRE(copies.size() == 1);
+  CHECK_FALSE(intersects(swaps.swap_out, copies));
+}
+
 }  // namespace known_bug
 
 }  // namespace

@@ -149,6 +149,14 @@ inline constexpr const char* kNames[] = {"constant",  "first_token", "tokens_onl
 
 // --- the driver -----------------------------------------------------------------------------
 
+// The engine-protocol guards described above (run the step before freeing, preempting or
+// forking an unsettled sequence). Building with -DPAGEDKV_OPS_PROTOCOL_GUARDS=0 drops them,
+// to study what goes wrong when an engine does those things mid-step.
+#ifndef PAGEDKV_OPS_PROTOCOL_GUARDS
+#define PAGEDKV_OPS_PROTOCOL_GUARDS 1
+#endif
+inline constexpr bool kProtocolGuards = PAGEDKV_OPS_PROTOCOL_GUARDS != 0;
+
 // Steer around bugs already reported (each has a hidden regression test in
 // tests/fuzz_regression_test.cc); set to false to hunt them again.
 inline constexpr bool kAvoidKnownBugs = true;
@@ -598,7 +606,7 @@ class ManagerOpRunner {
       const int64_t computed = s != nullptr ? s->computed : 0;
       if ((computed + n + lookahead + bs_ - 1) / bs_ > INT32_MAX) lookahead = INT32_MAX / 2;
     }
-    if (or_preempt && may_preempt_unsettled(id)) step();
+    if (kProtocolGuards && or_preempt && may_preempt_unsettled(id)) step();
     if (!error_.empty()) return;
     const char* name = or_preempt ? "allocate_slots_or_preempt" : "allocate_slots";
     log(name, "(", id, ", ", n, ", lookahead ", lookahead, ")");
@@ -641,7 +649,7 @@ class ManagerOpRunner {
   void op_fork() {
     const SeqId parent = pick_id();
     const SeqId child = in_.u8() % 4 != 0 ? next_fresh_id_++ : pick_id();
-    if (unsettled(parent)) step();
+    if (kProtocolGuards && unsettled(parent)) step();
     if (!error_.empty()) return;
     log("fork(", parent, ", ", child, ")");
     const Code expected = model_->fork(parent, child);
@@ -650,7 +658,7 @@ class ManagerOpRunner {
 
   void op_free() {
     const SeqId id = pick_id();
-    if (has_pending_writes(id)) step();
+    if (kProtocolGuards && has_pending_writes(id)) step();
     if (!error_.empty()) return;
     log("free(", id, ")");
     const Code expected = model_->free(id);
@@ -660,7 +668,10 @@ class ManagerOpRunner {
   void op_preempt() {
     const SeqId id = pick_id();
     const PreemptionMode mode = (in_.u8() & 1) ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
-    if (mode == PreemptionMode::kSwap ? unsettled(id) : has_pending_writes(id)) step();
+    if (kProtocolGuards &&
+        (mode == PreemptionMode::kSwap ? unsettled(id) : has_pending_writes(id))) {
+      step();
+    }
     if (!error_.empty()) return;
     log("preempt(", id, ", ", mode == PreemptionMode::kSwap ? "swap" : "recompute", ")");
     const Code expected = model_->preempt(id, mode);
