@@ -243,9 +243,15 @@ class KvCacheManager {
   // Errors: NotFound.
   [[nodiscard]] absl::Status free(SeqId seq);
 
-  // Copy-on-write copies recorded since the last call, to run before this step's writes.
+  // KvCacheManager::take_pending_copies() / take_pending_swaps()
+  //
+  // The copies recorded since the last call: copy-on-write copies, and swap-out / swap-in
+  // copies. Run them every step, before the step's K/V writes, in this order: swap_out,
+  // copies, swap_in. Copies within one list may run concurrently.
+  // NOTE: a block released while a pending copy still names it (a copy-on-write source
+  // whose sibling finished, a host block a swap-in reads) is held back until the engine has
+  // taken the ops. Call both every step, or blocks stay held.
   std::vector<BlockCopy> take_pending_copies();
-  // Swap copies recorded since the last call: run swap_out, then copies, then swap_in.
   SwapOps take_pending_swaps();
 
   // KvCacheManager::build_block_tables()
