@@ -358,8 +358,10 @@ absl::Status Engine::step() {
                      " free blocks): the KV budget is too small for the longest sequence"));
   }
   status = execute_kv_ops();
-  if (status.ok()) status = run_batch(prefill_, /*prefill=*/true);
+  // Batches run in allocation order: an admission may have matched a block that a decode
+  // step of this same step filled, so those K/V must be written first.
   if (status.ok()) status = run_batch(decode_, /*prefill=*/false);
+  if (status.ok()) status = run_batch(prefill_, /*prefill=*/true);
   ++stats_.steps;
   return status;
 }
