@@ -2,19 +2,23 @@
 //
 // "Paged": block_size 16 (or the size given), blocks a random permutation of a pool 2x the
 // needed size. "Contiguous": one block per sequence holding its whole context, an identity
-// table: the same kernel with no paging. The bar: paged <= 1.15x contiguous.
-// Also times write_kv and extend (prefill) attention. Single-threaded, like the kernels.
+// table: the same kernel with no paging. Both pools are KvStorage CPU pools. The bar: paged
+// <= 1.15x contiguous. Also times write_kv and extend (prefill) attention. Single-threaded, like
+// the kernels.
 //
 // Run: build/bench/attention_cpu_bench --benchmark_min_time=0.5
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "pagedkv/attention.h"
+#include "pagedkv/kv_storage.h"
 #include "pagedkv/numeric.h"
 
 namespace pagedkv {
@@ -27,19 +31,17 @@ constexpr int32_t kNumKvHeads = 8;
 template <typename T>
 struct Setup {
   int32_t num_blocks = 0, block_size = 0, max_blocks = 0;
-  std::vector<T> k, v, q, out;
+  std::optional<KvStorage> storage;  // one layer; huge-page backed like any CPU pool
+  std::vector<T> q, out;
   std::vector<int32_t> table, lens;
-  KvCacheView view() {
-    return make_kv_cache_view(k.data(), v.data(), DTypeOf<T>::value, num_blocks, kNumKvHeads,
-                              block_size, kHeadDim);
-  }
+  KvCacheView view() const { return storage->view(0); }
   BlockTableView tables() const {
     return {table.data(), lens.data(), static_cast<int32_t>(lens.size()), max_blocks, block_size};
   }
 };
 
 // `paged`: blocks of `block_size` from a shuffled pool 2x the needed size; otherwise one
-// block of `context` tokens per sequence.
+// block of `context` tokens per sequence. Both pools come from KvStorage.
 template <typename T>
 Setup<T> make_setup(int32_t batch, int32_t context, int32_t block_size, bool paged) {
   Setup<T> s;
@@ -47,6 +49,15 @@ Setup<T> make_setup(int32_t batch, int32_t context, int32_t block_size, bool pag
   s.max_blocks = num_blocks_for_tokens(context, s.block_size);
   const int32_t needed = batch * s.max_blocks;
   s.num_blocks = paged ? 2 * needed : needed;
+  const KvCacheSpec spec{.num_layers = 1,
+                         .num_kv_heads = kNumKvHeads,
+                         .head_dim = kHeadDim,
+                         .dtype = DTypeOf<T>::value,
+                         .block_size = s.block_size};
+  absl::StatusOr<KvStorage> storage =
+      KvStorage::create(spec, s.num_blocks, {.device = Device::kCpu});
+  if (!storage.ok()) std::abort();
+  s.storage.emplace(std::move(*storage));
   std::vector<int32_t> ids(s.num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::mt19937 rng(1);
@@ -54,12 +65,12 @@ Setup<T> make_setup(int32_t batch, int32_t context, int32_t block_size, bool pag
   s.table.assign(ids.begin(), ids.begin() + needed);
   s.lens.assign(batch, context);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  const int64_t pool = int64_t{s.num_blocks} * kNumKvHeads * s.block_size * kHeadDim;
-  s.k.resize(pool);
-  s.v.resize(pool);
-  for (int64_t i = 0; i < pool; ++i) {
-    s.k[i] = from_float<T>(uni(rng));
-    s.v[i] = from_float<T>(uni(rng));
+  const KvCacheView view = s.view();
+  T* k = static_cast<T*>(view.k);
+  T* v = static_cast<T*>(view.v);
+  for (int64_t i = 0; i < pool_elements(view); ++i) {
+    k[i] = from_float<T>(uni(rng));
+    v[i] = from_float<T>(uni(rng));
   }
   s.q.resize(int64_t{batch} * kNumQHeads * kHeadDim);
   for (T& x : s.q) x = from_float<T>(uni(rng));

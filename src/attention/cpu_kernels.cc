@@ -137,14 +137,17 @@ void attention_typed(const AttentionParams& p) {
         for (int32_t t0 = w.begin; t0 < w.end; t0 += kChunk) {
           const int32_t n = std::min(kChunk, w.end - t0);
           const int32_t t_next = t0 + kChunk;
-          if (t_next < w.end) {
-            const int32_t n_next = std::min(kChunk, w.end - t_next);
-            chunk_offsets(kv, table_row, kvh, t_next, n_next, offsets[cur ^ 1]);
-            for (int32_t j = 0; j < n_next; ++j) {
-              prefetch_row<KVT, HD>(k_pool + offsets[cur ^ 1][j]);
-              prefetch_row<KVT, HD>(v_pool + offsets[cur ^ 1][j]);
+          const int32_t n_next = t_next < w.end ? std::min(kChunk, w.end - t_next) : 0;
+          if (n_next > 0) chunk_offsets(kv, table_row, kvh, t_next, n_next, offsets[cur ^ 1]);
+          // The next chunk's rows are prefetched a few at a time, spread over this chunk's
+          // rows, so the requests do not arrive in one burst.
+          int32_t prefetched = 0;
+          auto prefetch_until = [&](int32_t upto) {
+            for (; prefetched < upto; ++prefetched) {
+              prefetch_row<KVT, HD>(k_pool + offsets[cur ^ 1][prefetched]);
+              prefetch_row<KVT, HD>(v_pool + offsets[cur ^ 1][prefetched]);
             }
-          }
+          };
           // Gather: only tokens below the item's end (<= context length) are addressed.
           for (int32_t j = 0; j < n; ++j) {
             // fp32 rows are copied too: the computation then always reads one dense
@@ -154,8 +157,8 @@ void attention_typed(const AttentionParams& p) {
             convert_row<KVT, HD>(k_pool + off, &k_buf[size_t(j) * HD], 1.0f);
             convert_row<KVT, HD>(v_pool + off, &v_buf[size_t(j) * HD], 1.0f);
           }
-          cur ^= 1;
           for (int32_t r = 0; r < rows; ++r) {
+            prefetch_until(static_cast<int32_t>(int64_t{n_next} * (r + 1) / rows));
             // Causal selection: this row sees tokens < limit, a prefix of the chunk.
             const int32_t limit = w.causal_base + r / group + 1;
             const int32_t valid = std::clamp(limit - t0, 0, n);
@@ -176,6 +179,8 @@ void attention_typed(const AttentionParams& p) {
               axpy<HD>(orow, pj, &v_buf[size_t(j) * HD]);
             }
           }
+          prefetch_until(n_next);  // rows skipped by `continue` above
+          cur ^= 1;
         }
 
         for (int32_t r = 0; r < rows; ++r) {

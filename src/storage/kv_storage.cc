@@ -1,6 +1,7 @@
 // KvStorage: pools, sizing, and batched copy / swap ops on CPU and CUDA.
 #include "pagedkv/kv_storage.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,7 +23,22 @@
 namespace pagedkv {
 namespace {
 
-constexpr std::align_val_t kHostAlignment{64};
+// CPU pools are aligned to 2 MiB and advised as transparent huge pages: the kernels walk
+// the pool block by block in random order, and with 4 KiB pages every block costs a TLB
+// miss (measured in bench/attention_cpu_bench.cc: paged fp32 decode at 4K context went
+// from 1.26x to 1.05x the time over a contiguous cache).
+constexpr std::align_val_t kHostAlignment{size_t{2} << 20};
+
+char* allocate_host(int64_t bytes) {
+  char* p = static_cast<char*>(
+      ::operator new[](static_cast<size_t>(bytes), kHostAlignment, std::nothrow));
+  if (p == nullptr) return nullptr;
+#ifdef MADV_HUGEPAGE
+  madvise(p, static_cast<size_t>(bytes), MADV_HUGEPAGE);  // advice only; failure is fine
+#endif
+  std::memset(p, 0, static_cast<size_t>(bytes));
+  return p;
+}
 
 #if PAGEDKV_HAVE_CUDA
 absl::Status cuda_status(const char* fn, cudaError_t err) {
@@ -74,16 +90,12 @@ absl::StatusOr<KvStorage> KvStorage::create(const KvCacheSpec& spec, int32_t num
   };
   if (s.device_ == Device::kCpu) {
     if (main_bytes > 0) {
-      s.data_ = static_cast<char*>(
-          ::operator new[](static_cast<size_t>(main_bytes), kHostAlignment, std::nothrow));
+      s.data_ = allocate_host(main_bytes);
       if (s.data_ == nullptr) return exhausted("host memory", main_bytes);
-      std::memset(s.data_, 0, static_cast<size_t>(main_bytes));
     }
     if (host_bytes > 0) {
-      s.host_data_ = static_cast<char*>(
-          ::operator new[](static_cast<size_t>(host_bytes), kHostAlignment, std::nothrow));
+      s.host_data_ = allocate_host(host_bytes);
       if (s.host_data_ == nullptr) return exhausted("host swap memory", host_bytes);
-      std::memset(s.host_data_, 0, static_cast<size_t>(host_bytes));
       s.host_data_device_ = s.host_data_;
     }
     return s;
