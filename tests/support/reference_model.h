@@ -15,7 +15,7 @@
 //   - both free queues, head (allocated next) to tail, as plain vectors;
 //   - the prefix index: BlockHash -> block, where a hit must also match the stored tokens,
 //     extra keys and parent block (as that parent is now: a block's `incarnation` changes
-//     whenever it leaves the index);
+//     whenever it is allocated, that is whenever its contents may change);
 //   - counters (Stats), KV events and preemption hooks.
 // Contract choices the header leaves open are marked "NOTE (contract)"; the model follows
 // the implementation there so that a disagreement means a bug, not a taste difference.
@@ -57,7 +57,7 @@ class ReferenceModel {
   struct DeviceBlock {
     int32_t ref = 0;
     bool cached = false;
-    uint64_t incarnation = 0;  // changes whenever the block leaves the index
+    uint64_t incarnation = 0;  // changes whenever the block is allocated (new contents)
     // Valid while cached: what a hit must match.
     BlockHash hash;
     BlockId parent = kNoBlock;
@@ -345,7 +345,6 @@ class ReferenceModel {
   void leave_index(DeviceBlock& d) {
     index_.erase(key(d.hash));
     d.cached = false;
-    ++d.incarnation;
   }
 
   // Head of the queue first; cached blocks taken this way are evicted.
@@ -359,6 +358,7 @@ class ReferenceModel {
         leave_index(d);
         ++counters_.evictions;
       }
+      ++d.incarnation;
       d.ref = 1;
     }
     if (!removed.block_hashes.empty()) events_.push_back(std::move(removed));
