@@ -47,8 +47,9 @@ struct DecodePlan {
 };
 
 // Plans the split of a decode batch. Automatic: split only when the batch has fewer CTAs
-// (num_seqs * num_kv_heads) than the machine holds (num_sms * ctas_per_sm), into enough
-// splits to fill it, at most kMaxAutoSplits and at least kMinTokensPerSplit tokens each.
+// (num_seqs * num_kv_heads) than the machine holds (num_sms * ctas_per_sm), into as many
+// splits as still fit in one wave, at most kMaxAutoSplits and at least kMinTokensPerSplit
+// tokens each.
 // Forced: requested_splits (capped at kMaxSplits) splits of equal whole-block size.
 inline DecodePlan plan_decode(const DecodePlanInputs& in) {
   DecodePlan plan;
@@ -61,7 +62,9 @@ inline DecodePlan plan_decode(const DecodePlanInputs& in) {
     const int64_t ctas = int64_t{in.num_seqs} * in.num_kv_heads;
     const int64_t slots = int64_t{std::max(in.num_sms, 1)} * std::max(in.ctas_per_sm, 1);
     if (ctas > 0 && ctas < slots) {
-      const int64_t by_occupancy = (slots + ctas - 1) / ctas;
+      // Whole multiples only: ceil would start a partial second wave whose few CTAs
+      // cannot saturate memory bandwidth on their own.
+      const int64_t by_occupancy = slots / ctas;
       const int64_t by_length = std::max<int64_t>(1, in.max_context_len / kMinTokensPerSplit);
       splits = std::min<int64_t>({by_occupancy, by_length, kMaxAutoSplits});
     }
