@@ -201,6 +201,14 @@ TEST_CASE("decode plan splits only an under-filled machine", "[attention]") {
                       .num_sms = 132,
                       .ctas_per_sm = 4});
   CHECK(plan.num_splits == 1);
+  plan = plan_decode({.num_seqs = 64,
+                      .num_kv_heads = 8,
+                      .max_context_len = 8192,
+                      .block_size = 16,
+                      .num_sms = 132,
+                      .ctas_per_sm = 10});
+  CHECK(plan.num_splits == 2);  // 512 CTAs, 1320 slots: two whole waves' worth, not three
+  CHECK(plan.tokens_per_split == 4096);
   plan = plan_decode({.num_seqs = 1,
                       .num_kv_heads = 8,
                       .max_context_len = 300,
