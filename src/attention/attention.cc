@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -152,6 +153,44 @@ absl::Status check_smem(const char* fn, const KvCacheView& c, DType q_dtype, int
   return absl::OkStatus();
 }
 
+// SM count and resident decode CTAs per SM for a kernel variant on the current device,
+// queried once per (device, dtypes, head_dim, rows) and cached: plan_decode_for() runs on
+// every decode call. {0, 0} when a query fails.
+struct MachineShape {
+  int num_sms = 0;
+  int ctas_per_sm = 0;
+};
+MachineShape machine_shape(DType q_dtype, const KvCacheView& c, int32_t rows) {
+  struct Entry {
+    int device;
+    DType q, kv;
+    int32_t head_dim, rows;
+    MachineShape shape;
+  };
+  static std::mutex mutex;
+  static std::vector<Entry> entries;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return {};
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Entry& e : entries) {
+    if (e.device == device && e.q == q_dtype && e.kv == c.dtype && e.head_dim == c.head_dim &&
+        e.rows == rows) {
+      return e.shape;
+    }
+  }
+  MachineShape shape;
+  int ctas = 0;
+  if (cudaDeviceGetAttribute(&shape.num_sms, cudaDevAttrMultiProcessorCount, device) !=
+          cudaSuccess ||
+      internal::attention_ctas_per_sm(q_dtype, c.dtype, c.head_dim, rows, &ctas) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  shape.ctas_per_sm = std::max(ctas, 1);
+  entries.push_back({device, q_dtype, c.dtype, c.head_dim, rows, shape});
+  return shape;
+}
+
 // Device workspace for split-K partials when the caller passes none, grown on demand.
 absl::StatusOr<void*> library_workspace(int64_t bytes) {
   static std::mutex mutex;
@@ -254,16 +293,10 @@ DecodePlan plan_decode_for(Device device, const KvCacheView& cache, const BlockT
   }
 #if PAGEDKV_HAVE_CUDA
   if (device == Device::kCuda && cuda_device_available() && options.num_splits == 0) {
-    int dev = 0;
-    int sms = 0;
-    int ctas = 0;
     const int32_t group = args.num_q_heads / std::max(cache.num_kv_heads, 1);
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        internal::attention_ctas_per_sm(args.dtype, cache.dtype, cache.head_dim, group, &ctas) ==
-            cudaSuccess) {
-      in.num_sms = sms;
-      in.ctas_per_sm = std::max(ctas, 1);
+    if (const MachineShape shape = machine_shape(args.dtype, cache, group); shape.num_sms > 0) {
+      in.num_sms = shape.num_sms;
+      in.ctas_per_sm = shape.ctas_per_sm;
     }
   }
 #endif
