@@ -28,6 +28,11 @@
 //   PAGEDKV_RETURN_IF_ERROR(paged_decode_attention(device, cache, tables.padded(),
 //       {.q = q, .out = out, .dtype = DType::kFloat32, .num_q_heads = 8,
 //        .max_context_len = max_len}));
+//   // Prefill / extend: write the new tokens' K/V first (write_kv with their slots), then
+//   // sequence i's qo_indptr[i + 1] - qo_indptr[i] new query rows attend causally.
+//   PAGEDKV_RETURN_IF_ERROR(paged_extend_attention(device, cache, tables.padded(),
+//       {.q = q_new, .out = out_new, .dtype = DType::kFloat32, .num_q_heads = 8,
+//        .qo_indptr = qo_indptr, .max_query_len = longest_prompt}));
 #ifndef PAGEDKV_ATTENTION_H_
 #define PAGEDKV_ATTENTION_H_
 
