@@ -280,6 +280,8 @@ class ManagerOpRunner {
     hash_index_ = 7;  // real
     if (profile_ == OpProfile::kHash) hash_index_ = (f >> 4) % 8;
     opts_.hash_fn = weak_hash::kAll[hash_index_];
+    if (profile_ == OpProfile::kManager) policy_ = std::max(0, (f >> 4) % 8 - 2);
+    opts_.victim_policy = make_policy(policy_);
     // A base text that shared prompts take prefixes of.
     const uint8_t seed = in_.u8();
     const int alphabet = profile_ == OpProfile::kHash ? 2 : 4;
@@ -292,13 +294,44 @@ class ManagerOpRunner {
     opts_.preemption_hooks = &hooks_;
   }
 
+  // Victim policies other than the default, including unhelpful ones: each is a pure
+  // function of what it is shown, so the manager and the model get the same answers.
+  static VictimPolicy make_policy(int kind) {
+    switch (kind) {
+      case 1:  // gives up
+        return [](std::span<const SequenceInfo>, SeqId) { return std::nullopt; };
+      case 2:  // the earliest arrival, by swap even when the host pool is too small
+        return [](std::span<const SequenceInfo> running, SeqId) {
+          return std::optional<Preemption>({running.front().id, PreemptionMode::kSwap});
+        };
+      case 3:  // the requester itself
+        return [](std::span<const SequenceInfo>, SeqId requester) {
+          return std::optional<Preemption>({requester, PreemptionMode::kRecompute});
+        };
+      case 4:  // a sequence that does not exist
+        return [](std::span<const SequenceInfo>, SeqId) {
+          return std::optional<Preemption>({-424242, PreemptionMode::kRecompute});
+        };
+      case 5:  // the one holding the most blocks
+        return [](std::span<const SequenceInfo> running, SeqId) {
+          const SequenceInfo* best = &running.front();
+          for (const SequenceInfo& s : running) {
+            if (s.num_blocks > best->num_blocks) best = &s;
+          }
+          return std::optional<Preemption>({best->id, PreemptionMode::kRecompute});
+        };
+      default:
+        return nullptr;  // the manager's default policy
+    }
+  }
+
   std::string describe_options() const {
     std::ostringstream out;
     out << "num_blocks=" << opts_.num_blocks << " block_size=" << opts_.block_size
         << " host=" << opts_.num_host_blocks << " max_model_len=" << opts_.max_model_len
         << " watermark=" << opts_.watermark_blocks << " caching=" << opts_.enable_prefix_caching
         << " mode=" << (opts_.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute")
-        << " hash=" << weak_hash::kNames[hash_index_];
+        << " hash=" << weak_hash::kNames[hash_index_] << " policy=" << policy_;
     return out.str();
   }
 
@@ -892,6 +925,16 @@ class ManagerOpRunner {
                                     static_cast<int32_t>(s.tokens.size()), s.computed});
       }
     }
+    for (const SeqId id : {SeqId{-1}, SeqId{0}, SeqId{1}, SeqId{7}, next_fresh_id_ - 1,
+                           std::numeric_limits<SeqId>::min()}) {
+      const bool present = m.find(id) != nullptr;
+      if (impl_->contains(id) != present ||
+          (!present && impl_->sequence(id).status().code() != Code::kNotFound)) {
+        fail("contains(", id, ") / sequence(", id, ") disagree with the model (present: ", present,
+             ")");
+        return;
+      }
+    }
     std::sort(expected_running.begin(), expected_running.end(),
               [](const SequenceInfo& a, const SequenceInfo& b) { return a.arrival < b.arrival; });
     const std::vector<SequenceInfo> running = impl_->running_sequences();
@@ -1032,6 +1075,7 @@ class ManagerOpRunner {
   OpProfile profile_;
   KvCacheManager::Options opts_;
   int hash_index_ = 7;
+  int policy_ = 0;  // victim policy: 0 the manager's default, else make_policy(policy_)
   int32_t bs_ = 1;
   std::vector<TokenId> base_;
   KvEventBuffer events_;

@@ -172,22 +172,43 @@ class ReferenceModel {
     while (true) {
       auto result = allocate(*s, n, lookahead);
       if (result.first != Code::kResourceExhausted) return result;
-      // Default policy: lowest priority, then latest arrival; swap only if the host fits it.
-      const Seq* victim = nullptr;
+      // The running sequences but the requester, in arrival order, as the policy sees them.
+      std::vector<SequenceInfo> running;
       for (const auto& [vid, v] : seqs_) {
         if (vid == id || v.state != SequenceState::kRunning) continue;
-        if (victim == nullptr || v.priority < victim->priority ||
-            (v.priority == victim->priority && v.arrival > victim->arrival)) {
-          victim = &v;
-        }
+        running.push_back({vid, v.priority, v.arrival, static_cast<int32_t>(v.table.size()),
+                           static_cast<int32_t>(v.tokens.size()), v.computed});
       }
-      if (victim == nullptr) return result;
+      std::sort(running.begin(), running.end(),
+                [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
+      if (running.empty()) return result;
+      SeqId victim_id = 0;
       PreemptionMode mode = opts_.preemption_mode;
-      if (mode == PreemptionMode::kSwap &&
-          blocks_for(victim->computed) > static_cast<int64_t>(host_queue_.size())) {
-        mode = PreemptionMode::kRecompute;
+      if (opts_.victim_policy) {
+        // NOTE (contract): a policy that gives up, names the requester or names a sequence
+        // that is not running makes the call fail with ResourceExhausted.
+        const std::optional<Preemption> choice = opts_.victim_policy(running, id);
+        if (!choice.has_value() || choice->victim == id) return result;
+        const Seq* v = find(choice->victim);
+        if (v == nullptr || v->state != SequenceState::kRunning) return result;
+        victim_id = choice->victim;
+        mode = choice->mode;
+      } else {
+        // Default policy: lowest priority, then latest arrival; swap only if the host fits it.
+        const SequenceInfo* victim = &running.front();
+        for (const SequenceInfo& v : running) {
+          if (v.priority < victim->priority ||
+              (v.priority == victim->priority && v.arrival > victim->arrival)) {
+            victim = &v;
+          }
+        }
+        if (mode == PreemptionMode::kSwap &&
+            blocks_for(victim->num_computed_tokens) > static_cast<int64_t>(host_queue_.size())) {
+          mode = PreemptionMode::kRecompute;
+        }
+        victim_id = victim->id;
       }
-      const Code c = preempt(victim->id, mode);
+      const Code c = preempt(victim_id, mode);
       if (c != Code::kOk) return {c, {}};
     }
   }
