@@ -151,8 +151,8 @@ void attention_typed(const AttentionParams& p) {
           // Gather: only tokens below the item's end (<= context length) are addressed.
           for (int32_t j = 0; j < n; ++j) {
             // fp32 rows are copied too: the computation then always reads one dense
-            // L1-resident tile, whatever the block size (measured: paged fp32 reading
-            // the pool in place cost 1.2-1.4x a contiguous cache; copied, ~1.0-1.2x).
+            // L1-resident tile, whatever the block size (measured: reading paged fp32
+            // rows in place cost 1.2-1.4x a contiguous cache; copying them, less).
             const int64_t off = offsets[cur][j];
             convert_row<KVT, HD>(k_pool + off, &k_buf[size_t(j) * HD], 1.0f);
             convert_row<KVT, HD>(v_pool + off, &v_buf[size_t(j) * HD], 1.0f);
