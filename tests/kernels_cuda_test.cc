@@ -322,6 +322,75 @@ TEST_CASE("CUDA decode uses a caller workspace and refuses one too small", "[gpu
         std::string::npos);
 }
 
+TEST_CASE("CUDA decode replays from a CUDA graph with the same output", "[gpu]") {
+  if (!have_gpu()) return;
+  // The fixed grid (early exit for empty splits) and a caller workspace make the call
+  // capturable; replays must equal a direct launch.
+  AttentionCase c{.head_dim = 128,
+                  .block_size = 16,
+                  .num_q_heads = 32,
+                  .num_kv_heads = 8,
+                  .q_dtype = DType::kBFloat16,
+                  .kv_dtype = DType::kFloat8E4M3,
+                  .lens = {3000, 17, 0, 512}};
+  AttentionFixture f = testing::make_fixture(c);
+  const Run direct = run_cuda(f, 8);
+  DeviceFixture d(f);
+  DeviceBuffer out(f.q.size());
+  const DecodePlan plan{.num_splits = 8};
+  const int64_t need = decode_workspace_bytes(plan, 4, 32, 128);
+  DeviceBuffer workspace(need);
+  KvCacheView view = f.view();
+  view.k = d.k.get();
+  view.v = d.v.get();
+  BlockTableView table = f.table_view();
+  table.block_table = d.table.get<int32_t>();
+  table.context_lens = d.lens.get<int32_t>();
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status s = paged_decode_attention(Device::kCuda, view, table,
+                                                {.q = d.q.get(),
+                                                 .out = out.get(),
+                                                 .dtype = c.q_dtype,
+                                                 .num_q_heads = 32,
+                                                 .maybe_k_scale = d.scales.get<float>(),
+                                                 .maybe_v_scale = d.scales.get<float>() + 1,
+                                                 .max_context_len = 3000},
+                                                {.num_splits = 8,
+                                                 .maybe_workspace = workspace.get(),
+                                                 .workspace_bytes = need,
+                                                 .stream = stream});
+  CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+  REQUIRE(s.ok());
+  cudaGraphExec_t exec;
+  CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CUDA_REQUIRE(cudaGraphLaunch(exec, stream));
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  CHECK(testing::to_doubles(out.read<uint8_t>(), c.q_dtype) == direct.out);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("CUDA storage is sized from a fraction of free device memory", "[gpu]") {
+  if (!have_gpu()) return;
+  const KvCacheSpec spec{.num_layers = 32,
+                         .num_kv_heads = 8,
+                         .head_dim = 128,
+                         .dtype = DType::kBFloat16,
+                         .block_size = 16};
+  absl::StatusOr<int64_t> budget = KvStorage::free_memory_budget(Device::kCuda, 0.01);
+  REQUIRE(budget.ok());
+  REQUIRE(*budget >= spec.bytes_per_block());
+  absl::StatusOr<KvStorage> storage =
+      KvStorage::create_for_budget(spec, *budget, {.device = Device::kCuda});
+  REQUIRE(storage.ok());
+  CHECK(storage->num_blocks() == *spec.num_blocks_for_budget(*budget));
+  CHECK(storage->bytes() <= *budget);
+}
+
 TEST_CASE("CUDA write_kv writes the same bytes as the CPU", "[gpu]") {
   if (!have_gpu()) return;
   for (DType cache : {DType::kFloat32, DType::kBFloat16, DType::kFloat8E4M3}) {
