@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -45,6 +46,13 @@ Blocks table(const KvCacheManager& m, SeqId seq) {
   auto view = m.sequence(seq);
   REQUIRE(view.ok());
   return Blocks(view->block_table.begin(), view->block_table.end());
+}
+
+// Ends a scheduling step as an engine does: it takes the pending copies, runs them and the
+// step's kernels. Sequences scheduled before count as written from here on.
+void end_step(KvCacheManager& m) {
+  m.take_pending_swaps();
+  m.take_pending_copies();
 }
 
 void admit(KvCacheManager& m, SeqId seq, const std::vector<TokenId>& prompt,
@@ -144,6 +152,7 @@ TEST_CASE("a freed prompt's full blocks hit the prefix cache, never the last tok
   admit(m, 1, prompt);
   allocate(m, 1, 10);
   const Blocks first = table(m, 1);  // 0 1 2
+  end_step(m);
   REQUIRE(m.free(1).ok());
   require_valid(m);
   REQUIRE(m.stats().cached_free_blocks == 2);  // two full blocks; block 2 is partial
@@ -169,6 +178,7 @@ TEST_CASE("eviction under pressure takes the least recently freed, tail blocks f
   allocate(m, 1, 6);  // blocks 0 1 2, all full and cached
   admit(m, 2, iota_tokens(4, 50));
   allocate(m, 2, 4);  // blocks 3 4
+  end_step(m);
   REQUIRE(m.free(1).ok());
   REQUIRE(m.free(2).ok());
   require_valid(m);
@@ -214,6 +224,7 @@ TEST_CASE("fork shares blocks; appending to a shared partial block copies it onc
   KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
   admit(m, 1, iota_tokens(6));
   allocate(m, 1, 6);  // blocks 0 (full) 1 (2 tokens)
+  end_step(m);
   REQUIRE(m.fork(1, 2).ok());
   require_valid(m);
   REQUIRE(table(m, 2) == Blocks{0, 1});
@@ -257,6 +268,7 @@ TEST_CASE("a block named by a pending copy is released only after the copies are
   KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4});
   admit(m, 1, iota_tokens(2));
   allocate(m, 1, 2);  // block 0, partial
+  end_step(m);
   REQUIRE(m.fork(1, 2).ok());
   REQUIRE(m.append_tokens(2, std::vector<TokenId>{5}).ok());
   allocate(m, 2, 1);        // copy 0 -> 1
@@ -275,6 +287,7 @@ TEST_CASE("recompute preemption frees the victim's blocks and calls the hooks") 
   allocate(m, 1, 4);
   admit(m, 2, iota_tokens(3, 50), {.priority = 0});
   allocate(m, 2, 3);  // pool full
+  end_step(m);
   REQUIRE(m.append_tokens(1, std::vector<TokenId>{9}).ok());
   REQUIRE(m.allocate_slots(1, 1).status().code() == absl::StatusCode::kResourceExhausted);
 
@@ -301,6 +314,7 @@ TEST_CASE("the default victim is the lowest priority, then the latest arrival") 
   admit(m, 12, iota_tokens(1), {.priority = 0});
   admit(m, 13, iota_tokens(1), {.priority = 9});
   for (SeqId id : {10, 11, 12, 13}) allocate(m, id, 1);
+  end_step(m);
   REQUIRE(m.append_tokens(13, iota_tokens(3)).ok());
   REQUIRE(m.allocate_slots_or_preempt(13, 3).ok());
   require_valid(m);
@@ -324,6 +338,7 @@ TEST_CASE("a custom victim policy decides, and giving up leaves ResourceExhauste
   admit(m, 2, iota_tokens(1));
   allocate(m, 1, 1);
   allocate(m, 2, 1);
+  end_step(m);
   REQUIRE(m.append_tokens(2, iota_tokens(1)).ok());
   const Snapshot before = snapshot(m, {1, 2});
   require_error(m.allocate_slots_or_preempt(2, 1).status(), absl::StatusCode::kResourceExhausted,
@@ -344,6 +359,7 @@ TEST_CASE("swap preemption moves blocks to the host pool and swap_in restores th
   admit(m, 2, iota_tokens(6, 50));
   allocate(m, 2, 6);  // blocks 3 4 5
   const Blocks device_before = table(m, 1);
+  end_step(m);
 
   REQUIRE(m.append_tokens(2, iota_tokens(1)).ok());
   REQUIRE(m.allocate_slots_or_preempt(2, 1).ok());  // victim: seq 1, latest arrival? no: seq 1
@@ -397,12 +413,89 @@ TEST_CASE("swap mode falls back to recompute when the host pool is too small") {
   allocate(m, 1, 4);
   admit(m, 2, iota_tokens(4, 9));
   allocate(m, 2, 4);
+  end_step(m);
   REQUIRE(m.append_tokens(1, iota_tokens(1)).ok());
   REQUIRE(m.allocate_slots_or_preempt(1, 1).ok());
   REQUIRE(hooks.calls ==
           std::vector<std::pair<SeqId, PreemptionMode>>{{2, PreemptionMode::kRecompute}});
+  end_step(m);
   require_error(m.preempt(1, PreemptionMode::kSwap), absl::StatusCode::kResourceExhausted,
                 "need 3 host blocks, 1 free of 1");
+  require_valid(m);
+}
+
+TEST_CASE("a sequence scheduled in this step is not preempted before its K/V is written") {
+  RecordingHooks hooks;
+  KvCacheManager m = make_manager({.num_blocks = 4,
+                                   .block_size = 2,
+                                   .num_host_blocks = 4,
+                                   .preemption_mode = PreemptionMode::kSwap,
+                                   .preemption_hooks = &hooks});
+  admit(m, 1, iota_tokens(4));
+  allocate(m, 1, 4);
+  admit(m, 2, iota_tokens(4, 50));
+  allocate(m, 2, 4);  // both scheduled in this step; the pool is full
+  REQUIRE(m.append_tokens(2, iota_tokens(1)).ok());
+  const Snapshot before = snapshot(m, {1, 2});
+  require_error(m.preempt(1, PreemptionMode::kSwap), absl::StatusCode::kFailedPrecondition,
+                "scheduled in this step");
+  require_error(m.preempt(1, PreemptionMode::kRecompute), absl::StatusCode::kFailedPrecondition,
+                "scheduled in this step");
+  require_error(m.allocate_slots_or_preempt(2, 1).status(), absl::StatusCode::kResourceExhausted,
+                "need 1 blocks, 0 free of 4");
+  REQUIRE(hooks.calls.empty());
+  REQUIRE(snapshot(m, {1, 2}) == before);
+  end_step(m);  // the step ran: both may be preempted now
+  REQUIRE(m.allocate_slots_or_preempt(2, 1).ok());
+  REQUIRE(hooks.calls == std::vector<std::pair<SeqId, PreemptionMode>>{{1, PreemptionMode::kSwap}});
+  // A sequence swapped in during this step is not swapped out again before the swap-in ran.
+  end_step(m);
+  REQUIRE(m.free(2).ok());
+  REQUIRE(m.swap_in(1).ok());
+  require_error(m.preempt(1, PreemptionMode::kSwap), absl::StatusCode::kFailedPrecondition,
+                "scheduled in this step");
+  require_valid(m);
+}
+
+TEST_CASE("copy-on-write never copies tokens this step has not written") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  admit(m, 1, iota_tokens(6));
+  allocate(m, 1, 6);
+  REQUIRE(m.fork(1, 2).ok());  // the child shares the parent's unwritten tokens
+  REQUIRE(m.append_tokens(2, iota_tokens(1)).ok());
+  const Snapshot before = snapshot(m, {1, 2});
+  require_error(m.allocate_slots(2, 1).status(), absl::StatusCode::kFailedPrecondition,
+                "copy-on-write of block 1 would copy tokens whose K/V this step has not written");
+  REQUIRE(snapshot(m, {1, 2}) == before);
+  end_step(m);
+  REQUIRE(allocate(m, 2, 1) == Slots{2 * 4 + 2});
+  REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{1, 2, 2}});
+}
+
+TEST_CASE("freeing a sequence in the step that filled its blocks keeps them out of the cache") {
+  KvEventBuffer events;
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 2, .event_sink = &events});
+  admit(m, 1, iota_tokens(4));
+  allocate(m, 1, 2);
+  end_step(m);                                // block 0 is written
+  REQUIRE(allocate(m, 1, 2) == Slots{2, 3});  // block 1 is filled in this step
+  REQUIRE(m.free(1).ok());                    // aborted before the step ran
+  require_valid(m);
+  REQUIRE(m.device_pool().is_cached(0));
+  REQUIRE_FALSE(m.device_pool().is_cached(1));
+  const std::vector<KvEvent> seen = events.take();
+  REQUIRE(std::holds_alternative<BlockRemoved>(seen.back()));
+  admit(m, 2, iota_tokens(5));
+  REQUIRE(*m.match_prefix(2) == 2);
+}
+
+TEST_CASE("a lookahead whose block count overflows int32 is refused") {
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 1});
+  admit(m, 1, iota_tokens(1));
+  const Snapshot before = snapshot(m, {1});
+  require_error(m.allocate_slots(1, 1, std::numeric_limits<int32_t>::max()).status(),
+                absl::StatusCode::kInvalidArgument, "slots need 2147483648 blocks; the pool has 4");
+  REQUIRE(snapshot(m, {1}) == before);
   require_valid(m);
 }
 

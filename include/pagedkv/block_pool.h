@@ -105,6 +105,12 @@ class BlockPool {
                         const BlockHash* parent_hash, std::span<const TokenId> tokens,
                         std::span<const uint64_t> extra_keys);
 
+  // BlockPool::uncache()
+  //
+  // Takes `block` out of the hash index (emitting BlockRemoved) if it is there: its
+  // contents will not be what its hash says. The block keeps its references.
+  void uncache(BlockId block);
+
   // BlockPool::reset_prefix_cache()
   //
   // Empties the hash index: cached free blocks become clean, in-use blocks stop being

@@ -196,17 +196,19 @@ class KvCacheManager {
   // take_pending_copies()). A waiting sequence's first call is its admission: it must
   // leave watermark_blocks free.
   // Errors: NotFound; InvalidArgument (negative counts, more tokens than the sequence
-  // has); FailedPrecondition (swapped: call swap_in() first); ResourceExhausted when the
-  // pool lacks blocks (nothing changes; the caller may preempt and retry).
+  // has); FailedPrecondition (swapped: call swap_in() first; or a copy-on-write that would
+  // copy tokens whose K/V this step has not written yet); ResourceExhausted when the pool
+  // lacks blocks (nothing changes; the caller may preempt and retry).
   [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_slots(SeqId seq,
                                                                         int32_t num_new_tokens,
                                                                         int32_t num_lookahead = 0);
 
   // KvCacheManager::allocate_slots_or_preempt()
   //
-  // allocate_slots(), preempting victims chosen by the victim policy (never `seq` itself)
-  // while the pool lacks blocks. Each preemption calls the hooks. Returns
-  // ResourceExhausted when no victim is left or the policy gives up; preemptions made
+  // allocate_slots(), preempting victims chosen by the victim policy while the pool lacks
+  // blocks. Candidates are the running sequences other than `seq` that have not been
+  // scheduled in this step (see preempt()). Each preemption calls the hooks. Returns
+  // ResourceExhausted when no candidate is left or the policy gives up; preemptions made
   // before that stay made.
   [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_slots_or_preempt(
       SeqId seq, int32_t num_new_tokens, int32_t num_lookahead = 0);
@@ -216,8 +218,10 @@ class KvCacheManager {
   // Preempts a running sequence. Recompute: its blocks are freed (hashed ones stay cached)
   // and it is waiting again with all its tokens to recompute. Swap: host blocks are
   // allocated, swap-out copies recorded, device blocks freed; it is swapped. Calls the
-  // hooks. Errors: NotFound; FailedPrecondition unless running; ResourceExhausted when the
-  // host pool lacks blocks for a swap.
+  // hooks. Errors: NotFound; FailedPrecondition unless running, or when the sequence was
+  // scheduled in this step (it got slots or was swapped in since the last take_pending_*()):
+  // its new K/V is not written yet, so neither a swap-out nor a later prefix hit could
+  // read it; ResourceExhausted when the host pool lacks blocks for a swap.
   [[nodiscard]] absl::Status preempt(SeqId seq, PreemptionMode mode);
 
   // KvCacheManager::swap_in()
@@ -233,13 +237,17 @@ class KvCacheManager {
   // with the same tokens, computed count, priority and extra keys, and a new arrival.
   // Copy-on-write happens on the next append to a shared partial block.
   // Errors: NotFound (unknown parent); AlreadyExists (child id in use);
-  // FailedPrecondition (parent swapped).
+  // FailedPrecondition (parent swapped). A child forked from a parent scheduled in this
+  // step shares its unwritten tokens: it may append only after the step (see
+  // allocate_slots()).
   [[nodiscard]] absl::Status fork(SeqId parent, SeqId child);
 
   // KvCacheManager::free()
   //
   // Releases a sequence in any state, returning its blocks tail first so that its later
-  // blocks are evicted before its (more shared) beginning. Hashed blocks stay cached.
+  // blocks are evicted before its (more shared) beginning. Hashed blocks stay cached,
+  // except blocks it filled in this step and holds alone: their K/V may never be written.
+  // NOTE: an engine computes every sequence it scheduled in a step; free (abort) it after.
   // Errors: NotFound.
   [[nodiscard]] absl::Status free(SeqId seq);
 
@@ -248,6 +256,8 @@ class KvCacheManager {
   // The copies recorded since the last call: copy-on-write copies, and swap-out / swap-in
   // copies. Run them every step, before the step's K/V writes, in this order: swap_out,
   // copies, swap_in. Copies within one list may run concurrently.
+  // Taking the ops ends the step's scheduling: sequences scheduled before it count as
+  // computed from then on (they may be preempted or forked again).
   // NOTE: a block released while a pending copy still names it (a copy-on-write source
   // whose sibling finished, a host block a swap-in reads) is held back until the engine has
   // taken the ops. Call both every step, or blocks stay held.
@@ -314,6 +324,8 @@ class KvCacheManager {
   void record_copy(std::vector<BlockCopy>& ops, BlockCopy op, std::vector<uint16_t>* src_marks,
                    std::vector<uint16_t>* dst_marks);
   void release_deferred();
+  bool scheduled_this_step(const internal::Sequence& seq) const;
+  void mark_scheduled(internal::Sequence& seq, int32_t settled_tokens);
   absl::Status check_pool_balance(const BlockPool& pool, bool host) const;
 
   Options options_;
@@ -325,6 +337,8 @@ class KvCacheManager {
   std::vector<BlockId> scratch_blocks_;
   std::vector<BlockCopy> pending_copies_;
   SwapOps pending_swaps_;
+  // Counts steps: each take_pending_*() ends one. Starts at 1 so new sequences are settled.
+  uint64_t step_ = 1;
   // Blocks named by a pending copy, per pool: a block released while it is still to be
   // read or written by a pending copy is parked in deferred_* until the engine has taken
   // the ops, so that one batch never reuses a block it also copies.

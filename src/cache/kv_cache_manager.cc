@@ -17,7 +17,8 @@ using internal::Sequence;
 
 namespace {
 
-int32_t div_ceil(int64_t a, int32_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+// In int64: a lookahead near INT32_MAX must not wrap the block count.
+int64_t div_ceil(int64_t a, int32_t b) { return (a + b - 1) / b; }
 
 std::span<const TokenId> block_tokens(const Sequence& seq, int32_t index, int32_t block_size) {
   return std::span<const TokenId>(seq.tokens)
@@ -126,7 +127,7 @@ absl::Status KvCacheManager::add_sequence(SeqId seq, std::span<const TokenId> pr
                                                    prompt.size(), " tokens exceeds max_model_len ",
                                                    options_.max_model_len));
   }
-  const int32_t prompt_blocks = div_ceil(static_cast<int64_t>(prompt.size()), options_.block_size);
+  const int64_t prompt_blocks = div_ceil(static_cast<int64_t>(prompt.size()), options_.block_size);
   const int32_t admissible = options_.num_blocks - options_.watermark_blocks;
   if (prompt_blocks > admissible) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -249,7 +250,7 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
                      num_new_tokens, " new tokens exceeds the sequence's ", seq.tokens.size(),
                      " tokens; append_tokens() first"));
   }
-  const int32_t total_blocks = div_ceil(new_total + num_lookahead, bs);
+  const int64_t total_blocks = div_ceil(new_total + num_lookahead, bs);
   if (total_blocks > options_.num_blocks) {
     return absl::InvalidArgumentError(
         absl::StrCat("allocate_slots(seq ", seq.id, "): ", new_total + num_lookahead,
@@ -260,8 +261,14 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   const int32_t partial = seq.num_computed - write_block * bs;
   const bool copy_on_write =
       num_new_tokens > 0 && partial != 0 && device_pool_.ref_count(seq.blocks[write_block]) > 1;
+  if (copy_on_write && scheduled_this_step(seq) && seq.settled_tokens < seq.num_computed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "allocate_slots(seq ", seq.id, "): copy-on-write of block ", seq.blocks[write_block],
+        " would copy tokens whose K/V this step has not written yet; append after the step"));
+  }
   const int32_t new_blocks =
-      std::max(0, total_blocks - static_cast<int32_t>(seq.blocks.size())) + (copy_on_write ? 1 : 0);
+      static_cast<int32_t>(std::max<int64_t>(0, total_blocks - std::ssize(seq.blocks))) +
+      (copy_on_write ? 1 : 0);
   const bool admission = seq.state == SequenceState::kWaiting;
   const int32_t reserve = admission ? options_.watermark_blocks : 0;
   if (new_blocks + reserve > device_pool_.num_free_blocks()) {
@@ -285,6 +292,7 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
       ++block;
     }
   }
+  if (num_new_tokens > 0) mark_scheduled(seq, seq.num_computed);
   seq.num_computed = static_cast<int32_t>(new_total);
   seq.state = SequenceState::kRunning;
   if (seq.num_offered_blocks < seq.num_computed / bs) offer_computed_blocks(seq);
@@ -324,7 +332,9 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preem
 
 std::optional<Preemption> KvCacheManager::choose_victim(SeqId requester) const {
   std::vector<SequenceInfo> running = running_sequences();
-  std::erase_if(running, [&](const SequenceInfo& info) { return info.id == requester; });
+  std::erase_if(running, [&](const SequenceInfo& info) {
+    return info.id == requester || scheduled_this_step(*find(info.id));
+  });
   if (running.empty()) return std::nullopt;
   std::optional<Preemption> choice =
       options_.victim_policy ? options_.victim_policy(running, requester)
@@ -332,7 +342,10 @@ std::optional<Preemption> KvCacheManager::choose_victim(SeqId requester) const {
                                               host_pool_.num_free_blocks(), options_.block_size);
   if (!choice.has_value() || choice->victim == requester) return std::nullopt;
   const Sequence* victim = find(choice->victim);
-  if (victim == nullptr || victim->state != SequenceState::kRunning) return std::nullopt;
+  if (victim == nullptr || victim->state != SequenceState::kRunning ||
+      scheduled_this_step(*victim)) {
+    return std::nullopt;
+  }
   return choice;
 }
 
@@ -342,9 +355,15 @@ absl::Status KvCacheManager::preempt(SeqId seq, PreemptionMode mode) {
     return absl::FailedPreconditionError(absl::StrCat("preempt(seq ", seq, "): sequence is ",
                                                       state_name(s->state), ", not running"));
   }
+  if (scheduled_this_step(*s)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("preempt(seq ", seq,
+                     "): sequence was scheduled in this step and its K/V "
+                     "is not written yet; preempt it before scheduling it, or in a later step"));
+  }
   const int32_t bs = options_.block_size;
   if (mode == PreemptionMode::kSwap) {
-    const int32_t needed = div_ceil(s->num_computed, bs);
+    const auto needed = static_cast<int32_t>(div_ceil(s->num_computed, bs));
     if (needed > host_pool_.num_free_blocks()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("preempt(seq ", seq, ", swap): need ", needed, " host blocks, ",
@@ -396,6 +415,7 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
   blocks_swapped_in_ += needed;
   release_host_blocks(*s);
   s->state = SequenceState::kRunning;
+  mark_scheduled(*s, /*settled_tokens=*/0);  // nothing is on the device before swap-in runs
   offer_computed_blocks(*s);
   return absl::OkStatus();
 }
@@ -425,6 +445,12 @@ absl::Status KvCacheManager::fork(SeqId parent, SeqId child) {
 
 absl::Status KvCacheManager::free(SeqId seq) {
   PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "free"));
+  if (scheduled_this_step(*s)) {
+    // Blocks it filled in this step and holds alone may never be written: unshare them.
+    for (int32_t i = s->settled_tokens / options_.block_size; i < s->num_offered_blocks; ++i) {
+      if (device_pool_.ref_count(s->blocks[i]) == 1) device_pool_.uncache(s->blocks[i]);
+    }
+  }
   release_device_blocks(*s);
   release_host_blocks(*s);
   sequences_.erase(seq);
@@ -439,6 +465,16 @@ void KvCacheManager::record_copy(std::vector<BlockCopy>& ops, BlockCopy op,
   ops.push_back(op);
   if (src_marks != nullptr) ++(*src_marks)[op.src];
   if (dst_marks != nullptr) ++(*dst_marks)[op.dst];
+}
+
+bool KvCacheManager::scheduled_this_step(const Sequence& seq) const {
+  return seq.scheduled_step == step_;
+}
+
+void KvCacheManager::mark_scheduled(Sequence& seq, int32_t settled_tokens) {
+  if (seq.scheduled_step == step_) return;  // keep the tokens settled before this step
+  seq.scheduled_step = step_;
+  seq.settled_tokens = settled_tokens;
 }
 
 void KvCacheManager::release_device_blocks(Sequence& seq) {
@@ -487,6 +523,7 @@ std::vector<BlockCopy> KvCacheManager::take_pending_copies() {
   }
   std::vector<BlockCopy> taken = std::exchange(pending_copies_, {});
   release_deferred();
+  ++step_;
   return taken;
 }
 
@@ -498,6 +535,7 @@ SwapOps KvCacheManager::take_pending_swaps() {
   }
   SwapOps taken = std::exchange(pending_swaps_, {});
   release_deferred();
+  ++step_;
   return taken;
 }
 

@@ -23,6 +23,11 @@ struct Sequence {
   absl::InlinedVector<uint64_t, 2> extra_keys;
   std::vector<BlockHash> block_hashes;  // chained hashes of full token blocks, lazily
   int32_t num_offered_blocks = 0;       // leading blocks already offered to the index
+  // The step (KvCacheManager::step_) in which the sequence last got slots or was swapped
+  // in, and its computed tokens before that step: while scheduled_step is the manager's
+  // step, the K/V of tokens past settled_tokens is not written yet.
+  uint64_t scheduled_step = 0;
+  int32_t settled_tokens = 0;
 };
 
 }  // namespace pagedkv::internal

@@ -117,6 +117,15 @@ bool BlockPool::cache_full_block(BlockId block, const BlockHash& hash, BlockId p
   return true;
 }
 
+void BlockPool::uncache(BlockId block) {
+  PAGEDKV_DCHECK(block >= 0 && block < num_blocks_);
+  if (!hash_index_->is_cached(block)) return;
+  const BlockHash hash = hash_index_->hash(block);
+  hash_index_->erase(block);
+  cached_free_blocks_ -= ref_count_[block] == 0;
+  if (event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}});
+}
+
 void BlockPool::reset_prefix_cache() {
   std::vector<BlockId> cached;
   cached.reserve(hash_index_->size());
