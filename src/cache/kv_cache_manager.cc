@@ -147,7 +147,9 @@ absl::Status KvCacheManager::add_sequence(SeqId seq, std::span<const TokenId> pr
 }
 
 absl::Status KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> tokens) {
-  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "append_tokens"));
+  Sequence* s = find(seq);  // hot: one lookup, no StatusOr on the way
+  if (s == nullptr) [[unlikely]]
+    return find_or_error(seq, "append_tokens").status();
   if (static_cast<int64_t>(s->tokens.size()) + static_cast<int64_t>(tokens.size()) >
       options_.max_model_len) {
     return absl::InvalidArgumentError(
@@ -227,7 +229,9 @@ void KvCacheManager::reset_prefix_cache() { device_pool_.reset_prefix_cache(); }
 absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots(SeqId seq,
                                                                         int32_t num_new_tokens,
                                                                         int32_t num_lookahead) {
-  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "allocate_slots"));
+  Sequence* s = find(seq);  // hot: one lookup, no StatusOr on the way
+  if (s == nullptr) [[unlikely]]
+    return find_or_error(seq, "allocate_slots").status();
   return allocate_slots_impl(*s, num_new_tokens, num_lookahead);
 }
 

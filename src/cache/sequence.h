@@ -11,23 +11,25 @@
 
 namespace pagedkv::internal {
 
+// The fields a decode step reads come first, so that a step touches two cache lines of it.
 struct Sequence {
-  SeqId id = 0;
   SequenceState state = SequenceState::kWaiting;
-  int32_t priority = 0;
-  int64_t arrival = 0;
-  std::vector<TokenId> tokens;       // prompt, then generated tokens
-  int32_t num_computed = 0;          // tokens whose KV is (being) written
-  std::vector<BlockId> blocks;       // device block table; may hold lookahead blocks
-  std::vector<BlockId> host_blocks;  // while swapped: ceil(num_computed / block_size)
-  absl::InlinedVector<uint64_t, 2> extra_keys;
-  std::vector<BlockHash> block_hashes;  // chained hashes of full token blocks, lazily
-  int32_t num_offered_blocks = 0;       // leading blocks already offered to the index
+  int32_t num_computed = 0;        // tokens whose KV is (being) written
+  int32_t num_offered_blocks = 0;  // leading blocks already offered to the index
   // The step (KvCacheManager::step_) in which the sequence last got slots or was swapped
   // in, and its computed tokens before that step: while scheduled_step is the manager's
   // step, the K/V of tokens past settled_tokens is not written yet.
-  uint64_t scheduled_step = 0;
   int32_t settled_tokens = 0;
+  uint64_t scheduled_step = 0;
+  std::vector<TokenId> tokens;  // prompt, then generated tokens
+  std::vector<BlockId> blocks;  // device block table; may hold lookahead blocks
+
+  SeqId id = 0;
+  int32_t priority = 0;
+  int64_t arrival = 0;
+  std::vector<BlockId> host_blocks;  // while swapped: ceil(num_computed / block_size)
+  absl::InlinedVector<uint64_t, 2> extra_keys;
+  std::vector<BlockHash> block_hashes;  // chained hashes of full token blocks, lazily
 };
 
 }  // namespace pagedkv::internal
