@@ -57,11 +57,11 @@ TEST_CASE("the hash fuzzer's corpus and saved crashes replay cleanly", "[fuzz]")
   replay("regressions", "hash", OpProfile::kHash);
 }
 
-// --- Known bugs ------------------------------------------------------------------------------
-// Minimal reproductions of bugs the fuzzers found in src/, reported in BUGS-FROM-FUZZ.md.
-// Hidden ([.]) until fixed so the default suite stays green; run them with
-//   pagedkv_tests "[known-bug]"
-// When one passes, drop the [.] tag and the matching workaround in manager_ops.h.
+// --- Bugs found by fuzzing ------------------------------------------------------------------
+// Minimal reproductions of bugs the fuzzers and property tests found in src/ (reported in
+// BUGS-FROM-FUZZ.md). Fixed ones run in the default suite; open ones are hidden ([.]) so
+// the suite stays green: run them with  pagedkv_tests "[known-bug]". When one passes, drop
+// its [.] tag and the matching kAvoidKnownBugs workaround in tests/support/manager_ops.h.
 
 namespace known_bug {
 
@@ -71,8 +71,7 @@ KvCacheManager make_manager(KvCacheManager::Options options) {
   return *std::move(manager);
 }
 
-TEST_CASE("allocate_slots rejects a lookahead whose block count overflows int32",
-          "[.][known-bug]") {
+TEST_CASE("allocate_slots rejects a lookahead whose block count overflows int32", "[fuzz]") {
   // Block count of computed + new + lookahead tokens is computed as int64, then narrowed to
   // int32: with block_size 1 and lookahead INT32_MAX it wraps to INT32_MIN, passes the
   // "more blocks than the pool" check, allocates nothing and builds the slot mapping from a
@@ -105,26 +104,30 @@ KvCacheManager swapped_back_in() {
   const TokenId prompt[] = {1, 2, 3};
   REQUIRE(m.add_sequence(1, prompt).ok());
   REQUIRE(m.allocate_slots(1, 3).ok());
+  (void)m.take_pending_copies();  // step: prefill written
+  (void)m.take_pending_swaps();
   REQUIRE(m.preempt(1, PreemptionMode::kSwap).ok());
-  (void)m.take_pending_swaps();  // step: swap-out runs
+  (void)m.take_pending_copies();  // step: swap-out runs
+  (void)m.take_pending_swaps();
   REQUIRE(m.swap_in(1).ok());
   return m;
 }
 
 TEST_CASE("swap-out in the same step as a swap-in never reads the blocks still being filled",
-          "[.][known-bug]") {
+          "[fuzz]") {
   // swap_in(1) then preempt(1, kSwap) before the step (allocate_slots_or_preempt picks such
   // a victim when it was swapped in earlier in the same scheduling pass): the swap-out reads
   // device blocks 2 and 3 before the swap-in copies fill them, so the host copy is garbage
   // and the sequence resumes with wrong KV.
+  // Fixed by refusing to preempt a sequence scheduled in this step.
   KvCacheManager m = swapped_back_in();
-  REQUIRE(m.preempt(1, PreemptionMode::kSwap).ok());
+  const absl::Status preempted = m.preempt(1, PreemptionMode::kSwap);
+  if (!preempted.ok()) CHECK(preempted.code() == absl::StatusCode::kFailedPrecondition);
   const SwapOps ops = m.take_pending_swaps();
   CHECK_FALSE(intersects(ops.swap_out, ops.swap_in));
 }
 
-TEST_CASE("a copy-on-write copy never reads a block whose swap-in is still pending",
-          "[.][known-bug]") {
+TEST_CASE("a copy-on-write copy never reads a block whose swap-in is still pending", "[fuzz]") {
   // swap_in(1), fork(1, 2) and a decode step of 2 before the step: the CoW copy of the
   // shared partial block is ordered before the swap-in that fills it, so sequence 2 gets
   // garbage for token 2.
@@ -132,15 +135,16 @@ TEST_CASE("a copy-on-write copy never reads a block whose swap-in is still pendi
   REQUIRE(m.fork(1, 2).ok());
   const TokenId next[] = {9};
   REQUIRE(m.append_tokens(2, next).ok());
-  REQUIRE(m.allocate_slots(2, 1).ok());
+  // Fixed by refusing a copy-on-write of tokens this step has not written.
+  const auto slots = m.allocate_slots(2, 1);
+  if (!slots.ok()) CHECK(slots.status().code() == absl::StatusCode::kFailedPrecondition);
   const std::vector<BlockCopy> copies = m.take_pending_copies();
   const SwapOps swaps = m.take_pending_swaps();
-  REQUIRE(copies.size() == 1);
   CHECK_FALSE(intersects(copies, swaps.swap_in));
 }
 
 TEST_CASE("swap-out in the same step as a copy-on-write never reads the copy's destination",
-          "[.][known-bug]") {
+          "[fuzz]") {
   // Sequence 2 forked from 1 appends a token (CoW of the shared partial block into a new
   // block) and is then preempted by swap in the same scheduling pass, e.g. as the victim of
   // allocate_slots_or_preempt for another sequence: the swap-out of the new block runs
@@ -154,11 +158,40 @@ TEST_CASE("swap-out in the same step as a copy-on-write never reads the copy's d
   const TokenId next[] = {9};
   REQUIRE(m.append_tokens(2, next).ok());
   REQUIRE(m.allocate_slots(2, 1).ok());  // CoW of block 1 into a new block
-  REQUIRE(m.preempt(2, PreemptionMode::kSwap).ok());
+  // Fixed by refusing to preempt a sequence scheduled in this step.
+  const absl::Status preempted = m.preempt(2, PreemptionMode::kSwap);
+  if (!preempted.ok()) CHECK(preempted.code() == absl::StatusCode::kFailedPrecondition);
   const SwapOps swaps = m.take_pending_swaps();
   const std::vector<BlockCopy> copies = m.take_pending_copies();
   REQUIRE(copies.size() == 1);
   CHECK_FALSE(intersects(swaps.swap_out, copies));
+}
+
+TEST_CASE("swap-out never reads a prefix-hit block that this step is still writing",
+          "[.][known-bug]") {
+  // Sequence 1 fills blocks 0 and 1 in this step (allocate_slots, K/V not written yet; both
+  // blocks enter the prefix index at once). Sequence 2 hits them, gets allocate_slots(2, 0)
+  // (no new tokens, so it does not count as scheduled) and is preempted by swap: the
+  // swap-out reads blocks 0 and 1 before this step's writes, so sequence 2 resumes with
+  // garbage K/V. The same holds for allocate_slots_or_preempt choosing it as a victim.
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4, .num_host_blocks = 4});
+  const TokenId first[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  const TokenId second[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  REQUIRE(m.add_sequence(1, first).ok());
+  const auto slots = m.allocate_slots(1, 8);
+  REQUIRE(slots.ok());
+  std::vector<BlockId> written;
+  for (const int64_t slot : *slots) written.push_back(static_cast<BlockId>(slot / 4));
+  REQUIRE(m.add_sequence(2, second).ok());
+  REQUIRE(*m.match_prefix(2) == 8);
+  REQUIRE(m.allocate_slots(2, 0).ok());
+  const absl::Status preempted = m.preempt(2, PreemptionMode::kSwap);
+  if (!preempted.ok()) CHECK(preempted.code() == absl::StatusCode::kFailedPrecondition);
+  const SwapOps swaps = m.take_pending_swaps();
+  for (const BlockCopy& op : swaps.swap_out) {
+    INFO("swap-out reads block " << op.src);
+    CHECK(std::find(written.begin(), written.end(), op.src) == written.end());
+  }
 }
 
 }  // namespace known_bug

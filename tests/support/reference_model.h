@@ -52,6 +52,10 @@ class ReferenceModel {
     std::vector<BlockId> table;  // device blocks
     std::vector<BlockId> host;   // host blocks (swapped)
     int32_t offered = 0;         // leading full blocks already offered to the index
+    // Scheduled: got slots (allocate_slots with new tokens) or was swapped in during the
+    // current step; `settled` tokens were computed before that. Forks inherit both.
+    uint64_t scheduled_step = 0;
+    int32_t settled = 0;
   };
 
   struct DeviceBlock {
@@ -172,10 +176,11 @@ class ReferenceModel {
     while (true) {
       auto result = allocate(*s, n, lookahead);
       if (result.first != Code::kResourceExhausted) return result;
-      // The running sequences but the requester, in arrival order, as the policy sees them.
+      // Candidates: running sequences but the requester and those scheduled in this step, in
+      // arrival order, as the policy sees them.
       std::vector<SequenceInfo> running;
       for (const auto& [vid, v] : seqs_) {
-        if (vid == id || v.state != SequenceState::kRunning) continue;
+        if (vid == id || v.state != SequenceState::kRunning || scheduled(v)) continue;
         running.push_back({vid, v.priority, v.arrival, static_cast<int32_t>(v.table.size()),
                            static_cast<int32_t>(v.tokens.size()), v.computed});
       }
@@ -190,7 +195,7 @@ class ReferenceModel {
         const std::optional<Preemption> choice = opts_.victim_policy(running, id);
         if (!choice.has_value() || choice->victim == id) return result;
         const Seq* v = find(choice->victim);
-        if (v == nullptr || v->state != SequenceState::kRunning) return result;
+        if (v == nullptr || v->state != SequenceState::kRunning || scheduled(*v)) return result;
         victim_id = choice->victim;
         mode = choice->mode;
       } else {
@@ -217,6 +222,9 @@ class ReferenceModel {
     Seq* s = find(id);
     if (s == nullptr) return Code::kNotFound;
     if (s->state != SequenceState::kRunning) return Code::kFailedPrecondition;
+    // Its new K/V is not written before the step: neither a swap-out nor a later prefix hit
+    // could read it.
+    if (scheduled(*s)) return Code::kFailedPrecondition;
     const int32_t bs = opts_.block_size;
     if (mode == PreemptionMode::kSwap) {
       const auto needed = static_cast<int32_t>(blocks_for(s->computed));
@@ -257,6 +265,7 @@ class ReferenceModel {
     counters_.blocks_swapped_in += needed;
     release_host(*s);
     s->state = SequenceState::kRunning;
+    mark_scheduled(*s, 0);  // nothing is on the device before the swap-in runs
     offer(*s);
     return Code::kOk;
   }
@@ -279,6 +288,17 @@ class ReferenceModel {
   Code free(SeqId id) {
     Seq* s = find(id);
     if (s == nullptr) return Code::kNotFound;
+    if (scheduled(*s)) {
+      // Blocks it filled in this step and holds alone may never be written: unshare them.
+      const int32_t end = std::min<int32_t>(s->offered, static_cast<int32_t>(s->table.size()));
+      for (int32_t i = s->settled / opts_.block_size; i < end; ++i) {
+        DeviceBlock& d = device_[s->table[i]];
+        if (d.ref == 1 && d.cached) {
+          events_.push_back(BlockRemoved{{d.hash}});
+          leave_index(d);
+        }
+      }
+    }
     release_device(*s);
     release_host(*s);
     seqs_.erase(id);
@@ -288,12 +308,14 @@ class ReferenceModel {
   std::vector<BlockCopy> take_pending_copies() {
     std::vector<BlockCopy> out = std::exchange(pending_copies_, {});
     release_deferred();
+    ++step_;  // taking the ops ends the step's scheduling
     return out;
   }
 
   SwapOps take_pending_swaps() {
     SwapOps out = std::exchange(pending_swaps_, {});
     release_deferred();
+    ++step_;
     return out;
   }
 
@@ -361,6 +383,15 @@ class ReferenceModel {
     std::vector<BlockId> out(queue.begin(), queue.begin() + n);
     queue.erase(queue.begin(), queue.begin() + n);
     return out;
+  }
+
+  bool scheduled(const Seq& s) const { return s.scheduled_step == step_; }
+
+  // The first scheduling in a step fixes the settled tokens.
+  void mark_scheduled(Seq& s, int32_t settled) {
+    if (s.scheduled_step == step_) return;
+    s.scheduled_step = step_;
+    s.settled = settled;
   }
 
   void leave_index(DeviceBlock& d) {
@@ -473,6 +504,8 @@ class ReferenceModel {
     const int32_t partial = s.computed % bs;
     const int32_t write_block = s.computed / bs;
     const bool cow = n > 0 && partial != 0 && device_[s.table[write_block]].ref > 1;
+    // A copy-on-write must not copy tokens whose K/V this step has not written yet.
+    if (cow && scheduled(s) && s.settled < s.computed) return {Code::kFailedPrecondition, {}};
     const int64_t new_blocks =
         std::max<int64_t>(0, total_blocks - static_cast<int64_t>(s.table.size())) + (cow ? 1 : 0);
     const int32_t reserve = s.state == SequenceState::kWaiting ? opts_.watermark_blocks : 0;
@@ -495,6 +528,7 @@ class ReferenceModel {
     for (int64_t t = s.computed; t < new_total; ++t) {
       slots.push_back(int64_t{s.table[t / bs]} * bs + t % bs);
     }
+    if (n > 0) mark_scheduled(s, s.computed);
     s.computed = static_cast<int32_t>(new_total);
     s.state = SequenceState::kRunning;
     offer(s);
@@ -537,6 +571,7 @@ class ReferenceModel {
   KvCacheManager::Options opts_;
   std::map<SeqId, Seq> seqs_;
   int64_t next_arrival_ = 0;
+  uint64_t step_ = 1;  // each take_pending_*() ends a step
   std::vector<DeviceBlock> device_;
   std::vector<BlockId> device_queue_;  // head first
   std::vector<int32_t> host_ref_;
