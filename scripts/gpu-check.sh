@@ -29,8 +29,8 @@ timeout 330 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release 
 tail -3 "$out/configure.log"
 if [ $build_rc -eq 0 ]; then
   timeout 330 cmake --build "$build" --target pagedkv_tests decode_kernel_bench pagedkv-decode \
-    -j"$(nproc)" 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
-  build_rc=${PIPESTATUS[0]}
+    -j"$(nproc)" 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\] (Building|Linking)'
+  build_rc=${PIPESTATUS[0]}  # no `|| true` above: it would reset PIPESTATUS
 fi
 build_s=$(( $(date +%s) - start ))
 
