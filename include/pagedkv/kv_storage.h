@@ -79,7 +79,8 @@ class KvStorage {
   int64_t bytes() const { return 2 * int64_t{spec_.num_layers} * pool_bytes_; }
   int64_t host_bytes() const { return 2 * int64_t{spec_.num_layers} * host_pool_bytes_; }
 
-  // Layer `layer`'s pools, on the storage device. Views stay valid for the storage's life.
+  // Layer `layer`'s pools (0 <= layer < num_layers), on the storage device. Views stay
+  // valid for the storage's life.
   KvCacheView view(int32_t layer) const;
   // Layer `layer`'s pools in the host swap pool (host pointers; num_blocks = host blocks).
   KvCacheView host_view(int32_t layer) const;

@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/status_macros.h"
 
 #if PAGEDKV_HAVE_CUDA
@@ -212,6 +213,7 @@ void KvStorage::release() {
 // --- views -----------------------------------------------------------------------------
 
 KvCacheView KvStorage::view(int32_t layer) const {
+  PAGEDKV_DCHECK(layer >= 0 && layer < spec_.num_layers);
   char* k = data_ == nullptr ? nullptr : data_ + 2 * int64_t{layer} * pool_bytes_;
   char* v = k == nullptr ? nullptr : k + pool_bytes_;
   return make_kv_cache_view(k, v, spec_.dtype, num_blocks_, spec_.num_kv_heads, spec_.block_size,
@@ -219,6 +221,7 @@ KvCacheView KvStorage::view(int32_t layer) const {
 }
 
 KvCacheView KvStorage::host_view(int32_t layer) const {
+  PAGEDKV_DCHECK(layer >= 0 && layer < spec_.num_layers);
   char* k = host_data_ == nullptr ? nullptr : host_data_ + 2 * int64_t{layer} * host_pool_bytes_;
   char* v = k == nullptr ? nullptr : k + host_pool_bytes_;
   return make_kv_cache_view(k, v, spec_.dtype, num_host_blocks_, spec_.num_kv_heads,
