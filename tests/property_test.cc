@@ -29,10 +29,10 @@ namespace pagedkv::testing {
 namespace {
 
 #if defined(__SANITIZE_ADDRESS__)
-constexpr int kSanitizerDivisor = 8;
+constexpr int kSanitizerDivisor = 16;
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-constexpr int kSanitizerDivisor = 8;
+constexpr int kSanitizerDivisor = 16;
 #else
 constexpr int kSanitizerDivisor = 1;
 #endif
