@@ -457,6 +457,21 @@ TEST_CASE("a sequence scheduled in this step is not preempted before its K/V is 
   require_valid(m);
 }
 
+TEST_CASE("a prefix hit on blocks filled in this step counts as scheduled in this step") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4, .num_host_blocks = 4});
+  admit(m, 1, iota_tokens(8));
+  allocate(m, 1, 8);  // blocks 0 and 1, indexed at once, written by this step's kernels
+  admit(m, 2, iota_tokens(9));
+  REQUIRE(*m.match_prefix(2) == 8);
+  allocate(m, 2, 0);  // running without new tokens
+  require_error(m.preempt(2, PreemptionMode::kSwap), absl::StatusCode::kFailedPrecondition,
+                "scheduled in this step");
+  end_step(m);
+  REQUIRE(m.preempt(2, PreemptionMode::kSwap).ok());
+  REQUIRE(m.take_pending_swaps().swap_out == std::vector<BlockCopy>{{0, 0, 4}, {1, 1, 4}});
+  require_valid(m);
+}
+
 TEST_CASE("copy-on-write never copies tokens this step has not written") {
   KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
   admit(m, 1, iota_tokens(6));

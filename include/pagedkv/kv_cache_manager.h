@@ -339,6 +339,9 @@ class KvCacheManager {
   SwapOps pending_swaps_;
   // Counts steps: each take_pending_*() ends one. Starts at 1 so new sequences are settled.
   uint64_t step_ = 1;
+  // Per device block, the step whose writes or copies fill it: while it equals step_, its
+  // K/V may not be written yet.
+  std::vector<uint64_t> block_write_step_;
   // Blocks named by a pending copy, per pool: a block released while it is still to be
   // read or written by a pending copy is parked in deferred_* until the engine has taken
   // the ops, so that one batch never reuses a block it also copies.

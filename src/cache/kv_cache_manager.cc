@@ -94,6 +94,7 @@ KvCacheManager::KvCacheManager(Options options, BlockPool device_pool, BlockPool
     : options_(std::move(options)),
       device_pool_(std::move(device_pool)),
       host_pool_(std::move(host_pool)),
+      block_write_step_(options_.num_blocks, 0),
       device_pending_(options_.num_blocks, 0),
       host_pending_(options_.num_host_blocks, 0) {}
 
@@ -201,6 +202,13 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   const auto hit_blocks = static_cast<int32_t>(s->blocks.size());
   s->num_computed = hit_blocks * bs;
   s->num_offered_blocks = hit_blocks;
+  // A hit on a block another sequence fills in this step holds K/V not written yet.
+  for (int32_t i = 0; i < hit_blocks; ++i) {
+    if (block_write_step_[s->blocks[i]] == step_) {
+      mark_scheduled(*s, i * bs);
+      break;
+    }
+  }
   prefix_hit_tokens_ += s->num_computed;
   return s->num_computed;
 }
@@ -291,6 +299,7 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   int32_t offset = partial;
   for (int64_t& slot : slot_mapping_) {
     slot = int64_t{seq.blocks[block]} * bs + offset;
+    block_write_step_[seq.blocks[block]] = step_;
     if (++offset == bs) {
       offset = 0;
       ++block;
@@ -415,6 +424,7 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
     const int32_t valid = std::min(bs, s->num_computed - i * bs);
     record_copy(pending_swaps_.swap_in, {s->host_blocks[i], s->blocks[i], valid}, &host_pending_,
                 &device_pending_);
+    block_write_step_[s->blocks[i]] = step_;
   }
   blocks_swapped_in_ += needed;
   release_host_blocks(*s);
