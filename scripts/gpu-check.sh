@@ -4,11 +4,11 @@
 # CUDA tests ([gpu]), bench/decode_kernel_bench.cu, then the decode loop on the device
 # with dense verification. Writes OUT_DIR/gpu-check.log (everything printed)
 # and OUT_DIR/gpu-check.json (test summary, benchmark results, timings).
-# Usage: bash scripts/gpu-check.sh [OUT_DIR]   (default: $OUT, else ./gpu-check)
+# Usage: bash scripts/gpu-check.sh [OUT_DIR]   (default: $OUT, else build-gpu/gpu-check)
 #   PAGEDKV_CUDA_ARCH (default 90) picks the architecture compiled (80 for A100).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-${OUT:-gpu-check}}
+out=${1:-${OUT:-build-gpu/gpu-check}}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 exec > >(tee "$out/gpu-check.log") 2>&1
