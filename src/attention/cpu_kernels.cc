@@ -124,7 +124,7 @@ void attention_typed(const AttentionParams& p) {
                               q_scale);
           states[r] = MergeState{};
         }
-        std::fill(o_rows.begin(), o_rows.begin() + int64_t{rows} * HD, 0.0f);
+        std::fill(o_rows.begin(), o_rows.end(), 0.0f);
 
         // Element offsets of the current and the next chunk's tokens; the next chunk is
         // prefetched while the current one is computed (paged rows defeat the hardware
