@@ -159,8 +159,11 @@ inline constexpr const char* kNames[] = {"constant",  "first_token", "tokens_onl
 inline constexpr bool kProtocolGuards = PAGEDKV_OPS_PROTOCOL_GUARDS != 0;
 
 // Steer around reported bugs that are not fixed yet (each has a hidden [known-bug] test in
-// tests/fuzz_regression_test.cc); set to false to hunt them again.
-inline constexpr bool kAvoidKnownBugs = true;
+// tests/fuzz_regression_test.cc); build with -DPAGEDKV_OPS_AVOID_KNOWN_BUGS=0 to hunt them.
+#ifndef PAGEDKV_OPS_AVOID_KNOWN_BUGS
+#define PAGEDKV_OPS_AVOID_KNOWN_BUGS 1
+#endif
+inline constexpr bool kAvoidKnownBugs = PAGEDKV_OPS_AVOID_KNOWN_BUGS != 0;
 
 class ManagerOpRunner {
  public:
@@ -1053,6 +1056,10 @@ class ManagerOpRunner {
     if (!error_.empty()) return;
     const std::vector<Preemption> got = std::exchange(hooks_.calls, {});
     const std::vector<Preemption> expected = model_->take_preemptions();
+    for (const Preemption& p : got) {
+      log("  -> preempted ", p.victim,
+          p.mode == PreemptionMode::kSwap ? " by swap" : " by recompute");
+    }
     bool same = got.size() == expected.size();
     for (size_t i = 0; same && i < got.size(); ++i) {
       same = got[i].victim == expected[i].victim && got[i].mode == expected[i].mode;
