@@ -8,7 +8,7 @@
 #   TARGET   manager, hash, ... (default: every fuzz/*_fuzzer.cc).
 # Environment:
 #   BUILD_DIR  build folder (default build-fuzz); logs and new inputs go under it.
-#   MERGE=1    afterwards, merge the new inputs that add coverage into fuzz/corpus/<target>/.
+#   MERGE=1    afterwards, merge the new inputs that add edges into fuzz/corpus/<target>/.
 #   FUZZ_ARGS  extra libFuzzer flags for the fuzzing runs (default: -max_len=1024
 #              -len_control=0: long inputs from the start, since each byte drives the ops).
 # A crash, leak, timeout or failed check exits 1; the input is copied to
@@ -96,7 +96,9 @@ for t in "${targets[@]}"; do
   ft=$(echo "$last" | grep -oE 'ft: [0-9]+' | awk '{print $2}' || true)
   echo "$t: ${seconds} s, ${execs:-?} executions, ${rate:-?} exec/s, edges (cov) ${cov:-?}, features ${ft:-?}"
   if [ "${MERGE:-0}" = 1 ] && [ "$status" -eq 0 ]; then
-    "$build/fuzz/${t}_fuzzer" -merge=1 "fuzz/corpus/$t" "$build/fuzz-work/$t" >/dev/null 2>&1
+    # Edges only (no hit counts), which keeps the committed corpus small.
+    "$build/fuzz/${t}_fuzzer" -merge=1 -use_counters=0 "fuzz/corpus/$t" "$build/fuzz-work/$t" \
+      >/dev/null 2>&1
     echo "$t: corpus now $(ls "fuzz/corpus/$t" | wc -l) inputs"
   fi
 done
