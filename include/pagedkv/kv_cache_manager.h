@@ -321,8 +321,8 @@ class KvCacheManager {
   void offer_computed_blocks(internal::Sequence& seq);
   void release_device_blocks(internal::Sequence& seq);
   void release_host_blocks(internal::Sequence& seq);
-  void record_copy(std::vector<BlockCopy>& ops, BlockCopy op, std::vector<uint16_t>* src_marks,
-                   std::vector<uint16_t>* dst_marks);
+  void record_copy(std::vector<BlockCopy>& ops, BlockCopy op, std::vector<uint32_t>* src_marks,
+                   std::vector<uint32_t>* dst_marks);
   void release_deferred();
   bool scheduled_this_step(const internal::Sequence& seq) const;
   void mark_scheduled(internal::Sequence& seq, int32_t settled_tokens);
@@ -345,8 +345,8 @@ class KvCacheManager {
   // Blocks named by a pending copy, per pool: a block released while it is still to be
   // read or written by a pending copy is parked in deferred_* until the engine has taken
   // the ops, so that one batch never reuses a block it also copies.
-  std::vector<uint16_t> device_pending_;
-  std::vector<uint16_t> host_pending_;
+  std::vector<uint32_t> device_pending_;
+  std::vector<uint32_t> host_pending_;
   std::vector<BlockId> deferred_device_;
   std::vector<BlockId> deferred_host_;
   int64_t prefix_query_tokens_ = 0;

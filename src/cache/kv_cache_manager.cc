@@ -474,8 +474,8 @@ absl::Status KvCacheManager::free(SeqId seq) {
 // --- pending copies ----------------------------------------------------------------------
 
 void KvCacheManager::record_copy(std::vector<BlockCopy>& ops, BlockCopy op,
-                                 std::vector<uint16_t>* src_marks,
-                                 std::vector<uint16_t>* dst_marks) {
+                                 std::vector<uint32_t>* src_marks,
+                                 std::vector<uint32_t>* dst_marks) {
   ops.push_back(op);
   if (src_marks != nullptr) ++(*src_marks)[op.src];
   if (dst_marks != nullptr) ++(*dst_marks)[op.dst];
@@ -517,7 +517,7 @@ void KvCacheManager::release_host_blocks(Sequence& seq) {
 }
 
 void KvCacheManager::release_deferred() {
-  auto release = [](std::vector<BlockId>& deferred, const std::vector<uint16_t>& pending,
+  auto release = [](std::vector<BlockId>& deferred, const std::vector<uint32_t>& pending,
                     BlockPool& pool) {
     std::erase_if(deferred, [&](BlockId b) {
       if (pending[b] > 0) return false;
