@@ -158,13 +158,6 @@ inline constexpr const char* kNames[] = {"constant",  "first_token", "tokens_onl
 #endif
 inline constexpr bool kProtocolGuards = PAGEDKV_OPS_PROTOCOL_GUARDS != 0;
 
-// Steer around reported bugs that are not fixed yet (each has a hidden [known-bug] test in
-// tests/fuzz_regression_test.cc); build with -DPAGEDKV_OPS_AVOID_KNOWN_BUGS=0 to hunt them.
-#ifndef PAGEDKV_OPS_AVOID_KNOWN_BUGS
-#define PAGEDKV_OPS_AVOID_KNOWN_BUGS 1
-#endif
-inline constexpr bool kAvoidKnownBugs = PAGEDKV_OPS_AVOID_KNOWN_BUGS != 0;
-
 class ManagerOpRunner {
  public:
   static constexpr int kMaxOps = 2000;
@@ -434,38 +427,6 @@ class ManagerOpRunner {
                        [&](const PendingWrite& w) { return w.seq == id; });
   }
 
-  // Some block of `s` still waits for this step's writes or copies (e.g. a prefix hit on a
-  // block another sequence fills in this step).
-  bool holds_unwritten(const ReferenceModel::Seq& s) const {
-    for (const BlockId b : s.table) {
-      for (const PendingWrite& w : writes_) {
-        if (w.slot / bs_ == b) return true;
-      }
-      for (const BlockCopy& op : model_->pending_copies()) {
-        if (op.dst == b) return true;
-      }
-      for (const BlockCopy& op : model_->pending_swaps().swap_in) {
-        if (op.dst == b) return true;
-      }
-    }
-    return false;
-  }
-
-  // Known bug 5 (BUGS-FROM-FUZZ.md): a sequence that is not "scheduled" (it got no new
-  // tokens this step) can still hold blocks another sequence fills in this step; preempting
-  // it by swap reads them before they are written. Run the step first.
-  void avoid_swapping_unwritten(SeqId only) {
-    if (!kAvoidKnownBugs) return;
-    for (const auto& [id, s] : model_->sequences()) {
-      if ((only == kAnySeq || id == only) && s.state == SequenceState::kRunning &&
-          holds_unwritten(s)) {
-        step();
-        return;
-      }
-    }
-  }
-  static constexpr SeqId kAnySeq = std::numeric_limits<SeqId>::max();
-
   // The engine runs the step: takes the pending ops, copies, writes, then checks contents.
   void step(int order = 0) {
     log(order ? "step (copies first)" : "step (swaps first)");
@@ -649,7 +610,6 @@ class ManagerOpRunner {
   }
 
   void allocate(SeqId id, int32_t n, int32_t lookahead, bool or_preempt) {
-    if (or_preempt) avoid_swapping_unwritten(kAnySeq);
     if (!error_.empty()) return;
     const char* name = or_preempt ? "allocate_slots_or_preempt" : "allocate_slots";
     log(name, "(", id, ", ", n, ", lookahead ", lookahead, ")");
@@ -701,7 +661,6 @@ class ManagerOpRunner {
   void op_preempt() {
     const SeqId id = pick_id();
     const PreemptionMode mode = (in_.u8() & 1) ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
-    if (mode == PreemptionMode::kSwap) avoid_swapping_unwritten(id);
     if (!error_.empty()) return;
     log("preempt(", id, ", ", mode == PreemptionMode::kSwap ? "swap" : "recompute", ")");
     const Code expected = model_->preempt(id, mode);

@@ -62,6 +62,7 @@ class ReferenceModel {
     int32_t ref = 0;
     bool cached = false;
     uint64_t incarnation = 0;  // changes whenever the block is allocated (new contents)
+    uint64_t write_step = 0;   // the step whose writes or swap-in fill it
     // Valid while cached: what a hit must match.
     BlockHash hash;
     BlockId parent = kNoBlock;
@@ -159,6 +160,13 @@ class ReferenceModel {
     s->table = hits;
     s->computed = static_cast<int32_t>(hits.size()) * bs;
     s->offered = static_cast<int32_t>(hits.size());
+    // Hitting a block that this step still fills makes the sequence scheduled from there.
+    for (size_t i = 0; i < hits.size(); ++i) {
+      if (device_[hits[i]].write_step == step_) {
+        mark_scheduled(*s, static_cast<int32_t>(i) * bs);
+        break;
+      }
+    }
     counters_.prefix_hit_tokens += s->computed;
     return {Code::kOk, s->computed};
   }
@@ -261,6 +269,7 @@ class ReferenceModel {
     for (int32_t i = 0; i < needed; ++i) {
       pending_swaps_.swap_in.push_back(
           {s->host[i], s->table[i], std::min(bs, s->computed - i * bs)});
+      device_[s->table[i]].write_step = step_;
     }
     counters_.blocks_swapped_in += needed;
     release_host(*s);
@@ -527,6 +536,7 @@ class ReferenceModel {
     std::vector<int64_t> slots;
     for (int64_t t = s.computed; t < new_total; ++t) {
       slots.push_back(int64_t{s.table[t / bs]} * bs + t % bs);
+      device_[s.table[t / bs]].write_step = step_;
     }
     if (n > 0) mark_scheduled(s, s.computed);
     s.computed = static_cast<int32_t>(new_total);
