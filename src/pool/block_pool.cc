@@ -132,7 +132,11 @@ void BlockPool::reset_prefix_cache() {
   hash_index_->for_each([&](const BlockHash&, BlockId b) { cached.push_back(b); });
   for (const BlockId b : cached) hash_index_->erase(b);
   cached_free_blocks_ = 0;
-  if (event_sink_ != nullptr) event_sink_->on_event(AllBlocksCleared{});
+  if (event_sink_ != nullptr) {
+    // A named event: GCC 12 at -O3 misreads the temporary variant as uninitialized.
+    const KvEvent cleared{std::in_place_type<AllBlocksCleared>};
+    event_sink_->on_event(cleared);
+  }
 }
 
 // --- queries -----------------------------------------------------------------------------
