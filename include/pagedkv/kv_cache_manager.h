@@ -349,13 +349,7 @@ class KvCacheManager {
   std::vector<uint32_t> host_pending_;
   std::vector<BlockId> deferred_device_;
   std::vector<BlockId> deferred_host_;
-  int64_t prefix_query_tokens_ = 0;
-  int64_t prefix_hit_tokens_ = 0;
-  int64_t cow_copies_ = 0;
-  int64_t preemptions_recompute_ = 0;
-  int64_t preemptions_swap_ = 0;
-  int64_t blocks_swapped_out_ = 0;
-  int64_t blocks_swapped_in_ = 0;
+  Stats counters_;  // the manager's own counters; stats() adds the pools' figures
 };
 
 }  // namespace pagedkv

@@ -183,7 +183,7 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
         s->blocks.size(), " blocks; only a waiting sequence without blocks can match"));
   }
   const auto len = static_cast<int32_t>(s->tokens.size());
-  prefix_query_tokens_ += len;
+  counters_.prefix_query_tokens += len;
   if (!options_.enable_prefix_caching) return 0;
 
   // NOTE: never match the last token; its logits must be computed.
@@ -209,7 +209,7 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
       break;
     }
   }
-  prefix_hit_tokens_ += s->num_computed;
+  counters_.prefix_hit_tokens += s->num_computed;
   return s->num_computed;
 }
 
@@ -324,7 +324,7 @@ void KvCacheManager::allocate_new_blocks(Sequence& seq, int32_t new_blocks, bool
     const BlockId released[] = {src};
     device_pool_.free(released);  // still held by the other sharers
     seq.blocks[write_block] = dst;
-    ++cow_copies_;
+    ++counters_.cow_copies;
   }
   seq.blocks.insert(seq.blocks.end(), fresh, scratch_blocks_.end());
 }
@@ -390,15 +390,15 @@ absl::Status KvCacheManager::preempt(SeqId seq, PreemptionMode mode) {
       record_copy(pending_swaps_.swap_out, {s->blocks[i], s->host_blocks[i], valid}, nullptr,
                   &host_pending_);
     }
-    blocks_swapped_out_ += needed;
-    ++preemptions_swap_;
+    counters_.blocks_swapped_out += needed;
+    ++counters_.preemptions_swap;
     release_device_blocks(*s);
     s->state = SequenceState::kSwapped;
   } else {
     release_device_blocks(*s);
     s->num_computed = 0;
     s->state = SequenceState::kWaiting;
-    ++preemptions_recompute_;
+    ++counters_.preemptions_recompute;
   }
   s->num_offered_blocks = 0;
   if (options_.preemption_hooks != nullptr) options_.preemption_hooks->on_preempt(seq, mode);
@@ -426,7 +426,7 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
                 &device_pending_);
     block_write_step_[s->blocks[i]] = step_;
   }
-  blocks_swapped_in_ += needed;
+  counters_.blocks_swapped_in += needed;
   release_host_blocks(*s);
   s->state = SequenceState::kRunning;
   mark_scheduled(*s, /*settled_tokens=*/0);  // nothing is on the device before swap-in runs
@@ -579,22 +579,14 @@ std::vector<SequenceInfo> KvCacheManager::running_sequences() const {
 
 KvCacheManager::Stats KvCacheManager::stats() const {
   const BlockPool::Stats device = device_pool_.stats();
-  const BlockPool::Stats host = host_pool_.stats();
-  Stats s;
+  Stats s = counters_;
   s.num_blocks = device.num_blocks;
   s.used_blocks = device.used_blocks;
   s.free_blocks = device.free_blocks;
   s.cached_free_blocks = device.cached_free_blocks;
-  s.num_host_blocks = host.num_blocks;
-  s.used_host_blocks = host.used_blocks;
-  s.prefix_query_tokens = prefix_query_tokens_;
-  s.prefix_hit_tokens = prefix_hit_tokens_;
+  s.num_host_blocks = host_pool_.num_blocks();
+  s.used_host_blocks = host_pool_.num_blocks() - host_pool_.num_free_blocks();
   s.evictions = device.evictions;
-  s.cow_copies = cow_copies_;
-  s.preemptions_recompute = preemptions_recompute_;
-  s.preemptions_swap = preemptions_swap_;
-  s.blocks_swapped_out = blocks_swapped_out_;
-  s.blocks_swapped_in = blocks_swapped_in_;
   return s;
 }
 
