@@ -327,6 +327,12 @@ class KvCacheManager {
   bool scheduled_this_step(const internal::Sequence& seq) const;
   void mark_scheduled(internal::Sequence& seq, int32_t settled_tokens);
   absl::Status check_pool_balance(const BlockPool& pool, bool host) const;
+  absl::StatusOr<const internal::Sequence*> running_sequence(SeqId seq, const char* caller) const;
+  absl::Status resolve_running(std::span<const SeqId> seqs, const char* caller) const;
+  void fill_padded(int32_t max_blocks, std::span<int32_t> block_table,
+                   std::span<int32_t> context_lens) const;
+  void fill_csr(std::span<int32_t> indptr, std::span<int32_t> indices,
+                std::span<int32_t> last_page_len) const;
 
   Options options_;
   BlockPool device_pool_;
@@ -335,6 +341,8 @@ class KvCacheManager {
   int64_t next_arrival_ = 0;
   std::vector<int64_t> slot_mapping_;  // returned by allocate_slots()
   std::vector<BlockId> scratch_blocks_;
+  // The batch of the block-table call in progress, resolved once by resolve_running().
+  mutable std::vector<const internal::Sequence*> batch_;
   std::vector<BlockCopy> pending_copies_;
   SwapOps pending_swaps_;
   // Counts steps: each take_pending_*() ends one. Starts at 1 so new sequences are settled.

@@ -18,13 +18,55 @@ std::span<const BlockId> context_blocks(const Sequence& seq, int32_t block_size)
       .first(num_blocks_for_tokens(seq.num_computed, block_size));
 }
 
-absl::Status require_running(const Sequence& seq, const char* caller) {
-  if (seq.state == SequenceState::kRunning) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat(caller, ": sequence ", seq.id, " is not running"));
+}  // namespace
+
+absl::StatusOr<const Sequence*> KvCacheManager::running_sequence(SeqId seq,
+                                                                 const char* caller) const {
+  PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, find_or_error(seq, caller));
+  if (s->state != SequenceState::kRunning) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(caller, ": sequence ", seq, " is not running"));
+  }
+  return s;
 }
 
-}  // namespace
+// Looks every sequence up once, into batch_, and checks that it is running.
+absl::Status KvCacheManager::resolve_running(std::span<const SeqId> seqs,
+                                             const char* caller) const {
+  batch_.clear();
+  for (const SeqId id : seqs) {
+    PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, running_sequence(id, caller));
+    batch_.push_back(s);
+  }
+  return absl::OkStatus();
+}
+
+void KvCacheManager::fill_padded(int32_t max_blocks, std::span<int32_t> block_table,
+                                 std::span<int32_t> context_lens) const {
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    const std::span<const BlockId> blocks = context_blocks(*batch_[i], options_.block_size);
+    const auto row = block_table.subspan(i * max_blocks, max_blocks);
+    std::copy(blocks.begin(), blocks.end(), row.begin());
+    std::fill(row.begin() + blocks.size(), row.end(), kPaddingBlock);
+    context_lens[i] = batch_[i]->num_computed;
+  }
+}
+
+void KvCacheManager::fill_csr(std::span<int32_t> indptr, std::span<int32_t> indices,
+                              std::span<int32_t> last_page_len) const {
+  const int32_t bs = options_.block_size;
+  int32_t offset = 0;
+  indptr[0] = 0;
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    const std::span<const BlockId> blocks = context_blocks(*batch_[i], bs);
+    std::copy(blocks.begin(), blocks.end(), indices.begin() + offset);
+    offset += static_cast<int32_t>(blocks.size());
+    indptr[i + 1] = offset;
+    last_page_len[i] =
+        blocks.empty() ? 0
+                       : batch_[i]->num_computed - (static_cast<int32_t>(blocks.size()) - 1) * bs;
+  }
+}
 
 absl::Status KvCacheManager::write_block_tables(std::span<const SeqId> seqs, int32_t max_blocks,
                                                 std::span<int32_t> block_table,
@@ -37,25 +79,19 @@ absl::Status KvCacheManager::write_block_tables(std::span<const SeqId> seqs, int
                      " need ", table_entries, " table entries and ", seqs.size(),
                      " context lengths; got ", block_table.size(), " and ", context_lens.size()));
   }
-  // Validate every sequence before writing anything.
+  // Validate every sequence, in order, before writing anything.
+  batch_.clear();
   for (const SeqId id : seqs) {
-    PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, find_or_error(id, "write_block_tables"));
-    PAGEDKV_RETURN_IF_ERROR(require_running(*s, "write_block_tables"));
+    PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, running_sequence(id, "write_block_tables"));
     const int32_t needed = num_blocks_for_tokens(s->num_computed, options_.block_size);
     if (needed > max_blocks) {
       return absl::InvalidArgumentError(absl::StrCat("write_block_tables: sequence ", id, " needs ",
                                                      needed, " entries, more than max_blocks ",
                                                      max_blocks));
     }
+    batch_.push_back(s);
   }
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const Sequence& s = *find(seqs[i]);
-    const std::span<const BlockId> blocks = context_blocks(s, options_.block_size);
-    const auto row = block_table.subspan(i * max_blocks, max_blocks);
-    std::copy(blocks.begin(), blocks.end(), row.begin());
-    std::fill(row.begin() + blocks.size(), row.end(), kPaddingBlock);
-    context_lens[i] = s.num_computed;
-  }
+  fill_padded(max_blocks, block_table, context_lens);
   return absl::OkStatus();
 }
 
@@ -63,12 +99,10 @@ absl::Status KvCacheManager::write_csr_block_tables(std::span<const SeqId> seqs,
                                                     std::span<int32_t> indptr,
                                                     std::span<int32_t> indices,
                                                     std::span<int32_t> last_page_len) const {
+  PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "write_csr_block_tables"));
   int64_t total = 0;
-  for (const SeqId id : seqs) {
-    PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, find_or_error(id, "write_csr_block_tables"));
-    PAGEDKV_RETURN_IF_ERROR(require_running(*s, "write_csr_block_tables"));
+  for (const Sequence* s : batch_)
     total += num_blocks_for_tokens(s->num_computed, options_.block_size);
-  }
   if (indptr.size() < seqs.size() + 1 || static_cast<int64_t>(indices.size()) < total ||
       last_page_len.size() < seqs.size()) {
     return absl::InvalidArgumentError(
@@ -76,28 +110,16 @@ absl::Status KvCacheManager::write_csr_block_tables(std::span<const SeqId> seqs,
                      seqs.size() + 1, "], indices[", total, "], last_page_len[", seqs.size(),
                      "]; got ", indptr.size(), ", ", indices.size(), ", ", last_page_len.size()));
   }
-  const int32_t bs = options_.block_size;
-  int32_t offset = 0;
-  indptr[0] = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const Sequence& s = *find(seqs[i]);
-    const std::span<const BlockId> blocks = context_blocks(s, bs);
-    std::copy(blocks.begin(), blocks.end(), indices.begin() + offset);
-    offset += static_cast<int32_t>(blocks.size());
-    indptr[i + 1] = offset;
-    last_page_len[i] =
-        blocks.empty() ? 0 : s.num_computed - (static_cast<int32_t>(blocks.size()) - 1) * bs;
-  }
+  fill_csr(indptr, indices, last_page_len);
   return absl::OkStatus();
 }
 
 absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs,
                                                 BlockTables* out) const {
+  PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "build_block_tables"));
   int32_t max_blocks = 0;
   int32_t total = 0;
-  for (const SeqId id : seqs) {
-    PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, find_or_error(id, "build_block_tables"));
-    PAGEDKV_RETURN_IF_ERROR(require_running(*s, "build_block_tables"));
+  for (const Sequence* s : batch_) {
     const int32_t n = num_blocks_for_tokens(s->num_computed, options_.block_size);
     max_blocks = std::max(max_blocks, n);
     total += n;
@@ -111,9 +133,10 @@ absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs,
   out->indptr.resize(num_seqs + 1);
   out->indices.resize(total);
   out->last_page_len.resize(num_seqs);
-  PAGEDKV_RETURN_IF_ERROR(
-      write_block_tables(seqs, max_blocks, out->block_table, out->context_lens));
-  return write_csr_block_tables(seqs, out->indptr, out->indices, out->last_page_len);
+  // Sized exactly from the resolved batch: nothing left to check.
+  fill_padded(max_blocks, out->block_table, out->context_lens);
+  fill_csr(out->indptr, out->indices, out->last_page_len);
+  return absl::OkStatus();
 }
 
 }  // namespace pagedkv
