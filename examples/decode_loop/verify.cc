@@ -86,11 +86,15 @@ bool sampled_near_tie(std::span<const float> ref, TokenId e, const SamplingParam
   return distance <= reach;
 }
 
-// Compares one sequence with the reference's teacher-forced logits.
+// Compares one sequence with the reference's teacher-forced logits. The detail names the
+// first failure, or when there is none the first near-tie.
 void compare(const SequenceRecord& rec, std::span<const float> ref_logits, int32_t vocab,
              float bound, VerifiedSequence* v) {
   const int32_t n = rec.num_generated();
-  bool differed = false;
+  auto fail = [v](std::string why) {
+    if (v->verdict != Verdict::kFail) v->detail = std::move(why);
+    v->verdict = Verdict::kFail;
+  };
   for (int32_t t = 0; t < n; ++t) {
     const std::span<const float> engine(rec.logits.data() + static_cast<size_t>(t) * vocab, vocab);
     const std::span<const float> ref(ref_logits.data() + static_cast<size_t>(t) * vocab, vocab);
@@ -99,37 +103,33 @@ void compare(const SequenceRecord& rec, std::span<const float> ref_logits, int32
       v->max_logit_diff = diff;
       v->max_diff_position = t;
     }
+    if (!(diff <= bound)) {
+      fail(fmt::format("step {}: logit diff {:.3g} exceeds the bound {:.3g}", t, diff, bound));
+    }
     const TokenId e = rec.tokens[rec.prompt_len + t];
     if (pick_token(engine, rec.sampling, t) != e) {  // the record itself is inconsistent
-      v->verdict = Verdict::kFail;
-      v->detail = fmt::format("step {}: engine token {} is not the pick of its own logits", t, e);
-      return;
+      fail(fmt::format("step {}: engine token {} is not the pick of its own logits", t, e));
     }
     const TokenId r = pick_token(ref, rec.sampling, t);
     if (e == r) {
-      if (!differed) v->identical_tokens = t + 1;
+      if (v->differing_tokens == 0) v->identical_tokens = t + 1;
       continue;
     }
     ++v->differing_tokens;
     std::string evidence;
     const bool near_tie =
-        std::isfinite(diff) && (rec.sampling.temperature <= 0.0f
-                                    ? greedy_near_tie(engine, ref, e, r, bound, &evidence)
-                                    : sampled_near_tie(ref, e, rec.sampling, t, diff, &evidence));
-    if (!differed || (!near_tie && v->verdict != Verdict::kFail)) {
-      v->detail = fmt::format("step {}: engine {}, reference {}: {} ({}; logit diff {:.3g})", t, e,
-                              r, near_tie ? "near-tie" : "NOT a near-tie", evidence, diff);
+        diff <= bound && (rec.sampling.temperature <= 0.0f
+                              ? greedy_near_tie(engine, ref, e, r, bound, &evidence)
+                              : sampled_near_tie(ref, e, rec.sampling, t, diff, &evidence));
+    std::string what = fmt::format("step {}: engine {}, reference {}: {} ({}; logit diff {:.3g})",
+                                   t, e, r, near_tie ? "near-tie" : "NOT a near-tie",
+                                   evidence.empty() ? "logits beyond the bound" : evidence, diff);
+    if (!near_tie) {
+      fail(std::move(what));
+    } else if (v->verdict == Verdict::kIdentical) {
+      v->verdict = Verdict::kNearTie;
+      v->detail = std::move(what);
     }
-    differed = true;
-    if (!near_tie) v->verdict = Verdict::kFail;
-  }
-  if (v->verdict != Verdict::kFail && differed) v->verdict = Verdict::kNearTie;
-  if (!(v->max_logit_diff <= bound)) {
-    if (v->verdict != Verdict::kFail) {
-      v->detail = fmt::format("step {}: logit diff {:.3g} exceeds the bound {:.3g}",
-                              v->max_diff_position, v->max_logit_diff, bound);
-    }
-    v->verdict = Verdict::kFail;
   }
 }
 
