@@ -86,10 +86,11 @@ bool sampled_near_tie(std::span<const float> ref, TokenId e, const SamplingParam
   return distance <= reach;
 }
 
-// Compares one sequence with the reference's teacher-forced logits. The detail names the
-// first failure, or when there is none the first near-tie.
-void compare(const SequenceRecord& rec, std::span<const float> ref_logits, int32_t vocab,
-             float bound, VerifiedSequence* v) {
+}  // namespace
+
+// The detail names the first failure, or when there is none the first near-tie.
+void compare_logits(const SequenceRecord& rec, std::span<const float> ref_logits, int32_t vocab,
+                    float bound, VerifiedSequence* v) {
   const int32_t n = rec.num_generated();
   auto fail = [v](std::string why) {
     if (v->verdict != Verdict::kFail) v->detail = std::move(why);
@@ -132,8 +133,6 @@ void compare(const SequenceRecord& rec, std::span<const float> ref_logits, int32
     }
   }
 }
-
-}  // namespace
 
 // Attention is the only computation the two paths do differently. In fp32 they differ by
 // summation order alone (relative ~1e-7). With a 16-bit or fp8 cache both round q, out and
@@ -263,7 +262,7 @@ absl::StatusOr<VerifyResult> verify(const Model& model, std::vector<VerifySelect
         errors[i] = ref.status();
         continue;
       }
-      compare(rec, *ref, vocab, result.bound, &v);
+      compare_logits(rec, *ref, vocab, result.bound, &v);
     }
   };
   const size_t num_threads =

@@ -24,6 +24,7 @@
 #define PAGEDKV_EXAMPLES_DECODE_LOOP_VERIFY_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,12 @@ struct VerifyResult {
   bool passed() const;
   float max_logit_diff() const;
 };
+
+// Compares `rec` (its tokens and recorded logits) with the reference's teacher-forced
+// logits [num_generated, vocab] and fills v's counts, largest difference, verdict and
+// detail (v's identity fields are left as they are).
+void compare_logits(const SequenceRecord& rec, std::span<const float> ref_logits, int32_t vocab,
+                    float bound, VerifiedSequence* v);
 
 // Verifies the picked sequences (in parallel threads) against the dense reference.
 absl::StatusOr<VerifyResult> verify(const Model& model, std::vector<VerifySelection::Pick> picks,
