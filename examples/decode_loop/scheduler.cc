@@ -302,8 +302,11 @@ absl::Status Engine::commit(const Batch& batch) {
     // Parallel samples: fork after the prompt's prefill; every sample shares the prompt's
     // blocks and copies the partial last block on its first append (copy-on-write).
     std::vector<SeqId> family = {seq};
-    const SequenceRecord parent = records_.at(seq);  // a copy: inserting children rehashes
-    for (int32_t s = 1; s <= parent.pending_forks; ++s) {
+    const int32_t num_forks = records_.at(seq).pending_forks;
+    // A copy (inserting children rehashes), taken only when there are children: a record
+    // can hold its logits.
+    const SequenceRecord parent = num_forks > 0 ? records_.at(seq) : SequenceRecord{};
+    for (int32_t s = 1; s <= num_forks; ++s) {
       const SeqId child = seq_id(parent.request, s);
       absl::Status status = manager_->fork(seq, child);
       if (!status.ok()) return status;
