@@ -137,11 +137,11 @@ void compare_logits(const SequenceRecord& rec, std::span<const float> ref_logits
 // Attention is the only computation the two paths do differently. In fp32 they differ by
 // summation order alone (relative ~1e-7). With a 16-bit or fp8 cache both round q, out and
 // K/V to the same formats, but where the two fp32 sums straddle a rounding boundary an
-// element differs by one unit in the last place: relative 2^-11 (fp16), 2^-8 (bf16), and
-// for fp8 K/V 2^-4, and that difference reaches the logits (standard deviation 4) through
-// the later layers. The measured largest differences follow that order; each bound is 4x
-// the largest measured on CPU over issue 10's rows (95 sequences per row, all of them
-// verified), rounded up to a power of two. docs/decode-loop.md has the figures.
+// element differs by one unit in the last place (at most 2u relative, unit roundoff u =
+// 2^-11 fp16, 2^-8 bf16, 2^-4 for fp8 K/V), and that difference reaches the logits
+// (standard deviation 4) through the later layers. The measured largest differences follow that
+// order; each bound is 4x the largest measured on CPU over issue 10's rows (95 sequences per row,
+// all of them verified), rounded up to a power of two. docs/decode-loop.md has the figures.
 float logit_bound(pagedkv::DType dtype) {
   switch (dtype) {
     case pagedkv::DType::kFloat32:
