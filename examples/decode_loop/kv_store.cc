@@ -2,6 +2,7 @@
 #include "kv_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -37,6 +38,59 @@ void convert_to_float(const void* src, size_t n, DType dtype, float* dst) {
     dst[i] = dtype == DType::kBFloat16 ? pagedkv::to_float(pagedkv::BFloat16{in[i]})
                                        : pagedkv::to_float(pagedkv::Half{in[i]});
   }
+}
+
+// Copies `bytes` between host memory and the device's memory (either direction).
+absl::Status copy_memory(Device device, void* dst, const void* src, size_t bytes) {
+  if (device == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+#if PAGEDKV_HAVE_CUDA
+  const cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  if (err != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("decode loop: cudaMemcpy of ", bytes, " bytes: ",
+                                            cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("decode loop: built without CUDA");
+#endif
+}
+
+// The exponent's most significant bit of one element of `dtype`.
+uint32_t exponent_top_bit(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return 1u << 30;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 1u << 14;
+    case DType::kFloat8E4M3:
+      return 1u << 6;
+  }
+  return 0;
+}
+
+// Element i of a buffer of `dtype` elements, as a float (unscaled).
+float element(const unsigned char* data, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, data + i * 4, 4);
+      return f;
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      uint16_t bits;
+      std::memcpy(&bits, data + i * 2, 2);
+      return dtype == DType::kBFloat16 ? pagedkv::to_float(pagedkv::BFloat16{bits})
+                                       : pagedkv::to_float(pagedkv::Half{bits});
+    }
+    case DType::kFloat8E4M3:
+      return pagedkv::to_float(pagedkv::Fp8E4M3{data[i]});
+  }
+  return 0.0f;
 }
 
 // A grow-only buffer on the store's device: host memory on CPU, cudaMalloc on CUDA. The
@@ -116,8 +170,10 @@ class Staging {
 
 class PagedKvStore final : public KvStore {
  public:
-  explicit PagedKvStore(pagedkv::KvStorage storage)
+  PagedKvStore(pagedkv::KvStorage storage, DType attention_dtype)
       : storage_(std::move(storage)),
+        attention_dtype_(attention_dtype),
+        scales_(storage_.device()),
         slots_(storage_.device()),
         block_table_(storage_.device()),
         context_lens_(storage_.device()),
@@ -126,6 +182,17 @@ class PagedKvStore final : public KvStore {
         k_(storage_.device()),
         v_(storage_.device()),
         out_(storage_.device()) {}
+
+  // fp8: the per-layer scales, on the device (the kernels read them by pointer).
+  absl::Status set_scales(const KvFormat& format) {
+    if (format.k_scales.empty()) return absl::OkStatus();
+    std::vector<float> scales = format.k_scales;
+    scales.insert(scales.end(), format.v_scales.begin(), format.v_scales.end());
+    absl::StatusOr<void*> d_scales = scales_.upload(scales.data(), scales.size() * sizeof(float));
+    if (!d_scales.ok()) return d_scales.status();
+    d_scales_ = static_cast<const float*>(*d_scales);
+    return absl::OkStatus();
+  }
 
   absl::Status execute(const pagedkv::SwapOps& swaps,
                        std::span<const pagedkv::BlockCopy> copies) override {
@@ -170,6 +237,8 @@ class PagedKvStore final : public KvStore {
     const pagedkv::KvCacheSpec& spec = storage_.spec();
     const Device device = storage_.device();
     const KvCacheView view = storage_.view(io.layer);
+    const float* k_scale = d_scales_ == nullptr ? nullptr : d_scales_ + io.layer;
+    const float* v_scale = d_scales_ == nullptr ? nullptr : d_scales_ + spec.num_layers + io.layer;
     if (io.num_tokens != num_slots_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "attend: ", io.num_tokens, " tokens but the batch has ", num_slots_, " slots"));
@@ -185,12 +254,15 @@ class PagedKvStore final : public KvStore {
                                              .v = *v,
                                              .src_dtype = DType::kFloat32,
                                              .slot_mapping = d_slots_,
-                                             .num_tokens = io.num_tokens});
+                                             .num_tokens = io.num_tokens,
+                                             .maybe_k_scale = k_scale,
+                                             .maybe_v_scale = v_scale});
     if (!status.ok()) return status;
 
-    // The kernels take q and out in the cache's dtype: a 16-bit cache runs 16-bit attention.
+    // The kernels take q and out in the attention dtype: a 16-bit or fp8 cache runs
+    // 16-bit attention.
     const size_t q_elems = static_cast<size_t>(io.num_tokens) * num_q_heads * spec.head_dim;
-    const DType dtype = spec.dtype;
+    const DType dtype = attention_dtype_;
     const size_t q_bytes = q_elems * static_cast<size_t>(pagedkv::bytes_per_element(dtype));
     const void* q_host = io.q;
     if (dtype != DType::kFloat32) {
@@ -208,6 +280,8 @@ class PagedKvStore final : public KvStore {
                                                 .out = *out,
                                                 .dtype = dtype,
                                                 .num_q_heads = num_q_heads,
+                                                .maybe_k_scale = k_scale,
+                                                .maybe_v_scale = v_scale,
                                                 .max_context_len = max_context_len_});
     } else {
       status = pagedkv::paged_extend_attention(device, view, table_,
@@ -215,6 +289,8 @@ class PagedKvStore final : public KvStore {
                                                 .out = *out,
                                                 .dtype = dtype,
                                                 .num_q_heads = num_q_heads,
+                                                .maybe_k_scale = k_scale,
+                                                .maybe_v_scale = v_scale,
                                                 .qo_indptr = d_qo_indptr_,
                                                 .max_query_len = max_query_len_});
     }
@@ -226,10 +302,44 @@ class PagedKvStore final : public KvStore {
     return status;
   }
 
+  absl::Status flip_exponent_bit(int32_t block) override {
+    const pagedkv::KvCacheSpec& spec = storage_.spec();
+    const KvCacheView view = storage_.view(0);
+    const int64_t elem = pagedkv::bytes_per_element(spec.dtype);
+    const int64_t count = int64_t{spec.num_kv_heads} * spec.block_size * spec.head_dim;
+    unsigned char* data =
+        static_cast<unsigned char*>(view.k) + pagedkv::elem_offset(view, block, 0, 0, 0) * elem;
+    std::vector<unsigned char> bytes(static_cast<size_t>(count * elem));
+    absl::Status status = copy_memory(storage_.device(), bytes.data(), data, bytes.size());
+    if (!status.ok()) return status;
+    int64_t target = -1;  // the largest magnitude below 1
+    float target_abs = 0.0f;
+    for (int64_t i = 0; i < count; ++i) {
+      const float x = std::abs(element(bytes.data(), spec.dtype, i));
+      if (x < 1.0f && x > target_abs) {
+        target = i;
+        target_abs = x;
+      }
+    }
+    if (target < 0) {
+      return absl::NotFoundError(absl::StrCat("flip_exponent_bit: block ", block,
+                                              " has no K element of magnitude in (0, 1)"));
+    }
+    unsigned char* e = &bytes[target * elem];
+    uint32_t bits = 0;
+    std::memcpy(&bits, e, elem);  // little-endian: an element is the low bytes
+    bits ^= exponent_top_bit(spec.dtype);
+    std::memcpy(e, &bits, elem);
+    return copy_memory(storage_.device(), data + target * elem, e, elem);
+  }
+
   Device device() const override { return storage_.device(); }
 
  private:
   pagedkv::KvStorage storage_;
+  DType attention_dtype_;
+  Staging scales_;
+  const float* d_scales_ = nullptr;
   Staging slots_, block_table_, context_lens_, qo_indptr_, q_, k_, v_, out_;
   std::vector<unsigned char> q_convert_;
   const int64_t* d_slots_ = nullptr;
@@ -244,12 +354,25 @@ class PagedKvStore final : public KvStore {
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::create(Device device,
                                                          const pagedkv::KvCacheSpec& spec,
-                                                         int32_t num_blocks,
+                                                         const KvFormat& format, int32_t num_blocks,
                                                          int32_t num_host_blocks) {
+  const bool fp8 = format.cache_dtype == DType::kFloat8E4M3;
+  const auto num_layers = static_cast<size_t>(spec.num_layers);
+  const size_t num_scales = fp8 ? num_layers : 0;
+  if (spec.dtype != format.cache_dtype || format.k_scales.size() != num_scales ||
+      format.v_scales.size() != num_scales) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvStore: cache dtype ", pagedkv::dtype_name(format.cache_dtype), " with ",
+        format.k_scales.size(), " K and ", format.v_scales.size(), " V scales for spec dtype ",
+        pagedkv::dtype_name(spec.dtype), " and ", spec.num_layers,
+        " layers (fp8 needs one scale per layer, other dtypes none)"));
+  }
   absl::StatusOr<pagedkv::KvStorage> storage = pagedkv::KvStorage::create(
       spec, num_blocks, {.device = device, .num_host_blocks = num_host_blocks});
   if (!storage.ok()) return storage.status();
-  return std::unique_ptr<KvStore>(new PagedKvStore(*std::move(storage)));
+  auto store = std::make_unique<PagedKvStore>(*std::move(storage), format.attention_dtype());
+  if (absl::Status status = store->set_scales(format); !status.ok()) return status;
+  return std::unique_ptr<KvStore>(std::move(store));
 }
 
 }  // namespace decode_loop

@@ -6,7 +6,8 @@
 //   set_batch()  the batch's slot mapping and block tables (uploaded once per forward)
 //   attend()     per layer: write_kv of the new tokens, then paged decode attention (one
 //                query per sequence) or paged extend attention (prefill of the uncached
-//                part: cached prefix + new tokens, causal among the new ones)
+//                part: cached prefix + new tokens, causal among the new ones), with q and
+//                out in the format's attention dtype and its fp8 scales
 // The model's activations stay on the host; on CUDA they are staged to the device around
 // each kernel call, and the KV cache itself never leaves the device except to swap.
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_KV_STORE_H_
@@ -18,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kv_format.h"
 #include "model.h"
 #include "pagedkv/block_table.h"
 #include "pagedkv/device.h"
@@ -30,10 +32,11 @@ class KvStore {
  public:
   virtual ~KvStore() = default;
 
-  // Pools of `num_blocks` device blocks and `num_host_blocks` host blocks of `spec`.
+  // Pools of `num_blocks` device blocks and `num_host_blocks` host blocks of `spec`, whose
+  // dtype is format.cache_dtype; for fp8, format has one K and one V scale per layer.
   static absl::StatusOr<std::unique_ptr<KvStore>> create(pagedkv::Device device,
                                                          const pagedkv::KvCacheSpec& spec,
-                                                         int32_t num_blocks,
+                                                         const KvFormat& format, int32_t num_blocks,
                                                          int32_t num_host_blocks);
 
   // Runs the step's block copies: swaps.swap_out, then copies, then swaps.swap_in.
@@ -47,6 +50,12 @@ class KvStore {
 
   // Writes io.k / io.v into the batch's slots of `io.layer` and computes io.out.
   virtual absl::Status attend(const AttentionIo& io, int32_t num_q_heads) = 0;
+
+  // Fault injection (Fault::kCorruptSwapIn): in device block `block`, flips the top
+  // exponent bit of layer 0's largest K element of magnitude below 1 as stored, making it
+  // 2^128 (fp32, bf16), 2^16 (fp16) or 2^8 (fp8) times larger, as a memory error would.
+  // NotFound when the block holds no nonzero element below 1.
+  virtual absl::Status flip_exponent_bit(int32_t block) = 0;
 
   virtual pagedkv::Device device() const = 0;
 };

@@ -3,7 +3,8 @@
 // A small Llama-layout model with seeded weights serves a workload through a scheduler on
 // KvCacheManager (prefix caching, copy-on-write forks, preemption by recompute and swap),
 // with the KV cache in paged storage read by the library's attention kernels. --verify N
-// regenerates N sequences with a dense no-cache reference and fails on any difference.
+// checks N sequences against a dense no-cache reference fed the engine's tokens (teacher
+// forcing): logits within the cache dtype's bound, tokens equal or near-ties.
 // See docs/decode-loop.md.
 #include <unistd.h>
 
@@ -16,7 +17,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "dense_reference.h"
 #include "fmt/format.h"
+#include "kv_format.h"
 #include "model.h"
 #include "pagedkv/device.h"
 #include "pagedkv/kv_cache_spec.h"
@@ -33,13 +36,16 @@ constexpr std::string_view kUsage = R"(usage: pagedkv-decode [options]
 Generates text for a workload with a small seeded transformer whose KV cache is managed by
 pagedkv, then prints a summary. Defaults: 32 requests sharing a 192-token system prompt,
 some with 2..4 forked samples, a KV budget small enough to force preemption, and
-verification of 4 sequences against a dense no-cache reference.
+verification of 4 sequences against a dense no-cache reference (teacher-forced: logits
+within the KV dtype's bound at every generated position, tokens equal or near-ties).
 
   --device auto|cpu|cuda      where the KV cache and kernels run (auto: CUDA if usable)
   --kv-budget-mb MB           device KV cache budget (default 2)
   --swap-space-mb MB          host pool for swapped blocks (default: the KV budget)
   --block-size N              tokens per block (default 16)
-  --kv-dtype fp32|bf16|fp16   KV cache element type (default fp32)
+  --kv-dtype fp32|bf16|fp16|fp8   KV cache element type (default fp32; fp8: e4m3 with
+                              per-layer K and V scales calibrated on the first prompt,
+                              attention in bf16)
   --requests N                requests to serve (default 32)
   --max-new-tokens N          tokens generated per sample, at most (default 24)
   --samples N                 most samples per multi-sample request, 1 disables forks (default 4)
@@ -55,7 +61,9 @@ verification of 4 sequences against a dense no-cache reference.
   --trace-scale F             multiply trace lengths by F (default 0.015625 = 1/64)
   --verify N                  check N sequences against the dense reference (default 4; 0: off)
   --json                      print the summary as JSON on stdout
-  --fault skip-copies|skip-swap-in   drop those KV copies, to show that --verify catches it
+  --fault skip-copies|skip-swap-in|corrupt-swap-in   break the KV on purpose, to show that
+                              --verify catches it: drop copy-on-write or swap-in copies, or
+                              flip an exponent bit in each swapped-in sequence's KV
   --help
 )";
 
@@ -183,13 +191,14 @@ int run(int argc, char** argv) {
     kv_dtype = pagedkv::DType::kBFloat16;
   } else if (flags.kv_dtype == "fp16") {
     kv_dtype = pagedkv::DType::kFloat16;
+  } else if (flags.kv_dtype == "fp8") {
+    kv_dtype = pagedkv::DType::kFloat8E4M3;
   } else if (flags.kv_dtype != "fp32") {
-    fail(absl::StrCat("--kv-dtype ", flags.kv_dtype, ": expected fp32, bf16 or fp16"));
+    fail(absl::StrCat("--kv-dtype ", flags.kv_dtype, ": expected fp32, bf16, fp16 or fp8"));
   }
 
   EngineOptions engine;
   engine.device = device;
-  engine.kv_dtype = kv_dtype;
   engine.block_size = flags.block_size;
   engine.seed = flags.workload.seed;
   engine.max_running = flags.max_running;
@@ -207,9 +216,13 @@ int run(int argc, char** argv) {
     engine.fault = Fault::kSkipCopies;
   } else if (flags.fault == "skip-swap-in") {
     engine.fault = Fault::kSkipSwapIn;
+  } else if (flags.fault == "corrupt-swap-in") {
+    engine.fault = Fault::kCorruptSwapIn;
   } else if (flags.fault != "none") {
-    fail(absl::StrCat("--fault ", flags.fault, ": expected skip-copies or skip-swap-in"));
+    fail(absl::StrCat("--fault ", flags.fault,
+                      ": expected skip-copies, skip-swap-in or corrupt-swap-in"));
   }
+  if (flags.verify < 0) fail(absl::StrCat("--verify ", flags.verify, ": must be >= 0"));
 
   ModelConfig config;
   config.num_layers = flags.layers;
@@ -240,6 +253,21 @@ int run(int argc, char** argv) {
   if (!workload.ok()) fail(std::string(workload.status().message()));
 
   const Model model(config);
+  engine.kv_format.cache_dtype = kv_dtype;
+  if (kv_dtype == pagedkv::DType::kFloat8E4M3 && !workload->requests.empty()) {
+    absl::StatusOr<KvFormat> fp8 = calibrate_fp8(model, workload->requests.front().prompt);
+    if (!fp8.ok()) fail(std::string(fp8.status().message()));
+    engine.kv_format = *std::move(fp8);
+  }
+  // Verification: the engine keeps the logits of running sequences, and of finished ones
+  // only when the selection picks them.
+  int64_t num_sequences = 0;
+  for (const Request& r : workload->requests) num_sequences += r.num_samples;
+  VerifySelection selection(flags.verify, num_sequences);
+  if (flags.verify > 0) {
+    engine.record_logits = true;
+    engine.on_finish = [&selection](SequenceRecord& rec) { selection.offer(rec); };
+  }
   absl::StatusOr<std::unique_ptr<Engine>> created = Engine::create(model, engine);
   if (!created.ok()) fail(std::string(created.status().message()));
   Engine& eng = **created;
@@ -284,7 +312,8 @@ int run(int argc, char** argv) {
                    flags.verify);
       std::fflush(stderr);
     }
-    absl::StatusOr<VerifyResult> result = verify(model, eng, flags.verify, kv_dtype);
+    absl::StatusOr<VerifyResult> result =
+        verify(model, selection.take_picks(), flags.verify, engine.kv_format);
     if (engine.progress) std::fprintf(stderr, "\r\033[K");
     if (!result.ok()) fail(absl::StrCat("verify failed: ", result.status().ToString()));
     report.verify = *std::move(result);

@@ -1,6 +1,7 @@
 // Greedy and seeded sampling (see sampling.h).
 #include "sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -13,16 +14,30 @@ uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// Uniform in [0, 1) keyed by the four coordinates of one draw.
-double keyed_uniform(uint64_t seed, int64_t request, int32_t sample, int32_t step) {
-  uint64_t h = mix(seed + 0x9E3779B97F4A7C15ull);
-  h = mix(h ^ static_cast<uint64_t>(request));
-  h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(sample)) << 32 |
-               static_cast<uint32_t>(step)));
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
+// Unnormalized softmax(logits / temperature) weights in double; returns their sum.
+double softmax_weights(std::span<const float> logits, float temperature,
+                       std::vector<double>* weights) {
+  const double max = *std::max_element(logits.begin(), logits.end());
+  const double inv_t = 1.0 / temperature;
+  weights->resize(logits.size());
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    (*weights)[i] = std::exp((logits[i] - max) * inv_t);
+    total += (*weights)[i];
+  }
+  return total;
 }
 
 }  // namespace
+
+// Uniform in [0, 1) keyed by the four coordinates of one draw.
+double sampling_draw(const SamplingParams& params, int32_t step) {
+  uint64_t h = mix(params.seed + 0x9E3779B97F4A7C15ull);
+  h = mix(h ^ static_cast<uint64_t>(params.request));
+  h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(params.sample)) << 32 |
+               static_cast<uint32_t>(step)));
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
 
 pagedkv::TokenId pick_token(std::span<const float> logits, const SamplingParams& params,
                             int32_t step) {
@@ -33,15 +48,9 @@ pagedkv::TokenId pick_token(std::span<const float> logits, const SamplingParams&
   }
   if (params.temperature <= 0.0f) return best;
   // Inverse-CDF sampling over softmax(logits / T), in double.
-  const double max = logits[best];
-  const double inv_t = 1.0 / params.temperature;
-  double total = 0.0;
-  std::vector<double> weights(n);
-  for (int32_t i = 0; i < n; ++i) {
-    weights[i] = std::exp((logits[i] - max) * inv_t);
-    total += weights[i];
-  }
-  const double target = keyed_uniform(params.seed, params.request, params.sample, step) * total;
+  std::vector<double> weights;
+  const double total = softmax_weights(logits, params.temperature, &weights);
+  const double target = sampling_draw(params, step) * total;
   double cumulative = 0.0;
   for (int32_t i = 0; i < n; ++i) {
     cumulative += weights[i];
@@ -50,18 +59,13 @@ pagedkv::TokenId pick_token(std::span<const float> logits, const SamplingParams&
   return best;  // rounding left the target past the last weight
 }
 
-float top2_gap(std::span<const float> logits) {
-  float first = -INFINITY;
-  float second = -INFINITY;
-  for (const float l : logits) {
-    if (l > first) {
-      second = first;
-      first = l;
-    } else if (l > second) {
-      second = l;
-    }
-  }
-  return first - second;
+DrawInterval draw_interval(std::span<const float> logits, float temperature,
+                           pagedkv::TokenId token) {
+  std::vector<double> weights;
+  const double total = softmax_weights(logits, temperature, &weights);
+  double before = 0.0;
+  for (pagedkv::TokenId i = 0; i < token; ++i) before += weights[i];
+  return {.lo = before / total, .hi = (before + weights[token]) / total};
 }
 
 }  // namespace decode_loop

@@ -25,9 +25,19 @@ struct SamplingParams {
 pagedkv::TokenId pick_token(std::span<const float> logits, const SamplingParams& params,
                             int32_t step);
 
-// Difference between the largest and second-largest logit: how far a greedy choice is from
-// a tie. Reported when a verification mismatch happens.
-float top2_gap(std::span<const float> logits);
+// The uniform number in [0, 1) that sampling draws at `step`: pick_token() returns the
+// token whose interval of the cumulative softmax(logits / temperature), in token-id order,
+// holds it.
+double sampling_draw(const SamplingParams& params, int32_t step);
+
+// The draws for which pick_token() at `temperature` > 0 returns `token`: [lo, hi), the
+// cumulative softmax(logits / temperature) before and after it in token-id order.
+struct DrawInterval {
+  double lo = 0.0;
+  double hi = 0.0;
+};
+DrawInterval draw_interval(std::span<const float> logits, float temperature,
+                           pagedkv::TokenId token);
 
 }  // namespace decode_loop
 

@@ -46,10 +46,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
   const pagedkv::KvCacheSpec spec{.num_layers = c.num_layers,
                                   .num_kv_heads = c.num_kv_heads,
                                   .head_dim = c.head_dim,
-                                  .dtype = options.kv_dtype,
+                                  .dtype = options.kv_format.cache_dtype,
                                   .block_size = options.block_size};
-  absl::StatusOr<std::unique_ptr<KvStore>> store =
-      KvStore::create(options.device, spec, options.num_blocks, options.num_host_blocks);
+  absl::StatusOr<std::unique_ptr<KvStore>> store = KvStore::create(
+      options.device, spec, options.kv_format, options.num_blocks, options.num_host_blocks);
   if (!store.ok()) return store.status();
   engine->store_ = *std::move(store);
   Engine* self = engine.get();
@@ -166,6 +166,7 @@ absl::Status Engine::schedule_swapped() {
     SequenceRecord& rec = records_.at(seq);
     rec.where = Where::kRunning;
     running_.push_back(seq);
+    swapped_in_.push_back(seq);
     scheduled_.insert(seq);
     absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, 1);
     if (!slots.ok()) return slots.status();  // room was checked above
@@ -241,7 +242,29 @@ absl::Status Engine::execute_kv_ops() {
   stats_.swap_in_blocks_executed += static_cast<int64_t>(swaps.swap_in.size());
   stats_.cow_copies_executed += static_cast<int64_t>(copies.size());
   if (swaps.swap_out.empty() && swaps.swap_in.empty() && copies.empty()) return absl::OkStatus();
-  return store_->execute(swaps, copies);
+  absl::Status status = store_->execute(swaps, copies);
+  if (status.ok() && options_.fault == Fault::kCorruptSwapIn) {
+    status = corrupt_swapped_in(swaps.swap_in);
+  }
+  return status;
+}
+
+// Fault::kCorruptSwapIn: in each sequence swapped in this step, the first of its blocks
+// that a swap-in copy filled gets one flipped bit.
+absl::Status Engine::corrupt_swapped_in(std::span<const pagedkv::BlockCopy> swap_ins) {
+  absl::flat_hash_set<pagedkv::BlockId> filled;
+  for (const pagedkv::BlockCopy& op : swap_ins) filled.insert(op.dst);
+  for (const SeqId seq : swapped_in_) {
+    absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
+    if (!view.ok()) return view.status();
+    for (const pagedkv::BlockId block : view->block_table) {
+      if (!filled.contains(block)) continue;
+      absl::Status status = store_->flip_exponent_bit(block);
+      if (!status.ok()) return status;
+      break;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::run_batch(Batch& batch, bool prefill) {
@@ -279,8 +302,11 @@ absl::Status Engine::commit(const Batch& batch) {
     // Parallel samples: fork after the prompt's prefill; every sample shares the prompt's
     // blocks and copies the partial last block on its first append (copy-on-write).
     std::vector<SeqId> family = {seq};
-    const SequenceRecord parent = records_.at(seq);  // a copy: inserting children rehashes
-    for (int32_t s = 1; s <= parent.pending_forks; ++s) {
+    const int32_t num_forks = records_.at(seq).pending_forks;
+    // A copy (inserting children rehashes), taken only when there are children: a record
+    // can hold its logits.
+    const SequenceRecord parent = num_forks > 0 ? records_.at(seq) : SequenceRecord{};
+    for (int32_t s = 1; s <= num_forks; ++s) {
       const SeqId child = seq_id(parent.request, s);
       absl::Status status = manager_->fork(seq, child);
       if (!status.ok()) return status;
@@ -302,13 +328,11 @@ absl::Status Engine::commit(const Batch& batch) {
       SequenceRecord& rec = records_.at(member);
       const TokenId token = pick_token(logits, rec.sampling, rec.num_generated());
       rec.tokens.push_back(token);
+      if (options_.record_logits) rec.logits.insert(rec.logits.end(), logits.begin(), logits.end());
       ++stats_.generated_tokens;
       if (rec.num_generated() >= rec.max_new_tokens) {
-        absl::Status status = manager_->free(member);
+        absl::Status status = finish(rec);
         if (!status.ok()) return status;
-        rec.in_manager = false;
-        rec.where = Where::kDone;
-        std::erase(running_, member);
         continue;
       }
       const TokenId appended[] = {token};
@@ -316,6 +340,17 @@ absl::Status Engine::commit(const Batch& batch) {
       if (!status.ok()) return status;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::finish(SequenceRecord& rec) {
+  absl::Status status = manager_->free(rec.seq);
+  if (!status.ok()) return status;
+  rec.in_manager = false;
+  rec.where = Where::kDone;
+  std::erase(running_, rec.seq);
+  if (options_.on_finish) options_.on_finish(rec);
+  std::vector<float>().swap(rec.logits);
   return absl::OkStatus();
 }
 
@@ -344,6 +379,7 @@ void Engine::record_utilization() {
 absl::Status Engine::step() {
   preempted_this_step_ = false;
   scheduled_.clear();
+  swapped_in_.clear();
   prefill_.clear();
   decode_.clear();
   absl::Status status = schedule_running();

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,11 +28,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kv_format.h"
 #include "kv_store.h"
 #include "model.h"
 #include "pagedkv/block_table.h"
 #include "pagedkv/device.h"
-#include "pagedkv/dtype.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "sampling.h"
 #include "workload.h"
@@ -46,17 +47,20 @@ enum class PreemptionPolicy {
   kMixed,      // alternate swap and recompute, so one run exercises both
 };
 
-// Deliberate bugs for testing the verifier: each drops one kind of KV copy, so the
-// affected sequences read stale KV and --verify must report a mismatch.
+// Deliberate bugs for testing the verifier: each corrupts the KV that some sequences
+// read, and --verify must report it.
 enum class Fault {
   kNone,
-  kSkipCopies,  // copy-on-write copies are not run
-  kSkipSwapIn,  // swap-in copies are not run
+  kSkipCopies,     // copy-on-write copies are not run
+  kSkipSwapIn,     // swap-in copies are not run
+  kCorruptSwapIn,  // after each sequence's swap-in, one bit of one of its blocks flips
 };
+
+struct SequenceRecord;
 
 struct EngineOptions {
   pagedkv::Device device = pagedkv::Device::kCpu;
-  pagedkv::DType kv_dtype = pagedkv::DType::kFloat32;
+  KvFormat kv_format;  // cache dtype and fp8 scales
   int32_t block_size = 16;
   int32_t num_blocks = 0;       // device KV blocks (from --kv-budget-mb)
   int32_t num_host_blocks = 0;  // host blocks for swapping
@@ -67,6 +71,12 @@ struct EngineOptions {
   uint64_t seed = 1;
   bool progress = false;  // status line on stderr
   Fault fault = Fault::kNone;
+  // Keep, for each running sequence, the logits each of its tokens was sampled from
+  // (SequenceRecord::logits), for verification. Off: no copy, no memory.
+  bool record_logits = false;
+  // Called once per finished sequence, before its record's logits are released: a
+  // verifier moves out the logits of the sequences it keeps.
+  std::function<void(SequenceRecord&)> on_finish;
 };
 
 // One sequence: a request's sample.
@@ -86,6 +96,8 @@ struct SequenceRecord {
   int32_t swap_preemptions = 0;
   bool forked = false;               // created by fork()
   int32_t first_cached_tokens = -1;  // prefix-cache hit at its first admission (-1: none yet)
+  // [num_generated, vocab_size]: the logits token i was sampled from (record_logits only).
+  std::vector<float> logits;
 
   int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
 };
@@ -148,6 +160,8 @@ class Engine : private pagedkv::PreemptionHooks {
   absl::Status schedule_swapped();
   absl::Status schedule_waiting();
   absl::Status execute_kv_ops();
+  absl::Status corrupt_swapped_in(std::span<const pagedkv::BlockCopy> swap_ins);
+  absl::Status finish(SequenceRecord& rec);
   absl::Status run_batch(Batch& batch, bool prefill);
   absl::Status commit(const Batch& batch);
   absl::Status preempt_self(SeqId seq);
@@ -169,7 +183,8 @@ class Engine : private pagedkv::PreemptionHooks {
   absl::flat_hash_map<SeqId, SequenceRecord> records_;
   std::deque<SeqId> waiting_;
   std::deque<SeqId> swapped_;
-  std::vector<SeqId> running_;  // in admission order
+  std::vector<SeqId> running_;     // in admission order
+  std::vector<SeqId> swapped_in_;  // this step, for Fault::kCorruptSwapIn
   absl::flat_hash_set<SeqId> scheduled_;
   bool preempted_this_step_ = false;
   int64_t preemption_count_ = 0;

@@ -1,6 +1,7 @@
 // Text and JSON summaries (see summary.h).
 #include "summary.h"
 
+#include <cmath>
 #include <string_view>
 
 #include "fmt/format.h"
@@ -33,6 +34,9 @@ std::string json_string(std::string_view s) {
   }
   return out + "\"";
 }
+
+// JSON has no infinity: a non-finite value (non-finite logits) is null.
+std::string json_number(float x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; }
 
 }  // namespace
 
@@ -89,18 +93,24 @@ std::string format_text(const Report& r) {
   line(fmt::format("wall time      {:.2f} s", s.wall_seconds));
   if (r.verify.has_value()) {
     const VerifyResult& v = *r.verify;
-    int32_t identical = 0;
-    for (const VerifiedSequence& seq : v.sequences) identical += seq.identical ? 1 : 0;
-    line(
-        fmt::format("verify         {}: {}/{} sequences identical to the dense no-cache "
-                    "reference ({:.2f} s)",
-                    v.passed() ? "PASS" : "FAIL", identical, v.sequences.size(), v.seconds));
+    int32_t counts[3] = {};
+    for (const VerifiedSequence& seq : v.sequences) ++counts[static_cast<int>(seq.verdict)];
+    line(fmt::format(
+        "verify         {}: {} sequences teacher-forced against the dense no-cache reference "
+        "({:.2f} s)",
+        v.passed() ? "PASS" : "FAIL", v.sequences.size(), v.seconds));
+    line(fmt::format(
+        "               {} identical, {} near-tie, {} failed; max |logit diff| {:.3g}, {} bound "
+        "{:.3g}",
+        counts[0], counts[1], counts[2], v.max_logit_diff(), pagedkv::dtype_name(v.cache_dtype),
+        v.bound));
     for (const VerifiedSequence& seq : v.sequences) {
-      line(fmt::format("  request {:>3} sample {} ({}): {} tokens {}", seq.request, seq.sample,
-                       seq.why, seq.num_tokens,
-                       seq.identical ? std::string("identical")
-                                     : fmt::format("MISMATCH at step {} (dense top-2 gap {:.3g})",
-                                                   seq.first_mismatch, seq.gap_at_mismatch)));
+      line(
+          fmt::format("  request {:>3} sample {} ({}): {} tokens, identical up to {}, max logit "
+                      "diff {:.3g}: {}",
+                      seq.request, seq.sample, seq.why, seq.num_tokens, seq.identical_tokens,
+                      seq.max_logit_diff, verdict_name(seq.verdict)));
+      if (!seq.detail.empty()) line(fmt::format("      {}", seq.detail));
     }
   } else {
     line("verify         off");
@@ -167,21 +177,26 @@ std::string format_json(const Report& r) {
                     "\"peak_concurrency\": {}, \"utilization\": {:.6f}}}",
                     r.contiguous_max_len, r.contiguous_peak_concurrency, r.contiguous_utilization));
   if (r.verify.has_value()) {
+    const VerifyResult& v = *r.verify;
     std::string seqs = "[";
-    for (size_t i = 0; i < r.verify->sequences.size(); ++i) {
-      const VerifiedSequence& v = r.verify->sequences[i];
+    for (size_t i = 0; i < v.sequences.size(); ++i) {
+      const VerifiedSequence& seq = v.sequences[i];
       seqs += fmt::format(
-          "{}{{\"request\": {}, \"sample\": {}, \"why\": {}, \"tokens\": {}, "
-          "\"identical\": {}, \"first_mismatch\": {}}}",
-          i == 0 ? "" : ", ", v.request, v.sample, json_string(v.why), v.num_tokens,
-          v.identical ? "true" : "false", v.first_mismatch);
+          "{}{{\"request\": {}, \"sample\": {}, \"why\": {}, \"temperature\": {}, "
+          "\"tokens\": {}, \"identical_tokens\": {}, \"differing_tokens\": {}, "
+          "\"max_logit_diff\": {}, \"verdict\": {}, \"detail\": {}}}",
+          i == 0 ? "" : ", ", seq.request, seq.sample, json_string(seq.why), seq.temperature,
+          seq.num_tokens, seq.identical_tokens, seq.differing_tokens,
+          json_number(seq.max_logit_diff), json_string(verdict_name(seq.verdict)),
+          json_string(seq.detail));
     }
     seqs += "]";
     field("verify",
-          fmt::format("{{\"requested\": {}, \"passed\": {}, \"seconds\": {:.6f}, "
-                      "\"sequences\": {}}}",
-                      r.verify->requested, r.verify->passed() ? "true" : "false", r.verify->seconds,
-                      seqs),
+          fmt::format("{{\"requested\": {}, \"passed\": {}, \"dtype\": {}, \"bound\": {}, "
+                      "\"max_logit_diff\": {}, \"seconds\": {:.6f}, \"sequences\": {}}}",
+                      v.requested, v.passed() ? "true" : "false",
+                      json_string(pagedkv::dtype_name(v.cache_dtype)), json_number(v.bound),
+                      json_number(v.max_logit_diff()), v.seconds, seqs),
           true);
   } else {
     field("verify", "null", true);
