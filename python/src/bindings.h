@@ -14,12 +14,14 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -173,11 +175,16 @@ struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
                             "collections.abc.Sequence[int] | numpy.typing.ArrayLike"))
 
   bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
+    // Arrays of another integer dtype are converted; float arrays are refused, never
+    // truncated into ids.
     make_caster<pagedkv::python::Array1D<const T>> array_caster;
-    if (array_caster.from_python(src, flags, cleanup)) {
+    const uint8_t no_convert = flags & ~static_cast<uint8_t>(cast_flags::convert);
+    if (array_caster.from_python(src, no_convert, cleanup) ||
+        (integer_array(src) && array_caster.from_python(src, flags, cleanup))) {
       value.array = array_caster.value;
       return true;
     }
+    if (hasattr(src, "dtype")) return false;
     if (AllowScalar && PyLong_Check(src.ptr())) {
       make_caster<T> scalar_caster;
       if (!scalar_caster.from_python(src, flags, cleanup)) return false;
@@ -189,6 +196,25 @@ struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
     if (!list_caster.from_python(src, flags, cleanup)) return false;
     value.copy = std::move(list_caster.value);
     return true;
+  }
+
+  // True for an array object (NumPy, PyTorch, ...) whose dtype is an integer type.
+  static bool integer_array(handle src) noexcept {
+    try {
+      if (!hasattr(src, "dtype")) return false;
+      object dtype = src.attr("dtype");
+      if (hasattr(dtype, "kind")) {  // NumPy
+        const std::string kind = cast<std::string>(dtype.attr("kind"));
+        return kind == "i" || kind == "u";
+      }
+      if (hasattr(dtype, "is_floating_point")) {  // PyTorch
+        return !cast<bool>(dtype.attr("is_floating_point")) &&
+               !cast<bool>(dtype.attr("is_complex"));
+      }
+    } catch (const std::exception&) {
+      PyErr_Clear();
+    }
+    return false;
   }
 };
 

@@ -519,7 +519,8 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
 void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
   using M = PyKvCacheManager;
   cls.def("allocate_slots_batch", &M::allocate_slots_batch, "seqs"_a, "num_new_tokens"_a,
-          "num_lookahead"_a = 0, nb::kw_only(), "preempt"_a = false, "out"_a = nb::none(),
+          "num_lookahead"_a = 0, nb::kw_only(), "preempt"_a = false,
+          "out"_a.noconvert() = nb::none(),
           "allocate_slots() (or allocate_slots_or_preempt() with preempt=True) for every\n"
           "sequence of seqs, in order, in one call. num_new_tokens: one count per sequence, or\n"
           "one int for all (1 for a decode step). Returns a SlotBatch: the slot mappings\n"
@@ -551,7 +552,7 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
                 {block_table.data(), block_table.size()},
                 {context_lens.data(), context_lens.shape(0)}));
           },
-          "seqs"_a, "block_table"_a, "context_lens"_a,
+          "seqs"_a, "block_table"_a.noconvert(), "context_lens"_a.noconvert(),
           "Writes the padded table into caller arrays: block_table int32 [>= len(seqs),\n"
           "max_blocks] (C-contiguous), context_lens int32 [>= len(seqs)].")
       .def(
@@ -562,7 +563,8 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
                 seqs.span(), {indptr.data(), indptr.shape(0)}, {indices.data(), indices.shape(0)},
                 {last_page_len.data(), last_page_len.shape(0)}));
           },
-          "seqs"_a, "indptr"_a, "indices"_a, "last_page_len"_a,
+          "seqs"_a, "indptr"_a.noconvert(), "indices"_a.noconvert(),
+          "last_page_len"_a.noconvert(),
           "Writes the CSR tables into caller arrays (int32).");
 }
 

@@ -48,8 +48,11 @@ void check_layer(const KvStorage& storage, int32_t layer) {
   }
 }
 
+// A tensor object with __dlpack__() / __dlpack_device__() and (CPU) the buffer protocol.
+using PoolTensor = nb::ndarray<nb::array_api>;
+
 // One pool of `view` (K or V) as a 4-D tensor in the storage's layout, kept alive by `owner`.
-Tensor pool_tensor(const KvCacheView& view, void* data, KvLayout layout, int device_type,
+PoolTensor pool_tensor(const KvCacheView& view, void* data, KvLayout layout, int device_type,
                    int32_t device_id, nb::handle owner) {
   const bool hnd = layout == KvLayout::kHND;
   const size_t heads = static_cast<size_t>(view.num_kv_heads);
@@ -58,7 +61,8 @@ Tensor pool_tensor(const KvCacheView& view, void* data, KvLayout layout, int dev
                            hnd ? tokens : heads, static_cast<size_t>(view.head_dim)};
   const int64_t strides[4] = {view.block_stride, hnd ? view.head_stride : view.token_stride,
                               hnd ? view.token_stride : view.head_stride, 1};
-  return Tensor(data, 4, shape, owner, strides, dlpack_dtype(view.dtype), device_type, device_id);
+  return PoolTensor(data, 4, shape, owner, strides, dlpack_dtype(view.dtype), device_type,
+                    device_id);
 }
 
 // Copy ops as a list of BlockCopy or an int32 array [n, 3] of (src, dst, num_tokens).
