@@ -175,6 +175,9 @@ struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
                             "collections.abc.Sequence[int] | numpy.typing.ArrayLike"))
 
   bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
+    if (PyList_CheckExact(src.ptr()) || PyTuple_CheckExact(src.ptr())) {
+      return from_sequence(src, flags, cleanup);  // the common small case, first
+    }
     // Arrays of another integer dtype are converted; float arrays are refused, never
     // truncated into ids.
     make_caster<pagedkv::python::Array1D<const T>> array_caster;
@@ -192,6 +195,10 @@ struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
       value.scalar = true;
       return true;
     }
+    return from_sequence(src, flags, cleanup);
+  }
+
+  bool from_sequence(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
     make_caster<std::vector<T>> list_caster;
     if (!list_caster.from_python(src, flags, cleanup)) return false;
     value.copy = std::move(list_caster.value);
