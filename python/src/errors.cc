@@ -1,4 +1,6 @@
 // Status -> Python exception mapping, and the exception types of the package.
+#include <nanobind/stl/string.h>
+
 #include <string>
 
 #include "bindings.h"
@@ -35,7 +37,8 @@ PyObject* exception_type(absl::StatusCode code) {
 }
 
 PyObject* new_exception(nb::module_& m, const char* name, PyObject* base, const char* doc) {
-  const std::string qualified = std::string("pagedkv.") + name;
+  // Qualified by the module's own name, so that stubgen sees a class of this module.
+  const std::string qualified = nb::cast<std::string>(m.attr("__name__")) + "." + name;
   PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, base, nullptr);
   if (type == nullptr) throw nb::python_error();
   m.attr(name) = nb::handle(type);

@@ -160,18 +160,18 @@ struct PySequenceView {
   int32_t priority;
   int64_t arrival;
   int32_t num_computed_tokens;
-  nb::object tokens;
-  nb::object block_table;
-  nb::object host_blocks;
+  NumpyArray<TokenId> tokens;
+  NumpyArray<BlockId> block_table;
+  NumpyArray<BlockId> host_blocks;
 };
 
 // Per-sequence results of a batched call.
 struct BatchStatus {
-  nb::object status;  // int32 [num_seqs] StatusCode values
+  NumpyArray<int32_t> status;  // [num_seqs] StatusCode values
   nb::dict errors;    // seq id -> the exception the per-sequence call would raise
 };
 struct SlotBatch : BatchStatus {
-  nb::object slots;  // int64 slot mapping, all sequences' new tokens concatenated
+  NumpyArray<int64_t> slots;  // slot mapping, all sequences' new tokens concatenated
 };
 
 class PyKvCacheManager {
@@ -280,9 +280,13 @@ SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
   callbacks_->end_batch();
   callbacks_->errors().raise_pending();
   SlotBatch batch;
-  batch.status = std::move(codes.array);
+  batch.status = std::move(codes);
   batch.errors = std::move(errors);
-  batch.slots = out.has_value() ? nb::cast(*out) : std::move(owned.array);
+  if (out.has_value()) {
+    batch.slots = {nb::cast(*out), out->data(), out->shape(0)};
+  } else {
+    batch.slots = std::move(owned);
+  }
   return batch;
 }
 
@@ -321,7 +325,7 @@ BatchStatus PyKvCacheManager::append_tokens_batch(const IntValues<SeqId>& seqs,
     }
   }
   callbacks_->errors().raise_pending();
-  return {std::move(codes.array), std::move(errors)};
+  return {std::move(codes), std::move(errors)};
 }
 
 NumpyArray<int64_t> slots_array(absl::StatusOr<std::span<const int64_t>> slots) {
@@ -577,7 +581,7 @@ void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
           [](const M& self, SeqId seq) {
             const SequenceView v = value_or_raise(self.get().sequence(seq));
             auto copy = [](std::span<const int32_t> s) {
-              return to_numpy(s).array;
+              return to_numpy(s);
             };
             return PySequenceView{v.id,      v.state,           v.priority,
                                   v.arrival, v.num_computed_tokens, copy(v.tokens),
