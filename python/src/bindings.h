@@ -171,8 +171,8 @@ template <typename T, bool AllowScalar>
 struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
   using Values = pagedkv::python::IntValues<T, AllowScalar>;
   NB_TYPE_CASTER(Values, const_name<AllowScalar>(
-                            "int | collections.abc.Sequence[int] | numpy.typing.ArrayLike",
-                            "collections.abc.Sequence[int] | numpy.typing.ArrayLike"))
+                             "int | collections.abc.Sequence[int] | numpy.typing.ArrayLike",
+                             "collections.abc.Sequence[int] | numpy.typing.ArrayLike"))
 
   bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
     if (PyList_CheckExact(src.ptr()) || PyTuple_CheckExact(src.ptr())) {

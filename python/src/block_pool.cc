@@ -64,9 +64,9 @@ class PyBlockPool {
     for (const BlockId b : blocks) {
       check_block(b, "free");
       if (++drops[b] > pool_.ref_count(b)) {
-        raise_status(absl::InvalidArgumentError(absl::StrCat(
-            "free(block ", b, "): ", drops[b], " references dropped, ref count is ",
-            pool_.ref_count(b))));
+        raise_status(absl::InvalidArgumentError(absl::StrCat("free(block ", b, "): ", drops[b],
+                                                             " references dropped, ref count is ",
+                                                             pool_.ref_count(b))));
       }
     }
   }
@@ -115,8 +115,9 @@ void bind_block_pool(nb::module_& m) {
                   absl::StrCat("allocate(", num_blocks, "): negative block count")));
             }
             NumpyArray<BlockId> blocks = new_numpy_array<BlockId>(num_blocks);
-            raise_if_error(self.mutate(
-                [&](BlockPool& p) { return p.allocate({blocks.data, blocks.size}); }));
+            raise_if_error(self.mutate([&](BlockPool& p) {
+              return p.allocate({blocks.data, blocks.size});
+            }));
             return blocks;
           },
           "num_blocks"_a,
@@ -206,9 +207,7 @@ void bind_block_pool(nb::module_& m) {
       .def("stats", [](const PyBlockPool& self) { return self.pool().stats(); })
       .def(
           "free_queue_order",
-          [](const PyBlockPool& self) {
-            return to_numpy<BlockId>(self.pool().free_queue_order());
-          },
+          [](const PyBlockPool& self) { return to_numpy<BlockId>(self.pool().free_queue_order()); },
           "Free queue from head (next allocated) to tail. O(num_free_blocks).")
       .def(
           "check_invariants",

@@ -120,9 +120,10 @@ float* check_lse(ArgCheck& check, const Tensor& lse, const Tensor& q) {
 
 // --- the calls ----------------------------------------------------------------------------------
 
-void py_write_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, const Tensor& k_cache,
-                 const Tensor& v_cache, KvLayout layout, std::optional<DType> kv_dtype,
-                 const Tensor& k_scale, const Tensor& v_scale, std::optional<uintptr_t> stream) {
+void py_write_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping,
+                 const Tensor& k_cache, const Tensor& v_cache, KvLayout layout,
+                 std::optional<DType> kv_dtype, const Tensor& k_scale, const Tensor& v_scale,
+                 std::optional<uintptr_t> stream) {
   ArgCheck check("write_kv");
   const KvCacheView cache = check.cache_view(k_cache, v_cache, layout, kv_dtype);
   check.device_of(k, "k");
@@ -196,9 +197,9 @@ void py_paged_decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
                                const Tensor& lse, float sm_scale, const Tensor& k_scale,
                                const Tensor& v_scale, int32_t max_context_len, int32_t num_splits,
                                const Tensor& workspace, std::optional<uintptr_t> stream) {
-  DecodeCall call = prepare_decode(q, k_cache, v_cache, block_table, context_lens, out, layout,
-                                   kv_dtype, sm_scale, k_scale, v_scale, max_context_len,
-                                   num_splits);
+  DecodeCall call =
+      prepare_decode(q, k_cache, v_cache, block_table, context_lens, out, layout, kv_dtype,
+                     sm_scale, k_scale, v_scale, max_context_len, num_splits);
   call.args.maybe_lse = check_lse(call.check, lse, q);
   if (workspace.is_valid()) {
     call.check.device_of(workspace, "workspace");
@@ -251,8 +252,8 @@ void py_paged_extend_attention(const Tensor& q, const Tensor& k_cache, const Ten
   if (check.device() == Device::kCpu) {  // the kernels trust qo_indptr's last entry
     const int32_t* indptr = static_cast<const int32_t*>(qo_indptr.data());
     if (indptr[num_seqs] != static_cast<int64_t>(q.shape(0))) {
-      check.fail(absl::StrCat("qo_indptr[-1] = ", indptr[num_seqs], " but q has ", q.shape(0),
-                              " rows"));
+      check.fail(
+          absl::StrCat("qo_indptr[-1] = ", indptr[num_seqs], " but q has ", q.shape(0), " rows"));
     }
   }
   args.q = q.data();
@@ -288,9 +289,8 @@ void bind_kernels(nb::module_& m) {
   m.def("paged_decode_attention", &py_paged_decode_attention, "q"_a, "k_cache"_a, "v_cache"_a,
         "block_table"_a, "context_lens"_a, "out"_a, nb::kw_only(), "layout"_a = KvLayout::kHND,
         "kv_dtype"_a.none() = nb::none(), "lse"_a.none() = nb::none(), "sm_scale"_a = 0.0f,
-        "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(),
-        "max_context_len"_a = 0, "num_splits"_a = 0, "workspace"_a.none() = nb::none(),
-        "stream"_a.none() = nb::none(),
+        "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(), "max_context_len"_a = 0,
+        "num_splits"_a = 0, "workspace"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
         "out[i, h] = softmax(sm_scale * q[i, h] . K^T) V over sequence i's context_lens[i]\n"
         "tokens, read through block_table (int32 [num_seqs, max_blocks]). q/out: [num_seqs,\n"
         "num_q_heads, head_dim]. lse: optional fp32 [num_seqs, num_q_heads]. On CUDA, pass a\n"
@@ -302,9 +302,9 @@ void bind_kernels(nb::module_& m) {
         "Bytes of split-K workspace paged_decode_attention() needs for these arguments.");
   m.def("paged_extend_attention", &py_paged_extend_attention, "q"_a, "k_cache"_a, "v_cache"_a,
         "block_table"_a, "context_lens"_a, "qo_indptr"_a, "out"_a, nb::kw_only(),
-        "layout"_a = KvLayout::kHND, "kv_dtype"_a.none() = nb::none(),
-        "lse"_a.none() = nb::none(), "sm_scale"_a = 0.0f, "k_scale"_a.none() = nb::none(),
-        "v_scale"_a.none() = nb::none(), "max_query_len"_a = 0, "stream"_a.none() = nb::none(),
+        "layout"_a = KvLayout::kHND, "kv_dtype"_a.none() = nb::none(), "lse"_a.none() = nb::none(),
+        "sm_scale"_a = 0.0f, "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(),
+        "max_query_len"_a = 0, "stream"_a.none() = nb::none(),
         "Prefill/extend attention: the new tokens of sequence i (q rows qo_indptr[i] ..\n"
         "qo_indptr[i+1], int32 [num_seqs + 1]) attend causally to its context_lens[i] tokens,\n"
         "the new ones included (write them with write_kv first).");

@@ -26,9 +26,9 @@ class ManagerCallbacks : public PreemptionHooks {
  public:
   ManagerCallbacks(nb::object event_sink, nb::object hooks, nb::object policy,
                    PreemptionMode default_mode)
-      : sink_(event_sink.is_none() ? nullptr
-                                   : std::make_unique<PythonEventSink>(std::move(event_sink),
-                                                                       &errors_)),
+      : sink_(event_sink.is_none()
+                  ? nullptr
+                  : std::make_unique<PythonEventSink>(std::move(event_sink), &errors_)),
         hooks_(std::move(hooks)),
         policy_(std::move(policy)),
         default_mode_(default_mode) {}
@@ -46,8 +46,7 @@ class ManagerCallbacks : public PreemptionHooks {
   // The VictimPolicy: policy(running: list[SequenceInfo], requester) returns a Preemption,
   // a victim id (preempted in the manager's preemption_mode) or None to give up. A policy
   // that raises gives up; the exception is re-raised when the manager call returns.
-  std::optional<Preemption> choose_victim(std::span<const SequenceInfo> running,
-                                          SeqId requester) {
+  std::optional<Preemption> choose_victim(std::span<const SequenceInfo> running, SeqId requester) {
     std::optional<Preemption> choice;
     errors_.guard([&] {
       nb::list candidates;
@@ -84,7 +83,8 @@ class ManagerCallbacks : public PreemptionHooks {
   std::vector<SeqId> victims_;
 };
 
-// --- block tables ---------------------------------------------------------------------------------
+// --- block tables
+// ---------------------------------------------------------------------------------
 
 // pagedkv.BlockTables: a batch's padded and CSR tables. Its arrays are NumPy views of the
 // buffers (no copy), and each view keeps the buffers it shows alive: a rebuild into the same
@@ -102,9 +102,8 @@ struct PyBlockTables {
   nb::ndarray<nb::numpy, int32_t> view(std::vector<int32_t>& buffer,
                                        std::initializer_list<size_t> shape) const {
     auto* keep = new std::shared_ptr<BlockTables>(tables);
-    nb::capsule owner(keep, [](void* p) noexcept {
-      delete static_cast<std::shared_ptr<BlockTables>*>(p);
-    });
+    nb::capsule owner(
+        keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<BlockTables>*>(p); });
     return nb::ndarray<nb::numpy, int32_t>(buffer.data(), shape, owner);
   }
 };
@@ -124,10 +123,11 @@ void bind_block_tables(nb::module_& m) {
           "block_table",
           [](PyBlockTables& t) {
             BlockTables& b = *t.tables;
-            return t.view(b.block_table, {static_cast<size_t>(b.num_seqs),
-                                          static_cast<size_t>(b.max_blocks)});
+            return t.view(b.block_table,
+                          {static_cast<size_t>(b.num_seqs), static_cast<size_t>(b.max_blocks)});
           },
-          nb::rv_policy::automatic, "[num_seqs, max_blocks] int32, padded with 0 beyond each sequence's blocks")
+          nb::rv_policy::automatic,
+          "[num_seqs, max_blocks] int32, padded with 0 beyond each sequence's blocks")
       .def_prop_ro(
           "context_lens",
           [](PyBlockTables& t) {
@@ -141,13 +141,15 @@ void bind_block_tables(nb::module_& m) {
       .def_prop_ro(
           "indices",
           [](PyBlockTables& t) { return t.view(t.tables->indices, {t.tables->indices.size()}); },
-          nb::rv_policy::automatic, "CSR [indptr[-1]] int32: the blocks of sequence i are indices[indptr[i]:indptr[i+1]]")
+          nb::rv_policy::automatic,
+          "CSR [indptr[-1]] int32: the blocks of sequence i are indices[indptr[i]:indptr[i+1]]")
       .def_prop_ro(
           "last_page_len",
           [](PyBlockTables& t) {
             return t.view(t.tables->last_page_len, {t.tables->last_page_len.size()});
           },
-          nb::rv_policy::automatic, "CSR [num_seqs] int32: valid tokens in each last block (0: empty sequence)");
+          nb::rv_policy::automatic,
+          "CSR [num_seqs] int32: valid tokens in each last block (0: empty sequence)");
 }
 
 // --- the manager -----------------------------------------------------------------------------
@@ -168,7 +170,7 @@ struct PySequenceView {
 // Per-sequence results of a batched call.
 struct BatchStatus {
   NumpyArray<int32_t> status;  // [num_seqs] StatusCode values
-  nb::dict errors;    // seq id -> the exception the per-sequence call would raise
+  nb::dict errors;             // seq id -> the exception the per-sequence call would raise
 };
 struct SlotBatch : BatchStatus {
   NumpyArray<int64_t> slots;  // slot mapping, all sequences' new tokens concatenated
@@ -179,8 +181,7 @@ class PyKvCacheManager {
   PyKvCacheManager(KvCacheManager::Options options, nb::object event_sink, nb::object hooks,
                    nb::object policy)
       : callbacks_(std::make_unique<ManagerCallbacks>(std::move(event_sink), std::move(hooks),
-                                                      std::move(policy),
-                                                      options.preemption_mode)),
+                                                      std::move(policy), options.preemption_mode)),
         manager_(value_or_raise(KvCacheManager::create(with_callbacks(std::move(options))))) {}
 
   const KvCacheManager& get() const { return manager_; }
@@ -224,8 +225,8 @@ class PyKvCacheManager {
 
 void check_batch_sizes(size_t num_seqs, size_t num_values, const char* fn, const char* what) {
   if (num_values != num_seqs) {
-    raise_status(absl::InvalidArgumentError(absl::StrCat(fn, ": ", num_values, " ", what,
-                                                         " for ", num_seqs, " sequences")));
+    raise_status(absl::InvalidArgumentError(
+        absl::StrCat(fn, ": ", num_values, " ", what, " for ", num_seqs, " sequences")));
   }
 }
 
@@ -262,9 +263,9 @@ SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
     const int32_t count = num_new_tokens.at(i);
     absl::StatusOr<std::span<const int64_t>> result =
         callbacks_->preempted_in_batch(seq)
-            ? absl::FailedPreconditionError(absl::StrCat(
-                  "allocate_slots_batch(seq ", seq, "): preempted by an earlier sequence of "
-                  "this batch"))
+            ? absl::FailedPreconditionError(absl::StrCat("allocate_slots_batch(seq ", seq,
+                                                         "): preempted by an earlier sequence of "
+                                                         "this batch"))
         : preempt ? manager_.allocate_slots_or_preempt(seq, count, num_lookahead)
                   : manager_.allocate_slots(seq, count, num_lookahead);
     const int64_t width = std::max(count, 0);
@@ -302,9 +303,9 @@ BatchStatus PyKvCacheManager::append_tokens_batch(const IntValues<SeqId>& seqs,
     for (size_t i = 0; i < n; ++i) {
       if (offsets[i] < 0 || offsets[i] > offsets[i + 1] ||
           static_cast<size_t>(offsets[i + 1]) > all.size()) {
-        raise_status(absl::InvalidArgumentError(absl::StrCat(
-            "append_tokens_batch: indptr[", i, ":", i + 2, "] = [", offsets[i], ", ",
-            offsets[i + 1], "] is not a range of the ", all.size(), " tokens")));
+        raise_status(absl::InvalidArgumentError(
+            absl::StrCat("append_tokens_batch: indptr[", i, ":", i + 2, "] = [", offsets[i], ", ",
+                         offsets[i + 1], "] is not a range of the ", all.size(), " tokens")));
       }
     }
   } else {
@@ -315,9 +316,9 @@ BatchStatus PyKvCacheManager::append_tokens_batch(const IntValues<SeqId>& seqs,
   nb::dict errors;
   const std::span<const SeqId> ids = seqs.span();
   for (size_t i = 0; i < n; ++i) {
-    const std::span<const TokenId> mine =
-        indptr.has_value() ? all.subspan(offsets[i], offsets[i + 1] - offsets[i])
-                           : all.subspan(i, 1);
+    const std::span<const TokenId> mine = indptr.has_value()
+                                              ? all.subspan(offsets[i], offsets[i + 1] - offsets[i])
+                                              : all.subspan(i, 1);
     const absl::Status status = manager_.append_tokens(ids[i], mine);
     if (!status.ok()) {
       codes.data[i] = static_cast<int32_t>(status.code());
@@ -332,7 +333,8 @@ NumpyArray<int64_t> slots_array(absl::StatusOr<std::span<const int64_t>> slots) 
   return to_numpy(value_or_raise(std::move(slots)));
 }
 
-// --- binding ----------------------------------------------------------------------------------------
+// --- binding
+// ----------------------------------------------------------------------------------------
 
 void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
   nb::class_<SequenceInfo>(m, "SequenceInfo", "What a victim policy sees of each candidate.")
@@ -371,8 +373,9 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
               "int32 [num_seqs]: StatusCode of each sequence's call (0: OK)")
       .def_ro("errors", &BatchStatus::errors,
               "seq id -> the exception the per-sequence call would have raised")
-      .def_prop_ro("ok", [](const BatchStatus& b) { return b.errors.size() == 0; },
-                   "True when every sequence's call succeeded");
+      .def_prop_ro(
+          "ok", [](const BatchStatus& b) { return b.errors.size() == 0; },
+          "True when every sequence's call succeeded");
   nb::class_<SlotBatch, BatchStatus>(m, "SlotBatch", "Result of allocate_slots_batch().")
       .def_ro("slots", &SlotBatch::slots,
               "int64 slot mapping of all new tokens, sequence after sequence; -1 for the "
@@ -394,24 +397,27 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("preemptions_swap", &Stats::preemptions_swap)
       .def_ro("blocks_swapped_out", &Stats::blocks_swapped_out)
       .def_ro("blocks_swapped_in", &Stats::blocks_swapped_in)
-      .def("_asdict", [](const Stats& s) {
-        nb::dict d;
-        d["num_blocks"] = s.num_blocks;
-        d["used_blocks"] = s.used_blocks;
-        d["free_blocks"] = s.free_blocks;
-        d["cached_free_blocks"] = s.cached_free_blocks;
-        d["num_host_blocks"] = s.num_host_blocks;
-        d["used_host_blocks"] = s.used_host_blocks;
-        d["prefix_query_tokens"] = s.prefix_query_tokens;
-        d["prefix_hit_tokens"] = s.prefix_hit_tokens;
-        d["evictions"] = s.evictions;
-        d["cow_copies"] = s.cow_copies;
-        d["preemptions_recompute"] = s.preemptions_recompute;
-        d["preemptions_swap"] = s.preemptions_swap;
-        d["blocks_swapped_out"] = s.blocks_swapped_out;
-        d["blocks_swapped_in"] = s.blocks_swapped_in;
-        return d;
-      }, "The counters as a dict.");
+      .def(
+          "_asdict",
+          [](const Stats& s) {
+            nb::dict d;
+            d["num_blocks"] = s.num_blocks;
+            d["used_blocks"] = s.used_blocks;
+            d["free_blocks"] = s.free_blocks;
+            d["cached_free_blocks"] = s.cached_free_blocks;
+            d["num_host_blocks"] = s.num_host_blocks;
+            d["used_host_blocks"] = s.used_host_blocks;
+            d["prefix_query_tokens"] = s.prefix_query_tokens;
+            d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+            d["evictions"] = s.evictions;
+            d["cow_copies"] = s.cow_copies;
+            d["preemptions_recompute"] = s.preemptions_recompute;
+            d["preemptions_swap"] = s.preemptions_swap;
+            d["blocks_swapped_out"] = s.blocks_swapped_out;
+            d["blocks_swapped_in"] = s.blocks_swapped_in;
+            return d;
+          },
+          "The counters as a dict.");
 
   using Options = KvCacheManager::Options;
   nb::class_<Options>(cls, "Options", "The options the manager was created with.")
@@ -444,8 +450,8 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
       .def(
           "append_tokens",
           [](M& self, SeqId seq, IntValues<TokenId> tokens) {
-            raise_if_error(
-                self.mutate([&](KvCacheManager& m) { return m.append_tokens(seq, tokens.span()); }));
+            raise_if_error(self.mutate(
+                [&](KvCacheManager& m) { return m.append_tokens(seq, tokens.span()); }));
           },
           "seq"_a, "tokens"_a,
           "Appends generated tokens (before allocate_slots() reserves their KV). Raises "
@@ -453,7 +459,8 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
       .def(
           "match_prefix",
           [](M& self, SeqId seq) {
-            return value_or_raise(self.mutate([&](KvCacheManager& m) { return m.match_prefix(seq); }));
+            return value_or_raise(
+                self.mutate([&](KvCacheManager& m) { return m.match_prefix(seq); }));
           },
           "seq"_a,
           "Claims the longest verified cached prefix of a waiting sequence (full blocks, at "
@@ -461,8 +468,9 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
       .def(
           "allocate_slots",
           [](M& self, SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
-            return slots_array(self.mutate(
-                [&](KvCacheManager& m) { return m.allocate_slots(seq, num_new_tokens, num_lookahead); }));
+            return slots_array(self.mutate([&](KvCacheManager& m) {
+              return m.allocate_slots(seq, num_new_tokens, num_lookahead);
+            }));
           },
           "seq"_a, "num_new_tokens"_a, "num_lookahead"_a = 0,
           "Reserves slots for the next num_new_tokens tokens and returns their slot mapping "
@@ -567,25 +575,28 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
                 seqs.span(), {indptr.data(), indptr.shape(0)}, {indices.data(), indices.shape(0)},
                 {last_page_len.data(), last_page_len.shape(0)}));
           },
-          "seqs"_a, "indptr"_a.noconvert(), "indices"_a.noconvert(),
-          "last_page_len"_a.noconvert(),
+          "seqs"_a, "indptr"_a.noconvert(), "indices"_a.noconvert(), "last_page_len"_a.noconvert(),
           "Writes the CSR tables into caller arrays (int32).");
 }
 
 void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
   using M = PyKvCacheManager;
-  cls.def("contains", [](const M& self, SeqId seq) { return self.get().contains(seq); }, "seq"_a)
+  cls.def(
+         "contains", [](const M& self, SeqId seq) { return self.get().contains(seq); }, "seq"_a)
       .def("__contains__", [](const M& self, SeqId seq) { return self.get().contains(seq); })
       .def(
           "sequence",
           [](const M& self, SeqId seq) {
             const SequenceView v = value_or_raise(self.get().sequence(seq));
-            auto copy = [](std::span<const int32_t> s) {
-              return to_numpy(s);
-            };
-            return PySequenceView{v.id,      v.state,           v.priority,
-                                  v.arrival, v.num_computed_tokens, copy(v.tokens),
-                                  copy(v.block_table), copy(v.host_blocks)};
+            auto copy = [](std::span<const int32_t> s) { return to_numpy(s); };
+            return PySequenceView{v.id,
+                                  v.state,
+                                  v.priority,
+                                  v.arrival,
+                                  v.num_computed_tokens,
+                                  copy(v.tokens),
+                                  copy(v.block_table),
+                                  copy(v.host_blocks)};
           },
           "seq"_a, "A snapshot of one sequence. Raises KeyError.")
       .def("num_sequences", [](const M& self) { return self.get().num_sequences(); })
@@ -596,8 +607,7 @@ void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
       .def("stats", [](const M& self) { return self.get().stats(); })
       .def_prop_ro("options", [](const M& self) { return self.get().options(); })
       .def(
-          "check_invariants",
-          [](const M& self) { raise_if_error(self.get().check_invariants()); },
+          "check_invariants", [](const M& self) { raise_if_error(self.get().check_invariants()); },
           "Raises InternalError naming the first broken invariant.");
 }
 

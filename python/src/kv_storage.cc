@@ -43,8 +43,8 @@ KvStorageOptions storage_options(std::optional<Device> device, KvLayout layout,
 
 void check_layer(const KvStorage& storage, int32_t layer) {
   if (layer < 0 || layer >= storage.spec().num_layers) {
-    raise_status(absl::OutOfRangeError(absl::StrCat("layer ", layer, " out of range [0, ",
-                                                    storage.spec().num_layers, ")")));
+    raise_status(absl::OutOfRangeError(
+        absl::StrCat("layer ", layer, " out of range [0, ", storage.spec().num_layers, ")")));
   }
 }
 
@@ -53,7 +53,7 @@ using PoolTensor = nb::ndarray<nb::array_api>;
 
 // One pool of `view` (K or V) as a 4-D tensor in the storage's layout, kept alive by `owner`.
 PoolTensor pool_tensor(const KvCacheView& view, void* data, KvLayout layout, int device_type,
-                   int32_t device_id, nb::handle owner) {
+                       int32_t device_id, nb::handle owner) {
   const bool hnd = layout == KvLayout::kHND;
   const size_t heads = static_cast<size_t>(view.num_kv_heads);
   const size_t tokens = static_cast<size_t>(view.block_size);

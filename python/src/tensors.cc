@@ -17,12 +17,22 @@ std::string shape_string(const Tensor& t) {
 std::string dtype_string(nb::dlpack::dtype dtype) {
   const char* kind = "?";
   switch (static_cast<dtype_code>(dtype.code)) {
-    case dtype_code::Int: kind = "int"; break;
-    case dtype_code::UInt: kind = "uint"; break;
-    case dtype_code::Float: kind = "float"; break;
-    case dtype_code::Bfloat: kind = "bfloat"; break;
-    case dtype_code::Float8_E4M3FN: return "float8_e4m3fn";
-    default: break;
+    case dtype_code::Int:
+      kind = "int";
+      break;
+    case dtype_code::UInt:
+      kind = "uint";
+      break;
+    case dtype_code::Float:
+      kind = "float";
+      break;
+    case dtype_code::Bfloat:
+      kind = "bfloat";
+      break;
+    case dtype_code::Float8_E4M3FN:
+      return "float8_e4m3fn";
+    default:
+      break;
   }
   return absl::StrCat(kind, dtype.bits);
 }
@@ -111,8 +121,8 @@ void ArgCheck::ndim(const Tensor& t, const char* name, size_t ndim) {
 void ArgCheck::dim(const Tensor& t, const char* name, size_t dim, int64_t expected,
                    const char* what) {
   if (static_cast<int64_t>(t.shape(dim)) != expected) {
-    fail(absl::StrCat(name, " has shape ", shape_string(t), "; dimension ", dim, " must be ",
-                      what, " = ", expected));
+    fail(absl::StrCat(name, " has shape ", shape_string(t), "; dimension ", dim, " must be ", what,
+                      " = ", expected));
   }
 }
 
@@ -155,9 +165,8 @@ KvCacheView ArgCheck::cache_view(const Tensor& k, const Tensor& v, KvLayout layo
   DType dtype;
   if (kv_dtype.has_value()) {
     if (static_cast<int32_t>(k.itemsize()) != bytes_per_element(*kv_dtype)) {
-      fail(absl::StrCat("kv_dtype ", dtype_name(*kv_dtype), " needs ",
-                        bytes_per_element(*kv_dtype), "-byte elements; k_cache has ",
-                        dtype_string(k.dtype())));
+      fail(absl::StrCat("kv_dtype ", dtype_name(*kv_dtype), " needs ", bytes_per_element(*kv_dtype),
+                        "-byte elements; k_cache has ", dtype_string(k.dtype())));
     }
     dtype = *kv_dtype;
   } else {
@@ -165,8 +174,7 @@ KvCacheView ArgCheck::cache_view(const Tensor& k, const Tensor& v, KvLayout layo
                         {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3});
   }
   if (k.stride(3) != 1) {
-    fail(absl::StrCat("k_cache must be contiguous in head_dim (last stride ", k.stride(3),
-                      ")"));
+    fail(absl::StrCat("k_cache must be contiguous in head_dim (last stride ", k.stride(3), ")"));
   }
   for (size_t i = 0; i < 4; ++i) {
     if (k.shape(i) > static_cast<size_t>(INT32_MAX) || k.stride(i) < 0) {

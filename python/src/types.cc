@@ -89,13 +89,17 @@ void bind_values(nb::module_& m) {
       .def(nb::init<>())
       .def(
           "__init__",
-          [](BlockHash* self, uint64_t lo, uint64_t hi) { new (self) BlockHash{lo, hi}; }, "lo"_a,
-          "hi"_a)
+          [](BlockHash* self, uint64_t lo, uint64_t hi) {
+            new (self) BlockHash{lo, hi};
+          },
+          "lo"_a, "hi"_a)
       .def_rw("lo", &BlockHash::lo)
       .def_rw("hi", &BlockHash::hi)
       .def(nb::self == nb::self)
       .def("__hash__",
-           [](const BlockHash& h) { return static_cast<Py_hash_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL)); })
+           [](const BlockHash& h) {
+             return static_cast<Py_hash_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL));
+           })
       .def("__repr__", &hash_repr);
 
   nb::class_<BlockCopy>(m, "BlockCopy",
