@@ -89,6 +89,27 @@ class CallbackErrors {
   std::optional<nb::python_error> pending_;
 };
 
+// Refuses a mutating call made by a callback of the call in progress (an event sink or a
+// hook calling back into the manager or pool that is calling it), which the C++ API
+// forbids: the object is mid-update.
+class ReentryGuard {
+ public:
+  ReentryGuard(bool& busy, const char* owner) : busy_(busy) {
+    if (busy_) {
+      raise_status(absl::FailedPreconditionError(std::string(owner) +
+                                                 ": a callback called a mutating method of the " +
+                                                 owner + " that is calling it"));
+    }
+    busy_ = true;
+  }
+  ~ReentryGuard() { busy_ = false; }
+  ReentryGuard(const ReentryGuard&) = delete;
+  ReentryGuard& operator=(const ReentryGuard&) = delete;
+
+ private:
+  bool& busy_;
+};
+
 // --- callbacks ------------------------------------------------------------------------------
 
 // The KvEventSink a pool or manager is given: forwards events to a Python object's
@@ -97,7 +118,10 @@ class PythonEventSink : public KvEventSink {
  public:
   PythonEventSink(nb::object sink, CallbackErrors* errors);
   void on_event(const KvEvent& event) override;
-  const nb::object& object() const { return sink_; }
+
+  // Garbage-collector support of the owning Python object (a sink may refer back to it).
+  int visit(visitproc visit, void* arg) const;
+  void clear();  // drops the sink: later events go nowhere
 
  private:
   nb::object sink_;

@@ -29,10 +29,13 @@ class PyBlockPool {
                                                 .event_sink = sink_.get()}))) {}
 
   const BlockPool& pool() const { return pool_; }
+  PythonEventSink* sink() { return sink_.get(); }
 
-  // Runs a mutating call, then re-raises what the event sink raised meanwhile.
+  // Runs a mutating call (not from one of its own callbacks), then re-raises what the event sink
+  // raised meanwhile.
   template <typename Fn>
   auto mutate(Fn&& fn) {
+    ReentryGuard guard(busy_, "BlockPool");
     if constexpr (std::is_void_v<decltype(fn(pool_))>) {
       fn(pool_);
       errors_->raise_pending();
@@ -75,6 +78,7 @@ class PyBlockPool {
   std::unique_ptr<CallbackErrors> errors_;
   std::unique_ptr<PythonEventSink> sink_;
   BlockPool pool_;
+  bool busy_ = false;  // a mutating call is in progress
 };
 
 void bind_stats(nb::class_<PyBlockPool>& cls) {
@@ -94,11 +98,29 @@ void bind_stats(nb::class_<PyBlockPool>& cls) {
       });
 }
 
+// Garbage-collector support: an event sink may refer back to the pool.
+int pool_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  PythonEventSink* sink = nb::inst_ptr<PyBlockPool>(self)->sink();
+  return sink != nullptr ? sink->visit(visit, arg) : 0;
+}
+
+int pool_clear(PyObject* self) {
+  if (!nb::inst_ready(self)) return 0;
+  if (PythonEventSink* sink = nb::inst_ptr<PyBlockPool>(self)->sink()) sink->clear();
+  return 0;
+}
+
+PyType_Slot pool_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(pool_traverse)},
+                            {Py_tp_clear, reinterpret_cast<void*>(pool_clear)},
+                            {0, nullptr}};
+
 }  // namespace
 
 void bind_block_pool(nb::module_& m) {
   nb::class_<PyBlockPool> cls(
-      m, "BlockPool",
+      m, "BlockPool", nb::type_slots(pool_slots),
       "A fixed number of KV blocks with ref counts, a free queue that is also the LRU\n"
       "eviction order, and a verified hash index of full blocks (see block_pool.h).\n"
       "Pure bookkeeping; one thread owns it. Invalid block ids raise ValueError.");

@@ -48,6 +48,7 @@ class ManagerCallbacks : public PreemptionHooks {
   // that raises gives up; the exception is re-raised when the manager call returns.
   std::optional<Preemption> choose_victim(std::span<const SequenceInfo> running, SeqId requester) {
     std::optional<Preemption> choice;
+    if (policy_.is_none()) return choice;  // cleared by the garbage collector
     errors_.guard([&] {
       nb::list candidates;
       for (const SequenceInfo& info : running) candidates.append(nb::cast(info));
@@ -61,6 +62,20 @@ class ManagerCallbacks : public PreemptionHooks {
       }
     });
     return choice;
+  }
+
+  // Garbage-collector support of the owning Python object: hooks, policies and sinks
+  // often refer back to the manager.
+  int visit(visitproc visit, void* arg) const {
+    if (sink_ != nullptr && sink_->visit(visit, arg) != 0) return -1;
+    Py_VISIT(hooks_.ptr());
+    Py_VISIT(policy_.ptr());
+    return 0;
+  }
+  void clear() {
+    if (sink_ != nullptr) sink_->clear();
+    hooks_ = nb::none();
+    policy_ = nb::none();
   }
 
   // Victims of the batched call in progress.
@@ -185,10 +200,13 @@ class PyKvCacheManager {
         manager_(value_or_raise(KvCacheManager::create(with_callbacks(std::move(options))))) {}
 
   const KvCacheManager& get() const { return manager_; }
+  ManagerCallbacks& callbacks() { return *callbacks_; }
 
-  // Runs a mutating call, then re-raises what a Python callback raised meanwhile.
+  // Runs a mutating call (not from one of its own callbacks), then re-raises what a Python callback
+  // raised meanwhile.
   template <typename Fn>
   auto mutate(Fn&& fn) {
+    ReentryGuard guard(busy_, "KvCacheManager");
     if constexpr (std::is_void_v<decltype(fn(manager_))>) {
       fn(manager_);
       callbacks_->errors().raise_pending();
@@ -221,6 +239,7 @@ class PyKvCacheManager {
 
   std::unique_ptr<ManagerCallbacks> callbacks_;
   KvCacheManager manager_;
+  bool busy_ = false;  // a mutating call is in progress
 };
 
 void check_batch_sizes(size_t num_seqs, size_t num_values, const char* fn, const char* what) {
@@ -256,6 +275,7 @@ SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
   std::fill_n(codes.data, n, 0);
   nb::dict errors;
   const std::span<const SeqId> ids = seqs.span();
+  ReentryGuard guard(busy_, "KvCacheManager");
   callbacks_->begin_batch();
   int64_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -315,6 +335,7 @@ BatchStatus PyKvCacheManager::append_tokens_batch(const IntValues<SeqId>& seqs,
   std::fill_n(codes.data, n, 0);
   nb::dict errors;
   const std::span<const SeqId> ids = seqs.span();
+  ReentryGuard guard(busy_, "KvCacheManager");
   for (size_t i = 0; i < n; ++i) {
     const std::span<const TokenId> mine = indptr.has_value()
                                               ? all.subspan(offsets[i], offsets[i + 1] - offsets[i])
@@ -611,12 +632,27 @@ void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
           "Raises InternalError naming the first broken invariant.");
 }
 
+int manager_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<PyKvCacheManager>(self)->callbacks().visit(visit, arg);
+}
+
+int manager_clear(PyObject* self) {
+  if (nb::inst_ready(self)) nb::inst_ptr<PyKvCacheManager>(self)->callbacks().clear();
+  return 0;
+}
+
+PyType_Slot manager_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(manager_traverse)},
+                               {Py_tp_clear, reinterpret_cast<void*>(manager_clear)},
+                               {0, nullptr}};
+
 }  // namespace
 
 void bind_kv_cache_manager(nb::module_& m) {
   bind_block_tables(m);
   nb::class_<PyKvCacheManager> cls(
-      m, "KvCacheManager",
+      m, "KvCacheManager", nb::type_slots(manager_slots),
       "The per-sequence view of the KV cache a serving engine's scheduler drives (see\n"
       "kv_cache_manager.h and docs/python.md). One thread owns it. Errors raise: KeyError\n"
       "(unknown sequence), ValueError, AlreadyExists, ResourceExhausted, FailedPrecondition.");

@@ -34,7 +34,18 @@ void PythonEventSink::on_event(const KvEvent& event) {
     native_->on_event(event);
     return;
   }
+  if (sink_.is_none()) return;
   errors_->guard([&] { sink_.attr("on_event")(event_to_python(event)); });
+}
+
+int PythonEventSink::visit(visitproc visit, void* arg) const {
+  Py_VISIT(sink_.ptr());
+  return 0;
+}
+
+void PythonEventSink::clear() {
+  native_ = nullptr;
+  sink_ = nb::none();
 }
 
 nb::object event_to_python(const KvEvent& event) {

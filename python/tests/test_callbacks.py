@@ -119,3 +119,42 @@ def test_a_policy_returning_a_wrong_type_raises_type_error():
     m.add_sequence(2, list(range(8)))
     with pytest.raises((TypeError, RuntimeError)):
         m.allocate_slots_or_preempt(2, 8)
+
+
+def test_a_callback_calling_back_into_its_manager_is_refused():
+    class Reentrant:
+        def on_preempt(self, victim, mode):
+            m.free(victim)  # the C++ API forbids this: the manager is mid-call
+
+    m = pk.KvCacheManager(num_blocks=2, block_size=4, preemption_hooks=Reentrant())
+    fill(m, [1])
+    with pytest.raises(pk.FailedPrecondition, match="a callback called a mutating method"):
+        m.preempt(1, pk.PreemptionMode.RECOMPUTE)
+    assert m.sequence(1).state == pk.SequenceState.WAITING  # the preemption itself happened
+    m.free(1)  # and the manager is usable again
+    m.check_invariants()
+
+
+def test_callbacks_referring_to_their_manager_are_garbage_collected():
+    import gc
+
+    collected = []
+
+    class Hooks:
+        def __init__(self):
+            self.manager = None
+
+        def on_preempt(self, victim, mode):
+            pass
+
+        def __del__(self):
+            collected.append(True)
+
+    hooks = Hooks()
+    hooks.manager = pk.KvCacheManager(num_blocks=2, preemption_hooks=hooks,
+                                      victim_policy=lambda r, q: hooks.manager and None)
+    sink = Sink()
+    sink.pool = pk.BlockPool(num_blocks=2, event_sink=sink)
+    del hooks, sink
+    gc.collect()
+    assert collected == [True]
