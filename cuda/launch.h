@@ -17,17 +17,20 @@ namespace pagedkv::internal {
 // Threads per attention CTA.
 inline constexpr int kAttentionThreads = 128;
 
-// Dynamic shared memory of the attention kernel for `rows` query rows per CTA, or 0 for an
-// unsupported dtype / head_dim.
+// The attention kernel serves a work item of `rows` query rows (q_tile x group_size) with
+// CTAs of attention_cta_rows() rows each (16 or 64, padded to 16-row MMA tiles; more rows
+// take several CTAs). Dynamic shared memory of that CTA shape, or 0 for an unsupported
+// dtype / head_dim:
 size_t attention_smem_bytes(DType q_dtype, DType kv_dtype, int32_t head_dim, int32_t rows);
+int32_t attention_cta_rows(DType q_dtype, DType kv_dtype, int32_t head_dim, int32_t rows);
 
-// Resident attention CTAs per SM on the current device for `rows` rows per CTA.
+// Resident attention CTAs per SM on the current device for work items of `rows` rows.
 cudaError_t attention_ctas_per_sm(DType q_dtype, DType kv_dtype, int32_t head_dim, int32_t rows,
                                   int* ctas_per_sm);
 
-// Decode (p.maybe_qo_indptr == null; grid num_seqs x num_kv_heads x num_splits, then a
-// combine kernel when num_splits > 1) or extend (grid num_seqs x num_kv_heads x
-// num_q_tiles). `rows` = q_tile * group_size.
+// Decode (p.maybe_qo_indptr == null; grid num_seqs x num_kv_heads x row chunks x
+// num_splits, then a combine kernel when num_splits > 1) or extend (grid num_seqs x
+// num_kv_heads x row chunks x num_q_tiles).
 cudaError_t launch_paged_attention(const AttentionParams& p, cudaStream_t stream);
 
 cudaError_t launch_write_kv(const WriteKvParams& p, cudaStream_t stream);

@@ -185,15 +185,18 @@ TEST_CASE("extend with one new token per sequence equals decode bit for bit", "[
   CHECK(extend.lse == decode.lse);
 }
 
-TEST_CASE("decode plan splits only an under-filled machine", "[attention]") {
+TEST_CASE("decode plan fills the machine's CTA slots by splitting per-sequence chunks",
+          "[attention]") {
+  // Batch 1 at 32K, 8 KV heads, 528 slots: 57 splits of 576 tokens (456 CTAs, 86%).
   DecodePlan plan = plan_decode({.num_seqs = 1,
                                  .num_kv_heads = 8,
                                  .max_context_len = 32768,
                                  .block_size = 16,
                                  .num_sms = 132,
                                  .ctas_per_sm = 4});
-  CHECK(plan.num_splits == 64);
-  CHECK(plan.tokens_per_split == 512);
+  CHECK(plan.num_splits == 57);
+  CHECK(plan.tokens_per_split == 576);
+  // 2048 CTAs already fill 97% of four waves of 528 slots: no split.
   plan = plan_decode({.num_seqs = 256,
                       .num_kv_heads = 8,
                       .max_context_len = 32768,
@@ -201,14 +204,26 @@ TEST_CASE("decode plan splits only an under-filled machine", "[attention]") {
                       .num_sms = 132,
                       .ctas_per_sm = 4});
   CHECK(plan.num_splits == 1);
+  // 512 CTAs in 1320 slots: 5 splits give 2560 CTAs, 97% of two waves (no whole-multiple
+  // rule: 2 splits would leave 22% of the slots idle).
   plan = plan_decode({.num_seqs = 64,
                       .num_kv_heads = 8,
                       .max_context_len = 8192,
                       .block_size = 16,
                       .num_sms = 132,
                       .ctas_per_sm = 10});
-  CHECK(plan.num_splits == 2);  // 512 CTAs, 1320 slots: two whole waves' worth, not three
-  CHECK(plan.tokens_per_split == 4096);
+  CHECK(plan.num_splits == 5);
+  CHECK(plan.tokens_per_split == 1664);
+  // A skewed batch: one 32K sequence among 63 one-token ones splits like batch 1.
+  plan = plan_decode({.num_seqs = 64,
+                      .num_kv_heads = 8,
+                      .max_context_len = 32768,
+                      .total_context_len = 32768 + 63,
+                      .block_size = 16,
+                      .num_sms = 132,
+                      .ctas_per_sm = 3});
+  CHECK(plan.num_splits == 43);
+  CHECK(plan.tokens_per_split == 768);
   plan = plan_decode({.num_seqs = 1,
                       .num_kv_heads = 8,
                       .max_context_len = 300,
@@ -229,6 +244,9 @@ TEST_CASE("decode plan splits only an under-filled machine", "[attention]") {
                       .max_context_len = 0,
                       .block_size = 16,
                       .requested_splits = 0});
+  CHECK(plan.num_splits == 1);
+  // On the CPU (one slot) nothing is split.
+  plan = plan_decode({.num_seqs = 1, .num_kv_heads = 1, .max_context_len = 65536});
   CHECK(plan.num_splits == 1);
 }
 

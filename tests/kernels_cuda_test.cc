@@ -86,7 +86,7 @@ struct DeviceFixture {
 };
 
 Run run_cuda(AttentionFixture& f, int32_t num_splits, void* workspace = nullptr,
-             int64_t workspace_bytes = 0) {
+             int64_t workspace_bytes = 0, int64_t total_context_len = 0) {
   const AttentionCase& c = f.c;
   DeviceFixture d(f);
   DeviceBuffer out(f.q.size());
@@ -122,7 +122,8 @@ Run run_cuda(AttentionFixture& f, int32_t num_splits, void* workspace = nullptr,
                                      .num_q_heads = c.num_q_heads,
                                      .maybe_k_scale = k_scale,
                                      .maybe_v_scale = v_scale,
-                                     .max_context_len = f.max_len()},
+                                     .max_context_len = f.max_len(),
+                                     .total_context_len = total_context_len},
                                     {.num_splits = num_splits,
                                      .maybe_workspace = workspace,
                                      .workspace_bytes = workspace_bytes});
@@ -164,13 +165,14 @@ Run run_cpu(AttentionFixture& f, int32_t num_splits) {
 }
 
 // CUDA vs the fp64 reference (the CPU criteria) and vs the CPU reference run.
-void check_cuda(const AttentionCase& c, std::initializer_list<int32_t> splits) {
+void check_cuda(const AttentionCase& c, const std::vector<int32_t>& splits,
+                int64_t total_context_len = 0) {
   AttentionFixture f = testing::make_fixture(c);
   const Outputs ref = testing::reference(f);
   const double naive = testing::naive_error(f, ref);
   for (int32_t s : splits) {
     INFO(c.name() << " num_splits " << s);
-    const Run gpu = run_cuda(f, s);
+    const Run gpu = run_cuda(f, s, nullptr, 0, total_context_len);
     testing::check_run(f, gpu, ref, naive);
     const Run cpu = run_cpu(f, s == 0 ? 1 : s);
     const double tol =
@@ -350,18 +352,16 @@ TEST_CASE("CUDA decode replays from a CUDA graph with the same output", "[gpu]")
   CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const absl::Status s = paged_decode_attention(Device::kCuda, view, table,
-                                                {.q = d.q.get(),
-                                                 .out = out.get(),
-                                                 .dtype = c.q_dtype,
-                                                 .num_q_heads = 32,
-                                                 .maybe_k_scale = d.scales.get<float>(),
-                                                 .maybe_v_scale = d.scales.get<float>() + 1,
-                                                 .max_context_len = 3000},
-                                                {.num_splits = 8,
-                                                 .maybe_workspace = workspace.get(),
-                                                 .workspace_bytes = need,
-                                                 .stream = stream});
+  const absl::Status s = paged_decode_attention(
+      Device::kCuda, view, table,
+      {.q = d.q.get(),
+       .out = out.get(),
+       .dtype = c.q_dtype,
+       .num_q_heads = 32,
+       .maybe_k_scale = d.scales.get<float>(),
+       .maybe_v_scale = d.scales.get<float>() + 1,
+       .max_context_len = 3000},
+      {.num_splits = 8, .maybe_workspace = workspace.get(), .workspace_bytes = need}, stream);
   CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
   REQUIRE(s.ok());
   cudaGraphExec_t exec;
@@ -372,6 +372,145 @@ TEST_CASE("CUDA decode replays from a CUDA graph with the same output", "[gpu]")
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("CUDA decode serves every GQA group on tensor cores (1-16, and wide groups)", "[gpu]") {
+  if (!have_gpu()) return;
+  // Groups up to 16 take one 16-row CTA tile; 17-64 the 64-row shape; 71 two row chunks.
+  const std::pair<DType, DType> dtypes[] = {{DType::kBFloat16, DType::kBFloat16},
+                                            {DType::kFloat16, DType::kFloat8E4M3},
+                                            {DType::kFloat32, DType::kFloat32}};
+  uint64_t seed = 300;
+  for (auto [q_dtype, kv_dtype] : dtypes) {
+    for (int32_t group :
+         {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 32, 64, 71}) {
+      for (int32_t hd : {64, 128, 256}) {
+        AttentionCase c{.head_dim = hd,
+                        .block_size = 16,
+                        .num_q_heads = 2 * group,
+                        .num_kv_heads = 2,
+                        .q_dtype = q_dtype,
+                        .kv_dtype = kv_dtype};
+        c.lens = {1, 15, 16, 17, 300, 0, 1000};
+        c.seed = seed++;
+        check_cuda(c, {1, 0});
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA decode with every forced split count of a sequence", "[gpu]") {
+  if (!have_gpu()) return;
+  // 1024 tokens in blocks of 16 = 64 blocks: split counts 1..64 give splits of 1..64 blocks,
+  // and counts past 64 (200, 1000) leave most splits empty.
+  AttentionCase c{.head_dim = 128,
+                  .block_size = 16,
+                  .num_q_heads = 16,
+                  .num_kv_heads = 2,
+                  .q_dtype = DType::kBFloat16,
+                  .kv_dtype = DType::kBFloat16,
+                  .lens = {1024, 1, 700, 0, 64},
+                  .seed = 400};
+  std::vector<int32_t> splits;
+  for (int32_t s = 1; s <= 64; ++s) splits.push_back(s);
+  splits.push_back(200);
+  splits.push_back(1000);
+  check_cuda(c, splits);
+}
+
+TEST_CASE("CUDA decode of skewed batches mixing 1-token and 32K sequences", "[gpu]") {
+  if (!have_gpu()) return;
+  for (auto [q_dtype, kv_dtype] : {std::pair{DType::kBFloat16, DType::kBFloat16},
+                                   std::pair{DType::kBFloat16, DType::kFloat8E4M3}}) {
+    AttentionCase c{.head_dim = 128,
+                    .block_size = 16,
+                    .num_q_heads = 32,
+                    .num_kv_heads = 8,
+                    .q_dtype = q_dtype,
+                    .kv_dtype = kv_dtype,
+                    .lens = {1, 32768, 1, 1, 7, 1, 32768, 1},
+                    .seed = 500};
+    int64_t total = 0;
+    for (int32_t len : c.lens) total += len;
+    check_cuda(c, {0}, total);  // automatic plan with the batch's real total
+    check_cuda(c, {0, 1});      // without the hint: split as if uniform, and not at all
+  }
+}
+
+TEST_CASE("CUDA decode refuses to grow the library workspace during graph capture", "[gpu]") {
+  if (!have_gpu()) return;
+  AttentionCase c{.head_dim = 128,
+                  .block_size = 16,
+                  .num_q_heads = 32,
+                  .num_kv_heads = 8,
+                  .q_dtype = DType::kBFloat16,
+                  .kv_dtype = DType::kBFloat16};
+  c.lens.assign(32, 2048);
+  AttentionFixture f = testing::make_fixture(c);
+  DeviceFixture d(f);
+  DeviceBuffer out(f.q.size());
+  KvCacheView view = f.view();
+  view.k = d.k.get();
+  view.v = d.v.get();
+  BlockTableView table = f.table_view();
+  table.block_table = d.table.get<int32_t>();
+  table.context_lens = d.lens.get<int32_t>();
+  const DecodeArgs args{.q = d.q.get(),
+                        .out = out.get(),
+                        .dtype = c.q_dtype,
+                        .num_q_heads = 32,
+                        .max_context_len = 2048};
+  const int32_t splits = 128;  // 128 x 32 x 32 x 130 x 4 bytes = 68 MB of partials
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status s =
+      paged_decode_attention(Device::kCuda, view, table, args, {.num_splits = splits}, stream);
+  CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(s.message().find("capturing") != std::string::npos);
+  cudaGraphDestroy(graph);
+  // Outside a capture the same call grows the workspace and runs; a later capture reuses it.
+  REQUIRE(paged_decode_attention(Device::kCuda, view, table, args, {.num_splits = splits}, stream)
+              .ok());
+  CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status again =
+      paged_decode_attention(Device::kCuda, view, table, args, {.num_splits = splits}, stream);
+  CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+  CHECK(again.ok());
+  cudaGraphDestroy(graph);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("CUDA kernels over every variant on small shapes (the compute-sanitizer set)",
+          "[gpu][sanitize]") {
+  if (!have_gpu()) return;
+  // Each q/KV dtype pair and head_dim, 16- and 64-row CTA shapes (groups 3, 24), a row
+  // chunk past the last (group 71), decode with and without splits, and extend.
+  const std::pair<DType, DType> dtypes[] = {
+      {DType::kFloat32, DType::kFloat32},    {DType::kFloat16, DType::kFloat16},
+      {DType::kBFloat16, DType::kBFloat16},  {DType::kFloat32, DType::kFloat8E4M3},
+      {DType::kFloat16, DType::kFloat8E4M3}, {DType::kBFloat16, DType::kFloat8E4M3}};
+  uint64_t seed = 600;
+  for (auto [q_dtype, kv_dtype] : dtypes) {
+    for (int32_t hd : {64, 128, 256}) {
+      for (int32_t group : {3, 24, 71}) {
+        AttentionCase c{.head_dim = hd,
+                        .block_size = 8,
+                        .num_q_heads = group,
+                        .num_kv_heads = 1,
+                        .q_dtype = q_dtype,
+                        .kv_dtype = kv_dtype,
+                        .lens = {70, 0, 9},
+                        .seed = seed++};
+        check_cuda(c, {1, 3});
+        c.new_tokens = {6, 0, 9};
+        check_cuda(c, {1});
+      }
+    }
+  }
 }
 
 TEST_CASE("CUDA storage is sized from a fraction of free device memory", "[gpu]") {

@@ -4,10 +4,12 @@
 // mapping, paged decode attention (one query token per sequence), and paged extend
 // (prefill) attention (the new tokens of each sequence attend causally to the cached
 // prefix and to each other). Each call runs on the Device it is given, with pointers of
-// that device: host pointers for kCpu, device pointers for kCuda (launched asynchronously
-// on `stream`, a cudaStream_t or nullptr for the default stream). The CPU versions are the
-// reference the CUDA ones are tested against; both share layouts, address math, the
-// split plan and the softmax merge (kv_cache_view.h, decode_plan.h, merge_state.h).
+// that device: host pointers for kCpu, device pointers for kCuda. Streams: every kernel
+// call (and every KvStorage copy) takes its stream as the last argument, a cudaStream_t
+// or nullptr for the legacy default stream, and is queued on it asynchronously; CPU calls
+// ignore it. Run a step's write_kv, copies and attention on one stream (or order them). The CPU
+// versions are the reference the CUDA ones are tested against; both share layouts, address math,
+// the split plan and the softmax merge (kv_cache_view.h, decode_plan.h, merge_state.h).
 //
 // Supported: q / out dtype fp32, fp16, bf16; KV in the q dtype, or fp8 e4m3 with
 // per-tensor fp32 scales (by pointer on the call's device; null means 1); head_dim 64, 128,
@@ -82,17 +84,22 @@ struct DecodeArgs {
   // Upper bound of the batch's context lengths, used to plan split-K. Required on CUDA
   // when splitting (the lengths live in device memory); on CPU 0 means "compute it".
   int32_t max_context_len = 0;
+  // Sum of the batch's context lengths, if known (the scheduler has them on the host): a
+  // skewed batch (one long sequence among short ones) then splits its long sequence over
+  // the whole GPU. 0 assumes every sequence has max_context_len tokens.
+  int64_t total_context_len = 0;
 };
 
 // Options of paged_decode_attention().
 struct DecodeOptions {
   int32_t num_splits = 0;  // 0: automatic plan; 1: no split; n > 1: exactly n splits
   // CUDA split-K partials (decode_workspace_bytes() of the plan). Null: a buffer the
-  // library keeps and grows (one per process: not for CUDA-graph capture nor for calls on
-  // concurrent streams; pass a workspace per stream instead).
+  // library keeps and grows (one per process: not for calls on concurrent streams; while
+  // the stream is capturing a CUDA graph it is used only if already large enough, since
+  // growing it would break the capture: FailedPrecondition then). Pass a workspace per
+  // stream, and one for graph capture.
   void* maybe_workspace = nullptr;
   int64_t workspace_bytes = 0;
-  void* stream = nullptr;  // cudaStream_t on CUDA; ignored on CPU
 };
 
 // paged_decode_attention()
@@ -103,11 +110,14 @@ struct DecodeOptions {
 // (and lse -inf). Split-K partials are merged by log-sum-exp in fp32.
 // Errors: InvalidArgument naming the value and the limit (dtype, head_dim, head counts,
 // table shape, CPU: ids and lengths, CUDA: a workspace that is too small).
-// Internal if a CUDA launch fails.
+// FailedPrecondition when the library workspace would have to grow during graph capture.
+// Internal if a CUDA launch fails. Debug builds of the CUDA kernels assert on block ids
+// and lengths outside the table's contract.
 [[nodiscard]] absl::Status paged_decode_attention(Device device, const KvCacheView& cache,
                                                   const BlockTableView& table,
                                                   const DecodeArgs& args,
-                                                  const DecodeOptions& options = {});
+                                                  const DecodeOptions& options = {},
+                                                  void* stream = nullptr);
 
 // The plan paged_decode_attention() uses for these arguments on `device` (SM count and
 // occupancy of the current CUDA device; one worker on CPU).

@@ -191,16 +191,29 @@ MachineShape machine_shape(DType q_dtype, const KvCacheView& c, int32_t rows) {
   return shape;
 }
 
-// Device workspace for split-K partials when the caller passes none, grown on demand.
-absl::StatusOr<void*> library_workspace(int64_t bytes) {
+// Device workspace for split-K partials when the caller passes none, grown on demand;
+// never grown (nor first allocated) while `stream` captures a graph: cudaMalloc / cudaFree
+// there would invalidate the capture.
+absl::StatusOr<void*> library_workspace(int64_t bytes, cudaStream_t stream) {
+  constexpr const char* fn = "paged_decode_attention";
   static std::mutex mutex;
   static void* buffer = nullptr;
   static int64_t capacity = 0;
   static int owner = -1;
   std::lock_guard<std::mutex> lock(mutex);
   int device = 0;
-  PAGEDKV_RETURN_IF_ERROR(cuda_status("paged_decode_attention", cudaGetDevice(&device)));
-  if (buffer != nullptr && (capacity < bytes || owner != device)) {
+  PAGEDKV_RETURN_IF_ERROR(cuda_status(fn, cudaGetDevice(&device)));
+  if (buffer != nullptr && capacity >= bytes && owner == device) return buffer;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  PAGEDKV_RETURN_IF_ERROR(cuda_status(fn, cudaStreamIsCapturing(stream, &capture)));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(fn, ": the library workspace holds ", capacity, " bytes on device ", owner,
+                     "; ", bytes, " bytes on device ", device,
+                     " cannot be allocated while the stream is capturing a graph (pass "
+                     "DecodeOptions::maybe_workspace of decode_workspace_bytes())"));
+  }
+  if (buffer != nullptr) {
     int current = device;
     cudaSetDevice(owner);
     cudaFree(buffer);
@@ -208,13 +221,10 @@ absl::StatusOr<void*> library_workspace(int64_t bytes) {
     buffer = nullptr;
     capacity = 0;
   }
-  if (buffer == nullptr) {
-    const int64_t size = std::max<int64_t>(bytes, int64_t{1} << 20);
-    PAGEDKV_RETURN_IF_ERROR(
-        cuda_status("paged_decode_attention", cudaMalloc(&buffer, static_cast<size_t>(size))));
-    capacity = size;
-    owner = device;
-  }
+  const int64_t size = std::max<int64_t>(bytes, int64_t{1} << 20);
+  PAGEDKV_RETURN_IF_ERROR(cuda_status(fn, cudaMalloc(&buffer, static_cast<size_t>(size))));
+  capacity = size;
+  owner = device;
   return buffer;
 }
 #endif
@@ -284,6 +294,7 @@ DecodePlan plan_decode_for(Device device, const KvCacheView& cache, const BlockT
   in.num_seqs = table.num_seqs;
   in.num_kv_heads = cache.num_kv_heads;
   in.max_context_len = args.max_context_len;
+  in.total_context_len = args.total_context_len;
   in.block_size = std::max(cache.block_size, 1);
   in.requested_splits = options.num_splits;
   if (device == Device::kCpu && in.max_context_len <= 0 && table.context_lens != nullptr) {
@@ -305,7 +316,7 @@ DecodePlan plan_decode_for(Device device, const KvCacheView& cache, const BlockT
 
 absl::Status paged_decode_attention(Device device, const KvCacheView& cache,
                                     const BlockTableView& table, const DecodeArgs& args,
-                                    const DecodeOptions& options) {
+                                    const DecodeOptions& options, void* stream) {
   constexpr const char* fn = "paged_decode_attention";
   PAGEDKV_RETURN_IF_ERROR(check_device(fn, device));
   PAGEDKV_RETURN_IF_ERROR(validate_cache(fn, device, cache));
@@ -320,9 +331,6 @@ absl::Status paged_decode_attention(Device device, const KvCacheView& cache,
   if (device == Device::kCuda && args.max_context_len <= 0 && options.num_splits != 1) {
     return invalid(fn, absl::StrCat("max_context_len is ", args.max_context_len,
                                     "; CUDA needs it to plan split-K (or set num_splits = 1)"));
-  }
-  if (device == Device::kCuda && options.num_splits > 65535) {
-    return invalid(fn, "num_splits above the CUDA grid limit 65535");
   }
   const DecodePlan plan = plan_decode_for(device, cache, table, args, options);
   AttentionParams p = base_params(cache, table, args.dtype, args.num_q_heads, args.sm_scale,
@@ -350,7 +358,7 @@ absl::Status paged_decode_attention(Device device, const KvCacheView& cache,
                            need, " bytes ", plan.num_splits, " splits need"));
     }
     if (workspace == nullptr) {
-      absl::StatusOr<void*> buffer = library_workspace(need);
+      absl::StatusOr<void*> buffer = library_workspace(need, static_cast<cudaStream_t>(stream));
       if (!buffer.ok()) return buffer.status();
       workspace = *buffer;
     }
@@ -358,9 +366,9 @@ absl::Status paged_decode_attention(Device device, const KvCacheView& cache,
     p.maybe_partial_ml = p.maybe_partial_o + int64_t{plan.num_splits} * table.num_seqs *
                                                  args.num_q_heads * cache.head_dim;
   }
-  return cuda_status(
-      fn, internal::launch_paged_attention(p, static_cast<cudaStream_t>(options.stream)));
+  return cuda_status(fn, internal::launch_paged_attention(p, static_cast<cudaStream_t>(stream)));
 #else
+  (void)stream;
   return absl::FailedPreconditionError("paged_decode_attention: compiled without CUDA");
 #endif
 }
@@ -416,7 +424,10 @@ absl::Status paged_extend_attention(Device device, const KvCacheView& cache,
     return absl::OkStatus();
   }
 #if PAGEDKV_HAVE_CUDA
-  p.q_tile = std::max(1, 32 / p.group_size);
+  // As many query tokens per CTA as the widest CTA shape of these types holds rows.
+  const int32_t cta_rows =
+      internal::attention_cta_rows(args.dtype, cache.dtype, cache.head_dim, /*item_rows=*/64);
+  p.q_tile = std::max(1, cta_rows / p.group_size);
   p.num_q_tiles = (max_query_len + p.q_tile - 1) / p.q_tile;
   if (p.num_q_tiles > 65535) {
     return invalid(fn, absl::StrCat("max_query_len ", max_query_len, " needs ", p.num_q_tiles,
