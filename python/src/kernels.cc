@@ -173,7 +173,7 @@ DecodeCall prepare_decode(const Tensor& q, const Tensor& k_cache, const Tensor& 
                           const Tensor& block_table, const Tensor& context_lens, const Tensor& out,
                           KvLayout layout, std::optional<DType> kv_dtype, float sm_scale,
                           const Tensor& k_scale, const Tensor& v_scale, int32_t max_context_len,
-                          int32_t num_splits) {
+                          int64_t total_context_len, int32_t num_splits) {
   DecodeCall call;
   ArgCheck& check = call.check;
   call.cache = check.cache_view(k_cache, v_cache, layout, kv_dtype);
@@ -187,6 +187,7 @@ DecodeCall prepare_decode(const Tensor& q, const Tensor& k_cache, const Tensor& 
   call.args.maybe_k_scale = check.scale(k_scale, "k_scale");
   call.args.maybe_v_scale = check.scale(v_scale, "v_scale");
   call.args.max_context_len = max_context_len;
+  call.args.total_context_len = total_context_len;
   call.options.num_splits = num_splits;
   return call;
 }
@@ -195,11 +196,12 @@ void py_paged_decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
                                const Tensor& block_table, const Tensor& context_lens,
                                const Tensor& out, KvLayout layout, std::optional<DType> kv_dtype,
                                const Tensor& lse, float sm_scale, const Tensor& k_scale,
-                               const Tensor& v_scale, int32_t max_context_len, int32_t num_splits,
+                               const Tensor& v_scale, int32_t max_context_len,
+                               int64_t total_context_len, int32_t num_splits,
                                const Tensor& workspace, std::optional<uintptr_t> stream) {
   DecodeCall call =
       prepare_decode(q, k_cache, v_cache, block_table, context_lens, out, layout, kv_dtype,
-                     sm_scale, k_scale, v_scale, max_context_len, num_splits);
+                     sm_scale, k_scale, v_scale, max_context_len, total_context_len, num_splits);
   call.args.maybe_lse = check_lse(call.check, lse, q);
   if (workspace.is_valid()) {
     call.check.device_of(workspace, "workspace");
@@ -207,13 +209,13 @@ void py_paged_decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
     call.options.maybe_workspace = workspace.data();
     call.options.workspace_bytes = static_cast<int64_t>(workspace.nbytes());
   }
-  call.options.stream = resolve_stream(call.check, stream);
+  void* s = resolve_stream(call.check, stream);
   DeviceScope scope(call.check);
   absl::Status status;
   {
     nb::gil_scoped_release release;
     status = paged_decode_attention(call.check.device(), call.cache, call.table, call.args,
-                                    call.options);
+                                    call.options, s);
   }
   raise_if_error(status);
 }
@@ -221,9 +223,11 @@ void py_paged_decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
 int64_t py_decode_workspace_bytes(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                   const Tensor& block_table, const Tensor& context_lens,
                                   KvLayout layout, std::optional<DType> kv_dtype,
-                                  int32_t max_context_len, int32_t num_splits) {
-  DecodeCall call = prepare_decode(q, k_cache, v_cache, block_table, context_lens, q, layout,
-                                   kv_dtype, 0.0f, Tensor(), Tensor(), max_context_len, num_splits);
+                                  int32_t max_context_len, int64_t total_context_len,
+                                  int32_t num_splits) {
+  DecodeCall call =
+      prepare_decode(q, k_cache, v_cache, block_table, context_lens, q, layout, kv_dtype, 0.0f,
+                     Tensor(), Tensor(), max_context_len, total_context_len, num_splits);
   DeviceScope scope(call.check);
   const DecodePlan plan =
       plan_decode_for(call.check.device(), call.cache, call.table, call.args, call.options);
@@ -290,15 +294,19 @@ void bind_kernels(nb::module_& m) {
         "block_table"_a, "context_lens"_a, "out"_a, nb::kw_only(), "layout"_a = KvLayout::kHND,
         "kv_dtype"_a.none() = nb::none(), "lse"_a.none() = nb::none(), "sm_scale"_a = 0.0f,
         "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(), "max_context_len"_a = 0,
-        "num_splits"_a = 0, "workspace"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+        "total_context_len"_a = 0, "num_splits"_a = 0, "workspace"_a.none() = nb::none(),
+        "stream"_a.none() = nb::none(),
         "out[i, h] = softmax(sm_scale * q[i, h] . K^T) V over sequence i's context_lens[i]\n"
         "tokens, read through block_table (int32 [num_seqs, max_blocks]). q/out: [num_seqs,\n"
-        "num_q_heads, head_dim]. lse: optional fp32 [num_seqs, num_q_heads]. On CUDA, pass a\n"
-        "workspace of decode_workspace_bytes() bytes for CUDA-graph capture; stream defaults\n"
-        "to the current PyTorch/CuPy stream of the tensors' device.");
+        "num_q_heads, head_dim]. lse: optional fp32 [num_seqs, num_q_heads]. max_context_len /\n"
+        "total_context_len: bounds of the context lengths for the split plan (required on CUDA\n"
+        "when splitting; 0 on CPU computes them). On CUDA, pass a workspace of\n"
+        "decode_workspace_bytes() bytes for CUDA-graph capture and concurrent streams; stream\n"
+        "defaults to the current PyTorch/CuPy stream of the tensors' device.");
   m.def("decode_workspace_bytes", &py_decode_workspace_bytes, "q"_a, "k_cache"_a, "v_cache"_a,
         "block_table"_a, "context_lens"_a, nb::kw_only(), "layout"_a = KvLayout::kHND,
-        "kv_dtype"_a.none() = nb::none(), "max_context_len"_a = 0, "num_splits"_a = 0,
+        "kv_dtype"_a.none() = nb::none(), "max_context_len"_a = 0, "total_context_len"_a = 0,
+        "num_splits"_a = 0,
         "Bytes of split-K workspace paged_decode_attention() needs for these arguments.");
   m.def("paged_extend_attention", &py_paged_extend_attention, "q"_a, "k_cache"_a, "v_cache"_a,
         "block_table"_a, "context_lens"_a, "qo_indptr"_a, "out"_a, nb::kw_only(),
