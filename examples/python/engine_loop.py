@@ -96,11 +96,11 @@ class Engine:
         self.k_cache = self.xp.pool(self.storage.k_cache(0))
         self.v_cache = self.xp.pool(self.storage.v_cache(0))
         self.max_new_tokens = max_new_tokens
-        self.waiting = collections.deque()  # sequence ids, admission order
-        self.running = []
-        self.samples = {}  # request id -> extra samples to fork after its prefill
-        self.generated = collections.Counter()
-        self.finished = {}
+        self.waiting: collections.deque[int] = collections.deque()  # admission order
+        self.running: list[int] = []
+        self.samples: dict[int, int] = {}  # request id -> extra samples to fork after prefill
+        self.generated: collections.Counter[int] = collections.Counter()
+        self.finished: dict[int, np.ndarray] = {}
 
     def submit(self, seq, prompt, num_samples=1):
         self.manager.add_sequence(seq, prompt)
@@ -185,7 +185,7 @@ class Engine:
         pk.paged_extend_attention(xp.put(q), self.k_cache, self.v_cache,
                                   xp.put(tables.block_table), xp.put(tables.context_lens),
                                   xp.put(np.array(indptr, np.int32)), out,
-                                  max_query_len=max(np.diff(indptr)))
+                                  max_query_len=int(max(np.diff(indptr))))
         last_rows = xp.get(out)[np.array(indptr[1:]) - 1]
         self.sample([seq for seq, _, _ in admitted], last_rows)
 

@@ -153,7 +153,10 @@ def test_callbacks_referring_to_their_manager_are_garbage_collected():
     hooks = Hooks()
     hooks.manager = pk.KvCacheManager(num_blocks=2, preemption_hooks=hooks,
                                       victim_policy=lambda r, q: hooks.manager and None)
-    sink = Sink()
+    class PoolSink(Sink):
+        pool = None
+
+    sink = PoolSink()
     sink.pool = pk.BlockPool(num_blocks=2, event_sink=sink)
     del hooks, sink
     gc.collect()

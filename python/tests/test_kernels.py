@@ -133,7 +133,7 @@ def test_argument_checks_name_the_argument():
     block_table, lens = tables(rng, [5, 3], 8)
     q = np.zeros((2, Q_HEADS, HEAD_DIM), np.float32)
     out = np.zeros_like(q)
-    cases = [
+    cases: list[tuple[dict, str]] = [
         (dict(q=q.astype(np.float64)), "q has dtype float64"),
         (dict(out=out[:1]), "out has shape"),
         (dict(block_table=block_table.astype(np.int64)), "block_table has dtype int64"),
