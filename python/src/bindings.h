@@ -33,7 +33,7 @@ namespace pagedkv::python {
 
 namespace nb = nanobind;
 
-// --- errors ------------------------------------------------------------------------------
+// --- errors -----------------------------------------------------------------------------
 
 // Raises the Python exception of `status` (which must not be OK), with its message:
 // NotFound -> KeyError, InvalidArgument -> ValueError, AlreadyExists -> pagedkv.AlreadyExists
@@ -110,7 +110,7 @@ class ReentryGuard {
   bool& busy_;
 };
 
-// --- callbacks ------------------------------------------------------------------------------
+// --- callbacks --------------------------------------------------------------------------
 
 // The KvEventSink a pool or manager is given: forwards events to a Python object's
 // on_event(), or straight to a native pagedkv.KvEventBuffer (no Python per event).
@@ -120,7 +120,7 @@ class PythonEventSink : public KvEventSink {
   void on_event(const KvEvent& event) override;
 
   // Garbage-collector support of the owning Python object (a sink may refer back to it).
-  int visit(visitproc visit, void* arg) const;
+  int traverse(visitproc visit, void* arg) const;
   void clear();  // drops the sink: later events go nowhere
 
  private:
@@ -132,7 +132,7 @@ class PythonEventSink : public KvEventSink {
 // Converts a KvEvent to its Python object (BlockStored, BlockRemoved, AllBlocksCleared).
 nb::object event_to_python(const KvEvent& event);
 
-// --- arrays -----------------------------------------------------------------------------------
+// --- arrays -----------------------------------------------------------------------------
 
 // A 1-D CPU array of T, C-contiguous (any DLPack or buffer-protocol producer).
 template <typename T>
@@ -177,7 +177,7 @@ NumpyArray<T> to_numpy(std::span<const T> values) {
   return result;
 }
 
-// --- module parts, in module.cc's order ------------------------------------------------------
+// --- module parts, in module.cc's order -------------------------------------------------
 
 void bind_errors(nb::module_& m);
 void bind_types(nb::module_& m);  // enums, BlockHash, BlockCopy, events, hash_block

@@ -103,7 +103,7 @@ int pool_traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(Py_TYPE(self));
   if (!nb::inst_ready(self)) return 0;
   PythonEventSink* sink = nb::inst_ptr<PyBlockPool>(self)->sink();
-  return sink != nullptr ? sink->visit(visit, arg) : 0;
+  return sink != nullptr ? sink->traverse(visit, arg) : 0;
 }
 
 int pool_clear(PyObject* self) {

@@ -118,7 +118,7 @@ float* check_lse(ArgCheck& check, const Tensor& lse, const Tensor& q) {
   return static_cast<float*>(lse.data());
 }
 
-// --- the calls ----------------------------------------------------------------------------------
+// --- the calls --------------------------------------------------------------------------
 
 void py_write_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping,
                  const Tensor& k_cache, const Tensor& v_cache, KvLayout layout,

@@ -17,7 +17,7 @@ namespace {
 
 using namespace nb::literals;
 
-// --- callbacks ---------------------------------------------------------------------------------
+// --- callbacks --------------------------------------------------------------------------
 
 // What the manager calls back: the Python preemption hooks, victim policy and event sink.
 // Always installed as the manager's PreemptionHooks, so that a batched call can tell which
@@ -66,8 +66,8 @@ class ManagerCallbacks : public PreemptionHooks {
 
   // Garbage-collector support of the owning Python object: hooks, policies and sinks
   // often refer back to the manager.
-  int visit(visitproc visit, void* arg) const {
-    if (sink_ != nullptr && sink_->visit(visit, arg) != 0) return -1;
+  int traverse(visitproc visit, void* arg) const {
+    if (sink_ != nullptr && sink_->traverse(visit, arg) != 0) return -1;
     Py_VISIT(hooks_.ptr());
     Py_VISIT(policy_.ptr());
     return 0;
@@ -98,8 +98,7 @@ class ManagerCallbacks : public PreemptionHooks {
   std::vector<SeqId> victims_;
 };
 
-// --- block tables
-// ---------------------------------------------------------------------------------
+// --- block tables -----------------------------------------------------------------------
 
 // pagedkv.BlockTables: a batch's padded and CSR tables. Its arrays are NumPy views of the
 // buffers (no copy), and each view keeps the buffers it shows alive: a rebuild into the same
@@ -167,7 +166,7 @@ void bind_block_tables(nb::module_& m) {
           "CSR [num_seqs] int32: valid tokens in each last block (0: empty sequence)");
 }
 
-// --- the manager -----------------------------------------------------------------------------
+// --- the manager ------------------------------------------------------------------------
 
 // A sequence as sequence() returns it: copies of its token ids and tables, since the
 // manager's own spans move on the next mutating call.
@@ -354,8 +353,7 @@ NumpyArray<int64_t> slots_array(absl::StatusOr<std::span<const int64_t>> slots) 
   return to_numpy(value_or_raise(std::move(slots)));
 }
 
-// --- binding
-// ----------------------------------------------------------------------------------------
+// --- binding ----------------------------------------------------------------------------
 
 void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
   nb::class_<SequenceInfo>(m, "SequenceInfo", "What a victim policy sees of each candidate.")
@@ -635,7 +633,7 @@ void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
 int manager_traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(Py_TYPE(self));
   if (!nb::inst_ready(self)) return 0;
-  return nb::inst_ptr<PyKvCacheManager>(self)->callbacks().visit(visit, arg);
+  return nb::inst_ptr<PyKvCacheManager>(self)->callbacks().traverse(visit, arg);
 }
 
 int manager_clear(PyObject* self) {

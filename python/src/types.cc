@@ -21,7 +21,7 @@ namespace pagedkv::python {
 
 using namespace nb::literals;
 
-// --- event sinks ---------------------------------------------------------------------------
+// --- event sinks ------------------------------------------------------------------------
 
 PythonEventSink::PythonEventSink(nb::object sink, CallbackErrors* errors)
     : sink_(std::move(sink)), errors_(errors) {
@@ -38,7 +38,7 @@ void PythonEventSink::on_event(const KvEvent& event) {
   errors_->guard([&] { sink_.attr("on_event")(event_to_python(event)); });
 }
 
-int PythonEventSink::visit(visitproc visit, void* arg) const {
+int PythonEventSink::traverse(visitproc visit, void* arg) const {
   Py_VISIT(sink_.ptr());
   return 0;
 }
