@@ -19,10 +19,10 @@ class Victims:
         self.seqs.append(victim)
 
 
-def make():
+def make(mode=pk.PreemptionMode.RECOMPUTE):
     hooks = Victims()
     m = pk.KvCacheManager(num_blocks=24, block_size=BLOCK, num_host_blocks=8,
-                          preemption_hooks=hooks)
+                          preemption_mode=mode, preemption_hooks=hooks)
     return m, hooks
 
 
@@ -74,8 +74,9 @@ def snapshot(m):
 @pytest.mark.parametrize("seed", range(12))
 def test_batched_calls_match_per_sequence_calls(seed):
     rng = random.Random(seed)
-    a, a_hooks = make()  # per-sequence calls
-    b, b_hooks = make()  # batched calls
+    mode = pk.PreemptionMode.SWAP if seed % 2 else pk.PreemptionMode.RECOMPUTE
+    a, a_hooks = make(mode)  # per-sequence calls
+    b, b_hooks = make(mode)  # batched calls
     next_id = 0
     for step in range(60):
         op = rng.random()
@@ -90,7 +91,17 @@ def test_batched_calls_match_per_sequence_calls(seed):
             for m in (a, b):
                 if seq in m:
                     m.free(seq)
-        elif op < 0.42 and next_id:  # fork a running one
+        elif op < 0.38 and next_id:  # swap a swapped one back in, when it fits
+            swapped = [s for s in range(next_id)
+                       if s in a and a.sequence(s).state == pk.SequenceState.SWAPPED]
+            if swapped:
+                seq = rng.choice(swapped)
+                for m in (a, b):
+                    try:
+                        m.swap_in(seq)
+                    except pk.ResourceExhausted:
+                        pass
+        elif op < 0.45 and next_id:  # fork a running one
             running = [s.id for s in a.running_sequences()]
             if running:
                 parent = rng.choice(running)
