@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ pkg-config
   libabsl-dev libxxhash-dev libfmt-dev catch2 libbenchmark-dev
-  clang libclang-rt-14-dev python3
+  clang libclang-rt-14-dev python3 python3-dev python3-venv
 )
 
 missing=()

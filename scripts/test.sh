@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Sets up and runs every test: installs the dependencies, configures, builds, runs CTest.
+# Then builds the Python package with pip in a fresh virtual environment and runs its
+# pytest suite (python/tests).
 # Usage: bash scripts/test.sh [extra cmake -D options]
 #   BUILD_DIR (default build) picks the build folder.
+#   PYTHON_TESTS=0 skips the Python package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -9,3 +12,14 @@ build=${BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja "$@"
 cmake --build "$build" -j"$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+
+if [ "${PYTHON_TESTS:-1}" = 1 ]; then
+  # `pip install .` as a user runs it (build isolation, scikit-build-core and nanobind from
+  # PyPI), CPU kernels only: the CUDA ones are compiled and checked by the build above.
+  venv="$build/python-venv"
+  python3 -m venv --clear "$venv"
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" install -q . pytest \
+    -Ccmake.define.PAGEDKV_ENABLE_CUDA=OFF
+  # Exit code 5 means "no tests collected" (a -k selection, say), not a failure.
+  "$venv/bin/python" -m pytest -q -rs python/tests || [ $? -eq 5 ]
+fi

@@ -1,0 +1,73 @@
+"""pagedkv: the KV-cache allocator and paged-attention kernels of a serving engine.
+
+The allocator (KvCacheManager, BlockPool) is pure bookkeeping and runs anywhere; the kernels
+(write_kv, paged_decode_attention, paged_extend_attention) and KvStorage take DLPack
+tensors on CPU (reference kernels) or CUDA. See docs/python.md.
+"""
+
+from typing import Protocol, Union
+
+from ._pagedkv import (
+    AllBlocksCleared,
+    AlreadyExists,
+    BatchStatus,
+    BlockCopy,
+    BlockHash,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    BlockTables,
+    Device,
+    DType,
+    FailedPrecondition,
+    InternalError,
+    KvCacheManager,
+    KvCacheSpec,
+    KvEventBuffer,
+    KvLayout,
+    KvStorage,
+    Preemption,
+    PreemptionMode,
+    ResourceExhausted,
+    SequenceInfo,
+    SequenceState,
+    SequenceView,
+    SlotBatch,
+    StatusCode,
+    SwapOps,
+    bytes_per_element,
+    cuda_device_available,
+    cuda_unavailable_reason,
+    decode_workspace_bytes,
+    default_device,
+    hash_block,
+    paged_decode_attention,
+    paged_extend_attention,
+    write_kv,
+)
+
+KvEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+
+class KvEventSink(Protocol):
+    """What KvCacheManager / BlockPool accept as event_sink (or a KvEventBuffer)."""
+
+    def on_event(self, event: KvEvent) -> None: ...
+
+
+class PreemptionHooks(Protocol):
+    """What KvCacheManager accepts as preemption_hooks."""
+
+    def on_preempt(self, victim: int, mode: PreemptionMode) -> None: ...
+
+
+__all__ = [
+    "AllBlocksCleared", "AlreadyExists", "BatchStatus", "BlockCopy", "BlockHash", "BlockPool",
+    "BlockRemoved", "BlockStored", "BlockTables", "Device", "DType", "FailedPrecondition",
+    "InternalError", "KvCacheManager", "KvCacheSpec", "KvEvent", "KvEventBuffer", "KvEventSink",
+    "KvLayout", "KvStorage", "Preemption", "PreemptionHooks", "PreemptionMode",
+    "ResourceExhausted", "SequenceInfo", "SequenceState", "SequenceView", "SlotBatch",
+    "StatusCode", "SwapOps", "bytes_per_element", "cuda_device_available",
+    "cuda_unavailable_reason", "decode_workspace_bytes", "default_device", "hash_block",
+    "paged_decode_attention", "paged_extend_attention", "write_kv",
+]

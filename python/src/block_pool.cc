@@ -1,0 +1,240 @@
+// BlockPool: the thin binding of the ref-counted pool, for engines that manage their own
+// sequences. Most engines use KvCacheManager.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "bindings.h"
+#include "pagedkv/block_pool.h"
+
+namespace pagedkv::python {
+namespace {
+
+using namespace nb::literals;
+
+// A BlockPool with the Python objects its options point to.
+class PyBlockPool {
+ public:
+  PyBlockPool(int32_t num_blocks, int32_t block_size, bool enable_caching, nb::object event_sink)
+      : errors_(std::make_unique<CallbackErrors>()),
+        sink_(event_sink.is_none()
+                  ? nullptr
+                  : std::make_unique<PythonEventSink>(std::move(event_sink), errors_.get())),
+        pool_(value_or_raise(BlockPool::create({.num_blocks = num_blocks,
+                                                .block_size = block_size,
+                                                .enable_caching = enable_caching,
+                                                .event_sink = sink_.get()}))) {}
+
+  const BlockPool& pool() const { return pool_; }
+  PythonEventSink* sink() { return sink_.get(); }
+
+  // Runs a mutating call (not from one of its own callbacks), then re-raises what the event sink
+  // raised meanwhile.
+  template <typename Fn>
+  auto mutate(Fn&& fn) {
+    ReentryGuard guard(busy_, "BlockPool");
+    if constexpr (std::is_void_v<decltype(fn(pool_))>) {
+      fn(pool_);
+      errors_->raise_pending();
+    } else {
+      auto result = fn(pool_);
+      errors_->raise_pending();
+      return result;
+    }
+  }
+
+  // Argument checks that the C++ pool makes in debug builds only (its touch/free/... take
+  // valid ids by contract); Python callers get a ValueError instead.
+  void check_block(BlockId block, const char* fn) const {
+    if (block < 0 || block >= pool_.num_blocks()) {
+      raise_status(absl::InvalidArgumentError(absl::StrCat(
+          fn, "(block ", block, "): block id out of range [0, ", pool_.num_blocks(), ")")));
+    }
+  }
+  void check_in_use(BlockId block, const char* fn) const {
+    check_block(block, fn);
+    if (pool_.ref_count(block) == 0) {
+      raise_status(absl::InvalidArgumentError(
+          absl::StrCat(fn, "(block ", block, "): block is free (ref count 0)")));
+    }
+  }
+  // free() drops one reference per occurrence: no block may occur more often than its refs.
+  void check_free(std::span<const BlockId> blocks) const {
+    std::vector<int32_t> drops(pool_.num_blocks(), 0);
+    for (const BlockId b : blocks) {
+      check_block(b, "free");
+      if (++drops[b] > pool_.ref_count(b)) {
+        raise_status(absl::InvalidArgumentError(absl::StrCat("free(block ", b, "): ", drops[b],
+                                                             " references dropped, ref count is ",
+                                                             pool_.ref_count(b))));
+      }
+    }
+  }
+
+ private:
+  std::unique_ptr<CallbackErrors> errors_;
+  std::unique_ptr<PythonEventSink> sink_;
+  BlockPool pool_;
+  bool busy_ = false;  // a mutating call is in progress
+};
+
+void bind_stats(nb::class_<PyBlockPool>& cls) {
+  using Stats = BlockPool::Stats;
+  nb::class_<Stats>(cls, "Stats")
+      .def_ro("num_blocks", &Stats::num_blocks)
+      .def_ro("used_blocks", &Stats::used_blocks, "ref count > 0")
+      .def_ro("free_blocks", &Stats::free_blocks, "ref count 0 (clean + cached)")
+      .def_ro("cached_free_blocks", &Stats::cached_free_blocks, "ref count 0 and hashed")
+      .def_ro("cached_blocks", &Stats::cached_blocks, "hashed blocks, in use or free")
+      .def_ro("evictions", &Stats::evictions)
+      .def("__repr__", [](const Stats& s) {
+        return absl::StrCat("BlockPool.Stats(num_blocks=", s.num_blocks,
+                            ", used_blocks=", s.used_blocks, ", free_blocks=", s.free_blocks,
+                            ", cached_free_blocks=", s.cached_free_blocks,
+                            ", cached_blocks=", s.cached_blocks, ", evictions=", s.evictions, ")");
+      });
+}
+
+// Garbage-collector support: an event sink may refer back to the pool.
+int pool_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  PythonEventSink* sink = nb::inst_ptr<PyBlockPool>(self)->sink();
+  return sink != nullptr ? sink->traverse(visit, arg) : 0;
+}
+
+int pool_clear(PyObject* self) {
+  if (!nb::inst_ready(self)) return 0;
+  if (PythonEventSink* sink = nb::inst_ptr<PyBlockPool>(self)->sink()) sink->clear();
+  return 0;
+}
+
+PyType_Slot pool_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(pool_traverse)},
+                            {Py_tp_clear, reinterpret_cast<void*>(pool_clear)},
+                            {0, nullptr}};
+
+}  // namespace
+
+void bind_block_pool(nb::module_& m) {
+  nb::class_<PyBlockPool> cls(
+      m, "BlockPool", nb::type_slots(pool_slots),
+      "A fixed number of KV blocks with ref counts, a free queue that is also the LRU\n"
+      "eviction order, and a verified hash index of full blocks (see block_pool.h).\n"
+      "Pure bookkeeping; one thread owns it. Invalid block ids raise ValueError.");
+  bind_stats(cls);
+  cls.def(nb::init<int32_t, int32_t, bool, nb::object>(), nb::kw_only(), "num_blocks"_a,
+          "block_size"_a = 16, "enable_caching"_a = true, "event_sink"_a = nb::none(),
+          "event_sink: a KvEventBuffer or any object with on_event(event). Raises ValueError "
+          "for a negative num_blocks or a non-positive block_size.")
+      .def(
+          "allocate",
+          [](PyBlockPool& self, int32_t num_blocks) {
+            if (num_blocks < 0) {
+              raise_status(absl::InvalidArgumentError(
+                  absl::StrCat("allocate(", num_blocks, "): negative block count")));
+            }
+            NumpyArray<BlockId> blocks = new_numpy_array<BlockId>(num_blocks);
+            raise_if_error(self.mutate([&](BlockPool& p) {
+              return p.allocate({blocks.data, blocks.size});
+            }));
+            return blocks;
+          },
+          "num_blocks"_a,
+          "Takes blocks from the head of the free queue (ref count 1), evicting cached ones. "
+          "All or nothing: ResourceExhausted changes nothing.")
+      .def(
+          "touch",
+          [](PyBlockPool& self, BlockId block) {
+            self.check_block(block, "touch");
+            self.mutate([&](BlockPool& p) { p.touch(block); });
+          },
+          "block"_a, "Adds a reference (a prefix hit); a free block leaves the free queue.")
+      .def(
+          "free",
+          [](PyBlockPool& self, IntValues<BlockId> blocks) {
+            self.check_free(blocks.span());
+            self.mutate([&](BlockPool& p) { p.free(blocks.span()); });
+          },
+          "blocks_in_eviction_order"_a,
+          "Drops one reference per id, in order; blocks reaching 0 join the free queue's tail.")
+      .def(
+          "find_cached",
+          [](const PyBlockPool& self, const BlockHash& hash, BlockId parent,
+             IntValues<TokenId> tokens, IntValues<uint64_t> extra_keys) {
+            return self.pool().find_cached(hash, parent, tokens.span(), extra_keys.span());
+          },
+          "hash"_a, "parent"_a, "tokens"_a, "extra_keys"_a = std::vector<uint64_t>{},
+          "The block indexed under hash if it verifiably holds tokens after parent, else -1. "
+          "Takes no reference.")
+      .def(
+          "cache_full_block",
+          [](PyBlockPool& self, BlockId block, const BlockHash& hash, BlockId parent,
+             std::optional<BlockHash> parent_hash, IntValues<TokenId> tokens,
+             IntValues<uint64_t> extra_keys) {
+            self.check_in_use(block, "cache_full_block");
+            if (parent != kNoBlock) self.check_block(parent, "cache_full_block");
+            if (static_cast<int64_t>(tokens.size()) != self.pool().block_size()) {
+              raise_status(absl::InvalidArgumentError(
+                  absl::StrCat("cache_full_block(block ", block, "): ", tokens.size(),
+                               " tokens, a full block holds ", self.pool().block_size())));
+            }
+            return self.mutate([&](BlockPool& p) {
+              return p.cache_full_block(block, hash, parent, parent_hash ? &*parent_hash : nullptr,
+                                        tokens.span(), extra_keys.span());
+            });
+          },
+          "block"_a, "hash"_a, "parent"_a, "parent_hash"_a.none(), "tokens"_a,
+          "extra_keys"_a = std::vector<uint64_t>{},
+          "Enters an in-use full block into the hash index; False when caching is off, the "
+          "block is hashed already or another block holds the hash.")
+      .def(
+          "uncache",
+          [](PyBlockPool& self, BlockId block) {
+            self.check_block(block, "uncache");
+            self.mutate([&](BlockPool& p) { p.uncache(block); });
+          },
+          "block"_a, "Takes the block out of the hash index (BlockRemoved); it keeps its refs.")
+      .def(
+          "reset_prefix_cache",
+          [](PyBlockPool& self) { self.mutate([](BlockPool& p) { p.reset_prefix_cache(); }); },
+          "Empties the hash index (AllBlocksCleared).")
+      .def_prop_ro("num_blocks", [](const PyBlockPool& self) { return self.pool().num_blocks(); })
+      .def_prop_ro("block_size", [](const PyBlockPool& self) { return self.pool().block_size(); })
+      .def("num_free_blocks", [](const PyBlockPool& self) { return self.pool().num_free_blocks(); })
+      .def(
+          "ref_count",
+          [](const PyBlockPool& self, BlockId block) {
+            self.check_block(block, "ref_count");
+            return self.pool().ref_count(block);
+          },
+          "block"_a)
+      .def(
+          "is_cached",
+          [](const PyBlockPool& self, BlockId block) {
+            self.check_block(block, "is_cached");
+            return self.pool().is_cached(block);
+          },
+          "block"_a)
+      .def(
+          "cached_hash",
+          [](const PyBlockPool& self, BlockId block) -> std::optional<BlockHash> {
+            self.check_block(block, "cached_hash");
+            if (!self.pool().is_cached(block)) return std::nullopt;
+            return self.pool().cached_hash(block);
+          },
+          "block"_a, "The block's hash, or None when it is not in the index.")
+      .def("stats", [](const PyBlockPool& self) { return self.pool().stats(); })
+      .def(
+          "free_queue_order",
+          [](const PyBlockPool& self) { return to_numpy<BlockId>(self.pool().free_queue_order()); },
+          "Free queue from head (next allocated) to tail. O(num_free_blocks).")
+      .def(
+          "check_invariants",
+          [](const PyBlockPool& self) { raise_if_error(self.pool().check_invariants()); },
+          "Raises InternalError naming the first broken invariant.");
+}
+
+}  // namespace pagedkv::python

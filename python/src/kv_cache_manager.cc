@@ -1,0 +1,689 @@
+// KvCacheManager: the per-sequence calls with the C++ names, the batched step calls for
+// Python schedulers, block tables as NumPy views, and preemption hooks, victim policies and
+// event sinks written in Python.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "bindings.h"
+#include "pagedkv/kv_cache_manager.h"
+
+namespace pagedkv::python {
+namespace {
+
+using namespace nb::literals;
+
+// --- callbacks --------------------------------------------------------------------------
+
+// What the manager calls back: the Python preemption hooks, victim policy and event sink.
+// Always installed as the manager's PreemptionHooks, so that a batched call can tell which
+// sequences an earlier entry of the batch preempted.
+class ManagerCallbacks : public PreemptionHooks {
+ public:
+  ManagerCallbacks(nb::object event_sink, nb::object hooks, nb::object policy,
+                   PreemptionMode default_mode)
+      : sink_(event_sink.is_none()
+                  ? nullptr
+                  : std::make_unique<PythonEventSink>(std::move(event_sink), &errors_)),
+        hooks_(std::move(hooks)),
+        policy_(std::move(policy)),
+        default_mode_(default_mode) {}
+
+  KvEventSink* sink() { return sink_.get(); }
+  bool has_policy() const { return !policy_.is_none(); }
+  CallbackErrors& errors() { return errors_; }
+
+  void on_preempt(SeqId victim, PreemptionMode mode) override {
+    if (recording_) victims_.push_back(victim);
+    if (hooks_.is_none()) return;
+    errors_.guard([&] { hooks_.attr("on_preempt")(victim, mode); });
+  }
+
+  // The VictimPolicy: policy(running: list[SequenceInfo], requester) returns a Preemption,
+  // a victim id (preempted in the manager's preemption_mode) or None to give up. A policy
+  // that raises gives up; the exception is re-raised when the manager call returns.
+  std::optional<Preemption> choose_victim(std::span<const SequenceInfo> running, SeqId requester) {
+    std::optional<Preemption> choice;
+    if (policy_.is_none()) return choice;  // cleared by the garbage collector
+    errors_.guard([&] {
+      nb::list candidates;
+      for (const SequenceInfo& info : running) candidates.append(nb::cast(info));
+      nb::object result = policy_(candidates, requester);
+      if (result.is_none()) return;
+      Preemption preemption;
+      if (nb::try_cast(result, preemption)) {
+        choice = preemption;
+      } else {
+        choice = Preemption{nb::cast<SeqId>(result), default_mode_};
+      }
+    });
+    return choice;
+  }
+
+  // Garbage-collector support of the owning Python object: hooks, policies and sinks
+  // often refer back to the manager.
+  int traverse(visitproc visit, void* arg) const {
+    if (sink_ != nullptr && sink_->traverse(visit, arg) != 0) return -1;
+    Py_VISIT(hooks_.ptr());
+    Py_VISIT(policy_.ptr());
+    return 0;
+  }
+  void clear() {
+    if (sink_ != nullptr) sink_->clear();
+    hooks_ = nb::none();
+    policy_ = nb::none();
+  }
+
+  // Victims of the batched call in progress.
+  void begin_batch() {
+    victims_.clear();
+    recording_ = true;
+  }
+  void end_batch() { recording_ = false; }
+  bool preempted_in_batch(SeqId seq) const {
+    return std::find(victims_.begin(), victims_.end(), seq) != victims_.end();
+  }
+
+ private:
+  CallbackErrors errors_;
+  std::unique_ptr<PythonEventSink> sink_;
+  nb::object hooks_;
+  nb::object policy_;
+  PreemptionMode default_mode_;
+  bool recording_ = false;
+  std::vector<SeqId> victims_;
+};
+
+// --- block tables -----------------------------------------------------------------------
+
+// pagedkv.BlockTables: a batch's padded and CSR tables. Its arrays are NumPy views of the
+// buffers (no copy), and each view keeps the buffers it shows alive: a rebuild into the same
+// object reuses the buffers only when no view of them is left, so a view never changes or
+// dangles; it shows the batch it was taken from.
+struct PyBlockTables {
+  std::shared_ptr<BlockTables> tables = std::make_shared<BlockTables>();
+
+  // The buffers to build the next batch into.
+  BlockTables* prepare_rebuild() {
+    if (tables.use_count() > 1) tables = std::make_shared<BlockTables>();
+    return tables.get();
+  }
+
+  nb::ndarray<nb::numpy, int32_t> view(std::vector<int32_t>& buffer,
+                                       std::initializer_list<size_t> shape) const {
+    auto* keep = new std::shared_ptr<BlockTables>(tables);
+    nb::capsule owner(
+        keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<BlockTables>*>(p); });
+    return nb::ndarray<nb::numpy, int32_t>(buffer.data(), shape, owner);
+  }
+};
+
+void bind_block_tables(nb::module_& m) {
+  nb::class_<PyBlockTables>(
+      m, "BlockTables",
+      "Block tables of a batch (KvCacheManager.build_block_tables), padded and CSR.\n"
+      "The arrays are NumPy views (no copy). A view stays valid and unchanged for as long\n"
+      "as it is referenced: rebuilding into this object reuses its buffers only when no\n"
+      "view of them is left, so hold views for one step only to keep rebuilds allocation-free.")
+      .def(nb::init<>())
+      .def_prop_ro("num_seqs", [](const PyBlockTables& t) { return t.tables->num_seqs; })
+      .def_prop_ro("max_blocks", [](const PyBlockTables& t) { return t.tables->max_blocks; })
+      .def_prop_ro("block_size", [](const PyBlockTables& t) { return t.tables->block_size; })
+      .def_prop_ro(
+          "block_table",
+          [](PyBlockTables& t) {
+            BlockTables& b = *t.tables;
+            return t.view(b.block_table,
+                          {static_cast<size_t>(b.num_seqs), static_cast<size_t>(b.max_blocks)});
+          },
+          nb::rv_policy::automatic,
+          "[num_seqs, max_blocks] int32, padded with 0 beyond each sequence's blocks")
+      .def_prop_ro(
+          "context_lens",
+          [](PyBlockTables& t) {
+            return t.view(t.tables->context_lens, {static_cast<size_t>(t.tables->num_seqs)});
+          },
+          nb::rv_policy::automatic, "[num_seqs] int32: computed tokens of each sequence")
+      .def_prop_ro(
+          "indptr",
+          [](PyBlockTables& t) { return t.view(t.tables->indptr, {t.tables->indptr.size()}); },
+          nb::rv_policy::automatic, "CSR [num_seqs + 1] int32")
+      .def_prop_ro(
+          "indices",
+          [](PyBlockTables& t) { return t.view(t.tables->indices, {t.tables->indices.size()}); },
+          nb::rv_policy::automatic,
+          "CSR [indptr[-1]] int32: the blocks of sequence i are indices[indptr[i]:indptr[i+1]]")
+      .def_prop_ro(
+          "last_page_len",
+          [](PyBlockTables& t) {
+            return t.view(t.tables->last_page_len, {t.tables->last_page_len.size()});
+          },
+          nb::rv_policy::automatic,
+          "CSR [num_seqs] int32: valid tokens in each last block (0: empty sequence)");
+}
+
+// --- the manager ------------------------------------------------------------------------
+
+// A sequence as sequence() returns it: copies of its token ids and tables, since the
+// manager's own spans move on the next mutating call.
+struct PySequenceView {
+  SeqId id;
+  SequenceState state;
+  int32_t priority;
+  int64_t arrival;
+  int32_t num_computed_tokens;
+  NumpyArray<TokenId> tokens;
+  NumpyArray<BlockId> block_table;
+  NumpyArray<BlockId> host_blocks;
+};
+
+// Per-sequence results of a batched call.
+struct BatchStatus {
+  NumpyArray<int32_t> status;  // [num_seqs] StatusCode values
+  nb::dict errors;             // seq id -> the exception the per-sequence call would raise
+};
+struct SlotBatch : BatchStatus {
+  NumpyArray<int64_t> slots;  // slot mapping, all sequences' new tokens concatenated
+};
+
+class PyKvCacheManager {
+ public:
+  PyKvCacheManager(KvCacheManager::Options options, nb::object event_sink, nb::object hooks,
+                   nb::object policy)
+      : callbacks_(std::make_unique<ManagerCallbacks>(std::move(event_sink), std::move(hooks),
+                                                      std::move(policy), options.preemption_mode)),
+        manager_(value_or_raise(KvCacheManager::create(with_callbacks(std::move(options))))) {}
+
+  const KvCacheManager& get() const { return manager_; }
+  ManagerCallbacks& callbacks() { return *callbacks_; }
+
+  // Runs a mutating call (not from one of its own callbacks), then re-raises what a Python callback
+  // raised meanwhile.
+  template <typename Fn>
+  auto mutate(Fn&& fn) {
+    ReentryGuard guard(busy_, "KvCacheManager");
+    if constexpr (std::is_void_v<decltype(fn(manager_))>) {
+      fn(manager_);
+      callbacks_->errors().raise_pending();
+    } else {
+      auto result = fn(manager_);
+      callbacks_->errors().raise_pending();
+      return result;
+    }
+  }
+
+  SlotBatch allocate_slots_batch(const IntValues<SeqId>& seqs,
+                                 const IntValues<int32_t, true>& num_new_tokens,
+                                 int32_t num_lookahead, bool preempt,
+                                 std::optional<Array1D<int64_t>> out);
+  BatchStatus append_tokens_batch(const IntValues<SeqId>& seqs, const IntValues<TokenId>& tokens,
+                                  std::optional<IntValues<int32_t>> indptr);
+
+ private:
+  KvCacheManager::Options with_callbacks(KvCacheManager::Options options) {
+    ManagerCallbacks* callbacks = callbacks_.get();
+    options.event_sink = callbacks->sink();
+    options.preemption_hooks = callbacks;
+    if (callbacks->has_policy()) {
+      options.victim_policy = [callbacks](std::span<const SequenceInfo> running, SeqId requester) {
+        return callbacks->choose_victim(running, requester);
+      };
+    }
+    return options;
+  }
+
+  std::unique_ptr<ManagerCallbacks> callbacks_;
+  KvCacheManager manager_;
+  bool busy_ = false;  // a mutating call is in progress
+};
+
+void check_batch_sizes(size_t num_seqs, size_t num_values, const char* fn, const char* what) {
+  if (num_values != num_seqs) {
+    raise_status(absl::InvalidArgumentError(
+        absl::StrCat(fn, ": ", num_values, " ", what, " for ", num_seqs, " sequences")));
+  }
+}
+
+SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
+                                                 const IntValues<int32_t, true>& num_new_tokens,
+                                                 int32_t num_lookahead, bool preempt,
+                                                 std::optional<Array1D<int64_t>> out) {
+  const size_t n = seqs.size();
+  if (!num_new_tokens.scalar) {
+    check_batch_sizes(n, num_new_tokens.size(), "allocate_slots_batch", "num_new_tokens");
+  }
+  int64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += std::max(num_new_tokens.at(i), 0);
+  NumpyArray<int64_t> owned;
+  int64_t* slots = nullptr;
+  if (out.has_value()) {
+    if (static_cast<int64_t>(out->shape(0)) < total) {
+      raise_status(absl::InvalidArgumentError(absl::StrCat(
+          "allocate_slots_batch: out holds ", out->shape(0), " slots, the batch needs ", total)));
+    }
+    slots = out->data();
+  } else {
+    owned = new_numpy_array<int64_t>(total);
+    slots = owned.data;
+  }
+  NumpyArray<int32_t> codes = new_numpy_array<int32_t>(n);
+  std::fill_n(codes.data, n, 0);
+  nb::dict errors;
+  const std::span<const SeqId> ids = seqs.span();
+  ReentryGuard guard(busy_, "KvCacheManager");
+  callbacks_->begin_batch();
+  int64_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const SeqId seq = ids[i];
+    const int32_t count = num_new_tokens.at(i);
+    absl::StatusOr<std::span<const int64_t>> result =
+        callbacks_->preempted_in_batch(seq)
+            ? absl::FailedPreconditionError(absl::StrCat("allocate_slots_batch(seq ", seq,
+                                                         "): preempted by an earlier sequence of "
+                                                         "this batch"))
+        : preempt ? manager_.allocate_slots_or_preempt(seq, count, num_lookahead)
+                  : manager_.allocate_slots(seq, count, num_lookahead);
+    const int64_t width = std::max(count, 0);
+    if (result.ok()) {
+      std::copy(result->begin(), result->end(), slots + offset);
+    } else {
+      std::fill(slots + offset, slots + offset + width, int64_t{-1});
+      codes.data[i] = static_cast<int32_t>(result.status().code());
+      errors[nb::int_(seq)] = exception_for(result.status());
+    }
+    offset += width;
+  }
+  callbacks_->end_batch();
+  callbacks_->errors().raise_pending();
+  SlotBatch batch;
+  batch.status = std::move(codes);
+  batch.errors = std::move(errors);
+  if (out.has_value()) {
+    batch.slots = {nb::cast(*out), out->data(), out->shape(0)};
+  } else {
+    batch.slots = std::move(owned);
+  }
+  return batch;
+}
+
+BatchStatus PyKvCacheManager::append_tokens_batch(const IntValues<SeqId>& seqs,
+                                                  const IntValues<TokenId>& tokens,
+                                                  std::optional<IntValues<int32_t>> indptr) {
+  const size_t n = seqs.size();
+  const std::span<const TokenId> all = tokens.span();
+  std::span<const int32_t> offsets;
+  if (indptr.has_value()) {
+    offsets = indptr->span();
+    check_batch_sizes(n + 1, offsets.size(), "append_tokens_batch", "indptr entries");
+    for (size_t i = 0; i < n; ++i) {
+      if (offsets[i] < 0 || offsets[i] > offsets[i + 1] ||
+          static_cast<size_t>(offsets[i + 1]) > all.size()) {
+        raise_status(absl::InvalidArgumentError(
+            absl::StrCat("append_tokens_batch: indptr[", i, ":", i + 2, "] = [", offsets[i], ", ",
+                         offsets[i + 1], "] is not a range of the ", all.size(), " tokens")));
+      }
+    }
+  } else {
+    check_batch_sizes(n, all.size(), "append_tokens_batch", "tokens (one per sequence)");
+  }
+  NumpyArray<int32_t> codes = new_numpy_array<int32_t>(n);
+  std::fill_n(codes.data, n, 0);
+  nb::dict errors;
+  const std::span<const SeqId> ids = seqs.span();
+  ReentryGuard guard(busy_, "KvCacheManager");
+  for (size_t i = 0; i < n; ++i) {
+    const std::span<const TokenId> mine = indptr.has_value()
+                                              ? all.subspan(offsets[i], offsets[i + 1] - offsets[i])
+                                              : all.subspan(i, 1);
+    const absl::Status status = manager_.append_tokens(ids[i], mine);
+    if (!status.ok()) {
+      codes.data[i] = static_cast<int32_t>(status.code());
+      errors[nb::int_(ids[i])] = exception_for(status);
+    }
+  }
+  callbacks_->errors().raise_pending();
+  return {std::move(codes), std::move(errors)};
+}
+
+NumpyArray<int64_t> slots_array(absl::StatusOr<std::span<const int64_t>> slots) {
+  return to_numpy(value_or_raise(std::move(slots)));
+}
+
+// --- binding ----------------------------------------------------------------------------
+
+void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
+  nb::class_<SequenceInfo>(m, "SequenceInfo", "What a victim policy sees of each candidate.")
+      .def_ro("id", &SequenceInfo::id)
+      .def_ro("priority", &SequenceInfo::priority, "larger runs first; lowest preempted first")
+      .def_ro("arrival", &SequenceInfo::arrival, "order of add_sequence()/fork() calls")
+      .def_ro("num_blocks", &SequenceInfo::num_blocks, "device blocks held")
+      .def_ro("num_tokens", &SequenceInfo::num_tokens)
+      .def_ro("num_computed_tokens", &SequenceInfo::num_computed_tokens)
+      .def("__repr__", [](const SequenceInfo& s) {
+        return absl::StrCat("SequenceInfo(id=", s.id, ", priority=", s.priority,
+                            ", arrival=", s.arrival, ", num_blocks=", s.num_blocks,
+                            ", num_tokens=", s.num_tokens, ")");
+      });
+  nb::class_<Preemption>(m, "Preemption", "A victim policy's choice.")
+      .def(
+          "__init__",
+          [](Preemption* self, SeqId victim, PreemptionMode mode) {
+            new (self) Preemption{victim, mode};
+          },
+          "victim"_a, "mode"_a = PreemptionMode::kRecompute)
+      .def_rw("victim", &Preemption::victim)
+      .def_rw("mode", &Preemption::mode);
+  nb::class_<PySequenceView>(m, "SequenceView",
+                             "One sequence, as sequence() returns it (copies of its arrays).")
+      .def_ro("id", &PySequenceView::id)
+      .def_ro("state", &PySequenceView::state)
+      .def_ro("priority", &PySequenceView::priority)
+      .def_ro("arrival", &PySequenceView::arrival)
+      .def_ro("num_computed_tokens", &PySequenceView::num_computed_tokens)
+      .def_ro("tokens", &PySequenceView::tokens, "int32 prompt and generated tokens")
+      .def_ro("block_table", &PySequenceView::block_table, "int32 device blocks (running)")
+      .def_ro("host_blocks", &PySequenceView::host_blocks, "int32 host blocks (swapped)");
+  nb::class_<BatchStatus>(m, "BatchStatus", "Per-sequence results of a batched call.")
+      .def_ro("status", &BatchStatus::status,
+              "int32 [num_seqs]: StatusCode of each sequence's call (0: OK)")
+      .def_ro("errors", &BatchStatus::errors,
+              "seq id -> the exception the per-sequence call would have raised")
+      .def_prop_ro(
+          "ok", [](const BatchStatus& b) { return b.errors.size() == 0; },
+          "True when every sequence's call succeeded");
+  nb::class_<SlotBatch, BatchStatus>(m, "SlotBatch", "Result of allocate_slots_batch().")
+      .def_ro("slots", &SlotBatch::slots,
+              "int64 slot mapping of all new tokens, sequence after sequence; -1 for the "
+              "tokens of a sequence whose call failed (write_kv skips them)");
+
+  using Stats = KvCacheManager::Stats;
+  nb::class_<Stats>(cls, "Stats", "Counters; see KvCacheManager::Stats.")
+      .def_ro("num_blocks", &Stats::num_blocks)
+      .def_ro("used_blocks", &Stats::used_blocks)
+      .def_ro("free_blocks", &Stats::free_blocks)
+      .def_ro("cached_free_blocks", &Stats::cached_free_blocks)
+      .def_ro("num_host_blocks", &Stats::num_host_blocks)
+      .def_ro("used_host_blocks", &Stats::used_host_blocks)
+      .def_ro("prefix_query_tokens", &Stats::prefix_query_tokens)
+      .def_ro("prefix_hit_tokens", &Stats::prefix_hit_tokens)
+      .def_ro("evictions", &Stats::evictions)
+      .def_ro("cow_copies", &Stats::cow_copies)
+      .def_ro("preemptions_recompute", &Stats::preemptions_recompute)
+      .def_ro("preemptions_swap", &Stats::preemptions_swap)
+      .def_ro("blocks_swapped_out", &Stats::blocks_swapped_out)
+      .def_ro("blocks_swapped_in", &Stats::blocks_swapped_in)
+      .def(
+          "_asdict",
+          [](const Stats& s) {
+            nb::dict d;
+            d["num_blocks"] = s.num_blocks;
+            d["used_blocks"] = s.used_blocks;
+            d["free_blocks"] = s.free_blocks;
+            d["cached_free_blocks"] = s.cached_free_blocks;
+            d["num_host_blocks"] = s.num_host_blocks;
+            d["used_host_blocks"] = s.used_host_blocks;
+            d["prefix_query_tokens"] = s.prefix_query_tokens;
+            d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+            d["evictions"] = s.evictions;
+            d["cow_copies"] = s.cow_copies;
+            d["preemptions_recompute"] = s.preemptions_recompute;
+            d["preemptions_swap"] = s.preemptions_swap;
+            d["blocks_swapped_out"] = s.blocks_swapped_out;
+            d["blocks_swapped_in"] = s.blocks_swapped_in;
+            return d;
+          },
+          "The counters as a dict.");
+
+  using Options = KvCacheManager::Options;
+  nb::class_<Options>(cls, "Options", "The options the manager was created with.")
+      .def_ro("num_blocks", &Options::num_blocks)
+      .def_ro("block_size", &Options::block_size)
+      .def_ro("num_host_blocks", &Options::num_host_blocks)
+      .def_ro("max_model_len", &Options::max_model_len)
+      .def_ro("watermark_blocks", &Options::watermark_blocks)
+      .def_ro("enable_prefix_caching", &Options::enable_prefix_caching)
+      .def_ro("preemption_mode", &Options::preemption_mode);
+}
+
+void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
+  using M = PyKvCacheManager;
+  cls.def(
+         "add_sequence",
+         [](M& self, SeqId seq, IntValues<TokenId> prompt, int32_t priority,
+            IntValues<uint64_t> extra_keys) {
+           const std::span<const uint64_t> keys = extra_keys.span();
+           raise_if_error(self.mutate([&](KvCacheManager& m) {
+             return m.add_sequence(seq, prompt.span(),
+                                   {.priority = priority,
+                                    .extra_keys = std::vector<uint64_t>(keys.begin(), keys.end())});
+           }));
+         },
+         "seq"_a, "prompt"_a, nb::kw_only(), "priority"_a = 0,
+         "extra_keys"_a = std::vector<uint64_t>{},
+         "Registers a waiting sequence holding prompt (>= 1 token). extra_keys (cache salt, "
+         "adapter id) are hashed into every block. Raises AlreadyExists, ValueError.")
+      .def(
+          "append_tokens",
+          [](M& self, SeqId seq, IntValues<TokenId> tokens) {
+            raise_if_error(self.mutate(
+                [&](KvCacheManager& m) { return m.append_tokens(seq, tokens.span()); }));
+          },
+          "seq"_a, "tokens"_a,
+          "Appends generated tokens (before allocate_slots() reserves their KV). Raises "
+          "KeyError, ValueError beyond max_model_len.")
+      .def(
+          "match_prefix",
+          [](M& self, SeqId seq) {
+            return value_or_raise(
+                self.mutate([&](KvCacheManager& m) { return m.match_prefix(seq); }));
+          },
+          "seq"_a,
+          "Claims the longest verified cached prefix of a waiting sequence (full blocks, at "
+          "most len - 1 tokens); returns its length in tokens.")
+      .def(
+          "allocate_slots",
+          [](M& self, SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
+            return slots_array(self.mutate([&](KvCacheManager& m) {
+              return m.allocate_slots(seq, num_new_tokens, num_lookahead);
+            }));
+          },
+          "seq"_a, "num_new_tokens"_a, "num_lookahead"_a = 0,
+          "Reserves slots for the next num_new_tokens tokens and returns their slot mapping "
+          "(a new int64 array). Raises ResourceExhausted (nothing changed), "
+          "FailedPrecondition, KeyError, ValueError.")
+      .def(
+          "allocate_slots_or_preempt",
+          [](M& self, SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
+            return slots_array(self.mutate([&](KvCacheManager& m) {
+              return m.allocate_slots_or_preempt(seq, num_new_tokens, num_lookahead);
+            }));
+          },
+          "seq"_a, "num_new_tokens"_a, "num_lookahead"_a = 0,
+          "allocate_slots(), preempting victims of the victim policy while blocks are short.")
+      .def(
+          "preempt",
+          [](M& self, SeqId seq, PreemptionMode mode) {
+            raise_if_error(self.mutate([&](KvCacheManager& m) { return m.preempt(seq, mode); }));
+          },
+          "seq"_a, "mode"_a, "Preempts a running sequence (calls the preemption hooks).")
+      .def(
+          "swap_in",
+          [](M& self, SeqId seq) {
+            raise_if_error(self.mutate([&](KvCacheManager& m) { return m.swap_in(seq); }));
+          },
+          "seq"_a, "Moves a swapped sequence back to device blocks (swap-in copies).")
+      .def(
+          "fork",
+          [](M& self, SeqId parent, SeqId child) {
+            raise_if_error(self.mutate([&](KvCacheManager& m) { return m.fork(parent, child); }));
+          },
+          "parent"_a, "child"_a,
+          "Creates child sharing parent's computed blocks; copy-on-write on the next append.")
+      .def(
+          "free",
+          [](M& self, SeqId seq) {
+            raise_if_error(self.mutate([&](KvCacheManager& m) { return m.free(seq); }));
+          },
+          "seq"_a, "Releases a sequence in any state; its hashed blocks stay cached.")
+      .def(
+          "take_pending_copies",
+          [](M& self) {
+            return self.mutate([](KvCacheManager& m) { return m.take_pending_copies(); });
+          },
+          "Copy-on-write copies recorded since the last call. Run every step, before K/V writes.")
+      .def(
+          "take_pending_swaps",
+          [](M& self) {
+            return self.mutate([](KvCacheManager& m) { return m.take_pending_swaps(); });
+          },
+          "Swap copies since the last call: run swap_out, then copies, then swap_in.")
+      .def(
+          "reset_prefix_cache",
+          [](M& self) { self.mutate([](KvCacheManager& m) { m.reset_prefix_cache(); }); },
+          "Empties the prefix index: nothing computed before is shared after.");
+}
+
+void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
+  using M = PyKvCacheManager;
+  cls.def("allocate_slots_batch", &M::allocate_slots_batch, "seqs"_a, "num_new_tokens"_a,
+          "num_lookahead"_a = 0, nb::kw_only(), "preempt"_a = false,
+          "out"_a.noconvert() = nb::none(),
+          "allocate_slots() (or allocate_slots_or_preempt() with preempt=True) for every\n"
+          "sequence of seqs, in order, in one call. num_new_tokens: one count per sequence, or\n"
+          "one int for all (1 for a decode step). Returns a SlotBatch: the slot mappings\n"
+          "concatenated (into out when given), a StatusCode per sequence and the exceptions of\n"
+          "the failed ones. A sequence preempted by an earlier entry of the batch fails with\n"
+          "FAILED_PRECONDITION instead of being re-admitted.")
+      .def("append_tokens_batch", &M::append_tokens_batch, "seqs"_a, "tokens"_a,
+           "indptr"_a = nb::none(),
+           "append_tokens() for every sequence: one token each, or tokens[indptr[i]:indptr[i+1]]\n"
+           "for sequence i. Returns a BatchStatus.")
+      .def(
+          "build_block_tables",
+          [](M& self, IntValues<SeqId> seqs, PyBlockTables* out) {
+            nb::object result = out != nullptr ? nb::find(out) : nb::cast(PyBlockTables{});
+            PyBlockTables* tables = nb::cast<PyBlockTables*>(result);
+            raise_if_error(self.get().build_block_tables(seqs.span(), tables->prepare_rebuild()));
+            return nb::typed<nb::object, PyBlockTables>(result);
+          },
+          "seqs"_a, "out"_a.none() = nb::none(),
+          "Block tables (padded and CSR) of running sequences, context length = computed\n"
+          "tokens. With out, reuses its buffers when none of its views is alive.")
+      .def(
+          "write_block_tables",
+          [](const M& self, IntValues<SeqId> seqs,
+             nb::ndarray<int32_t, nb::ndim<2>, nb::device::cpu, nb::c_contig> block_table,
+             Array1D<int32_t> context_lens) {
+            raise_if_error(self.get().write_block_tables(
+                seqs.span(), static_cast<int32_t>(block_table.shape(1)),
+                {block_table.data(), block_table.size()},
+                {context_lens.data(), context_lens.shape(0)}));
+          },
+          "seqs"_a, "block_table"_a.noconvert(), "context_lens"_a.noconvert(),
+          "Writes the padded table into caller arrays: block_table int32 [>= len(seqs),\n"
+          "max_blocks] (C-contiguous), context_lens int32 [>= len(seqs)].")
+      .def(
+          "write_csr_block_tables",
+          [](const M& self, IntValues<SeqId> seqs, Array1D<int32_t> indptr,
+             Array1D<int32_t> indices, Array1D<int32_t> last_page_len) {
+            raise_if_error(self.get().write_csr_block_tables(
+                seqs.span(), {indptr.data(), indptr.shape(0)}, {indices.data(), indices.shape(0)},
+                {last_page_len.data(), last_page_len.shape(0)}));
+          },
+          "seqs"_a, "indptr"_a.noconvert(), "indices"_a.noconvert(), "last_page_len"_a.noconvert(),
+          "Writes the CSR tables into caller arrays (int32).");
+}
+
+void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
+  using M = PyKvCacheManager;
+  cls.def(
+         "contains", [](const M& self, SeqId seq) { return self.get().contains(seq); }, "seq"_a)
+      .def("__contains__", [](const M& self, SeqId seq) { return self.get().contains(seq); })
+      .def(
+          "sequence",
+          [](const M& self, SeqId seq) {
+            const SequenceView v = value_or_raise(self.get().sequence(seq));
+            auto copy = [](std::span<const int32_t> s) { return to_numpy(s); };
+            return PySequenceView{v.id,
+                                  v.state,
+                                  v.priority,
+                                  v.arrival,
+                                  v.num_computed_tokens,
+                                  copy(v.tokens),
+                                  copy(v.block_table),
+                                  copy(v.host_blocks)};
+          },
+          "seq"_a, "A snapshot of one sequence. Raises KeyError.")
+      .def("num_sequences", [](const M& self) { return self.get().num_sequences(); })
+      .def("__len__", [](const M& self) { return self.get().num_sequences(); })
+      .def(
+          "running_sequences", [](const M& self) { return self.get().running_sequences(); },
+          "Running sequences, in arrival order.")
+      .def("stats", [](const M& self) { return self.get().stats(); })
+      .def_prop_ro("options", [](const M& self) { return self.get().options(); })
+      .def(
+          "check_invariants", [](const M& self) { raise_if_error(self.get().check_invariants()); },
+          "Raises InternalError naming the first broken invariant.");
+}
+
+int manager_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<PyKvCacheManager>(self)->callbacks().traverse(visit, arg);
+}
+
+int manager_clear(PyObject* self) {
+  if (nb::inst_ready(self)) nb::inst_ptr<PyKvCacheManager>(self)->callbacks().clear();
+  return 0;
+}
+
+PyType_Slot manager_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(manager_traverse)},
+                               {Py_tp_clear, reinterpret_cast<void*>(manager_clear)},
+                               {0, nullptr}};
+
+}  // namespace
+
+void bind_kv_cache_manager(nb::module_& m) {
+  bind_block_tables(m);
+  nb::class_<PyKvCacheManager> cls(
+      m, "KvCacheManager", nb::type_slots(manager_slots),
+      "The per-sequence view of the KV cache a serving engine's scheduler drives (see\n"
+      "kv_cache_manager.h and docs/python.md). One thread owns it. Errors raise: KeyError\n"
+      "(unknown sequence), ValueError, AlreadyExists, ResourceExhausted, FailedPrecondition.");
+  bind_value_types(cls, m);
+  cls.def(
+      "__init__",
+      [](PyKvCacheManager* self, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
+         int32_t max_model_len, int32_t watermark_blocks, bool enable_prefix_caching,
+         PreemptionMode preemption_mode, nb::object event_sink, nb::object preemption_hooks,
+         nb::object victim_policy) {
+        KvCacheManager::Options options;
+        options.num_blocks = num_blocks;
+        options.block_size = block_size;
+        options.num_host_blocks = num_host_blocks;
+        options.max_model_len = max_model_len;
+        options.watermark_blocks = watermark_blocks;
+        options.enable_prefix_caching = enable_prefix_caching;
+        options.preemption_mode = preemption_mode;
+        new (self) PyKvCacheManager(std::move(options), std::move(event_sink),
+                                    std::move(preemption_hooks), std::move(victim_policy));
+      },
+      nb::kw_only(), "num_blocks"_a, "block_size"_a = 16, "num_host_blocks"_a = 0,
+      "max_model_len"_a = 1 << 20, "watermark_blocks"_a = 0, "enable_prefix_caching"_a = true,
+      "preemption_mode"_a = PreemptionMode::kRecompute, "event_sink"_a = nb::none(),
+      "preemption_hooks"_a = nb::none(), "victim_policy"_a = nb::none(),
+      "event_sink: a KvEventBuffer or any object with on_event(event).\n"
+      "preemption_hooks: any object with on_preempt(victim, mode).\n"
+      "victim_policy: callable(running: list[SequenceInfo], requester) -> Preemption | int |\n"
+      "None (None gives up). Exceptions these raise are re-raised when the manager call\n"
+      "that triggered them returns (its effects stay). Raises ValueError for invalid options.");
+  bind_sequence_calls(cls);
+  bind_batch_calls(cls);
+  bind_lookups(cls);
+}
+
+}  // namespace pagedkv::python

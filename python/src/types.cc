@@ -1,0 +1,184 @@
+// Enums, value types (BlockHash, BlockCopy, SwapOps), KV events and their sinks, hashing,
+// and device queries.
+#include <nanobind/operators.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include <cstdio>
+#include <string>
+#include <variant>
+
+#include "bindings.h"
+#include "pagedkv/block_hash.h"
+#include "pagedkv/device.h"
+#include "pagedkv/dtype.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_cache_view.h"
+#include "pagedkv/types.h"
+
+namespace pagedkv::python {
+
+using namespace nb::literals;
+
+// --- event sinks ------------------------------------------------------------------------
+
+PythonEventSink::PythonEventSink(nb::object sink, CallbackErrors* errors)
+    : sink_(std::move(sink)), errors_(errors) {
+  KvEventBuffer* buffer = nullptr;
+  if (nb::try_cast(sink_, buffer)) native_ = buffer;
+}
+
+void PythonEventSink::on_event(const KvEvent& event) {
+  if (native_ != nullptr) {
+    native_->on_event(event);
+    return;
+  }
+  if (sink_.is_none()) return;
+  errors_->guard([&] { sink_.attr("on_event")(event_to_python(event)); });
+}
+
+int PythonEventSink::traverse(visitproc visit, void* arg) const {
+  Py_VISIT(sink_.ptr());
+  return 0;
+}
+
+void PythonEventSink::clear() {
+  native_ = nullptr;
+  sink_ = nb::none();
+}
+
+nb::object event_to_python(const KvEvent& event) {
+  return std::visit([](const auto& e) { return nb::cast(e, nb::rv_policy::copy); }, event);
+}
+
+namespace {
+
+std::string hash_repr(const BlockHash& hash) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "BlockHash(0x%016llx%016llx)",
+                static_cast<unsigned long long>(hash.hi), static_cast<unsigned long long>(hash.lo));
+  return text;
+}
+
+void bind_enums(nb::module_& m) {
+  nb::enum_<DType>(m, "DType", "Element type of queries, outputs and the KV cache.")
+      .value("FLOAT32", DType::kFloat32)
+      .value("FLOAT16", DType::kFloat16)
+      .value("BFLOAT16", DType::kBFloat16)
+      .value("FLOAT8_E4M3", DType::kFloat8E4M3, "KV cache only, with per-tensor fp32 scales");
+  nb::enum_<Device>(m, "Device", "Where storage lives and kernels run.")
+      .value("CPU", Device::kCpu)
+      .value("CUDA", Device::kCuda);
+  nb::enum_<KvLayout>(m, "KvLayout", "Layout of one layer's K (or V) pool.")
+      .value("HND", KvLayout::kHND, "[num_blocks, num_kv_heads, block_size, head_dim]")
+      .value("NHD", KvLayout::kNHD, "[num_blocks, block_size, num_kv_heads, head_dim]");
+  nb::enum_<PreemptionMode>(m, "PreemptionMode")
+      .value("RECOMPUTE", PreemptionMode::kRecompute,
+             "blocks freed (hashed ones stay cached); the tokens are recomputed later")
+      .value("SWAP", PreemptionMode::kSwap,
+             "blocks copied to the host pool, copied back by swap_in()");
+  nb::enum_<SequenceState>(m, "SequenceState")
+      .value("WAITING", SequenceState::kWaiting, "holds no blocks: new, or preempted by recompute")
+      .value("RUNNING", SequenceState::kRunning, "holds device blocks")
+      .value("SWAPPED", SequenceState::kSwapped, "holds host blocks only");
+  nb::enum_<absl::StatusCode>(m, "StatusCode", nb::is_arithmetic(),
+                              "absl::StatusCode values, as the batched calls report them.")
+      .value("OK", absl::StatusCode::kOk)
+      .value("INVALID_ARGUMENT", absl::StatusCode::kInvalidArgument)
+      .value("NOT_FOUND", absl::StatusCode::kNotFound)
+      .value("ALREADY_EXISTS", absl::StatusCode::kAlreadyExists)
+      .value("RESOURCE_EXHAUSTED", absl::StatusCode::kResourceExhausted)
+      .value("FAILED_PRECONDITION", absl::StatusCode::kFailedPrecondition)
+      .value("OUT_OF_RANGE", absl::StatusCode::kOutOfRange)
+      .value("UNIMPLEMENTED", absl::StatusCode::kUnimplemented)
+      .value("INTERNAL", absl::StatusCode::kInternal);
+}
+
+void bind_values(nb::module_& m) {
+  nb::class_<BlockHash>(m, "BlockHash", "XXH3-128 hash of a full block chained with its parent.")
+      .def(nb::init<>())
+      .def(
+          "__init__",
+          [](BlockHash* self, uint64_t lo, uint64_t hi) {
+            new (self) BlockHash{lo, hi};
+          },
+          "lo"_a, "hi"_a)
+      .def_rw("lo", &BlockHash::lo)
+      .def_rw("hi", &BlockHash::hi)
+      .def(nb::self == nb::self)
+      .def("__hash__",
+           [](const BlockHash& h) {
+             return static_cast<Py_hash_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL));
+           })
+      .def("__repr__", &hash_repr);
+
+  nb::class_<BlockCopy>(m, "BlockCopy",
+                        "Copy of the first num_tokens token slots of block src into dst, all "
+                        "layers.")
+      .def(
+          "__init__",
+          [](BlockCopy* self, BlockId src, BlockId dst, int32_t num_tokens) {
+            new (self) BlockCopy{src, dst, num_tokens};
+          },
+          "src"_a, "dst"_a, "num_tokens"_a)
+      .def_rw("src", &BlockCopy::src)
+      .def_rw("dst", &BlockCopy::dst)
+      .def_rw("num_tokens", &BlockCopy::num_tokens)
+      .def(nb::self == nb::self)
+      .def("__repr__", [](const BlockCopy& c) {
+        return "BlockCopy(src=" + std::to_string(c.src) + ", dst=" + std::to_string(c.dst) +
+               ", num_tokens=" + std::to_string(c.num_tokens) + ")";
+      });
+
+  nb::class_<SwapOps>(m, "SwapOps", "Swap copies of one step: run swap_out, then swap_in.")
+      .def_ro("swap_out", &SwapOps::swap_out, "device src -> host dst")
+      .def_ro("swap_in", &SwapOps::swap_in, "host src -> device dst");
+}
+
+void bind_events(nb::module_& m) {
+  nb::class_<BlockStored>(m, "BlockStored", "Full blocks entered the prefix index.")
+      .def_ro("block_hashes", &BlockStored::block_hashes)
+      .def_ro("parent_hash", &BlockStored::parent_hash)
+      .def_ro("token_ids", &BlockStored::token_ids)
+      .def_ro("block_size", &BlockStored::block_size)
+      .def_ro("extra_keys", &BlockStored::extra_keys);
+  nb::class_<BlockRemoved>(m, "BlockRemoved", "Cached blocks were evicted.")
+      .def_ro("block_hashes", &BlockRemoved::block_hashes);
+  nb::class_<AllBlocksCleared>(m, "AllBlocksCleared", "The prefix index was emptied.");
+
+  nb::class_<KvEventBuffer>(m, "KvEventBuffer",
+                            "A native event sink that keeps events until take(): no Python "
+                            "call per event.")
+      .def(nb::init<>())
+      .def("take", &KvEventBuffer::take,
+           "Returns the events received since the last call, oldest first.");
+}
+
+void bind_functions(nb::module_& m) {
+  m.def(
+      "hash_block",
+      [](std::optional<BlockHash> parent, IntValues<TokenId> tokens,
+         IntValues<uint64_t> extra_keys) {
+        return hash_block(parent ? &*parent : nullptr, tokens.span(), extra_keys.span());
+      },
+      "parent"_a.none(), "tokens"_a, "extra_keys"_a = std::vector<uint64_t>{},
+      "XXH3-128 of a full block: parent hash (None for the first block), extra keys, tokens.");
+  m.def("cuda_device_available", &cuda_device_available,
+        "True when the library was compiled with CUDA and a CUDA device is usable.");
+  m.def("cuda_unavailable_reason", &cuda_unavailable_reason,
+        "Why no CUDA device is usable, or '' when one is.");
+  m.def("default_device", &default_device, "Device.CUDA when a GPU is usable, else Device.CPU.");
+  m.def("bytes_per_element", &bytes_per_element, "dtype"_a);
+}
+
+}  // namespace
+
+void bind_types(nb::module_& m) {
+  bind_enums(m);
+  bind_values(m);
+  bind_events(m);
+  bind_functions(m);
+}
+
+}  // namespace pagedkv::python

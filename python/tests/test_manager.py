@@ -1,0 +1,196 @@
+"""KvCacheManager from Python: every operation, and Status -> exception mapping."""
+
+import numpy as np
+import pytest
+
+import pagedkv as pk
+
+
+def make(num_blocks=16, block_size=4, **kw):
+    return pk.KvCacheManager(num_blocks=num_blocks, block_size=block_size, **kw)
+
+
+def prefill(m, seq, prompt):
+    m.add_sequence(seq, prompt)
+    cached = m.match_prefix(seq)
+    return cached, m.allocate_slots(seq, len(prompt) - cached)
+
+
+def test_prefill_decode_and_free():
+    m = make()
+    cached, slots = prefill(m, 7, list(range(10)))
+    assert cached == 0
+    assert slots.dtype == np.int64
+    assert slots.tolist() == list(range(10))  # blocks 0, 1, 2 in order
+    m.append_tokens(7, [99])
+    assert m.allocate_slots(7, 1).tolist() == [10]
+    view = m.sequence(7)
+    assert view.state == pk.SequenceState.RUNNING
+    assert view.num_computed_tokens == 11
+    assert view.tokens.tolist() == list(range(10)) + [99]
+    assert view.block_table.tolist() == [0, 1, 2]
+    assert 7 in m and m.contains(7) and len(m) == m.num_sequences() == 1
+    m.free(7)
+    assert 7 not in m
+    m.check_invariants()
+
+
+def test_prefix_hit_and_stats():
+    m = make()
+    prefill(m, 1, list(range(9)))
+    m.take_pending_copies()  # the step ends: its K/V counts as written
+    m.free(1)
+    m.add_sequence(2, np.arange(9, dtype=np.int32))
+    assert m.match_prefix(2) == 8  # two full blocks; never the last token
+    stats = m.stats()
+    assert stats.prefix_query_tokens == 18 and stats.prefix_hit_tokens == 8  # both prompts
+    assert stats.num_blocks == 16
+    assert set(stats._asdict()) >= {"used_blocks", "free_blocks", "cached_free_blocks", "evictions"}
+    m.reset_prefix_cache()
+    m.add_sequence(3, list(range(9)))
+    assert m.match_prefix(3) == 0
+    m.check_invariants()
+
+
+def test_tokens_accepted_as_lists_and_arrays_of_any_int_dtype():
+    m = make()
+    m.add_sequence(1, [1, 2, 3])
+    m.add_sequence(2, np.array([1, 2, 3], dtype=np.int64))
+    m.add_sequence(3, (1, 2, 3))
+    for s in (1, 2, 3):
+        assert m.sequence(s).tokens.tolist() == [1, 2, 3]
+    with pytest.raises(TypeError):
+        m.add_sequence(4, np.array([1.5, 2.0]))
+
+
+def test_fork_and_copy_on_write():
+    m = make()
+    prefill(m, 1, list(range(6)))  # block 1 half full
+    m.take_pending_copies()  # end the step
+    m.fork(1, 2)
+    assert m.sequence(2).block_table.tolist() == m.sequence(1).block_table.tolist()
+    m.append_tokens(2, [50])
+    m.allocate_slots(2, 1)
+    copies = m.take_pending_copies()
+    assert len(copies) == 1
+    op = copies[0]
+    assert isinstance(op, pk.BlockCopy)
+    assert op == pk.BlockCopy(src=1, dst=op.dst, num_tokens=2) and op.dst not in (0, 1)
+    assert m.stats().cow_copies == 1
+    m.check_invariants()
+
+
+def test_preempt_swap_and_swap_in():
+    m = make(num_host_blocks=8)
+    prefill(m, 1, list(range(8)))
+    m.take_pending_copies()
+    m.take_pending_swaps()
+    m.preempt(1, pk.PreemptionMode.SWAP)
+    assert m.sequence(1).state == pk.SequenceState.SWAPPED
+    swaps = m.take_pending_swaps()
+    assert len(swaps.swap_out) == 2 and swaps.swap_in == []
+    m.swap_in(1)
+    assert m.sequence(1).state == pk.SequenceState.RUNNING
+    assert len(m.take_pending_swaps().swap_in) == 2
+    assert m.stats().preemptions_swap == 1
+    m.check_invariants()
+
+
+def test_allocate_slots_or_preempt_uses_the_default_policy():
+    m = make(num_blocks=3)
+    prefill(m, 1, list(range(8)))
+    m.take_pending_copies()
+    m.add_sequence(2, list(range(100, 108)))
+    with pytest.raises(pk.ResourceExhausted):
+        m.allocate_slots(2, 8)
+    slots = m.allocate_slots_or_preempt(2, 8)
+    assert len(slots) == 8
+    assert m.sequence(1).state == pk.SequenceState.WAITING
+    assert m.stats().preemptions_recompute == 1
+
+
+def test_running_sequences_and_options():
+    m = make(watermark_blocks=1, preemption_mode=pk.PreemptionMode.SWAP, num_host_blocks=2)
+    prefill(m, 5, [1, 2])
+    prefill(m, 6, [3, 4])
+    assert [s.id for s in m.running_sequences()] == [5, 6]
+    o = m.options
+    assert (o.num_blocks, o.block_size, o.watermark_blocks, o.num_host_blocks) == (16, 4, 1, 2)
+    assert o.preemption_mode == pk.PreemptionMode.SWAP and o.enable_prefix_caching
+
+
+@pytest.mark.parametrize(
+    "call, exc, message",
+    [
+        (lambda m: m.free(42), KeyError, "unknown sequence 42"),
+        (lambda m: m.append_tokens(42, [1]), KeyError, "42"),
+        (lambda m: m.add_sequence(1, [1]), pk.AlreadyExists, "1"),
+        (lambda m: m.add_sequence(9, []), ValueError, "empty"),
+        (lambda m: m.allocate_slots(1, -1), ValueError, "-1"),
+        (lambda m: m.allocate_slots(2, 1000), ValueError, "1000"),
+        (lambda m: m.match_prefix(1), pk.FailedPrecondition, "waiting"),
+        (lambda m: m.preempt(2, pk.PreemptionMode.RECOMPUTE), pk.FailedPrecondition, "2"),
+        (lambda m: m.swap_in(1), pk.FailedPrecondition, "1"),
+        (lambda m: m.fork(42, 43), KeyError, "42"),
+        (lambda m: m.fork(1, 2), pk.AlreadyExists, "2"),
+        (lambda m: m.build_block_tables([2]), pk.FailedPrecondition, "2"),
+        (lambda m: m.sequence(42), KeyError, "42"),
+    ],
+)
+def test_errors_map_to_exceptions_with_the_status_message(call, exc, message):
+    m = make()
+    prefill(m, 1, [1, 2, 3])
+    m.add_sequence(2, [4, 5])
+    before = m.stats()._asdict()
+    with pytest.raises(exc) as info:
+        call(m)
+    assert message in str(info.value)
+    assert m.stats()._asdict() == before  # nothing changed
+    m.check_invariants()
+
+
+def test_resource_exhausted_is_a_runtime_error_and_changes_nothing():
+    m = make(num_blocks=3)
+    prefill(m, 1, [1])
+    m.add_sequence(2, list(range(12)))
+    with pytest.raises(pk.ResourceExhausted, match="need 3 blocks"):
+        m.allocate_slots(2, 12)
+    assert issubclass(pk.ResourceExhausted, RuntimeError)
+    assert issubclass(pk.AlreadyExists, ValueError)
+    assert m.stats().used_blocks == 1
+
+
+def test_invalid_options_raise_value_error():
+    with pytest.raises(ValueError, match="num_blocks"):
+        pk.KvCacheManager(num_blocks=0)
+    with pytest.raises(ValueError):
+        pk.KvCacheManager(num_blocks=4, watermark_blocks=4)
+
+
+def test_block_tables_into_caller_arrays():
+    m = make()
+    prefill(m, 1, list(range(9)))
+    prefill(m, 2, [7])
+    table = np.full((3, 4), -5, dtype=np.int32)
+    lens = np.zeros(3, dtype=np.int32)
+    m.write_block_tables([1, 2], table, lens)
+    assert table[:2].tolist() == [[0, 1, 2, 0], [3, 0, 0, 0]]
+    assert lens[:2].tolist() == [9, 1]
+    indptr, indices, last = (np.zeros(3, np.int32), np.zeros(4, np.int32), np.zeros(2, np.int32))
+    m.write_csr_block_tables([1, 2], indptr, indices, last)
+    assert indptr.tolist() == [0, 3, 4] and indices.tolist() == [0, 1, 2, 3] and last.tolist() == [1, 1]
+    with pytest.raises(ValueError):
+        m.write_block_tables([1, 2], np.zeros((2, 2), np.int32), lens)  # 3 blocks > 2
+    with pytest.raises(TypeError):
+        m.write_block_tables([1, 2], np.zeros((2, 4), np.int64), lens)  # wrong dtype
+
+
+def test_hash_block_matches_the_pool_index():
+    m = make(event_sink=(buf := pk.KvEventBuffer()))
+    prefill(m, 1, [1, 2, 3, 4, 5])
+    (stored,) = buf.take()
+    assert isinstance(stored, pk.BlockStored)
+    assert stored.block_hashes == [pk.hash_block(None, [1, 2, 3, 4])]
+    assert stored.parent_hash is None and stored.token_ids == [1, 2, 3, 4] and stored.block_size == 4
+    h = pk.hash_block(None, [1, 2, 3, 4])
+    assert h != pk.hash_block(None, [1, 2, 3, 4], extra_keys=[7]) and hash(h) == hash(pk.BlockHash(h.lo, h.hi))
