@@ -34,8 +34,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pagedkv/block_copy.h"
 #include "pagedkv/device.h"
-#include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "pagedkv/kv_cache_view.h"
 
