@@ -24,6 +24,57 @@ TokenId block_token(int64_t hash_id) {
   return derive_token(kEvictionDomain, static_cast<uint64_t>(hash_id), 0);
 }
 
+// Dense ids (0, 1, ... in first-use order) for the hash ids of `streams`.
+std::vector<std::vector<int32_t>> dense_streams(const BlockStreams& streams, int32_t* num_ids) {
+  absl::flat_hash_map<int64_t, int32_t> dense;
+  std::vector<std::vector<int32_t>> out;
+  out.reserve(streams.size());
+  for (const auto& s : streams) {
+    std::vector<int32_t>& ids = out.emplace_back();
+    ids.reserve(s.size());
+    for (int64_t id : s) {
+      ids.push_back(dense.try_emplace(id, static_cast<int32_t>(dense.size())).first->second);
+    }
+  }
+  *num_ids = static_cast<int32_t>(dense.size());
+  return out;
+}
+
+// Intrusive doubly linked LRU lists over dense ids, one per tier: front = least recently
+// used. Node i < num_ids is an id; node num_ids + l is list l's sentinel.
+class LruLists {
+ public:
+  LruLists(int32_t num_ids, int32_t num_lists)
+      : num_ids_(num_ids),
+        prev_(num_ids + num_lists),
+        next_(num_ids + num_lists),
+        size_(num_lists, 0) {
+    for (int32_t l = 0; l < num_lists; ++l) prev_[num_ids + l] = next_[num_ids + l] = num_ids + l;
+  }
+  int32_t size(int32_t list) const { return size_[list]; }
+  int32_t front(int32_t list) const { return next_[num_ids_ + list]; }
+  void push_back(int32_t list, int32_t id) {
+    const int32_t sentinel = num_ids_ + list;
+    const int32_t last = prev_[sentinel];
+    prev_[id] = last;
+    next_[id] = sentinel;
+    next_[last] = id;
+    prev_[sentinel] = id;
+    ++size_[list];
+  }
+  void remove(int32_t list, int32_t id) {
+    next_[prev_[id]] = next_[id];
+    prev_[next_[id]] = prev_[id];
+    --size_[list];
+  }
+
+ private:
+  int32_t num_ids_;
+  std::vector<int32_t> prev_;
+  std::vector<int32_t> next_;
+  std::vector<int32_t> size_;
+};
+
 }  // namespace
 
 BlockStreams block_streams(const Trace& trace) {
@@ -151,6 +202,122 @@ absl::StatusOr<ReplayResult> replay_belady(const BlockStreams& streams, int64_t 
     result.hit_blocks += hits;
   }
   return result;
+}
+
+absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams,
+                                                     int32_t device_blocks, int32_t host_blocks) {
+  if (device_blocks < 1 || host_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tiered LRU: device_blocks ", device_blocks,
+                                                   " must be >= 1 and host_blocks ", host_blocks,
+                                                   " >= 0"));
+  }
+  int32_t num_ids = 0;
+  const std::vector<std::vector<int32_t>> requests = dense_streams(streams, &num_ids);
+  // Where each block is; kPinned: held by the request being replayed (it takes a device
+  // slot but sits in no list, so it cannot be demoted under the request).
+  enum Where : int8_t { kAbsent, kDevice, kHost, kPinned };
+  constexpr int32_t kDeviceList = 0, kHostList = 1;
+  std::vector<Where> where(num_ids, kAbsent);
+  LruLists lru(num_ids, 2);
+  int32_t device_used = 0;  // pinned + device list
+  TieredReplayResult result{.device_capacity = device_blocks, .host_capacity = host_blocks};
+
+  // A device slot for one more block: demote the device's least recently used block
+  // when it is full, dropping the host tier's least recently used when that is full.
+  auto take_device_slot = [&] {
+    if (device_used == device_blocks) {
+      const int32_t victim = lru.front(kDeviceList);
+      lru.remove(kDeviceList, victim);
+      --device_used;
+      where[victim] = kAbsent;
+      if (host_blocks == 0) {
+        ++result.host_evictions;
+      } else {
+        if (lru.size(kHostList) == host_blocks) {
+          const int32_t dropped = lru.front(kHostList);
+          lru.remove(kHostList, dropped);
+          where[dropped] = kAbsent;
+          ++result.host_evictions;
+        }
+        lru.push_back(kHostList, victim);
+        where[victim] = kHost;
+        ++result.demotions;
+      }
+    }
+    ++device_used;
+  };
+
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const std::vector<int32_t>& ids = requests[r];
+    const int32_t n = static_cast<int32_t>(ids.size());
+    if (n > device_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", r, " has ", n, " blocks, more than the device tier's ", device_blocks));
+    }
+    // Hits: pin the longest present prefix. Host hits take a device slot (promotion)
+    // once all hits are pinned, so making room never demotes a hit of this request.
+    int32_t hits = 0;
+    int32_t promotions = 0;
+    for (; hits < n && where[ids[hits]] != kAbsent; ++hits) {
+      const int32_t id = ids[hits];
+      if (where[id] == kHost) {
+        lru.remove(kHostList, id);
+        ++promotions;
+      } else if (where[id] == kDevice) {
+        lru.remove(kDeviceList, id);
+      }  // else a repeat within the request: already pinned
+      where[id] = kPinned;
+    }
+    result.host_hit_blocks += promotions;
+    result.device_hit_blocks += hits - promotions;
+    for (int32_t i = 0; i < promotions; ++i) take_device_slot();
+    // Misses are computed into device slots. A block present after the first miss (not
+    // prefix-closed; never on well-formed traces) is recomputed too: on the device it
+    // keeps its slot, a host copy is dropped.
+    for (int32_t i = hits; i < n; ++i) {
+      const int32_t id = ids[i];
+      if (where[id] == kPinned) continue;  // a repeat within the request
+      if (where[id] == kDevice) {
+        lru.remove(kDeviceList, id);
+      } else {
+        if (where[id] == kHost) lru.remove(kHostList, id);
+        take_device_slot();
+      }
+      where[id] = kPinned;
+    }
+    // Tail to head: the head block ends up the most recently used.
+    for (int32_t i = n - 1; i >= 0; --i) {
+      if (where[ids[i]] == kDevice) lru.remove(kDeviceList, ids[i]);
+      lru.push_back(kDeviceList, ids[i]);
+      where[ids[i]] = kDevice;
+    }
+    result.total_blocks += n;
+  }
+  return result;
+}
+
+absl::StatusOr<std::vector<TierRow>> tier_study(const BlockStreams& streams,
+                                                const std::vector<TierSize>& sizes) {
+  std::vector<TierRow> rows;
+  for (const TierSize& size : sizes) {
+    const int64_t total = int64_t{size.device_blocks} + size.host_blocks;
+    if (total > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("tier size ", size.device_blocks, " + ",
+                                                     size.host_blocks, " exceeds int32"));
+    }
+    absl::StatusOr<TieredReplayResult> tiered =
+        replay_tiered_lru(streams, size.device_blocks, size.host_blocks);
+    if (!tiered.ok()) return tiered.status();
+    absl::StatusOr<ReplayResult> single = replay_lru(streams, static_cast<int32_t>(total));
+    if (!single.ok()) return single.status();
+    rows.push_back({.tiered = *tiered, .single = *single});
+  }
+  return rows;
+}
+
+double trace_seconds(const Trace& trace) {
+  if (trace.requests.size() < 2) return 0.0;
+  return trace.requests.back().arrival_s - trace.requests.front().arrival_s;
 }
 
 absl::StatusOr<std::vector<EvictionRow>> eviction_study(const BlockStreams& streams,

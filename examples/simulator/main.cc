@@ -24,7 +24,8 @@ constexpr const char* kUsage = R"(Usage: pagedkv-sim [options]
 Replays traces in simulated time with an engine model and compares allocators:
 contiguous-max (reserve max_model_len per request, first fit), contiguous-oracle
 (reserve prompt + output), paged and paged+prefix (pagedkv's KvCacheManager) at each
-block size. Runs the eviction study (LRU on BlockPool vs Belady) on the Mooncake trace.
+block size. Runs the eviction study (LRU on BlockPool vs Belady) and the tier study
+(device + host LRU tiers) on the Mooncake trace.
 
   --traces-dir DIR      shipped traces (default: $PAGEDKV_TRACES_DIR, else ../shared/traces
                         next to the source tree)
@@ -35,7 +36,7 @@ block size. Runs the eviction study (LRU on BlockPool vs Belady) on the Mooncake
   --gen-requests N      generated workload: requests (default 2000)
   --gen-rate X          generated workload: Poisson arrivals per second (default 20)
   --gen-seed N          generated workload: random seed (default 1)
-  --no-eviction         skip the eviction study
+  --no-eviction         skip the eviction and tier studies
   --quick               first 400 requests of each trace (for tests)
   --max-requests N      first N requests of each trace
   --block-sizes LIST    paged block sizes (default 8,16,32)
@@ -171,6 +172,11 @@ int main(int argc, char** argv) {
   if (!report->eviction.empty()) {
     fmt::print("Eviction study on {} (512-token blocks; block-level prefix hit rate):\n{}\n",
                report->eviction_trace, pagedkv::sim::format_eviction_table(report->eviction));
+  }
+  if (!report->tiers.empty()) {
+    fmt::print(
+        "Tier study on {} (device + host LRU tiers against one LRU pool of the same total):\n{}\n",
+        report->eviction_trace, pagedkv::sim::format_tier_table(report->tiers, report->tier_costs));
   }
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);

@@ -102,6 +102,31 @@ std::string format_eviction_table(const std::vector<EvictionRow>& rows) {
   return out;
 }
 
+std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostModel& costs) {
+  constexpr double kGB = 1e9;
+  std::string out =
+      fmt::format("{:>7} {:>7} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>11}\n", "device", "host",
+                  "dev hit", "host hit", "combined", "LRU(D+H)", "diff", "promo GB/s", "demo GB/s");
+  for (const TierRow& row : rows) {
+    const TieredReplayResult& t = row.tiered;
+    out += fmt::format(
+        "{:>7} {:>7} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.4f} {:>8.4f} {:>11.3f} {:>11.3f}\n",
+        t.device_capacity, t.host_capacity, t.device_hit_rate(), t.host_hit_rate(), t.hit_rate(),
+        row.single.hit_rate(), t.hit_rate() - row.single.hit_rate(),
+        costs.bytes_per_s(t.promotions()) / kGB, costs.bytes_per_s(t.demotions) / kGB);
+  }
+  out += fmt::format(
+      "Per {}-token block ({:.1f} MiB of KV): recompute {:.2f} ms at {:.0f} prefill tokens/s",
+      costs.block_tokens, static_cast<double>(costs.block_bytes) / (1 << 20),
+      1e3 * costs.recompute_s(), costs.prefill_tokens_per_s);
+  for (const TierCostModel::Link& link : costs.links) {
+    out += fmt::format("; promote over {} ({:.0f} GB/s) {:.3f} ms ({:.1f}x faster)", link.name,
+                       link.bytes_per_s / kGB, 1e3 * costs.copy_s(link),
+                       costs.recompute_s() / costs.copy_s(link));
+  }
+  return out + "\n";
+}
+
 std::string to_json(const SimReport& report) {
   std::string out = "{\n";
   out += fmt::format("  \"model\": {},\n  \"bytes_per_token\": {},\n  \"quick\": {},\n",
@@ -158,6 +183,33 @@ std::string to_json(const SimReport& report) {
           i == 0 ? "" : ",", row.capacity, row.infinite ? "true" : "false", row.lru.total_blocks,
           row.lru.hit_blocks, num(row.lru.hit_rate()), row.lru.evictions, row.belady.hit_blocks,
           num(row.belady.hit_rate()), row.belady.evictions);
+    }
+    out += "\n  ]}";
+  }
+  if (!report.tiers.empty()) {
+    const TierCostModel& c = report.tier_costs;
+    out += fmt::format(
+        ",\n  \"tiers\": {{\"trace\": {}, \"block_tokens\": {}, \"block_bytes\": {}, "
+        "\"trace_seconds\": {}, \"prefill_tokens_per_s\": {}, \"recompute_ms\": {}, \"links\": [",
+        json_string(report.eviction_trace), c.block_tokens, c.block_bytes, num(c.trace_seconds),
+        num(c.prefill_tokens_per_s), num(1e3 * c.recompute_s()));
+    for (size_t i = 0; i < c.links.size(); ++i) {
+      out += fmt::format("{}{{\"name\": {}, \"bytes_per_s\": {}, \"promote_ms\": {}}}",
+                         i == 0 ? "" : ", ", json_string(c.links[i].name),
+                         num(c.links[i].bytes_per_s), num(1e3 * c.copy_s(c.links[i])));
+    }
+    out += "], \"rows\": [";
+    for (size_t i = 0; i < report.tiers.size(); ++i) {
+      const TieredReplayResult& t = report.tiers[i].tiered;
+      out += fmt::format(
+          "{}\n    {{\"device_blocks\": {}, \"host_blocks\": {}, \"total_blocks\": {}, "
+          "\"device_hit_blocks\": {}, \"host_hit_blocks\": {}, \"hit_rate\": {}, "
+          "\"single_pool_hit_rate\": {}, \"promotions\": {}, \"demotions\": {}, "
+          "\"host_evictions\": {}, \"promoted_bytes_per_s\": {}, \"demoted_bytes_per_s\": {}}}",
+          i == 0 ? "" : ",", t.device_capacity, t.host_capacity, t.total_blocks,
+          t.device_hit_blocks, t.host_hit_blocks, num(t.hit_rate()),
+          num(report.tiers[i].single.hit_rate()), t.promotions(), t.demotions, t.host_evictions,
+          num(c.bytes_per_s(t.promotions())), num(c.bytes_per_s(t.demotions)));
     }
     out += "\n  ]}";
   }

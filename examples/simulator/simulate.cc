@@ -16,6 +16,14 @@ TraceKind kind_of(const std::string& path) {
 
 }  // namespace
 
+TierCostModel tier_cost_model(const SimOptions& options, const Trace& trace) {
+  TierCostModel costs;
+  costs.block_bytes = int64_t{costs.block_tokens} * options.spec.bytes_per_token();
+  costs.prefill_tokens_per_s = 1e6 / options.engine.prefill_ms_per_1k_tokens;
+  costs.trace_seconds = trace_seconds(trace);
+  return costs;
+}
+
 TraceSettings default_settings(TraceKind kind, const std::string& name) {
   switch (kind) {
     case TraceKind::kAzure:
@@ -133,6 +141,11 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
       if (!rows.ok()) return rows.status();
       report.eviction_trace = trace->name;
       report.eviction = std::move(*rows);
+      absl::StatusOr<std::vector<TierRow>> tiers =
+          tier_study(block_streams(*trace), options.tier_sizes);
+      if (!tiers.ok()) return tiers.status();
+      report.tiers = std::move(*tiers);
+      report.tier_costs = tier_cost_model(options, *trace);
       eviction_done = true;
     }
     absl::StatusOr<TraceRun> run = run_trace(std::move(*trace), kind, options);
