@@ -47,6 +47,9 @@ block size. Runs the eviction study (LRU on BlockPool vs Belady) and the tier st
   --max-model-len N     context limit (default per trace: Azure 8192, Mooncake 131072)
   --preemption MODE     recompute (default) or swap
   --swap-gib X          host swap space for --preemption swap (default 4)
+  --host-cache-gib X    host tier behind paged+prefix: evicted cached blocks are demoted
+                        there and promoted on a hit (default 0: none)
+  --host-link-gbps X    host tier promotion bandwidth in GB/s (default 55, PCIe 5.0 x16)
   --step-ms X           decode step time (default 20)
   --prefill-ms-per-1k X prefill time per 1,000 prompt tokens (default 50)
   --max-num-seqs N      running sequences at most (default 512)
@@ -126,6 +129,10 @@ int main(int argc, char** argv) {
           v == "swap" ? pagedkv::PreemptionMode::kSwap : pagedkv::PreemptionMode::kRecompute;
     } else if (a == "--swap-gib" && value(&v) && parse_double(v, &d) && d >= 0) {
       options.host_swap_gib = d;
+    } else if (a == "--host-cache-gib" && value(&v) && parse_double(v, &d) && d >= 0) {
+      options.host_cache_gib = d;
+    } else if (a == "--host-link-gbps" && value(&v) && parse_double(v, &d) && d > 0) {
+      options.engine.host_link_bytes_per_s = d * 1e9;
     } else if (a == "--step-ms" && value(&v) && parse_double(v, &d) && d > 0) {
       options.engine.step_ms = d;
     } else if (a == "--prefill-ms-per-1k" && value(&v) && parse_double(v, &d) && d >= 0) {

@@ -85,6 +85,20 @@ std::string format_run_table(const TraceRun& run) {
         r.throughput_rps, r.mean_latency_s, r.preemptions, r.prefix_hit_rate(), r.evictions,
         r.allocator_ns_per_step, fmt::format("{}/{}", r.completed, r.requests));
   }
+  if (run.host_cache_gib > 0) {
+    out += fmt::format("host tier {:.2f} GiB behind paged+prefix:\n", run.host_cache_gib);
+    for (const EngineResult& r : run.results) {
+      if (r.blocks_demoted == 0 && r.prefix_host_hit_tokens == 0) continue;
+      out += fmt::format(
+          "{:<19} prefix hit {:.3f} (host {:.3f}), {} blocks promoted, {} demoted, {} dropped, "
+          "{:.1f}s promoting\n",
+          r.allocator, r.prefix_hit_rate(),
+          r.prefix_query_tokens == 0 ? 0.0
+                                     : static_cast<double>(r.prefix_host_hit_tokens) /
+                                           static_cast<double>(r.prefix_query_tokens),
+          r.blocks_promoted, r.blocks_demoted, r.host_evictions, r.promote_time_s);
+    }
+  }
   return out;
 }
 
@@ -138,11 +152,12 @@ std::string to_json(const SimReport& report) {
     out += i == 0 ? "\n" : ",\n";
     out += fmt::format(
         "    {{\"trace\": {}, \"requests\": {}, \"time_scale\": {}, \"budget_tokens\": {}, "
-        "\"budget_gib\": {}, \"max_model_len\": {}, \"prompts_truncated\": {}, "
+        "\"budget_gib\": {}, \"max_model_len\": {}, \"host_cache_gib\": {}, "
+        "\"prompts_truncated\": {}, "
         "\"outputs_clamped\": {},\n     \"allocators\": [",
         json_string(run.trace), run.requests, num(run.time_scale), run.budget_tokens,
-        num(run.budget_gib), run.max_model_len, run.clamp.prompts_truncated,
-        run.clamp.outputs_clamped);
+        num(run.budget_gib), run.max_model_len, num(run.host_cache_gib),
+        run.clamp.prompts_truncated, run.clamp.outputs_clamped);
     for (size_t j = 0; j < run.results.size(); ++j) {
       const EngineResult& r = run.results[j];
       out += j == 0 ? "\n" : ",\n";
@@ -153,12 +168,16 @@ std::string to_json(const SimReport& report) {
           "\"mean_latency_s\": {}, \"preemptions\": {}, \"preemptions_swap\": {}, "
           "\"prefix_query_tokens\": {}, \"prefix_hit_tokens\": {}, \"prefix_hit_rate\": {}, "
           "\"evictions\": {}, \"cow_copies\": {}, \"generated_tokens\": {}, "
+          "\"prefix_host_hit_tokens\": {}, \"blocks_promoted\": {}, \"blocks_demoted\": {}, "
+          "\"host_evictions\": {}, \"promote_time_s\": {}, "
           "\"allocator_ns_per_step\": {},\n       \"series\": {{\"time_s\": [",
           json_string(r.allocator), r.requests, r.completed, r.rejected, r.steps, num(r.sim_time_s),
           num(r.mean_utilization), num(r.mean_memory_use), r.peak_concurrency,
           num(r.mean_concurrency), num(r.throughput_rps), num(r.mean_latency_s), r.preemptions,
           r.preemptions_swap, r.prefix_query_tokens, r.prefix_hit_tokens, num(r.prefix_hit_rate()),
-          r.evictions, r.cow_copies, r.generated_tokens, num(r.allocator_ns_per_step));
+          r.evictions, r.cow_copies, r.generated_tokens, r.prefix_host_hit_tokens,
+          r.blocks_promoted, r.blocks_demoted, r.host_evictions, num(r.promote_time_s),
+          num(r.allocator_ns_per_step));
       std::string util, conc;
       for (size_t k = 0; k < r.series.size(); ++k) {
         const char* sep = k == 0 ? "" : ",";

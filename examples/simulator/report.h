@@ -26,6 +26,7 @@ struct TraceRun {
   int64_t budget_tokens = 0;  // KV slots of the device budget
   double budget_gib = 0;
   int32_t max_model_len = 0;
+  double host_cache_gib = 0;  // host tier behind paged+prefix (0: none)
   std::vector<EngineResult> results;
 };
 

@@ -81,6 +81,9 @@ absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions
   run.budget_tokens = budget_bytes / options.spec.bytes_per_token();
   run.max_model_len = settings.max_model_len;
   const auto host_bytes = static_cast<int64_t>(std::llround(options.host_swap_gib * (1 << 30)));
+  const auto host_cache_bytes =
+      static_cast<int64_t>(std::llround(options.host_cache_gib * (1 << 30)));
+  run.host_cache_gib = options.host_cache_gib;
 
   for (const AllocatorConfig& config : allocator_configs(options)) {
     AllocatorSetup setup;
@@ -95,9 +98,11 @@ absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions
       setup.budget_tokens = run.budget_tokens;
     }
     setup.host_budget_tokens = host_bytes / options.spec.bytes_per_token();
+    setup.host_cache_tokens = host_cache_bytes / options.spec.bytes_per_token();
     setup.max_model_len = settings.max_model_len;
     setup.preemption_mode = options.preemption_mode;
     EngineOptions engine = options.engine;
+    engine.kv_bytes_per_token = options.spec.bytes_per_token();
     const std::string name = allocator_name(config);
     if (options.progress) {
       engine.progress = [&](int64_t steps, int64_t done, int64_t total) {

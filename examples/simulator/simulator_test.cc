@@ -442,6 +442,45 @@ TEST_CASE("engine: parallel samples share the prompt only when paged", "[simulat
   }
 }
 
+TEST_CASE("engine: an evicted prompt comes back from the host tier", "[simulator]") {
+  // Request 0's 1,024-token prompt (64 blocks of 16) is evicted from a 128-block device
+  // by four unrelated prompts; request 5 starts with the same 1,024 tokens. With a host
+  // tier of 512 blocks the evicted blocks are demoted there and promoted for request 5.
+  Trace t;
+  t.name = "tier";
+  t.requests.push_back(make_request(1024, 2, {1, 2}));
+  for (int64_t i = 1; i <= 4; ++i)
+    t.requests.push_back(make_request(1024, 2, {10 * i, 10 * i + 1}));
+  t.requests.push_back(make_request(1100, 2, {1, 2, 99}));
+  for (size_t i = 0; i < t.requests.size(); ++i) t.requests[i].arrival_s = 10.0 * i;
+  AllocatorSetup setup;
+  setup.config = {.kind = AllocatorKind::kPagedPrefix, .block_size = 16};
+  setup.budget_tokens = 128 * 16;
+  setup.max_model_len = 2048;
+  setup.watermark_fraction = 0;
+  EngineOptions engine;
+  engine.check_invariants = true;
+  absl::StatusOr<EngineResult> device_only = run_engine(t, setup, engine);
+  REQUIRE(device_only.ok());
+  CHECK(device_only->completed == 6);
+  CHECK(device_only->prefix_hit_tokens == 0);  // evicted before request 5 arrives
+  CHECK(device_only->blocks_demoted == 0);
+
+  setup.host_cache_tokens = 512 * 16;
+  absl::StatusOr<EngineResult> tiered = run_engine(t, setup, engine);
+  REQUIRE(tiered.ok());
+  CHECK(tiered->completed == 6);
+  CHECK(tiered->prefix_query_tokens == 5 * 1024 + 1100);
+  CHECK(tiered->prefix_hit_tokens == 1024);  // the shared 64 blocks, all from the host
+  CHECK(tiered->prefix_host_hit_tokens == 1024);
+  CHECK(tiered->blocks_promoted == 64);
+  CHECK(tiered->blocks_demoted == device_only->evictions);  // every eviction is demoted
+  CHECK(tiered->host_evictions == 0);                       // 512 blocks hold them all
+  CHECK(tiered->promote_time_s == Approx(1024.0 * 131072 / 55e9));
+  // Request 5 prefills 76 tokens instead of 1,100.
+  CHECK(tiered->sim_time_s < device_only->sim_time_s);
+}
+
 // --- quick runs on the shipped traces -------------------------------------------------------
 
 SimOptions quick_options() {
@@ -541,6 +580,33 @@ TEST_CASE("quick run on the Mooncake trace: prefix caching hits shared prefixes"
     CHECK(prefix.prefix_hit_tokens <= prefix.prefix_query_tokens);
     CHECK(prefix.evictions > 0);
   }
+}
+
+TEST_CASE("quick run on the Mooncake trace: a host tier raises the prefix hit rate",
+          "[simulator]") {
+  const std::string path = trace_path("synthetic_trace.jsonl");
+  if (path.empty()) return;
+  absl::StatusOr<Trace> trace = read_trace(path);
+  REQUIRE(trace.ok());
+  SimOptions o = quick_options();
+  o.block_sizes = {16};
+  o.budget_gib = 8;  // forces evictions
+  absl::StatusOr<TraceRun> device_only = run_trace(*trace, TraceKind::kMooncake, o);
+  o.host_cache_gib = 48;
+  absl::StatusOr<TraceRun> tiered = run_trace(*trace, TraceKind::kMooncake, o);
+  REQUIRE(device_only.ok());
+  REQUIRE(tiered.ok());
+  const EngineResult& a = find_result(*device_only, "paged+prefix/16");
+  const EngineResult& b = find_result(*tiered, "paged+prefix/16");
+  INFO("hit rate " << a.prefix_hit_rate() << " -> " << b.prefix_hit_rate() << " (host "
+                   << b.prefix_host_hit_tokens << " tokens)");
+  CHECK(a.completed == b.completed);
+  CHECK(a.evictions > 0);
+  CHECK(b.prefix_host_hit_tokens > 0);
+  CHECK(b.blocks_promoted * 16 == b.prefix_host_hit_tokens);
+  CHECK(b.prefix_hit_rate() > a.prefix_hit_rate());
+  // Only paged+prefix has a host tier.
+  CHECK(find_result(*tiered, "paged/16").blocks_demoted == 0);
 }
 
 TEST_CASE("quick run on the generated workload: prefix caching multiplies concurrency",
