@@ -205,29 +205,40 @@ absl::StatusOr<ReplayResult> replay_belady(const BlockStreams& streams, int64_t 
 }
 
 absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams,
-                                                     int32_t device_blocks, int32_t host_blocks) {
-  if (device_blocks < 1 || host_blocks < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tiered LRU: device_blocks ", device_blocks,
-                                                   " must be >= 1 and host_blocks ", host_blocks,
-                                                   " >= 0"));
+                                                     int32_t device_blocks, int32_t host_blocks,
+                                                     int32_t retained_head_blocks) {
+  if (device_blocks < 1 || host_blocks < 0 || retained_head_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tiered LRU: device_blocks ", device_blocks, " must be >= 1, host_blocks ",
+                     host_blocks, " and retained_head_blocks ", retained_head_blocks, " >= 0"));
   }
   int32_t num_ids = 0;
   const std::vector<std::vector<int32_t>> requests = dense_streams(streams, &num_ids);
   // Where each block is; kPinned: held by the request being replayed (it takes a device
   // slot but sits in no list, so it cannot be demoted under the request).
   enum Where : int8_t { kAbsent, kDevice, kHost, kPinned };
-  constexpr int32_t kDeviceList = 0, kHostList = 1;
+  // List 0 is the host tier; the device has one list per retention priority, 0 (evicted
+  // first) and 1 (a request's first retained_head_blocks blocks).
+  constexpr int32_t kHostList = 0, kPriorities = 2;
+  auto device_list = [](int32_t priority) { return 1 + priority; };
   std::vector<Where> where(num_ids, kAbsent);
-  LruLists lru(num_ids, 2);
+  std::vector<int8_t> list_of(num_ids, 0);  // the device list of a kDevice block
+  LruLists lru(num_ids, 1 + kPriorities);
   int32_t device_used = 0;  // pinned + device list
-  TieredReplayResult result{.device_capacity = device_blocks, .host_capacity = host_blocks};
+  TieredReplayResult result{.device_capacity = device_blocks,
+                            .host_capacity = host_blocks,
+                            .retained_head_blocks = retained_head_blocks};
 
-  // A device slot for one more block: demote the device's least recently used block
-  // when it is full, dropping the host tier's least recently used when that is full.
+  auto leave_device_list = [&](int32_t id) { lru.remove(list_of[id], id); };
+  // A device slot for one more block: demote the device's least recently used block of
+  // the lowest priority when it is full, dropping the host tier's least recently used
+  // when that is full.
   auto take_device_slot = [&] {
     if (device_used == device_blocks) {
-      const int32_t victim = lru.front(kDeviceList);
-      lru.remove(kDeviceList, victim);
+      int32_t priority = 0;
+      while (lru.size(device_list(priority)) == 0) ++priority;  // one is not empty
+      const int32_t victim = lru.front(device_list(priority));
+      leave_device_list(victim);
       --device_used;
       where[victim] = kAbsent;
       if (host_blocks == 0) {
@@ -264,7 +275,7 @@ absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams
         lru.remove(kHostList, id);
         ++promotions;
       } else if (where[id] == kDevice) {
-        lru.remove(kDeviceList, id);
+        leave_device_list(id);
       }  // else a repeat within the request: already pinned
       where[id] = kPinned;
     }
@@ -278,7 +289,7 @@ absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams
       const int32_t id = ids[i];
       if (where[id] == kPinned) continue;  // a repeat within the request
       if (where[id] == kDevice) {
-        lru.remove(kDeviceList, id);
+        leave_device_list(id);
       } else {
         if (where[id] == kHost) lru.remove(kHostList, id);
         take_device_slot();
@@ -287,9 +298,11 @@ absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams
     }
     // Tail to head: the head block ends up the most recently used.
     for (int32_t i = n - 1; i >= 0; --i) {
-      if (where[ids[i]] == kDevice) lru.remove(kDeviceList, ids[i]);
-      lru.push_back(kDeviceList, ids[i]);
-      where[ids[i]] = kDevice;
+      const int32_t id = ids[i];
+      if (where[id] == kDevice) leave_device_list(id);  // a repeat within the request
+      list_of[id] = static_cast<int8_t>(device_list(i < retained_head_blocks ? 1 : 0));
+      lru.push_back(list_of[id], id);
+      where[id] = kDevice;
     }
     result.total_blocks += n;
   }
@@ -306,7 +319,7 @@ absl::StatusOr<std::vector<TierRow>> tier_study(const BlockStreams& streams,
                                                      size.host_blocks, " exceeds int32"));
     }
     absl::StatusOr<TieredReplayResult> tiered =
-        replay_tiered_lru(streams, size.device_blocks, size.host_blocks);
+        replay_tiered_lru(streams, size.device_blocks, size.host_blocks, size.retained_head_blocks);
     if (!tiered.ok()) return tiered.status();
     absl::StatusOr<ReplayResult> single = replay_lru(streams, static_cast<int32_t>(total));
     if (!single.ok()) return single.status();

@@ -92,6 +92,7 @@ struct EvictionRow {
 struct TieredReplayResult {
   int64_t device_capacity = 0;
   int64_t host_capacity = 0;
+  int32_t retained_head_blocks = 0;
   int64_t total_blocks = 0;       // block references replayed
   int64_t device_hit_blocks = 0;  // hits found in the device tier
   int64_t host_hit_blocks = 0;    // hits found in the host tier (each one promoted)
@@ -107,15 +108,24 @@ struct TieredReplayResult {
   double host_hit_rate() const { return rate(host_hit_blocks); }
 };
 
-// Tiered LRU replay with `device_blocks` and `host_blocks`. Errors: InvalidArgument when
-// device_blocks < 1, host_blocks < 0, or a request has more blocks than the device tier.
-[[nodiscard]] absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams,
-                                                                   int32_t device_blocks,
-                                                                   int32_t host_blocks);
+// Tiered LRU replay with `device_blocks` and `host_blocks`.
+//
+// Retention priorities (issue 13 asks the allocator for them): the first
+// `retained_head_blocks` blocks of every request get priority 1, the rest 0, and the
+// device demotes the least recently used block of the lowest priority present, so a
+// request's head (where shared prefixes live) outlasts its tail. 0 is plain LRU. A
+// block's priority is set each time a request touches it; the host tier stays LRU.
+//
+// Errors: InvalidArgument when device_blocks < 1, host_blocks < 0,
+// retained_head_blocks < 0, or a request has more blocks than the device tier.
+[[nodiscard]] absl::StatusOr<TieredReplayResult> replay_tiered_lru(
+    const BlockStreams& streams, int32_t device_blocks, int32_t host_blocks,
+    int32_t retained_head_blocks = 0);
 
 struct TierSize {
   int32_t device_blocks = 0;
   int32_t host_blocks = 0;
+  int32_t retained_head_blocks = 0;  // see replay_tiered_lru()
 };
 
 struct TierRow {

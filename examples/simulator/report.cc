@@ -118,16 +118,17 @@ std::string format_eviction_table(const std::vector<EvictionRow>& rows) {
 
 std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostModel& costs) {
   constexpr double kGB = 1e9;
-  std::string out =
-      fmt::format("{:>7} {:>7} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>11}\n", "device", "host",
-                  "dev hit", "host hit", "combined", "LRU(D+H)", "diff", "promo GB/s", "demo GB/s");
+  std::string out = fmt::format("{:>7} {:>7} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>11}\n",
+                                "device", "host", "retain", "dev hit", "host hit", "combined",
+                                "LRU(D+H)", "diff", "promo GB/s", "demo GB/s");
   for (const TierRow& row : rows) {
     const TieredReplayResult& t = row.tiered;
     out += fmt::format(
-        "{:>7} {:>7} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.4f} {:>8.4f} {:>11.3f} {:>11.3f}\n",
-        t.device_capacity, t.host_capacity, t.device_hit_rate(), t.host_hit_rate(), t.hit_rate(),
-        row.single.hit_rate(), t.hit_rate() - row.single.hit_rate(),
-        costs.bytes_per_s(t.promotions()) / kGB, costs.bytes_per_s(t.demotions) / kGB);
+        "{:>7} {:>7} {:>6} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.4f} {:>8.4f} {:>11.3f} {:>11.3f}\n",
+        t.device_capacity, t.host_capacity, t.retained_head_blocks, t.device_hit_rate(),
+        t.host_hit_rate(), t.hit_rate(), row.single.hit_rate(),
+        t.hit_rate() - row.single.hit_rate(), costs.bytes_per_s(t.promotions()) / kGB,
+        costs.bytes_per_s(t.demotions) / kGB);
   }
   out += fmt::format(
       "Per {}-token block ({:.1f} MiB of KV): recompute {:.2f} ms at {:.0f} prefill tokens/s",
@@ -221,12 +222,13 @@ std::string to_json(const SimReport& report) {
     for (size_t i = 0; i < report.tiers.size(); ++i) {
       const TieredReplayResult& t = report.tiers[i].tiered;
       out += fmt::format(
-          "{}\n    {{\"device_blocks\": {}, \"host_blocks\": {}, \"total_blocks\": {}, "
+          "{}\n    {{\"device_blocks\": {}, \"host_blocks\": {}, \"retained_head_blocks\": {}, "
+          "\"total_blocks\": {}, "
           "\"device_hit_blocks\": {}, \"host_hit_blocks\": {}, \"hit_rate\": {}, "
           "\"single_pool_hit_rate\": {}, \"promotions\": {}, \"demotions\": {}, "
           "\"host_evictions\": {}, \"promoted_bytes_per_s\": {}, \"demoted_bytes_per_s\": {}}}",
-          i == 0 ? "" : ",", t.device_capacity, t.host_capacity, t.total_blocks,
-          t.device_hit_blocks, t.host_hit_blocks, num(t.hit_rate()),
+          i == 0 ? "" : ",", t.device_capacity, t.host_capacity, t.retained_head_blocks,
+          t.total_blocks, t.device_hit_blocks, t.host_hit_blocks, num(t.hit_rate()),
           num(report.tiers[i].single.hit_rate()), t.promotions(), t.demotions, t.host_evictions,
           num(c.bytes_per_s(t.promotions())), num(c.bytes_per_s(t.demotions)));
     }

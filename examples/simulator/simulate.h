@@ -55,9 +55,11 @@ struct SimOptions {
   EngineOptions engine;
   bool eviction = true;  // eviction study on the first Mooncake trace
   std::vector<int32_t> eviction_sizes = {1024, 4096, 16384, 65536};
-  // The tier study (device + host blocks) on the eviction study's trace; recompute runs
-  // at the engine's prefill speed (engine.prefill_ms_per_1k_tokens).
-  std::vector<TierSize> tier_sizes = {{1024, 3072}, {4096, 12288}, {16384, 49152}};
+  // The tier study (device + host blocks, and retained head blocks with no host tier) on
+  // the eviction study's trace; recompute runs at the engine's prefill speed
+  // (engine.prefill_ms_per_1k_tokens).
+  std::vector<TierSize> tier_sizes = {{1024, 3072},  {4096, 12288}, {16384, 49152}, {1024, 0, 2},
+                                      {1024, 0, 32}, {4096, 0, 2},  {4096, 0, 32}};
   // Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x 2 bytes x 2 = 128 KiB per token.
   KvCacheSpec spec{.num_layers = 32,
                    .num_kv_heads = 8,

@@ -278,8 +278,22 @@ TEST_CASE("tiered LRU: a hit chain runs from device into host blocks", "[simulat
   CHECK(small->host_evictions == 0);
 }
 
+TEST_CASE("retention priorities keep request heads past plain LRU", "[simulator]") {
+  // 4 device blocks. Plain LRU: {5,6,7} evicts 1, then {8} evicts 0, the least recent, so
+  // the last {0} misses. Retaining each request's first block (priority 1) evicts the
+  // tails 1 and 7 instead, and {0} hits.
+  const BlockStreams streams = {{0, 1}, {5, 6, 7}, {8}, {0}};
+  CHECK(replay_lru(streams, 4)->hit_blocks == 0);
+  CHECK(replay_tiered_lru(streams, 4, 0)->hit_blocks() == 0);
+  absl::StatusOr<TieredReplayResult> retained = replay_tiered_lru(streams, 4, 0, 1);
+  REQUIRE(retained.ok());
+  CHECK(retained->device_hit_blocks == 1);
+  CHECK(retained->host_evictions == 2);  // 1, then 7 (no host tier: evictions)
+}
+
 TEST_CASE("tiered LRU rejects bad sizes and requests larger than the device", "[simulator]") {
   const BlockStreams streams = {{1, 2, 3}};
+  CHECK(absl::IsInvalidArgument(replay_tiered_lru(streams, 4, 0, -1).status()));
   CHECK(absl::IsInvalidArgument(replay_tiered_lru(streams, 0, 4).status()));
   CHECK(absl::IsInvalidArgument(replay_tiered_lru(streams, 4, -1).status()));
   absl::StatusOr<TieredReplayResult> big = replay_tiered_lru(streams, 2, 100);
