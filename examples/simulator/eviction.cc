@@ -75,6 +75,137 @@ class LruLists {
   std::vector<int32_t> size_;
 };
 
+// The two tiers of replay_tiered_lru() over dense ids (see eviction.h for the rules).
+class TwoTierLru {
+ public:
+  TwoTierLru(int32_t num_ids, int32_t device_blocks, int32_t host_blocks,
+             int32_t retained_head_blocks)
+      : device_blocks_(device_blocks),
+        host_blocks_(host_blocks),
+        retained_head_blocks_(retained_head_blocks),
+        where_(num_ids, kAbsent),
+        list_of_(num_ids, 0),
+        lru_(num_ids, 1 + kPriorities) {
+    result_.device_capacity = device_blocks;
+    result_.host_capacity = host_blocks;
+    result_.retained_head_blocks = retained_head_blocks;
+  }
+
+  // One request (at most device_blocks blocks): pin the hits, promote the host hits,
+  // compute the misses, then make the blocks the device's most recent.
+  void replay(const std::vector<int32_t>& ids) {
+    const int32_t hits = pin_hits(ids);
+    compute_misses(ids, hits);
+    release(ids);
+    result_.total_blocks += static_cast<int64_t>(ids.size());
+  }
+
+  const TieredReplayResult& result() const { return result_; }
+
+ private:
+  // kPinned: held by the request being replayed; it has a device slot but sits in no
+  // list, so making room cannot demote it.
+  enum Where : int8_t { kAbsent, kDevice, kHost, kPinned };
+  // List 0 is the host tier; the device has one list per retention priority: 0 (evicted
+  // first) and 1 (a request's first retained_head_blocks blocks).
+  static constexpr int32_t kHostList = 0, kPriorities = 2;
+  static int32_t device_list(int32_t priority) { return 1 + priority; }
+
+  // Pins the longest present prefix and returns its length. Host hits take a device slot
+  // (promotion) once all hits are pinned, so making room never demotes a hit.
+  int32_t pin_hits(const std::vector<int32_t>& ids) {
+    const int32_t n = static_cast<int32_t>(ids.size());
+    int32_t hits = 0;
+    int32_t promotions = 0;
+    for (; hits < n && where_[ids[hits]] != kAbsent; ++hits) {
+      const int32_t id = ids[hits];
+      if (where_[id] == kHost) {
+        lru_.remove(kHostList, id);
+        ++promotions;
+      } else if (where_[id] == kDevice) {
+        leave_device_list(id);
+      }  // else a repeat within the request: already pinned
+      where_[id] = kPinned;
+    }
+    result_.host_hit_blocks += promotions;
+    result_.device_hit_blocks += hits - promotions;
+    for (int32_t i = 0; i < promotions; ++i) take_device_slot();
+    return hits;
+  }
+
+  // Misses are computed into device slots. A block present after the first miss (not
+  // prefix-closed; never on well-formed traces) is recomputed too: on the device it keeps
+  // its slot, a host copy is dropped.
+  void compute_misses(const std::vector<int32_t>& ids, int32_t hits) {
+    for (size_t i = hits; i < ids.size(); ++i) {
+      const int32_t id = ids[i];
+      if (where_[id] == kPinned) continue;  // a repeat within the request
+      if (where_[id] == kDevice) {
+        leave_device_list(id);
+      } else {
+        if (where_[id] == kHost) lru_.remove(kHostList, id);
+        take_device_slot();
+      }
+      where_[id] = kPinned;
+    }
+  }
+
+  // Tail to head, so the head block ends up the most recently used.
+  void release(const std::vector<int32_t>& ids) {
+    for (int32_t i = static_cast<int32_t>(ids.size()) - 1; i >= 0; --i) {
+      const int32_t id = ids[i];
+      if (where_[id] == kDevice) leave_device_list(id);  // a repeat within the request
+      list_of_[id] = static_cast<int8_t>(device_list(i < retained_head_blocks_ ? 1 : 0));
+      lru_.push_back(list_of_[id], id);
+      where_[id] = kDevice;
+    }
+  }
+
+  // A device slot for one more block: a full device demotes its least recently used
+  // block of the lowest priority present.
+  void take_device_slot() {
+    if (device_used_ == device_blocks_) {
+      int32_t priority = 0;
+      while (lru_.size(device_list(priority)) == 0) ++priority;  // pinned < device_blocks
+      const int32_t victim = lru_.front(device_list(priority));
+      leave_device_list(victim);
+      --device_used_;
+      demote(victim);
+    }
+    ++device_used_;
+  }
+
+  // Moves a block off the device into the host tier's most recent end, dropping the
+  // host's least recently used block when it is full (with no host tier: an eviction).
+  void demote(int32_t id) {
+    where_[id] = kAbsent;
+    if (host_blocks_ == 0) {
+      ++result_.host_evictions;
+      return;
+    }
+    if (lru_.size(kHostList) == host_blocks_) {
+      const int32_t dropped = lru_.front(kHostList);
+      lru_.remove(kHostList, dropped);
+      where_[dropped] = kAbsent;
+      ++result_.host_evictions;
+    }
+    lru_.push_back(kHostList, id);
+    where_[id] = kHost;
+    ++result_.demotions;
+  }
+
+  void leave_device_list(int32_t id) { lru_.remove(list_of_[id], id); }
+
+  int32_t device_blocks_;
+  int32_t host_blocks_;
+  int32_t retained_head_blocks_;
+  std::vector<Where> where_;
+  std::vector<int8_t> list_of_;  // the device list of a kDevice block
+  LruLists lru_;
+  int32_t device_used_ = 0;  // pinned + device lists
+  TieredReplayResult result_;
+};
+
 }  // namespace
 
 BlockStreams block_streams(const Trace& trace) {
@@ -214,99 +345,16 @@ absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams
   }
   int32_t num_ids = 0;
   const std::vector<std::vector<int32_t>> requests = dense_streams(streams, &num_ids);
-  // Where each block is; kPinned: held by the request being replayed (it takes a device
-  // slot but sits in no list, so it cannot be demoted under the request).
-  enum Where : int8_t { kAbsent, kDevice, kHost, kPinned };
-  // List 0 is the host tier; the device has one list per retention priority, 0 (evicted
-  // first) and 1 (a request's first retained_head_blocks blocks).
-  constexpr int32_t kHostList = 0, kPriorities = 2;
-  auto device_list = [](int32_t priority) { return 1 + priority; };
-  std::vector<Where> where(num_ids, kAbsent);
-  std::vector<int8_t> list_of(num_ids, 0);  // the device list of a kDevice block
-  LruLists lru(num_ids, 1 + kPriorities);
-  int32_t device_used = 0;  // pinned + device list
-  TieredReplayResult result{.device_capacity = device_blocks,
-                            .host_capacity = host_blocks,
-                            .retained_head_blocks = retained_head_blocks};
-
-  auto leave_device_list = [&](int32_t id) { lru.remove(list_of[id], id); };
-  // A device slot for one more block: demote the device's least recently used block of
-  // the lowest priority when it is full, dropping the host tier's least recently used
-  // when that is full.
-  auto take_device_slot = [&] {
-    if (device_used == device_blocks) {
-      int32_t priority = 0;
-      while (lru.size(device_list(priority)) == 0) ++priority;  // one is not empty
-      const int32_t victim = lru.front(device_list(priority));
-      leave_device_list(victim);
-      --device_used;
-      where[victim] = kAbsent;
-      if (host_blocks == 0) {
-        ++result.host_evictions;
-      } else {
-        if (lru.size(kHostList) == host_blocks) {
-          const int32_t dropped = lru.front(kHostList);
-          lru.remove(kHostList, dropped);
-          where[dropped] = kAbsent;
-          ++result.host_evictions;
-        }
-        lru.push_back(kHostList, victim);
-        where[victim] = kHost;
-        ++result.demotions;
-      }
-    }
-    ++device_used;
-  };
-
+  TwoTierLru tiers(num_ids, device_blocks, host_blocks, retained_head_blocks);
   for (size_t r = 0; r < requests.size(); ++r) {
-    const std::vector<int32_t>& ids = requests[r];
-    const int32_t n = static_cast<int32_t>(ids.size());
+    const int32_t n = static_cast<int32_t>(requests[r].size());
     if (n > device_blocks) {
       return absl::InvalidArgumentError(absl::StrCat(
           "request ", r, " has ", n, " blocks, more than the device tier's ", device_blocks));
     }
-    // Hits: pin the longest present prefix. Host hits take a device slot (promotion)
-    // once all hits are pinned, so making room never demotes a hit of this request.
-    int32_t hits = 0;
-    int32_t promotions = 0;
-    for (; hits < n && where[ids[hits]] != kAbsent; ++hits) {
-      const int32_t id = ids[hits];
-      if (where[id] == kHost) {
-        lru.remove(kHostList, id);
-        ++promotions;
-      } else if (where[id] == kDevice) {
-        leave_device_list(id);
-      }  // else a repeat within the request: already pinned
-      where[id] = kPinned;
-    }
-    result.host_hit_blocks += promotions;
-    result.device_hit_blocks += hits - promotions;
-    for (int32_t i = 0; i < promotions; ++i) take_device_slot();
-    // Misses are computed into device slots. A block present after the first miss (not
-    // prefix-closed; never on well-formed traces) is recomputed too: on the device it
-    // keeps its slot, a host copy is dropped.
-    for (int32_t i = hits; i < n; ++i) {
-      const int32_t id = ids[i];
-      if (where[id] == kPinned) continue;  // a repeat within the request
-      if (where[id] == kDevice) {
-        leave_device_list(id);
-      } else {
-        if (where[id] == kHost) lru.remove(kHostList, id);
-        take_device_slot();
-      }
-      where[id] = kPinned;
-    }
-    // Tail to head: the head block ends up the most recently used.
-    for (int32_t i = n - 1; i >= 0; --i) {
-      const int32_t id = ids[i];
-      if (where[id] == kDevice) leave_device_list(id);  // a repeat within the request
-      list_of[id] = static_cast<int8_t>(device_list(i < retained_head_blocks ? 1 : 0));
-      lru.push_back(list_of[id], id);
-      where[id] = kDevice;
-    }
-    result.total_blocks += n;
+    tiers.replay(requests[r]);
   }
-  return result;
+  return tiers.result();
 }
 
 absl::StatusOr<std::vector<TierRow>> tier_study(const BlockStreams& streams,
