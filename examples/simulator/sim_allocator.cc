@@ -219,8 +219,8 @@ class HostTier final : public KvEventSink {
       for (const BlockHash& h : removed->block_hashes) demote(h);
     } else if (const auto* stored = std::get_if<BlockStored>(&event)) {
       for (const BlockHash& h : stored->block_hashes) erase(h);  // on the device again
-    } else {
-      lru_.clear();  // AllBlocksCleared: a flush empties both tiers
+    } else if (std::holds_alternative<AllBlocksCleared>(event)) {
+      lru_.clear();  // a flush empties both tiers
       where_.clear();
     }
   }
