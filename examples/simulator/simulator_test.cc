@@ -603,7 +603,9 @@ TEST_CASE("quick run on the Mooncake trace: a host tier raises the prefix hit ra
   absl::StatusOr<Trace> trace = read_trace(path);
   REQUIRE(trace.ok());
   SimOptions o = quick_options();
+  o.quick_requests = 200;  // two runs: keep the sanitizer build quick
   o.block_sizes = {16};
+  o.contiguous_oracle = false;
   o.budget_gib = 8;  // forces evictions
   absl::StatusOr<TraceRun> device_only = run_trace(*trace, TraceKind::kMooncake, o);
   o.host_cache_gib = 48;
