@@ -574,7 +574,8 @@ TEST_CASE("CUDA write_kv writes the same bytes as the CPU", "[gpu]") {
   }
 }
 
-TEST_CASE("CUDA storage: copy-on-write and swap round trips preserve bytes exactly", "[gpu]") {
+TEST_CASE("CUDA storage: copy-on-write, swap and tier round trips preserve bytes exactly",
+          "[gpu]") {
   if (!have_gpu()) return;
   const KvCacheSpec spec{.num_layers = 3,
                          .num_kv_heads = 2,
@@ -626,6 +627,18 @@ TEST_CASE("CUDA storage: copy-on-write and swap round trips preserve bytes exact
     REQUIRE(gpu->synchronize().ok());
     CHECK(device_bytes(*gpu) != before_swap);
     REQUIRE(gpu->swap_in(in).ok());
+    REQUIRE(gpu->synchronize().ok());
+    CHECK(device_bytes(*gpu) == before_swap);
+
+    // The host tier: demote two cached blocks, reuse their device blocks, promote back.
+    const std::vector<BlockCopy> demote = {{6, 1, 8}, {8, 3, 8}};
+    const std::vector<BlockCopy> reuse = {{0, 6, 8}, {1, 8, 8}};
+    const std::vector<BlockCopy> promote = {{1, 6, 8}, {3, 8, 8}};
+    REQUIRE(gpu->demote(demote).ok());
+    REQUIRE(gpu->copy_blocks(reuse).ok());
+    REQUIRE(gpu->synchronize().ok());
+    CHECK(device_bytes(*gpu) != before_swap);
+    REQUIRE(gpu->promote(promote).ok());
     REQUIRE(gpu->synchronize().ok());
     CHECK(device_bytes(*gpu) == before_swap);
   }

@@ -198,5 +198,134 @@ TEST_CASE("invalid copy batches are refused whole, naming the op", "[kv_storage]
   expect(s.swap_in(tokens), "num_tokens 9 outside [0, block_size 8]");
 }
 
+TEST_CASE("demote then promote brings cached blocks back bit for bit", "[kv_storage]") {
+  for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+    KvStorage s = make(layout);
+    fill_random(s, 13);
+    const std::vector<uint8_t> device = snapshot(s, false);
+    // Evicted cached blocks 2, 7 and 4 go to host blocks 5, 1 and 3.
+    const std::vector<BlockCopy> down = {{.src = 2, .dst = 5, .num_tokens = 8},
+                                         {.src = 7, .dst = 1, .num_tokens = 8},
+                                         {.src = 4, .dst = 3, .num_tokens = 8}};
+    REQUIRE(s.demote(down).ok());
+    for (int32_t layer = 0; layer < 3; ++layer) {
+      for (bool is_v : {false, true}) {
+        for (const BlockCopy& op : down) {
+          for (int32_t h = 0; h < 2; ++h) {
+            for (int32_t t = 0; t < 8; ++t) {
+              REQUIRE(row(s.host_view(layer), is_v, op.dst, h, t) ==
+                      row(s.view(layer), is_v, op.src, h, t));
+            }
+          }
+        }
+      }
+    }
+    CHECK(snapshot(s, false) == device);  // demotion only reads the device pool
+    // The device blocks are reused; later prefix hits promote them into other blocks.
+    const std::vector<uint8_t> host = snapshot(s, true);
+    fill_random(s, 99);  // clobbers both pools
+    for (int32_t layer = 0; layer < 3; ++layer) {
+      const KvCacheView v = s.host_view(layer);
+      const int64_t bytes = pool_elements(v) * bytes_per_element(v.dtype);
+      std::memcpy(v.k, host.data() + 2 * layer * bytes, bytes);
+      std::memcpy(v.v, host.data() + (2 * layer + 1) * bytes, bytes);
+    }
+    const std::vector<BlockCopy> up = {{.src = 5, .dst = 0, .num_tokens = 8},
+                                       {.src = 1, .dst = 9, .num_tokens = 8},
+                                       {.src = 3, .dst = 6, .num_tokens = 8}};
+    REQUIRE(s.promote(up).ok());
+    const int64_t elem = bytes_per_element(kSpec.dtype);
+    for (int32_t layer = 0; layer < 3; ++layer) {
+      const KvCacheView now = s.view(layer);
+      for (bool is_v : {false, true}) {
+        for (size_t i = 0; i < up.size(); ++i) {
+          for (int32_t h = 0; h < 2; ++h) {
+            for (int32_t t = 0; t < 8; ++t) {
+              // The original row of device block down[i].src, from the first snapshot.
+              const int64_t pool_bytes = pool_elements(now) * elem;
+              const int64_t at = (2 * layer + (is_v ? 1 : 0)) * pool_bytes +
+                                 elem_offset(now, down[i].src, h, t, 0) * elem;
+              const std::vector<uint8_t> original(device.begin() + at,
+                                                  device.begin() + at + now.head_dim * elem);
+              REQUIRE(row(now, is_v, up[i].dst, h, t) == original);
+            }
+          }
+        }
+      }
+    }
+    CHECK(snapshot(s, true) == host);  // promotion only reads the host pool
+  }
+}
+
+TEST_CASE("swapped blocks and the host tier share one host pool", "[kv_storage]") {
+  // The same host block serves a swap, then (once swapped back in) the tier.
+  KvStorage s = make(KvLayout::kHND, 10, 2);
+  fill_random(s, 5);
+  const std::vector<uint8_t> device = snapshot(s, false);
+  const std::vector<BlockCopy> swap = {{.src = 3, .dst = 0, .num_tokens = 8}};
+  const std::vector<BlockCopy> tier = {{.src = 8, .dst = 1, .num_tokens = 8}};
+  REQUIRE(s.swap_out(swap).ok());
+  REQUIRE(s.demote(tier).ok());
+  REQUIRE(s.swap_in(std::vector<BlockCopy>{{.src = 0, .dst = 8, .num_tokens = 8}}).ok());
+  REQUIRE(s.demote(std::vector<BlockCopy>{{.src = 2, .dst = 0, .num_tokens = 8}}).ok());
+  REQUIRE(s.promote(std::vector<BlockCopy>{{.src = 1, .dst = 3, .num_tokens = 8},
+                                           {.src = 0, .dst = 5, .num_tokens = 8}})
+              .ok());
+  // Device blocks now: 8 <- old 3, 3 <- old 8, 5 <- old 2; the rest unchanged.
+  std::vector<int32_t> from(10);
+  for (int32_t b = 0; b < 10; ++b) from[b] = b;
+  from[8] = 3;
+  from[3] = 8;
+  from[5] = 2;
+  const std::vector<uint8_t> now = snapshot(s, false);
+  const int64_t block = kSpec.bytes_per_block() / 3 / 2;  // one pool's block
+  int64_t wrong = 0;
+  for (size_t b = 0; b < now.size(); ++b) {
+    const int64_t pool = static_cast<int64_t>(b) / (10 * block);
+    const int64_t id = static_cast<int64_t>(b) / block % 10;
+    const int64_t in_block = static_cast<int64_t>(b) % block;
+    if (now[b] != device[(pool * 10 + from[id]) * block + in_block]) ++wrong;
+  }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("invalid demote and promote batches are refused whole", "[kv_storage]") {
+  KvStorage s = make(KvLayout::kNHD);
+  fill_random(s, 17);
+  const std::vector<uint8_t> main = snapshot(s, false), host = snapshot(s, true);
+  auto expect = [&](const absl::Status& st, const std::string& fragment) {
+    INFO(st.ToString());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(st.message().find(fragment) != std::string::npos);
+    CHECK(snapshot(s, false) == main);
+    CHECK(snapshot(s, true) == host);
+  };
+  // Each batch starts with a valid op, which must not run either.
+  const std::vector<BlockCopy> partial = {{1, 0, 8}, {2, 1, 5}};
+  expect(s.demote(partial),
+         "demote: op 1: num_tokens 5 is not a whole block (8); only full cached blocks");
+  expect(s.promote(std::vector<BlockCopy>{{0, 1, 8}, {1, 2, 0}}),
+         "promote: op 1: num_tokens 0 is not a whole block (8)");
+  expect(s.demote(std::vector<BlockCopy>{{1, 0, 8}, {2, 6, 8}}),
+         "demote: op 1: dst block 6 outside [0, 6) of the host pool");
+  expect(s.demote(std::vector<BlockCopy>{{1, 0, 8}, {10, 2, 8}}),
+         "demote: op 1: src block 10 outside [0, 10) of the device pool");
+  expect(s.promote(std::vector<BlockCopy>{{0, 1, 8}, {6, 2, 8}}),
+         "promote: op 1: src block 6 outside [0, 6) of the host pool");
+  expect(s.promote(std::vector<BlockCopy>{{0, 1, 8}, {-1, 2, 8}}),
+         "promote: op 1: src block -1 outside [0, 6)");
+  expect(s.promote(std::vector<BlockCopy>{{0, 1, 8}, {2, 10, 8}}),
+         "promote: op 1: dst block 10 outside [0, 10) of the device pool");
+  expect(s.demote(std::vector<BlockCopy>{{1, 3, 8}, {2, 3, 8}}),
+         "demote: op 1: dst block 3 is written twice in one batch");
+  expect(s.promote(std::vector<BlockCopy>{{1, 3, 8}, {2, 3, 8}}),
+         "promote: op 1: dst block 3 is written twice in one batch");
+  // Without a host pool there is no tier to copy into.
+  KvStorage none = make(KvLayout::kHND, 4, 0);
+  CHECK(none.demote(std::vector<BlockCopy>{{0, 0, 8}}).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(none.demote({}).ok());  // an empty batch is fine
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -183,6 +183,7 @@ class Engine {
     }
 
     // 3. Admission in arrival order, when nothing was preempted or is swapped out.
+    const int64_t promoted_before = alloc_.counters().prefix_host_hit_tokens;
     while (!step_preempted_ && swapped_.empty() && !waiting_.empty() &&
            num_running() < opt_.max_num_seqs && prefill_tokens < opt_.max_prefill_tokens) {
       const SeqId id = waiting_.front();
@@ -258,9 +259,15 @@ class Engine {
         ++concurrency;
       }
     }
+    const int64_t promoted_tokens = alloc_.counters().prefix_host_hit_tokens - promoted_before;
+    const double promote_s = static_cast<double>(promoted_tokens) *
+                             static_cast<double>(opt_.kv_bytes_per_token) /
+                             opt_.host_link_bytes_per_s;
+    result_.promote_time_s += promote_s;
     const double dt = (opt_.step_ms +
                        opt_.prefill_ms_per_1k_tokens * static_cast<double>(prefill_tokens) / 1000) /
-                      1000;
+                          1000 +
+                      promote_s;
     record(dt, usage, concurrency);
     now_ += dt;
     ++result_.steps;
@@ -383,6 +390,10 @@ class Engine {
     result_.preemptions_swap = c.preemptions_swap;
     result_.prefix_query_tokens = c.prefix_query_tokens;
     result_.prefix_hit_tokens = c.prefix_hit_tokens;
+    result_.prefix_host_hit_tokens = c.prefix_host_hit_tokens;
+    result_.blocks_promoted = c.blocks_promoted;
+    result_.blocks_demoted = c.blocks_demoted;
+    result_.host_evictions = c.host_evictions;
     result_.evictions = c.evictions;
     result_.cow_copies = c.cow_copies;
     result_.mean_utilization = util_time_ > 0 ? util_weighted_ / util_time_ : 0;

@@ -10,8 +10,9 @@
 //     fits (paged: leaving the watermark free; contiguous: a first-fit reservation), up to
 //     max_num_seqs running sequences and max_prefill_tokens prompt tokens per step.
 //   - A step takes step_ms plus prefill_ms_per_1k_tokens per 1,000 prompt tokens
-//     computed, then every scheduled sequence generates one token. A request completes
-//     after output_length tokens (all of its samples / beams).
+//     computed, plus the time to promote the step's host-tier hits (their KV bytes over
+//     host_link_bytes_per_s), then every scheduled sequence generates one token. A request
+//     completes after output_length tokens (all of its samples / beams).
 //   - Parallel samples fork after the prompt's prefill; beam requests keep beam_width
 //     beams and every beam_interval tokens drop their last beam and fork their first.
 // It measures KV utilization, concurrency, throughput, preemptions, prefix hits,
@@ -35,6 +36,8 @@ struct EngineOptions {
   int32_t max_prefill_tokens = 16384;    // prompt tokens per step (one prompt always fits)
   double step_ms = 20;                   // decode step time
   double prefill_ms_per_1k_tokens = 50;  // added per 1,000 prompt tokens computed
+  int64_t kv_bytes_per_token = 131072;   // KV of one token (Llama-3.1-8B in bf16)
+  double host_link_bytes_per_s = 55e9;   // host tier promotions (PCIe 5.0 x16)
   int32_t beam_interval = 8;             // beam requests re-fork every this many tokens
   int32_t series_points = 400;           // samples of the over-time series
   bool measure_allocator_time = false;   // time allocator calls (wall clock)
@@ -66,7 +69,12 @@ struct EngineResult {
   int64_t preemptions = 0;       // recompute + swap
   int64_t preemptions_swap = 0;
   int64_t prefix_query_tokens = 0;
-  int64_t prefix_hit_tokens = 0;
+  int64_t prefix_hit_tokens = 0;       // device and host tier hits
+  int64_t prefix_host_hit_tokens = 0;  // of those, promoted from the host tier
+  int64_t blocks_promoted = 0;
+  int64_t blocks_demoted = 0;
+  int64_t host_evictions = 0;  // blocks dropped from the host tier
+  double promote_time_s = 0;   // step time spent promoting
   int64_t evictions = 0;
   int64_t cow_copies = 0;
   int64_t generated_tokens = 0;

@@ -24,6 +24,188 @@ TokenId block_token(int64_t hash_id) {
   return derive_token(kEvictionDomain, static_cast<uint64_t>(hash_id), 0);
 }
 
+// Dense ids (0, 1, ... in first-use order) for the hash ids of `streams`.
+std::vector<std::vector<int32_t>> dense_streams(const BlockStreams& streams, int32_t* num_ids) {
+  absl::flat_hash_map<int64_t, int32_t> dense;
+  std::vector<std::vector<int32_t>> out;
+  out.reserve(streams.size());
+  for (const auto& s : streams) {
+    std::vector<int32_t>& ids = out.emplace_back();
+    ids.reserve(s.size());
+    for (int64_t id : s) {
+      ids.push_back(dense.try_emplace(id, static_cast<int32_t>(dense.size())).first->second);
+    }
+  }
+  *num_ids = static_cast<int32_t>(dense.size());
+  return out;
+}
+
+// Intrusive doubly linked LRU lists over dense ids, one per tier: front = least recently
+// used. Node i < num_ids is an id; node num_ids + l is list l's sentinel.
+class LruLists {
+ public:
+  LruLists(int32_t num_ids, int32_t num_lists)
+      : num_ids_(num_ids),
+        prev_(num_ids + num_lists),
+        next_(num_ids + num_lists),
+        size_(num_lists, 0) {
+    for (int32_t l = 0; l < num_lists; ++l) prev_[num_ids + l] = next_[num_ids + l] = num_ids + l;
+  }
+  int32_t size(int32_t list) const { return size_[list]; }
+  int32_t front(int32_t list) const { return next_[num_ids_ + list]; }
+  void push_back(int32_t list, int32_t id) {
+    const int32_t sentinel = num_ids_ + list;
+    const int32_t last = prev_[sentinel];
+    prev_[id] = last;
+    next_[id] = sentinel;
+    next_[last] = id;
+    prev_[sentinel] = id;
+    ++size_[list];
+  }
+  void remove(int32_t list, int32_t id) {
+    next_[prev_[id]] = next_[id];
+    prev_[next_[id]] = prev_[id];
+    --size_[list];
+  }
+
+ private:
+  int32_t num_ids_;
+  std::vector<int32_t> prev_;
+  std::vector<int32_t> next_;
+  std::vector<int32_t> size_;
+};
+
+// The two tiers of replay_tiered_lru() over dense ids (see eviction.h for the rules).
+class TwoTierLru {
+ public:
+  TwoTierLru(int32_t num_ids, int32_t device_blocks, int32_t host_blocks,
+             int32_t retained_head_blocks)
+      : device_blocks_(device_blocks),
+        host_blocks_(host_blocks),
+        retained_head_blocks_(retained_head_blocks),
+        where_(num_ids, kAbsent),
+        list_of_(num_ids, 0),
+        lru_(num_ids, 1 + kPriorities) {
+    result_.device_capacity = device_blocks;
+    result_.host_capacity = host_blocks;
+    result_.retained_head_blocks = retained_head_blocks;
+  }
+
+  // One request (at most device_blocks blocks): pin the hits, promote the host hits,
+  // compute the misses, then make the blocks the device's most recent.
+  void replay(const std::vector<int32_t>& ids) {
+    const int32_t hits = pin_hits(ids);
+    compute_misses(ids, hits);
+    release(ids);
+    result_.total_blocks += static_cast<int64_t>(ids.size());
+  }
+
+  const TieredReplayResult& result() const { return result_; }
+
+ private:
+  // kPinned: held by the request being replayed; it has a device slot but sits in no
+  // list, so making room cannot demote it.
+  enum Where : int8_t { kAbsent, kDevice, kHost, kPinned };
+  // List 0 is the host tier; the device has one list per retention priority: 0 (evicted
+  // first) and 1 (a request's first retained_head_blocks blocks).
+  static constexpr int32_t kHostList = 0, kPriorities = 2;
+  static int32_t device_list(int32_t priority) { return 1 + priority; }
+
+  // Pins the longest present prefix and returns its length. Host hits take a device slot
+  // (promotion) once all hits are pinned, so making room never demotes a hit.
+  int32_t pin_hits(const std::vector<int32_t>& ids) {
+    const int32_t n = static_cast<int32_t>(ids.size());
+    int32_t hits = 0;
+    int32_t promotions = 0;
+    for (; hits < n && where_[ids[hits]] != kAbsent; ++hits) {
+      const int32_t id = ids[hits];
+      if (where_[id] == kHost) {
+        lru_.remove(kHostList, id);
+        ++promotions;
+      } else if (where_[id] == kDevice) {
+        leave_device_list(id);
+      }  // else a repeat within the request: already pinned
+      where_[id] = kPinned;
+    }
+    result_.host_hit_blocks += promotions;
+    result_.device_hit_blocks += hits - promotions;
+    for (int32_t i = 0; i < promotions; ++i) take_device_slot();
+    return hits;
+  }
+
+  // Misses are computed into device slots. A block present after the first miss (not
+  // prefix-closed; never on well-formed traces) is recomputed too: on the device it keeps
+  // its slot, a host copy is dropped.
+  void compute_misses(const std::vector<int32_t>& ids, int32_t hits) {
+    for (size_t i = hits; i < ids.size(); ++i) {
+      const int32_t id = ids[i];
+      if (where_[id] == kPinned) continue;  // a repeat within the request
+      if (where_[id] == kDevice) {
+        leave_device_list(id);
+      } else {
+        if (where_[id] == kHost) lru_.remove(kHostList, id);
+        take_device_slot();
+      }
+      where_[id] = kPinned;
+    }
+  }
+
+  // Tail to head, so the head block ends up the most recently used.
+  void release(const std::vector<int32_t>& ids) {
+    for (int32_t i = static_cast<int32_t>(ids.size()) - 1; i >= 0; --i) {
+      const int32_t id = ids[i];
+      if (where_[id] == kDevice) leave_device_list(id);  // a repeat within the request
+      list_of_[id] = static_cast<int8_t>(device_list(i < retained_head_blocks_ ? 1 : 0));
+      lru_.push_back(list_of_[id], id);
+      where_[id] = kDevice;
+    }
+  }
+
+  // A device slot for one more block: a full device demotes its least recently used
+  // block of the lowest priority present.
+  void take_device_slot() {
+    if (device_used_ == device_blocks_) {
+      int32_t priority = 0;
+      while (lru_.size(device_list(priority)) == 0) ++priority;  // pinned < device_blocks
+      const int32_t victim = lru_.front(device_list(priority));
+      leave_device_list(victim);
+      --device_used_;
+      demote(victim);
+    }
+    ++device_used_;
+  }
+
+  // Moves a block off the device into the host tier's most recent end, dropping the
+  // host's least recently used block when it is full (with no host tier: an eviction).
+  void demote(int32_t id) {
+    where_[id] = kAbsent;
+    if (host_blocks_ == 0) {
+      ++result_.host_evictions;
+      return;
+    }
+    if (lru_.size(kHostList) == host_blocks_) {
+      const int32_t dropped = lru_.front(kHostList);
+      lru_.remove(kHostList, dropped);
+      where_[dropped] = kAbsent;
+      ++result_.host_evictions;
+    }
+    lru_.push_back(kHostList, id);
+    where_[id] = kHost;
+    ++result_.demotions;
+  }
+
+  void leave_device_list(int32_t id) { lru_.remove(list_of_[id], id); }
+
+  int32_t device_blocks_;
+  int32_t host_blocks_;
+  int32_t retained_head_blocks_;
+  std::vector<Where> where_;
+  std::vector<int8_t> list_of_;  // the device list of a kDevice block
+  LruLists lru_;
+  int32_t device_used_ = 0;  // pinned + device lists
+  TieredReplayResult result_;
+};
+
 }  // namespace
 
 BlockStreams block_streams(const Trace& trace) {
@@ -151,6 +333,52 @@ absl::StatusOr<ReplayResult> replay_belady(const BlockStreams& streams, int64_t 
     result.hit_blocks += hits;
   }
   return result;
+}
+
+absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams,
+                                                     int32_t device_blocks, int32_t host_blocks,
+                                                     int32_t retained_head_blocks) {
+  if (device_blocks < 1 || host_blocks < 0 || retained_head_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tiered LRU: device_blocks ", device_blocks, " must be >= 1, host_blocks ",
+                     host_blocks, " and retained_head_blocks ", retained_head_blocks, " >= 0"));
+  }
+  int32_t num_ids = 0;
+  const std::vector<std::vector<int32_t>> requests = dense_streams(streams, &num_ids);
+  TwoTierLru tiers(num_ids, device_blocks, host_blocks, retained_head_blocks);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const int32_t n = static_cast<int32_t>(requests[r].size());
+    if (n > device_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", r, " has ", n, " blocks, more than the device tier's ", device_blocks));
+    }
+    tiers.replay(requests[r]);
+  }
+  return tiers.result();
+}
+
+absl::StatusOr<std::vector<TierRow>> tier_study(const BlockStreams& streams,
+                                                const std::vector<TierSize>& sizes) {
+  std::vector<TierRow> rows;
+  for (const TierSize& size : sizes) {
+    const int64_t total = int64_t{size.device_blocks} + size.host_blocks;
+    if (total > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("tier size ", size.device_blocks, " + ",
+                                                     size.host_blocks, " exceeds int32"));
+    }
+    absl::StatusOr<TieredReplayResult> tiered =
+        replay_tiered_lru(streams, size.device_blocks, size.host_blocks, size.retained_head_blocks);
+    if (!tiered.ok()) return tiered.status();
+    absl::StatusOr<ReplayResult> single = replay_lru(streams, static_cast<int32_t>(total));
+    if (!single.ok()) return single.status();
+    rows.push_back({.tiered = *tiered, .single = *single});
+  }
+  return rows;
+}
+
+double trace_seconds(const Trace& trace) {
+  if (trace.requests.size() < 2) return 0.0;
+  return trace.requests.back().arrival_s - trace.requests.front().arrival_s;
 }
 
 absl::StatusOr<std::vector<EvictionRow>> eviction_study(const BlockStreams& streams,

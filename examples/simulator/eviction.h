@@ -15,6 +15,8 @@
 // evicts from the head of the free queue, the least recently used) and cached, and the
 // request's blocks are then freed tail to head, so the head ends up at the queue's tail.
 //
+// The tiered replay (below) adds a host tier behind the device pool.
+//
 // Belady: the cached block whose next use (in the flattened reference stream) is farthest
 // in the future is evicted; a missing block whose own next use is farther than every
 // cached block's is not inserted (bypass), which is what makes MIN optimal. Parents are
@@ -70,6 +72,98 @@ struct EvictionRow {
 // Both replays at each capacity, then at the infinite size.
 [[nodiscard]] absl::StatusOr<std::vector<EvictionRow>> eviction_study(
     const BlockStreams& streams, const std::vector<int32_t>& capacities);
+
+// --- Two tiers: device and host ----------------------------------------------------------
+//
+// The tiered replay models the host tier of issue 13: a device tier of D blocks and a host
+// tier of H blocks, each an LRU list, exclusive (a block lives in one tier at a time).
+//   - A request's hits are the longest prefix of its blocks present in either tier; the
+//     device hits and the host hits are counted apart.
+//   - Hits are pinned first (as the single-pool replay touches them), then every host hit
+//     is promoted (host -> device) and every miss inserted, each taking a device slot.
+//     A full device demotes its least recently used unpinned block to the host tier's
+//     most recent end (device -> host); a full host tier drops its least recently used
+//     block (with H = 0 a demotion is a plain eviction).
+//   - The request's blocks then become the device's most recent, tail to head, as in the
+//     single-pool replay.
+// Every host block is older than every unpinned device block, so the two tiers together
+// hold the D + H most recent blocks: the combined hit rate equals single-pool LRU at
+// D + H, and the device hits equal single-pool LRU at D. The study measures both.
+struct TieredReplayResult {
+  int64_t device_capacity = 0;
+  int64_t host_capacity = 0;
+  int32_t retained_head_blocks = 0;
+  int64_t total_blocks = 0;       // block references replayed
+  int64_t device_hit_blocks = 0;  // hits found in the device tier
+  int64_t host_hit_blocks = 0;    // hits found in the host tier (each one promoted)
+  int64_t demotions = 0;          // device -> host copies (0 when there is no host tier)
+  int64_t host_evictions = 0;     // blocks dropped from the host tier (or the device, H = 0)
+  int64_t hit_blocks() const { return device_hit_blocks + host_hit_blocks; }
+  int64_t promotions() const { return host_hit_blocks; }
+  double rate(int64_t blocks) const {
+    return total_blocks == 0 ? 0.0 : static_cast<double>(blocks) / total_blocks;
+  }
+  double hit_rate() const { return rate(hit_blocks()); }
+  double device_hit_rate() const { return rate(device_hit_blocks); }
+  double host_hit_rate() const { return rate(host_hit_blocks); }
+};
+
+// Tiered LRU replay with `device_blocks` and `host_blocks`.
+//
+// Retention priorities (issue 13 asks the allocator for them): the first
+// `retained_head_blocks` blocks of every request get priority 1, the rest 0, and the
+// device demotes the least recently used block of the lowest priority present, so a
+// request's head (where shared prefixes live) outlasts its tail. 0 is plain LRU. A
+// block's priority is set each time a request touches it; the host tier stays LRU.
+//
+// Errors: InvalidArgument when device_blocks < 1, host_blocks < 0,
+// retained_head_blocks < 0, or a request has more blocks than the device tier.
+[[nodiscard]] absl::StatusOr<TieredReplayResult> replay_tiered_lru(
+    const BlockStreams& streams, int32_t device_blocks, int32_t host_blocks,
+    int32_t retained_head_blocks = 0);
+
+struct TierSize {
+  int32_t device_blocks = 0;
+  int32_t host_blocks = 0;
+  int32_t retained_head_blocks = 0;  // see replay_tiered_lru()
+};
+
+struct TierRow {
+  TieredReplayResult tiered;
+  ReplayResult single;  // LRU on one BlockPool of device_blocks + host_blocks
+};
+
+// The tiered replay at each size, next to single-pool LRU (BlockPool) of the same total.
+// Errors: as replay_tiered_lru() and replay_lru(); InvalidArgument when a total exceeds
+// int32.
+[[nodiscard]] absl::StatusOr<std::vector<TierRow>> tier_study(const BlockStreams& streams,
+                                                              const std::vector<TierSize>& sizes);
+
+// What moving blocks between tiers costs against recomputing them, for the report.
+struct TierCostModel {
+  int64_t block_bytes = 0;          // KV bytes of one trace block (all layers, K and V)
+  int32_t block_tokens = 512;       // tokens per trace block
+  double prefill_tokens_per_s = 0;  // recompute speed
+  double trace_seconds = 0;         // first to last arrival of the replayed trace
+  struct Link {
+    const char* name;
+    double bytes_per_s;
+  };
+  std::vector<Link> links = {{"PCIe 5.0 x16", 55e9}, {"NVLink-C2C", 450e9}};
+
+  // Seconds to recompute one block, and to copy one over `link`.
+  double recompute_s() const { return block_tokens / prefill_tokens_per_s; }
+  double copy_s(const Link& link) const {
+    return static_cast<double>(block_bytes) / link.bytes_per_s;
+  }
+  // Bytes per second of trace for `blocks` copies.
+  double bytes_per_s(int64_t blocks) const {
+    return trace_seconds > 0 ? static_cast<double>(blocks) * block_bytes / trace_seconds : 0.0;
+  }
+};
+
+// The first-to-last arrival span of a trace, in seconds (0 for fewer than two requests).
+double trace_seconds(const Trace& trace);
 
 }  // namespace pagedkv::sim
 

@@ -24,7 +24,8 @@ constexpr const char* kUsage = R"(Usage: pagedkv-sim [options]
 Replays traces in simulated time with an engine model and compares allocators:
 contiguous-max (reserve max_model_len per request, first fit), contiguous-oracle
 (reserve prompt + output), paged and paged+prefix (pagedkv's KvCacheManager) at each
-block size. Runs the eviction study (LRU on BlockPool vs Belady) on the Mooncake trace.
+block size. Runs the eviction study (LRU on BlockPool vs Belady) and the tier study
+(device + host LRU tiers) on the Mooncake trace.
 
   --traces-dir DIR      shipped traces (default: $PAGEDKV_TRACES_DIR, else ../shared/traces
                         next to the source tree)
@@ -35,7 +36,7 @@ block size. Runs the eviction study (LRU on BlockPool vs Belady) on the Mooncake
   --gen-requests N      generated workload: requests (default 2000)
   --gen-rate X          generated workload: Poisson arrivals per second (default 20)
   --gen-seed N          generated workload: random seed (default 1)
-  --no-eviction         skip the eviction study
+  --no-eviction         skip the eviction and tier studies
   --quick               first 400 requests of each trace (for tests)
   --max-requests N      first N requests of each trace
   --block-sizes LIST    paged block sizes (default 8,16,32)
@@ -46,6 +47,9 @@ block size. Runs the eviction study (LRU on BlockPool vs Belady) on the Mooncake
   --max-model-len N     context limit (default per trace: Azure 8192, Mooncake 131072)
   --preemption MODE     recompute (default) or swap
   --swap-gib X          host swap space for --preemption swap (default 4)
+  --host-cache-gib X    host tier behind paged+prefix: evicted cached blocks are demoted
+                        there and promoted on a hit (default 0: none)
+  --host-link-gbps X    host tier promotion bandwidth in GB/s (default 55, PCIe 5.0 x16)
   --step-ms X           decode step time (default 20)
   --prefill-ms-per-1k X prefill time per 1,000 prompt tokens (default 50)
   --max-num-seqs N      running sequences at most (default 512)
@@ -125,6 +129,10 @@ int main(int argc, char** argv) {
           v == "swap" ? pagedkv::PreemptionMode::kSwap : pagedkv::PreemptionMode::kRecompute;
     } else if (a == "--swap-gib" && value(&v) && parse_double(v, &d) && d >= 0) {
       options.host_swap_gib = d;
+    } else if (a == "--host-cache-gib" && value(&v) && parse_double(v, &d) && d >= 0) {
+      options.host_cache_gib = d;
+    } else if (a == "--host-link-gbps" && value(&v) && parse_double(v, &d) && d > 0) {
+      options.engine.host_link_bytes_per_s = d * 1e9;
     } else if (a == "--step-ms" && value(&v) && parse_double(v, &d) && d > 0) {
       options.engine.step_ms = d;
     } else if (a == "--prefill-ms-per-1k" && value(&v) && parse_double(v, &d) && d >= 0) {
@@ -171,6 +179,11 @@ int main(int argc, char** argv) {
   if (!report->eviction.empty()) {
     fmt::print("Eviction study on {} (512-token blocks; block-level prefix hit rate):\n{}\n",
                report->eviction_trace, pagedkv::sim::format_eviction_table(report->eviction));
+  }
+  if (!report->tiers.empty()) {
+    fmt::print(
+        "Tier study on {} (device + host LRU tiers against one LRU pool of the same total):\n{}\n",
+        report->eviction_trace, pagedkv::sim::format_tier_table(report->tiers, report->tier_costs));
   }
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);

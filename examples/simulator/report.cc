@@ -85,6 +85,20 @@ std::string format_run_table(const TraceRun& run) {
         r.throughput_rps, r.mean_latency_s, r.preemptions, r.prefix_hit_rate(), r.evictions,
         r.allocator_ns_per_step, fmt::format("{}/{}", r.completed, r.requests));
   }
+  if (run.host_cache_gib > 0) {
+    out += fmt::format("host tier {:.2f} GiB behind paged+prefix:\n", run.host_cache_gib);
+    for (const EngineResult& r : run.results) {
+      if (r.blocks_demoted == 0 && r.prefix_host_hit_tokens == 0) continue;
+      out += fmt::format(
+          "{:<19} prefix hit {:.3f} (host {:.3f}), {} blocks promoted, {} demoted, {} dropped, "
+          "{:.1f}s promoting\n",
+          r.allocator, r.prefix_hit_rate(),
+          r.prefix_query_tokens == 0 ? 0.0
+                                     : static_cast<double>(r.prefix_host_hit_tokens) /
+                                           static_cast<double>(r.prefix_query_tokens),
+          r.blocks_promoted, r.blocks_demoted, r.host_evictions, r.promote_time_s);
+    }
+  }
   return out;
 }
 
@@ -102,6 +116,32 @@ std::string format_eviction_table(const std::vector<EvictionRow>& rows) {
   return out;
 }
 
+std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostModel& costs) {
+  constexpr double kGB = 1e9;
+  std::string out = fmt::format("{:>7} {:>7} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>11}\n",
+                                "device", "host", "retain", "dev hit", "host hit", "combined",
+                                "LRU(D+H)", "diff", "promo GB/s", "demo GB/s");
+  for (const TierRow& row : rows) {
+    const TieredReplayResult& t = row.tiered;
+    out += fmt::format(
+        "{:>7} {:>7} {:>6} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.4f} {:>8.4f} {:>11.3f} {:>11.3f}\n",
+        t.device_capacity, t.host_capacity, t.retained_head_blocks, t.device_hit_rate(),
+        t.host_hit_rate(), t.hit_rate(), row.single.hit_rate(),
+        t.hit_rate() - row.single.hit_rate(), costs.bytes_per_s(t.promotions()) / kGB,
+        costs.bytes_per_s(t.demotions) / kGB);
+  }
+  out += fmt::format(
+      "Per {}-token block ({:.1f} MiB of KV): recompute {:.2f} ms at {:.0f} prefill tokens/s",
+      costs.block_tokens, static_cast<double>(costs.block_bytes) / (1 << 20),
+      1e3 * costs.recompute_s(), costs.prefill_tokens_per_s);
+  for (const TierCostModel::Link& link : costs.links) {
+    out += fmt::format("; promote over {} ({:.0f} GB/s) {:.3f} ms ({:.1f}x faster)", link.name,
+                       link.bytes_per_s / kGB, 1e3 * costs.copy_s(link),
+                       costs.recompute_s() / costs.copy_s(link));
+  }
+  return out + "\n";
+}
+
 std::string to_json(const SimReport& report) {
   std::string out = "{\n";
   out += fmt::format("  \"model\": {},\n  \"bytes_per_token\": {},\n  \"quick\": {},\n",
@@ -113,11 +153,12 @@ std::string to_json(const SimReport& report) {
     out += i == 0 ? "\n" : ",\n";
     out += fmt::format(
         "    {{\"trace\": {}, \"requests\": {}, \"time_scale\": {}, \"budget_tokens\": {}, "
-        "\"budget_gib\": {}, \"max_model_len\": {}, \"prompts_truncated\": {}, "
+        "\"budget_gib\": {}, \"max_model_len\": {}, \"host_cache_gib\": {}, "
+        "\"prompts_truncated\": {}, "
         "\"outputs_clamped\": {},\n     \"allocators\": [",
         json_string(run.trace), run.requests, num(run.time_scale), run.budget_tokens,
-        num(run.budget_gib), run.max_model_len, run.clamp.prompts_truncated,
-        run.clamp.outputs_clamped);
+        num(run.budget_gib), run.max_model_len, num(run.host_cache_gib),
+        run.clamp.prompts_truncated, run.clamp.outputs_clamped);
     for (size_t j = 0; j < run.results.size(); ++j) {
       const EngineResult& r = run.results[j];
       out += j == 0 ? "\n" : ",\n";
@@ -128,12 +169,16 @@ std::string to_json(const SimReport& report) {
           "\"mean_latency_s\": {}, \"preemptions\": {}, \"preemptions_swap\": {}, "
           "\"prefix_query_tokens\": {}, \"prefix_hit_tokens\": {}, \"prefix_hit_rate\": {}, "
           "\"evictions\": {}, \"cow_copies\": {}, \"generated_tokens\": {}, "
+          "\"prefix_host_hit_tokens\": {}, \"blocks_promoted\": {}, \"blocks_demoted\": {}, "
+          "\"host_evictions\": {}, \"promote_time_s\": {}, "
           "\"allocator_ns_per_step\": {},\n       \"series\": {{\"time_s\": [",
           json_string(r.allocator), r.requests, r.completed, r.rejected, r.steps, num(r.sim_time_s),
           num(r.mean_utilization), num(r.mean_memory_use), r.peak_concurrency,
           num(r.mean_concurrency), num(r.throughput_rps), num(r.mean_latency_s), r.preemptions,
           r.preemptions_swap, r.prefix_query_tokens, r.prefix_hit_tokens, num(r.prefix_hit_rate()),
-          r.evictions, r.cow_copies, r.generated_tokens, num(r.allocator_ns_per_step));
+          r.evictions, r.cow_copies, r.generated_tokens, r.prefix_host_hit_tokens,
+          r.blocks_promoted, r.blocks_demoted, r.host_evictions, num(r.promote_time_s),
+          num(r.allocator_ns_per_step));
       std::string util, conc;
       for (size_t k = 0; k < r.series.size(); ++k) {
         const char* sep = k == 0 ? "" : ",";
@@ -158,6 +203,34 @@ std::string to_json(const SimReport& report) {
           i == 0 ? "" : ",", row.capacity, row.infinite ? "true" : "false", row.lru.total_blocks,
           row.lru.hit_blocks, num(row.lru.hit_rate()), row.lru.evictions, row.belady.hit_blocks,
           num(row.belady.hit_rate()), row.belady.evictions);
+    }
+    out += "\n  ]}";
+  }
+  if (!report.tiers.empty()) {
+    const TierCostModel& c = report.tier_costs;
+    out += fmt::format(
+        ",\n  \"tiers\": {{\"trace\": {}, \"block_tokens\": {}, \"block_bytes\": {}, "
+        "\"trace_seconds\": {}, \"prefill_tokens_per_s\": {}, \"recompute_ms\": {}, \"links\": [",
+        json_string(report.eviction_trace), c.block_tokens, c.block_bytes, num(c.trace_seconds),
+        num(c.prefill_tokens_per_s), num(1e3 * c.recompute_s()));
+    for (size_t i = 0; i < c.links.size(); ++i) {
+      out += fmt::format("{}{{\"name\": {}, \"bytes_per_s\": {}, \"promote_ms\": {}}}",
+                         i == 0 ? "" : ", ", json_string(c.links[i].name),
+                         num(c.links[i].bytes_per_s), num(1e3 * c.copy_s(c.links[i])));
+    }
+    out += "], \"rows\": [";
+    for (size_t i = 0; i < report.tiers.size(); ++i) {
+      const TieredReplayResult& t = report.tiers[i].tiered;
+      out += fmt::format(
+          "{}\n    {{\"device_blocks\": {}, \"host_blocks\": {}, \"retained_head_blocks\": {}, "
+          "\"total_blocks\": {}, "
+          "\"device_hit_blocks\": {}, \"host_hit_blocks\": {}, \"hit_rate\": {}, "
+          "\"single_pool_hit_rate\": {}, \"promotions\": {}, \"demotions\": {}, "
+          "\"host_evictions\": {}, \"promoted_bytes_per_s\": {}, \"demoted_bytes_per_s\": {}}}",
+          i == 0 ? "" : ",", t.device_capacity, t.host_capacity, t.retained_head_blocks,
+          t.total_blocks, t.device_hit_blocks, t.host_hit_blocks, num(t.hit_rate()),
+          num(report.tiers[i].single.hit_rate()), t.promotions(), t.demotions, t.host_evictions,
+          num(c.bytes_per_s(t.promotions())), num(c.bytes_per_s(t.demotions)));
     }
     out += "\n  ]}";
   }

@@ -26,6 +26,7 @@ struct TraceRun {
   int64_t budget_tokens = 0;  // KV slots of the device budget
   double budget_gib = 0;
   int32_t max_model_len = 0;
+  double host_cache_gib = 0;  // host tier behind paged+prefix (0: none)
   std::vector<EngineResult> results;
 };
 
@@ -36,6 +37,8 @@ struct SimReport {
   std::vector<TraceRun> runs;
   std::string eviction_trace;  // empty: no eviction study
   std::vector<EvictionRow> eviction;
+  std::vector<TierRow> tiers;  // the tier study on the same trace
+  TierCostModel tier_costs;
 };
 
 // The engine results of one trace as an aligned text table.
@@ -43,6 +46,11 @@ std::string format_run_table(const TraceRun& run);
 
 // The eviction study as a text table (hit rates and the gap to the optimum).
 std::string format_eviction_table(const std::vector<EvictionRow>& rows);
+
+// The tier study as a text table (hit rate by tier, the single-pool LRU of the same
+// total, bytes promoted and demoted per second of trace), then promotion against
+// recompute per block at each link of `costs`.
+std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostModel& costs);
 
 std::string to_json(const SimReport& report);
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <list>
+#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -9,7 +11,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "contiguous_arena.h"
+#include "pagedkv/block_hash.h"
 #include "pagedkv/block_table.h"
+#include "pagedkv/kv_events.h"
 
 namespace pagedkv::sim {
 
@@ -203,6 +207,66 @@ class ContiguousAllocator final : public SimAllocator {
   absl::flat_hash_map<SeqId, Seq> seqs_;
 };
 
+// --- host tier model ------------------------------------------------------------------------
+
+// An LRU set of block hashes fed by the manager's events (see sim_allocator.h).
+class HostTier final : public KvEventSink {
+ public:
+  explicit HostTier(int64_t capacity_blocks) : capacity_(capacity_blocks) {}
+
+  void on_event(const KvEvent& event) override {
+    if (const auto* removed = std::get_if<BlockRemoved>(&event)) {
+      for (const BlockHash& h : removed->block_hashes) demote(h);
+    } else if (const auto* stored = std::get_if<BlockStored>(&event)) {
+      for (const BlockHash& h : stored->block_hashes) erase(h);  // on the device again
+    } else if (std::holds_alternative<AllBlocksCleared>(event)) {
+      lru_.clear();  // a flush empties both tiers
+      where_.clear();
+    }
+  }
+
+  bool contains(const BlockHash& h) const { return where_.contains(h); }
+
+  // Counts a promotion of a block found here at admission. The block may already have
+  // left the tier meanwhile (stored on the device again by the admitting allocation);
+  // the real allocator pins a block a pending promotion reads.
+  void promote(const BlockHash& h) {
+    erase(h);
+    ++promoted_;
+  }
+
+  int64_t promoted() const { return promoted_; }
+  int64_t demoted() const { return demoted_; }
+  int64_t dropped() const { return dropped_; }
+
+ private:
+  void demote(const BlockHash& h) {
+    if (capacity_ == 0 || contains(h)) return;
+    if (static_cast<int64_t>(lru_.size()) == capacity_) {
+      where_.erase(lru_.front());
+      lru_.pop_front();
+      ++dropped_;
+    }
+    where_.emplace(h, lru_.insert(lru_.end(), h));
+    ++demoted_;
+  }
+
+  bool erase(const BlockHash& h) {
+    auto it = where_.find(h);
+    if (it == where_.end()) return false;
+    lru_.erase(it->second);
+    where_.erase(it);
+    return true;
+  }
+
+  int64_t capacity_;
+  std::list<BlockHash> lru_;  // front: least recently demoted
+  absl::flat_hash_map<BlockHash, std::list<BlockHash>::iterator> where_;
+  int64_t promoted_ = 0;
+  int64_t demoted_ = 0;
+  int64_t dropped_ = 0;
+};
+
 // --- paged: the library's KvCacheManager ---------------------------------------------------
 
 class PagedAllocator final : public SimAllocator, public PreemptionHooks {
@@ -233,6 +297,11 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     o.enable_prefix_caching = setup.config.kind == AllocatorKind::kPagedPrefix;
     o.preemption_mode = o.num_host_blocks > 0 ? setup.preemption_mode : PreemptionMode::kRecompute;
     o.preemption_hooks = a.get();
+    const int64_t host_cache_blocks = setup.host_cache_tokens / bs;
+    if (o.enable_prefix_caching && host_cache_blocks > 0) {
+      a->host_tier_ = std::make_unique<HostTier>(host_cache_blocks);
+      o.event_sink = a->host_tier_.get();
+    }
     absl::StatusOr<KvCacheManager> manager = KvCacheManager::create(std::move(o));
     if (!manager.ok()) return manager.status();
     a->manager_.emplace(std::move(*manager));
@@ -274,14 +343,20 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     }
     absl::StatusOr<int32_t> work = uncomputed(seq);
     if (!work.ok()) return work.status();
+    const int32_t cached = matched_.at(seq);
+    absl::StatusOr<std::vector<BlockHash>> host_hits = host_hit_blocks(seq, cached);
+    if (!host_hits.ok()) return host_hits.status();
     absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, *work);
     if (!slots.ok()) return slots.status();  // ResourceExhausted: keeps its matched prefix
+    // Host hits are promoted: copied into the device blocks just allocated, not computed.
+    for (const BlockHash& h : *host_hits) host_tier_->promote(h);
+    const int32_t promoted = static_cast<int32_t>(host_hits->size()) * block_size_;
     // Prefix statistics count admitted prefills only, not retries.
-    const int32_t cached = matched_.at(seq);
     query_tokens_ += cached + *work;
-    hit_tokens_ += cached;
+    hit_tokens_ += cached + promoted;
+    host_hit_tokens_ += promoted;
     matched_.erase(seq);
-    return *work;
+    return *work - promoted;
   }
 
   absl::StatusOr<int32_t> reserve(SeqId seq, bool may_preempt) override {
@@ -355,7 +430,11 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
             .preemptions_recompute = s.preemptions_recompute,
             .preemptions_swap = s.preemptions_swap,
             .cow_copies = s.cow_copies,
-            .blocks_swapped_out = s.blocks_swapped_out};
+            .blocks_swapped_out = s.blocks_swapped_out,
+            .prefix_host_hit_tokens = host_hit_tokens_,
+            .blocks_promoted = host_tier_ ? host_tier_->promoted() : 0,
+            .blocks_demoted = host_tier_ ? host_tier_->demoted() : 0,
+            .host_evictions = host_tier_ ? host_tier_->dropped() : 0};
   }
 
   std::string describe() const override {
@@ -375,6 +454,28 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     return static_cast<int32_t>(v->tokens.size()) - v->num_computed_tokens;
   }
 
+  // The hashes of the full prompt blocks after the first `cached` tokens that the host
+  // tier holds, in order, up to the first absent one. A prompt hits at most len - 1
+  // tokens, as in match_prefix(). Empty without a host tier.
+  absl::StatusOr<std::vector<BlockHash>> host_hit_blocks(SeqId seq, int32_t cached) const {
+    std::vector<BlockHash> hits;
+    if (!host_tier_) return hits;
+    absl::StatusOr<SequenceView> v = manager_->sequence(seq);
+    if (!v.ok()) return v.status();
+    const int32_t bs = block_size_;
+    const int32_t matchable = (static_cast<int32_t>(v->tokens.size()) - 1) / bs;
+    BlockHash parent;
+    for (int32_t i = 0; i < matchable; ++i) {
+      const BlockHash h =
+          hash_block(i == 0 ? nullptr : &parent, v->tokens.subspan(int64_t{i} * bs, bs), {});
+      parent = h;
+      if (i < cached / bs) continue;  // on the device
+      if (!host_tier_->contains(h)) break;
+      hits.push_back(h);
+    }
+    return hits;
+  }
+
   // Drops the prefix a waiting sequence matched: the manager has no "unmatch", so the
   // sequence is freed and registered again with the same tokens.
   absl::Status release_match(SeqId seq) {
@@ -386,11 +487,13 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     return manager_->add_sequence(seq, tokens);
   }
 
+  std::unique_ptr<HostTier> host_tier_;  // the manager's event sink: outlives it
   std::optional<KvCacheManager> manager_;
   int32_t block_size_ = 16;
   absl::flat_hash_map<SeqId, int32_t> matched_;  // waiting, holding a matched prefix (tokens)
   int64_t query_tokens_ = 0;                     // prompt tokens of admitted prefills
   int64_t hit_tokens_ = 0;                       // of those, served from the prefix cache
+  int64_t host_hit_tokens_ = 0;                  // of those, promoted from the host tier
   mutable absl::flat_hash_set<BlockId> partial_;
 };
 

@@ -16,6 +16,14 @@ TraceKind kind_of(const std::string& path) {
 
 }  // namespace
 
+TierCostModel tier_cost_model(const SimOptions& options, const Trace& trace) {
+  TierCostModel costs;
+  costs.block_bytes = int64_t{costs.block_tokens} * options.spec.bytes_per_token();
+  costs.prefill_tokens_per_s = 1e6 / options.engine.prefill_ms_per_1k_tokens;
+  costs.trace_seconds = trace_seconds(trace);
+  return costs;
+}
+
 TraceSettings default_settings(TraceKind kind, const std::string& name) {
   switch (kind) {
     case TraceKind::kAzure:
@@ -73,6 +81,9 @@ absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions
   run.budget_tokens = budget_bytes / options.spec.bytes_per_token();
   run.max_model_len = settings.max_model_len;
   const auto host_bytes = static_cast<int64_t>(std::llround(options.host_swap_gib * (1 << 30)));
+  const auto host_cache_bytes =
+      static_cast<int64_t>(std::llround(options.host_cache_gib * (1 << 30)));
+  run.host_cache_gib = options.host_cache_gib;
 
   for (const AllocatorConfig& config : allocator_configs(options)) {
     AllocatorSetup setup;
@@ -87,9 +98,11 @@ absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions
       setup.budget_tokens = run.budget_tokens;
     }
     setup.host_budget_tokens = host_bytes / options.spec.bytes_per_token();
+    setup.host_cache_tokens = host_cache_bytes / options.spec.bytes_per_token();
     setup.max_model_len = settings.max_model_len;
     setup.preemption_mode = options.preemption_mode;
     EngineOptions engine = options.engine;
+    engine.kv_bytes_per_token = options.spec.bytes_per_token();
     const std::string name = allocator_name(config);
     if (options.progress) {
       engine.progress = [&](int64_t steps, int64_t done, int64_t total) {
@@ -133,6 +146,11 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
       if (!rows.ok()) return rows.status();
       report.eviction_trace = trace->name;
       report.eviction = std::move(*rows);
+      absl::StatusOr<std::vector<TierRow>> tiers =
+          tier_study(block_streams(*trace), options.tier_sizes);
+      if (!tiers.ok()) return tiers.status();
+      report.tiers = std::move(*tiers);
+      report.tier_costs = tier_cost_model(options, *trace);
       eviction_done = true;
     }
     absl::StatusOr<TraceRun> run = run_trace(std::move(*trace), kind, options);

@@ -50,10 +50,16 @@ struct SimOptions {
   std::optional<double> time_scale;
   std::optional<int32_t> max_model_len;
   double host_swap_gib = 4;
+  double host_cache_gib = 0;  // host tier behind paged+prefix (0: none)
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   EngineOptions engine;
   bool eviction = true;  // eviction study on the first Mooncake trace
   std::vector<int32_t> eviction_sizes = {1024, 4096, 16384, 65536};
+  // The tier study (device + host blocks, and retained head blocks with no host tier) on
+  // the eviction study's trace; recompute runs at the engine's prefill speed
+  // (engine.prefill_ms_per_1k_tokens).
+  std::vector<TierSize> tier_sizes = {{1024, 3072},  {4096, 12288}, {16384, 49152}, {1024, 0, 2},
+                                      {1024, 0, 32}, {4096, 0, 2},  {4096, 0, 32}};
   // Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x 2 bytes x 2 = 128 KiB per token.
   KvCacheSpec spec{.num_layers = 32,
                    .num_kv_heads = 8,
@@ -69,6 +75,10 @@ std::vector<AllocatorConfig> allocator_configs(const SimOptions& options);
 
 // Resolves a trace argument: an existing path as is, else traces_dir/name.
 std::string resolve_trace_path(const SimOptions& options, const std::string& trace);
+
+// The tier study's costs: 512-token blocks of options.spec, recompute at the engine's
+// prefill speed (infinite when prefill_ms_per_1k_tokens is 0), the trace's arrival span.
+TierCostModel tier_cost_model(const SimOptions& options, const Trace& trace);
 
 // Runs everything. Errors: NotFound / InvalidArgument from the readers (file and line),
 // InvalidArgument for bad options, Internal from the engine.

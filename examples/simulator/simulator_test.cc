@@ -4,6 +4,7 @@
 // tests WARN and return when the traces are absent (PAGEDKV_TRACES_DIR overrides the
 // default PAGEDKV_SOURCE_DIR/../shared/traces). Nothing here is timed.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -230,6 +231,113 @@ TEST_CASE("Belady beats LRU on a cyclic stream that LRU always misses", "[simula
   CHECK(absl::IsInvalidArgument(replay_lru({{1, 2, 3}}, 2).status()));
 }
 
+// --- tier study ---------------------------------------------------------------------------
+
+TEST_CASE("tiered LRU: a cycle one tier cannot hold hits in the host tier", "[simulator]") {
+  // Four single-block requests cycling over 2 device + 2 host blocks: each block is
+  // demoted twice as it ages and promoted when it comes round again.
+  BlockStreams streams;
+  for (int i = 0; i < 30; ++i) streams.push_back({i % 4});
+  absl::StatusOr<TieredReplayResult> t = replay_tiered_lru(streams, 2, 2);
+  REQUIRE(t.ok());
+  CHECK(t->total_blocks == 30);
+  CHECK(t->device_hit_blocks == 0);
+  CHECK(t->host_hit_blocks == 26);  // every reference after the first cycle
+  CHECK(t->promotions() == 26);
+  CHECK(t->demotions == 28);  // every request after the first two pushes one block out
+  CHECK(t->host_evictions == 0);
+  // One pool of 4 holds the cycle too; one of 2 (the device alone) never hits.
+  CHECK(replay_lru(streams, 4)->hit_blocks == 26);
+  CHECK(replay_lru(streams, 2)->hit_blocks == 0);
+  // Without a host tier a demotion is an eviction, as in the single pool.
+  absl::StatusOr<TieredReplayResult> device_only = replay_tiered_lru(streams, 2, 0);
+  REQUIRE(device_only.ok());
+  CHECK(device_only->hit_blocks() == 0);
+  CHECK(device_only->demotions == 0);
+  CHECK(device_only->host_evictions == 28);
+}
+
+TEST_CASE("tiered LRU: a hit chain runs from device into host blocks", "[simulator]") {
+  // 3 device + 3 host blocks. After {0,1,2} then {0,7}, block 2 (the least recent) sits
+  // in the host tier while 0 and 1 are on the device: {0,1,2} hits 0 and 1 on the device
+  // and 2 in the host, whose promotion demotes 7.
+  const BlockStreams streams = {{0, 1, 2}, {0, 7}, {0, 1, 2}};
+  absl::StatusOr<TieredReplayResult> t = replay_tiered_lru(streams, 3, 3);
+  REQUIRE(t.ok());
+  CHECK(t->total_blocks == 8);
+  CHECK(t->device_hit_blocks == 3);  // 0 in request 2; 0 and 1 in request 3
+  CHECK(t->host_hit_blocks == 1);    // 2 in request 3
+  CHECK(t->demotions == 2);          // 2 (for 7), then 7 (for the promotion of 2)
+  CHECK(t->host_evictions == 0);
+  CHECK(replay_lru(streams, 6)->hit_blocks == t->hit_blocks());
+  CHECK(replay_lru(streams, 3)->hit_blocks == t->device_hit_blocks);
+  // A host tier of one block is enough: 2 leaves it (promoted) before 7 is demoted into it.
+  absl::StatusOr<TieredReplayResult> small = replay_tiered_lru(streams, 3, 1);
+  REQUIRE(small.ok());
+  CHECK(small->host_hit_blocks == 1);
+  CHECK(small->host_evictions == 0);
+}
+
+TEST_CASE("retention priorities keep request heads past plain LRU", "[simulator]") {
+  // 4 device blocks. Plain LRU: {5,6,7} evicts 1, then {8} evicts 0, the least recent, so
+  // the last {0} misses. Retaining each request's first block (priority 1) evicts the
+  // tails 1 and 7 instead, and {0} hits.
+  const BlockStreams streams = {{0, 1}, {5, 6, 7}, {8}, {0}};
+  CHECK(replay_lru(streams, 4)->hit_blocks == 0);
+  CHECK(replay_tiered_lru(streams, 4, 0)->hit_blocks() == 0);
+  absl::StatusOr<TieredReplayResult> retained = replay_tiered_lru(streams, 4, 0, 1);
+  REQUIRE(retained.ok());
+  CHECK(retained->device_hit_blocks == 1);
+  CHECK(retained->host_evictions == 2);  // 1, then 7 (no host tier: evictions)
+}
+
+TEST_CASE("tiered LRU rejects bad sizes and requests larger than the device", "[simulator]") {
+  const BlockStreams streams = {{1, 2, 3}};
+  CHECK(absl::IsInvalidArgument(replay_tiered_lru(streams, 4, 0, -1).status()));
+  CHECK(absl::IsInvalidArgument(replay_tiered_lru(streams, 0, 4).status()));
+  CHECK(absl::IsInvalidArgument(replay_tiered_lru(streams, 4, -1).status()));
+  absl::StatusOr<TieredReplayResult> big = replay_tiered_lru(streams, 2, 100);
+  REQUIRE(absl::IsInvalidArgument(big.status()));
+  CHECK(std::string(big.status().message()).find("3 blocks, more than the device tier's 2") !=
+        std::string::npos);
+}
+
+TEST_CASE("tiers on the Mooncake trace lose nothing against one pool of the same size",
+          "[simulator]") {
+  const std::string path = trace_path("synthetic_trace.jsonl");
+  if (path.empty()) return;
+  absl::StatusOr<Trace> trace = read_mooncake_jsonl(path);
+  REQUIRE(trace.ok());
+  const BlockStreams streams = block_streams(*trace);
+  absl::StatusOr<std::vector<TierRow>> rows = tier_study(streams, {{1024, 3072}, {4096, 12288}});
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 2);
+  for (const TierRow& row : *rows) {
+    const TieredReplayResult& t = row.tiered;
+    INFO("device " << t.device_capacity << " + host " << t.host_capacity << ": device hits "
+                   << t.device_hit_blocks << ", host hits " << t.host_hit_blocks << ", single pool "
+                   << row.single.hit_blocks);
+    CHECK(t.total_blocks == 121877);
+    CHECK(row.single.capacity == t.device_capacity + t.host_capacity);
+    // Issue 13's criterion, then the exact identity behind it (see eviction.h).
+    CHECK(std::abs(t.hit_rate() - row.single.hit_rate()) <= 0.005);
+    CHECK(t.hit_blocks() == row.single.hit_blocks);
+    // The device tier alone behaves as a single pool of its size.
+    absl::StatusOr<ReplayResult> device_alone =
+        replay_lru(streams, static_cast<int32_t>(t.device_capacity));
+    REQUIRE(device_alone.ok());
+    CHECK(t.device_hit_blocks == device_alone->hit_blocks);
+    // The host tier is used: hits there, and every promoted block was demoted first.
+    CHECK(t.host_hit_blocks > 0);
+    CHECK(t.demotions >= t.promotions());
+  }
+  // A host tier of 0 is the single pool.
+  absl::StatusOr<TieredReplayResult> no_host = replay_tiered_lru(streams, 1024, 0);
+  REQUIRE(no_host.ok());
+  CHECK(no_host->hit_blocks() == (*rows)[0].tiered.device_hit_blocks);
+  CHECK(no_host->host_hit_blocks == 0);
+}
+
 // --- engine model ------------------------------------------------------------------------
 
 Trace one_request_trace() {
@@ -348,6 +456,45 @@ TEST_CASE("engine: parallel samples share the prompt only when paged", "[simulat
   }
 }
 
+TEST_CASE("engine: an evicted prompt comes back from the host tier", "[simulator]") {
+  // Request 0's 1,024-token prompt (64 blocks of 16) is evicted from a 128-block device
+  // by four unrelated prompts; request 5 starts with the same 1,024 tokens. With a host
+  // tier of 512 blocks the evicted blocks are demoted there and promoted for request 5.
+  Trace t;
+  t.name = "tier";
+  t.requests.push_back(make_request(1024, 2, {1, 2}));
+  for (int64_t i = 1; i <= 4; ++i)
+    t.requests.push_back(make_request(1024, 2, {10 * i, 10 * i + 1}));
+  t.requests.push_back(make_request(1100, 2, {1, 2, 99}));
+  for (size_t i = 0; i < t.requests.size(); ++i) t.requests[i].arrival_s = 10.0 * i;
+  AllocatorSetup setup;
+  setup.config = {.kind = AllocatorKind::kPagedPrefix, .block_size = 16};
+  setup.budget_tokens = 128 * 16;
+  setup.max_model_len = 2048;
+  setup.watermark_fraction = 0;
+  EngineOptions engine;
+  engine.check_invariants = true;
+  absl::StatusOr<EngineResult> device_only = run_engine(t, setup, engine);
+  REQUIRE(device_only.ok());
+  CHECK(device_only->completed == 6);
+  CHECK(device_only->prefix_hit_tokens == 0);  // evicted before request 5 arrives
+  CHECK(device_only->blocks_demoted == 0);
+
+  setup.host_cache_tokens = 512 * 16;
+  absl::StatusOr<EngineResult> tiered = run_engine(t, setup, engine);
+  REQUIRE(tiered.ok());
+  CHECK(tiered->completed == 6);
+  CHECK(tiered->prefix_query_tokens == 5 * 1024 + 1100);
+  CHECK(tiered->prefix_hit_tokens == 1024);  // the shared 64 blocks, all from the host
+  CHECK(tiered->prefix_host_hit_tokens == 1024);
+  CHECK(tiered->blocks_promoted == 64);
+  CHECK(tiered->blocks_demoted == device_only->evictions);  // every eviction is demoted
+  CHECK(tiered->host_evictions == 0);                       // 512 blocks hold them all
+  CHECK(tiered->promote_time_s == Approx(1024.0 * 131072 / 55e9));
+  // Request 5 prefills 76 tokens instead of 1,100.
+  CHECK(tiered->sim_time_s < device_only->sim_time_s);
+}
+
 // --- quick runs on the shipped traces -------------------------------------------------------
 
 SimOptions quick_options() {
@@ -447,6 +594,35 @@ TEST_CASE("quick run on the Mooncake trace: prefix caching hits shared prefixes"
     CHECK(prefix.prefix_hit_tokens <= prefix.prefix_query_tokens);
     CHECK(prefix.evictions > 0);
   }
+}
+
+TEST_CASE("quick run on the Mooncake trace: a host tier raises the prefix hit rate",
+          "[simulator]") {
+  const std::string path = trace_path("synthetic_trace.jsonl");
+  if (path.empty()) return;
+  absl::StatusOr<Trace> trace = read_trace(path);
+  REQUIRE(trace.ok());
+  SimOptions o = quick_options();
+  o.quick_requests = 200;  // two runs: keep the sanitizer build quick
+  o.block_sizes = {16};
+  o.contiguous_oracle = false;
+  o.budget_gib = 8;  // forces evictions
+  absl::StatusOr<TraceRun> device_only = run_trace(*trace, TraceKind::kMooncake, o);
+  o.host_cache_gib = 48;
+  absl::StatusOr<TraceRun> tiered = run_trace(*trace, TraceKind::kMooncake, o);
+  REQUIRE(device_only.ok());
+  REQUIRE(tiered.ok());
+  const EngineResult& a = find_result(*device_only, "paged+prefix/16");
+  const EngineResult& b = find_result(*tiered, "paged+prefix/16");
+  INFO("hit rate " << a.prefix_hit_rate() << " -> " << b.prefix_hit_rate() << " (host "
+                   << b.prefix_host_hit_tokens << " tokens)");
+  CHECK(a.completed == b.completed);
+  CHECK(a.evictions > 0);
+  CHECK(b.prefix_host_hit_tokens > 0);
+  CHECK(b.blocks_promoted * 16 == b.prefix_host_hit_tokens);
+  CHECK(b.prefix_hit_rate() > a.prefix_hit_rate());
+  // Only paged+prefix has a host tier.
+  CHECK(find_result(*tiered, "paged/16").blocks_demoted == 0);
 }
 
 TEST_CASE("quick run on the generated workload: prefix caching multiplies concurrency",

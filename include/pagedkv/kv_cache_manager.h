@@ -38,6 +38,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pagedkv/block_copy.h"
 #include "pagedkv/block_hash.h"
 #include "pagedkv/block_pool.h"
 #include "pagedkv/block_table.h"
@@ -58,16 +59,6 @@ enum class SequenceState {
   kWaiting,  // holds no blocks: new, or preempted by recompute
   kRunning,  // holds device blocks
   kSwapped,  // holds host blocks only
-};
-
-// A copy of the first `num_tokens` token slots of block `src` into block `dst`, across
-// all layers. Copy-on-write copies are device -> device; swap-out copies are device ->
-// host and swap-in copies host -> device (whole blocks: num_tokens == block_size).
-struct BlockCopy {
-  BlockId src = kNoBlock;
-  BlockId dst = kNoBlock;
-  int32_t num_tokens = 0;
-  bool operator==(const BlockCopy&) const = default;
 };
 
 // Copies the engine runs for swapping, in this order, before the step's kernels.

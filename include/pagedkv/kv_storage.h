@@ -2,10 +2,21 @@
 //
 // KvStorage owns the KV bytes of a KvCacheSpec: for every layer a K pool and a V pool of
 // `num_blocks` blocks (CUDA device memory when a device is used, host memory otherwise),
-// plus an optional host pool of `num_host_blocks` blocks for swapped-out sequences
-// (pinned, device-mapped memory on CUDA). It hands kernels one KvCacheView per layer and
-// runs the allocator's copy-on-write and swap copies, each batch in one call (one kernel
-// launch on CUDA, across all layers).
+// plus an optional host pool of `num_host_blocks` blocks (pinned, device-mapped memory on
+// CUDA) for swapped-out sequences and the prefix cache's host tier. It hands kernels one
+// KvCacheView per layer and runs the allocator's copy-on-write, swap, demote and promote
+// copies, each batch in one call (one asynchronous kernel launch on CUDA, across all
+// layers; memcpy on CPU).
+//
+// One host pool, one host budget. Swapped sequences and the host tier share the
+// `num_host_blocks` blocks; storage does not partition them. Host block ids come from the
+// allocator, which treats the host pool as the device pool treats its own: blocks of a
+// swapped sequence are in use (the only copy of that KV: never evicted), host-tier blocks
+// are cached and evictable, least recently used first. So the policy is "swap first,
+// cache takes the rest": a swap-out may evict host-tier blocks to find room, a demotion
+// never displaces a swapped block (with no free or evictable host block the evicted
+// device block is dropped, as without a host tier), and the cache uses all the host
+// memory that swapping leaves. The same id can serve a swap and, later, the tier.
 //
 // Layout: each pool is [num_blocks][num_kv_heads][block_size][head_dim] (HND, default)
 // or [num_blocks][block_size][num_kv_heads][head_dim] (NHD), see kv_cache_view.h. The
@@ -26,6 +37,12 @@
 //   SwapOps swaps = manager.take_pending_swaps();
 //   PAGEDKV_RETURN_IF_ERROR(storage->swap_out(swaps.swap_out));
 //   PAGEDKV_RETURN_IF_ERROR(storage->swap_in(swaps.swap_in));
+//
+// Order within a step: the copies that read device blocks about to be reused (swap_out,
+// demote) before those that write device blocks (copy_blocks, swap_in, promote), all
+// before the step's K/V writes. So within one step no host block may be both read by a
+// host -> device copy and written by a device -> host copy: the allocator keeps a host
+// block it promotes or swaps in out of reuse until the next step.
 #ifndef PAGEDKV_KV_STORAGE_H_
 #define PAGEDKV_KV_STORAGE_H_
 
@@ -34,8 +51,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pagedkv/block_copy.h"
 #include "pagedkv/device.h"
-#include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "pagedkv/kv_cache_view.h"
 
@@ -44,7 +61,8 @@ namespace pagedkv {
 struct KvStorageOptions {
   Device device = default_device();  // where the main pools live and copies run
   KvLayout layout = KvLayout::kHND;
-  int32_t num_host_blocks = 0;  // blocks of the host swap pool (0: no swapping)
+  // Blocks of the host pool, shared by swapped sequences and the host tier (0: neither).
+  int32_t num_host_blocks = 0;
 };
 
 class KvStorage {
@@ -82,7 +100,7 @@ class KvStorage {
   // Layer `layer`'s pools (0 <= layer < num_layers), on the storage device. Views stay
   // valid for the storage's life.
   KvCacheView view(int32_t layer) const;
-  // Layer `layer`'s pools in the host swap pool (host pointers; num_blocks = host blocks).
+  // Layer `layer`'s pools in the host pool (host pointers; num_blocks = host blocks).
   KvCacheView host_view(int32_t layer) const;
 
   // KvStorage::copy_blocks()
@@ -102,11 +120,22 @@ class KvStorage {
   [[nodiscard]] absl::Status swap_out(std::span<const BlockCopy> ops, void* stream = nullptr);
   [[nodiscard]] absl::Status swap_in(std::span<const BlockCopy> ops, void* stream = nullptr);
 
+  // KvStorage::demote() / promote()
+  //
+  // The prefix cache's host tier: demote copies evicted cached device block src to host
+  // block dst, promote copies host src back to device dst, all layers, one batch each.
+  // Only full blocks are cached, so every op moves a whole block: num_tokens must equal
+  // block_size. Errors as swap_out() / swap_in(), plus InvalidArgument for a num_tokens
+  // other than block_size; nothing is copied then.
+  [[nodiscard]] absl::Status demote(std::span<const BlockCopy> ops, void* stream = nullptr);
+  [[nodiscard]] absl::Status promote(std::span<const BlockCopy> ops, void* stream = nullptr);
+
   // Waits for the storage's queued CUDA work (a no-op on CPU).
   [[nodiscard]] absl::Status synchronize();
 
  private:
-  enum class Target { kCopy, kSwapOut, kSwapIn };
+  // Which pools a batch reads and writes, and whether its ops must be whole blocks.
+  enum class Target { kCopy, kSwapOut, kSwapIn, kDemote, kPromote };
   KvStorage() = default;
   absl::Status run_copies(const char* fn, Target target, std::span<const BlockCopy> ops,
                           void* stream);

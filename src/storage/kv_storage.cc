@@ -96,7 +96,7 @@ absl::StatusOr<KvStorage> KvStorage::create(const KvCacheSpec& spec, int32_t num
     }
     if (host_bytes > 0) {
       s.host_data_ = allocate_host(host_bytes);
-      if (s.host_data_ == nullptr) return exhausted("host swap memory", host_bytes);
+      if (s.host_data_ == nullptr) return exhausted("host pool memory", host_bytes);
       s.host_data_device_ = s.host_data_;
     }
     return s;
@@ -242,12 +242,23 @@ absl::Status KvStorage::swap_in(std::span<const BlockCopy> ops, void* stream) {
   return run_copies("swap_in", Target::kSwapIn, ops, stream);
 }
 
+absl::Status KvStorage::demote(std::span<const BlockCopy> ops, void* stream) {
+  return run_copies("demote", Target::kDemote, ops, stream);
+}
+
+absl::Status KvStorage::promote(std::span<const BlockCopy> ops, void* stream) {
+  return run_copies("promote", Target::kPromote, ops, stream);
+}
+
 absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<const BlockCopy> ops,
                                    void* stream) {
-  const int32_t src_blocks = target == Target::kSwapIn ? num_host_blocks_ : num_blocks_;
-  const int32_t dst_blocks = target == Target::kSwapOut ? num_host_blocks_ : num_blocks_;
-  const char* src_name = target == Target::kSwapIn ? "host" : "device";
-  const char* dst_name = target == Target::kSwapOut ? "host" : "device";
+  const bool src_host = target == Target::kSwapIn || target == Target::kPromote;
+  const bool dst_host = target == Target::kSwapOut || target == Target::kDemote;
+  const bool whole_blocks = target == Target::kDemote || target == Target::kPromote;
+  const int32_t src_blocks = src_host ? num_host_blocks_ : num_blocks_;
+  const int32_t dst_blocks = dst_host ? num_host_blocks_ : num_blocks_;
+  const char* src_name = src_host ? "host" : "device";
+  const char* dst_name = dst_host ? "host" : "device";
   // Validate the whole batch before copying anything.
   absl::flat_hash_set<BlockId> dsts;
   std::vector<int32_t> packed;  // [op][src, dst, num_tokens], ops with tokens to copy
@@ -268,6 +279,11 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
       return absl::InvalidArgumentError(absl::StrCat(fn, ": op ", i, ": num_tokens ", op.num_tokens,
                                                      " outside [0, block_size ", spec_.block_size,
                                                      "]"));
+    }
+    if (whole_blocks && op.num_tokens != spec_.block_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": op ", i, ": num_tokens ", op.num_tokens, " is not a whole block (",
+                       spec_.block_size, "); only full cached blocks move between tiers"));
     }
     if (!dsts.insert(op.dst).second) {
       return absl::InvalidArgumentError(
@@ -294,10 +310,10 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
   const int64_t segment_bytes = hnd ? int64_t{spec_.block_size} * spec_.head_dim * elem : 0;
   const int64_t token_bytes =
       hnd ? spec_.head_dim * elem : spec_.num_kv_heads * spec_.head_dim * elem;
-  const char* src = target == Target::kSwapIn ? host_data_device_ : data_;
-  char* dst = target == Target::kSwapOut ? host_data_device_ : data_;
-  const int64_t src_pool = target == Target::kSwapIn ? host_pool_bytes_ : pool_bytes_;
-  const int64_t dst_pool = target == Target::kSwapOut ? host_pool_bytes_ : pool_bytes_;
+  const char* src = src_host ? host_data_device_ : data_;
+  char* dst = dst_host ? host_data_device_ : data_;
+  const int64_t src_pool = src_host ? host_pool_bytes_ : pool_bytes_;
+  const int64_t dst_pool = dst_host ? host_pool_bytes_ : pool_bytes_;
   const int32_t num_pools = 2 * spec_.num_layers;
 
   if (device_ == Device::kCpu) {
