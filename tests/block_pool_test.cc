@@ -3,7 +3,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <climits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "pagedkv/block_hash.h"
@@ -264,6 +266,158 @@ TEST_CASE("hash_block chains the parent, the tokens and the extra keys") {
   big[511] = -1;
   REQUIRE_FALSE(hash_block(&root, big, salt_a) ==
                 hash_block(&root, std::vector<TokenId>(512), salt_a));
+}
+
+// --- issue 11: limits, checked entry points, standby duplicates, reset ----------------------
+
+void require_error(const absl::Status& status, absl::StatusCode code, const std::string& message) {
+  INFO(status.ToString());
+  REQUIRE(status.code() == code);
+  REQUIRE(std::string(status.message()) == message);
+}
+
+TEST_CASE("BlockPool::create rejects pools and blocks beyond the limits, without throwing") {
+  require_error(BlockPool::create({.num_blocks = INT32_MAX, .block_size = 16}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool: num_blocks 2147483647 must be in [0, 16777216]");
+  require_error(BlockPool::create({.num_blocks = 4, .block_size = INT32_MAX}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool: block_size 2147483647 must be in [1, 65536]");
+  require_error(BlockPool::create({.num_blocks = 1 << 24, .block_size = 256}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool: num_blocks 16777216 x block_size 256 = 4294967296 token slots, more "
+                "than the limit 2147483648");
+  REQUIRE(BlockPool::create({.num_blocks = 1 << 16, .block_size = 1 << 15}).ok());  // 2^31 slots
+}
+
+TEST_CASE("BlockPool entry points reject ids out of range and change nothing") {
+  BlockPool pool = make_pool(4, 2);
+  const std::vector<BlockId> a = allocate(pool, 2);
+  const std::vector<BlockId> queue = pool.free_queue_order();
+  const std::vector<TokenId> t = {1, 2};
+  const BlockHash h = hash_block(nullptr, t, {});
+  for (const BlockId bad : {-1, 4, INT32_MAX, INT32_MIN}) {
+    INFO("id " << bad);
+    const std::string range = "block " + std::to_string(bad) + " outside [0, 4)";
+    require_error(pool.touch(bad), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::touch: " + range);
+    require_error(pool.free(std::vector<BlockId>{a[0], bad}), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::free: " + range);
+    require_error(pool.uncache(bad), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::uncache: " + range);
+    require_error(pool.ref_count(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::ref_count: " + range);
+    require_error(pool.is_cached(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::is_cached: " + range);
+    require_error(pool.cached_hash(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::cached_hash: " + range);
+    require_error(pool.cache_full_block(bad, h, kNoBlock, nullptr, t, {}).status(),
+                  absl::StatusCode::kInvalidArgument, "BlockPool::cache_full_block: " + range);
+    if (bad == kNoBlock) continue;  // as a parent, -1 means "none"
+    require_error(pool.cache_full_block(a[1], h, bad, nullptr, t, {}).status(),
+                  absl::StatusCode::kInvalidArgument, "BlockPool::cache_full_block: " + range);
+    require_error(pool.find_cached(h, bad, t, {}).status(), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::find_cached: " + range);
+  }
+  REQUIRE(ref_count(pool, a[0]) == 1);
+  REQUIRE(pool.free_queue_order() == queue);
+  REQUIRE(pool.stats().cached_blocks == 0);
+  require_valid(pool);
+}
+
+TEST_CASE("a double free is refused and changes nothing") {
+  BlockPool pool = make_pool(4, 2);
+  const std::vector<BlockId> a = allocate(pool, 2);  // 0 1
+  free_blocks(pool, {a[1]});
+  require_error(pool.free(std::vector<BlockId>{a[0], a[1]}), absl::StatusCode::kFailedPrecondition,
+                "BlockPool::free: block 1 (entry 1) has ref_count 0: a double free");
+  // Listed twice with one reference: the second entry would drive it to -1.
+  require_error(pool.free(std::vector<BlockId>{a[0], a[0]}), absl::StatusCode::kFailedPrecondition,
+                "BlockPool::free: block 0 (entry 1) has ref_count 0: a double free");
+  REQUIRE(ref_count(pool, a[0]) == 1);
+  REQUIRE(ref_count(pool, a[1]) == 0);
+  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{1, 2, 3});
+  REQUIRE(pool.stats().used_blocks == 1);
+  require_valid(pool);
+  // A block held twice may be listed twice.
+  touch(pool, a[0]);
+  free_blocks(pool, {a[0], a[0]});
+  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{0, 1, 2, 3});
+}
+
+TEST_CASE("cache_full_block refuses a wrong token count and a free block") {
+  BlockPool pool = make_pool(4, 2);
+  const std::vector<BlockId> a = allocate(pool, 1);
+  const std::vector<TokenId> three = {1, 2, 3};
+  require_error(pool.cache_full_block(a[0], BlockHash{1, 1}, kNoBlock, nullptr, three, {}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool::cache_full_block: 3 tokens, block_size is 2");
+  require_error(pool.find_cached(BlockHash{1, 1}, kNoBlock, three, {}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool::find_cached: 3 tokens, block_size is 2");
+  const std::vector<TokenId> two = {1, 2};
+  require_error(pool.cache_full_block(3, BlockHash{1, 1}, kNoBlock, nullptr, two, {}).status(),
+                absl::StatusCode::kFailedPrecondition,
+                "BlockPool::cache_full_block: block 3 is free (ref_count 0); cache it in use");
+  require_error(pool.cached_hash(a[0]).status(), absl::StatusCode::kNotFound,
+                "BlockPool::cached_hash: block 0 holds no hash");
+  REQUIRE(pool.stats().cached_blocks == 0);
+  REQUIRE(pool.stats().cached_free_blocks == 0);
+  require_valid(pool);
+}
+
+TEST_CASE("an identical block computed twice stands by and takes over when the original leaves") {
+  KvEventBuffer events;
+  BlockPool pool = make_pool(6, 1, &events);
+  const std::vector<TokenId> t0 = {10}, t1 = {11}, t2 = {12};
+  const BlockHash h0 = hash_block(nullptr, t0, {});
+  const BlockHash h1 = hash_block(&h0, t1, {});
+  const BlockHash h2 = hash_block(&h1, t2, {});
+  const std::vector<BlockId> chain = allocate(pool, 3);  // 0 1 2
+  REQUIRE(cache(pool, chain[0], h0, kNoBlock, nullptr, t0));
+  REQUIRE(cache(pool, chain[1], h1, chain[0], &h0, t1));
+  REQUIRE(cache(pool, chain[2], h2, chain[1], &h1, t2));
+  const BlockId copy = allocate(pool, 1)[0];  // 3: block 1 computed again after block 0
+  events.take();
+  REQUIRE(cache(pool, copy, h1, chain[0], &h0, t1));  // a standby: no event
+  REQUIRE(events.take().empty());
+  REQUIRE(pool.stats().cached_blocks == 4);
+  REQUIRE(find(pool, h1, chain[0], t1) == chain[1]);
+  // Other contents under the same hash are a collision, not a standby.
+  const BlockId other = allocate(pool, 1)[0];
+  REQUIRE_FALSE(cache(pool, other, h1, kNoBlock, nullptr, t1));
+
+  REQUIRE(pool.uncache(chain[1]).ok());
+  require_valid(pool);
+  REQUIRE(events.take().empty());  // the hash stays cached
+  REQUIRE(find(pool, h1, chain[0], t1) == copy);
+  REQUIRE(find(pool, h2, copy, t2) == chain[2]);  // the original's child follows the copy
+  REQUIRE(pool.uncache(copy).ok());
+  const std::vector<KvEvent> seen = events.take();
+  REQUIRE(seen.size() == 1);
+  REQUIRE(std::get<BlockRemoved>(seen[0]).block_hashes == std::vector<BlockHash>{h1});
+  REQUIRE(find(pool, h1, chain[0], t1) == kNoBlock);
+  REQUIRE(pool.stats().cached_blocks == 2);
+  require_valid(pool);
+}
+
+TEST_CASE("blocks in use at a reset are never indexed again, nor blocks cached after them") {
+  BlockPool pool = make_pool(4, 1);
+  const std::vector<TokenId> t0 = {1}, t1 = {2};
+  const BlockHash h0 = hash_block(nullptr, t0, {});
+  const BlockHash h1 = hash_block(&h0, t1, {});
+  const BlockId before = allocate(pool, 1)[0];  // 0, filled before the reset
+  pool.reset_prefix_cache();
+  REQUIRE_FALSE(cache(pool, before, h0, kNoBlock, nullptr, t0));
+  const BlockId after = allocate(pool, 1)[0];  // 1, filled after it, after block 0
+  REQUIRE_FALSE(cache(pool, after, h1, before, &h0, t1));
+  REQUIRE(pool.stats().cached_blocks == 0);
+  // Reallocated blocks are fresh.
+  free_blocks(pool, {after, before});
+  const std::vector<BlockId> fresh = allocate(pool, 2);
+  REQUIRE(cache(pool, fresh[0], h0, kNoBlock, nullptr, t0));
+  REQUIRE(cache(pool, fresh[1], h1, fresh[0], &h0, t1));
+  require_valid(pool);
 }
 
 }  // namespace

@@ -297,7 +297,7 @@ class KvCacheManager {
   //
   // Fills `out` (padded and CSR) for `seqs` in order, using each sequence's computed
   // tokens as its context length. Reuses out's buffers. Errors: NotFound; FailedPrecondition
-  // for a sequence that is not running.
+  // for a sequence that is not running; InvalidArgument for a null `out`.
   [[nodiscard]] absl::Status build_block_tables(std::span<const SeqId> seqs,
                                                 BlockTables* out) const;
 
