@@ -19,7 +19,7 @@
 // Every public call validates its arguments (ids in range, ref counts, token counts) and
 // returns a Status naming the value and the limit, changing nothing on error.
 //
-// Example:
+// Example (in a function returning a Status; tests/doc_examples_test.cc runs it):
 //   absl::StatusOr<BlockPool> pool = BlockPool::create({.num_blocks = 1024, .block_size = 16});
 //   if (!pool.ok()) return pool.status();
 //   BlockId blocks[4];

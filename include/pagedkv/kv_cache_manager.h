@@ -17,21 +17,21 @@
 //   pressure, swap_in() to resume a swapped sequence, and release_claim() to give back a
 //   waiting sequence's claimed prefix.
 //
-// Example (one request, prefill then one decode step; tests/doc_examples_test.cc
-// compiles and runs it):
+// tests/doc_examples_test.cc compiles and runs the example below.
+//
+// Example (one request, prefill then one decode step, in a function returning a Status):
 //   absl::StatusOr<KvCacheManager> manager =
 //       KvCacheManager::create({.num_blocks = 4096, .block_size = 16});
 //   if (!manager.ok()) return manager.status();
-//   PAGEDKV_RETURN_IF_ERROR(manager->add_sequence(/*seq=*/7, prompt));
+//   if (absl::Status s = manager->add_sequence(/*seq=*/7, prompt); !s.ok()) return s;
 //   const int32_t cached = *manager->match_prefix(7);  // tokens reused from cache
 //   auto slots = manager->allocate_slots(7, static_cast<int32_t>(prompt.size()) - cached);
 //   if (!slots.ok()) return slots.status();  // ResourceExhausted: preempt or wait
 //   // ... run the engine's copies, write K/V of the new tokens into *slots, attend ...
-//   PAGEDKV_RETURN_IF_ERROR(manager->append_tokens(7, {&next_token, 1}));
+//   if (absl::Status s = manager->append_tokens(7, {&next_token, 1}); !s.ok()) return s;
 //   slots = manager->allocate_slots(7, 1);  // decode step
 //   if (!slots.ok()) return slots.status();
-//   PAGEDKV_RETURN_IF_ERROR(manager->free(7));  // blocks stay cached
-//   return absl::OkStatus();
+//   return manager->free(7);  // blocks stay cached
 #ifndef PAGEDKV_KV_CACHE_MANAGER_H_
 #define PAGEDKV_KV_CACHE_MANAGER_H_
 
