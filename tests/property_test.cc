@@ -24,21 +24,12 @@
 #include <catch2/catch.hpp>
 
 #include "support/manager_ops.h"
+#include "support/sanitizers.h"
 
 namespace pagedkv::testing {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr int kSanitizerDivisor = 16;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr int kSanitizerDivisor = 16;
-#else
-constexpr int kSanitizerDivisor = 1;
-#endif
-#else
-constexpr int kSanitizerDivisor = 1;
-#endif
+constexpr int kSanitizerDivisor = kSanitized ? 16 : 1;
 
 uint64_t env_or(const char* name, uint64_t fallback) {
   const char* value = std::getenv(name);
