@@ -133,11 +133,11 @@ TEST_CASE("Mooncake trace replay hits as many prompt tokens as vLLM's manager", 
   SECTION("131,071 blocks") {
     if (testing::kSanitized) {
       WARN("skipped under sanitizers: the 16,383-block replay covers the same code");
-      return;
+    } else {
+      const int64_t hits = replay_hit_tokens(requests, 131'071);
+      CHECK(std::abs(hits - 15'619'888) <= 200);
+      CHECK(hits == 15'619'888);
     }
-    const int64_t hits = replay_hit_tokens(requests, 131'071);
-    CHECK(std::abs(hits - 15'619'888) <= 200);
-    CHECK(hits == 15'619'888);
   }
   SECTION("16,383 blocks") {
     const int64_t hits = replay_hit_tokens(requests, 16'383);
