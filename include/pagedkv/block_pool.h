@@ -90,7 +90,13 @@ class BlockPool {
   //
   // Adds a reference to `block` (a prefix hit). A free block leaves the free queue.
   // Errors: InvalidArgument for an id outside [0, num_blocks).
-  [[nodiscard]] absl::Status touch(BlockId block);
+  [[nodiscard]] absl::Status touch(BlockId block) {
+    if (!valid_id(block)) [[unlikely]] {
+      return id_error(block, "touch");
+    }
+    touch_unchecked(block);
+    return absl::OkStatus();
+  }
 
   // BlockPool::free()
   //
@@ -171,7 +177,10 @@ class BlockPool {
 
   explicit BlockPool(const Options& options);
 
-  absl::Status check_id(BlockId block, const char* caller) const;
+  bool valid_id(BlockId block) const { return block >= 0 && block < num_blocks_; }
+  absl::Status id_error(BlockId block, const char* caller) const;  // InvalidArgument
+  void enqueue_freed(BlockId block, BlockId& last_clean);
+  void undo_free(std::span<const BlockId> freed);
   void touch_unchecked(BlockId block);
   void free_unchecked(std::span<const BlockId> blocks_in_eviction_order);
   BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,

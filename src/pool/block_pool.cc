@@ -54,8 +54,7 @@ BlockPool::BlockPool(BlockPool&&) noexcept = default;
 BlockPool& BlockPool::operator=(BlockPool&&) noexcept = default;
 BlockPool::~BlockPool() = default;
 
-absl::Status BlockPool::check_id(BlockId block, const char* caller) const {
-  if (block >= 0 && block < num_blocks_) return absl::OkStatus();
+absl::Status BlockPool::id_error(BlockId block, const char* caller) const {
   return absl::InvalidArgumentError(
       absl::StrCat("BlockPool::", caller, ": block ", block, " outside [0, ", num_blocks_, ")"));
 }
@@ -89,12 +88,6 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
 
 // --- touch and free --------------------------------------------------------------------
 
-absl::Status BlockPool::touch(BlockId block) {
-  PAGEDKV_RETURN_IF_ERROR(check_id(block, "touch"));
-  touch_unchecked(block);
-  return absl::OkStatus();
-}
-
 void BlockPool::touch_unchecked(BlockId block) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_);
   if (ref_count_[block]++ == 0) {
@@ -104,41 +97,52 @@ void BlockPool::touch_unchecked(BlockId block) {
   }
 }
 
+// A block whose ref count reached 0: hashed ones join the tail, clean ones the head, after
+// the clean blocks this call queued before (`last_clean`).
+inline void BlockPool::enqueue_freed(BlockId b, BlockId& last_clean) {
+  --used_blocks_;
+  if (hash_index_->is_cached(b)) {
+    free_queue_->push_back(b);
+    ++cached_free_blocks_;
+  } else {
+    free_queue_->insert_after(last_clean, b);
+    last_clean = b;
+  }
+}
+
 absl::Status BlockPool::free(std::span<const BlockId> blocks_in_eviction_order) {
-  for (const BlockId b : blocks_in_eviction_order) {
-    PAGEDKV_RETURN_IF_ERROR(check_id(b, "free"));
+  // One pass, as free_unchecked(); a bad entry undoes the entries before it.
+  BlockId last_clean = kNoBlock;
+  for (size_t i = 0; i < blocks_in_eviction_order.size(); ++i) {
+    const BlockId b = blocks_in_eviction_order[i];
+    if (!valid_id(b) || ref_count_[b] == 0) [[unlikely]] {
+      undo_free(blocks_in_eviction_order.first(i));
+      if (!valid_id(b)) return id_error(b, "free");
+      return absl::FailedPreconditionError(absl::StrCat("BlockPool::free: block ", b, " (entry ", i,
+                                                        ") has ref_count 0: a double free"));
+    }
+    if (--ref_count_[b] == 0) enqueue_freed(b, last_clean);
   }
-  // Count the references each block loses, rejecting a double free before any change.
-  size_t done = 0;
-  for (; done < blocks_in_eviction_order.size(); ++done) {
-    const BlockId b = blocks_in_eviction_order[done];
-    if (ref_count_[b] == 0) break;
-    --ref_count_[b];
-  }
-  if (done < blocks_in_eviction_order.size()) {
-    const BlockId b = blocks_in_eviction_order[done];
-    for (size_t i = 0; i < done; ++i) ++ref_count_[blocks_in_eviction_order[i]];
-    return absl::FailedPreconditionError(absl::StrCat("BlockPool::free: block ", b, " (entry ",
-                                                      done, ") has ref_count 0: a double free"));
-  }
-  for (size_t i = 0; i < done; ++i) ++ref_count_[blocks_in_eviction_order[i]];
-  free_unchecked(blocks_in_eviction_order);
   return absl::OkStatus();
 }
 
+// Restores the references `freed` dropped, last entry first. The blocks they queued were
+// not queued before, so taking them out restores the queue exactly.
+void BlockPool::undo_free(std::span<const BlockId> freed) {
+  for (auto it = freed.rbegin(); it != freed.rend(); ++it) {
+    if (ref_count_[*it]++ == 0) {
+      free_queue_->remove(*it);
+      ++used_blocks_;
+      cached_free_blocks_ -= hash_index_->is_cached(*it);
+    }
+  }
+}
+
 void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order) {
-  BlockId last_clean = kNoBlock;  // clean blocks of this call queue up from the head
+  BlockId last_clean = kNoBlock;
   for (const BlockId b : blocks_in_eviction_order) {
     PAGEDKV_DCHECK(b >= 0 && b < num_blocks_ && ref_count_[b] > 0);
-    if (--ref_count_[b] != 0) continue;
-    --used_blocks_;
-    if (hash_index_->is_cached(b)) {
-      free_queue_->push_back(b);
-      ++cached_free_blocks_;
-    } else {
-      free_queue_->insert_after(last_clean, b);
-      last_clean = b;
-    }
+    if (--ref_count_[b] == 0) enqueue_freed(b, last_clean);
   }
 }
 
@@ -147,7 +151,9 @@ void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order
 absl::StatusOr<BlockId> BlockPool::find_cached(const BlockHash& hash, BlockId parent,
                                                std::span<const TokenId> tokens,
                                                std::span<const uint64_t> extra_keys) const {
-  if (parent != kNoBlock) PAGEDKV_RETURN_IF_ERROR(check_id(parent, "find_cached"));
+  if (parent != kNoBlock && !valid_id(parent)) [[unlikely]] {
+    return id_error(parent, "find_cached");
+  }
   if (std::ssize(tokens) != block_size_) {
     return absl::InvalidArgumentError(absl::StrCat("BlockPool::find_cached: ", tokens.size(),
                                                    " tokens, block_size is ", block_size_));
@@ -167,8 +173,12 @@ absl::StatusOr<bool> BlockPool::cache_full_block(BlockId block, const BlockHash&
                                                  BlockId parent, const BlockHash* parent_hash,
                                                  std::span<const TokenId> tokens,
                                                  std::span<const uint64_t> extra_keys) {
-  PAGEDKV_RETURN_IF_ERROR(check_id(block, "cache_full_block"));
-  if (parent != kNoBlock) PAGEDKV_RETURN_IF_ERROR(check_id(parent, "cache_full_block"));
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "cache_full_block");
+  }
+  if (parent != kNoBlock && !valid_id(parent)) [[unlikely]] {
+    return id_error(parent, "cache_full_block");
+  }
   if (std::ssize(tokens) != block_size_) {
     return absl::InvalidArgumentError(absl::StrCat("BlockPool::cache_full_block: ", tokens.size(),
                                                    " tokens, block_size is ", block_size_));
@@ -206,7 +216,9 @@ bool BlockPool::cache_full_block_unchecked(BlockId block, const BlockHash& hash,
 }
 
 absl::Status BlockPool::uncache(BlockId block) {
-  PAGEDKV_RETURN_IF_ERROR(check_id(block, "uncache"));
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "uncache");
+  }
   uncache_unchecked(block);
   return absl::OkStatus();
 }
@@ -236,17 +248,23 @@ void BlockPool::reset_prefix_cache() {
 int32_t BlockPool::num_free_blocks() const { return free_queue_->size(); }
 
 absl::StatusOr<int32_t> BlockPool::ref_count(BlockId block) const {
-  PAGEDKV_RETURN_IF_ERROR(check_id(block, "ref_count"));
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "ref_count");
+  }
   return ref_count_[block];
 }
 
 absl::StatusOr<bool> BlockPool::is_cached(BlockId block) const {
-  PAGEDKV_RETURN_IF_ERROR(check_id(block, "is_cached"));
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "is_cached");
+  }
   return hash_index_->is_cached(block);
 }
 
 absl::StatusOr<BlockHash> BlockPool::cached_hash(BlockId block) const {
-  PAGEDKV_RETURN_IF_ERROR(check_id(block, "cached_hash"));
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "cached_hash");
+  }
   if (!hash_index_->is_cached(block)) {
     return absl::NotFoundError(
         absl::StrCat("BlockPool::cached_hash: block ", block, " holds no hash"));
