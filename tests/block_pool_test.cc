@@ -3,7 +3,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <climits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "pagedkv/block_hash.h"
@@ -33,6 +35,38 @@ std::vector<BlockId> allocate(BlockPool& pool, int n) {
 
 std::vector<BlockId> reversed(std::vector<BlockId> v) { return {v.rbegin(), v.rend()}; }
 
+void free_blocks(BlockPool& pool, const std::vector<BlockId>& blocks) {
+  const absl::Status status = pool.free(blocks);
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+  require_valid(pool);
+}
+
+void touch(BlockPool& pool, BlockId block) {
+  REQUIRE(pool.touch(block).ok());
+  require_valid(pool);
+}
+
+int32_t ref_count(const BlockPool& pool, BlockId block) { return pool.ref_count(block).value(); }
+
+BlockId find(const BlockPool& pool, const BlockHash& hash, BlockId parent,
+             const std::vector<TokenId>& tokens, const std::vector<uint64_t>& keys = {}) {
+  const absl::StatusOr<BlockId> found = pool.find_cached(hash, parent, tokens, keys);
+  INFO(found.status().ToString());
+  REQUIRE(found.ok());
+  return *found;
+}
+
+bool cache(BlockPool& pool, BlockId block, const BlockHash& hash, BlockId parent,
+           const BlockHash* parent_hash, const std::vector<TokenId>& tokens,
+           const std::vector<uint64_t>& keys = {}) {
+  const absl::StatusOr<bool> cached =
+      pool.cache_full_block(block, hash, parent, parent_hash, tokens, keys);
+  INFO(cached.status().ToString());
+  REQUIRE(cached.ok());
+  return *cached;
+}
+
 BlockHash constant_hash(const BlockHash*, std::span<const TokenId>, std::span<const uint64_t>) {
   return BlockHash{42, 42};
 }
@@ -52,7 +86,7 @@ TEST_CASE("a new pool allocates blocks in id order from the head of the free que
   REQUIRE(allocate(pool, 2) == std::vector<BlockId>{0, 1});
   REQUIRE(allocate(pool, 3) == std::vector<BlockId>{2, 3, 4});
   REQUIRE(pool.free_queue_order() == std::vector<BlockId>{5});
-  REQUIRE(pool.ref_count(0) == 1);
+  REQUIRE(ref_count(pool, 0) == 1);
   REQUIRE(pool.stats().used_blocks == 5);
   REQUIRE(pool.stats().free_blocks == 1);
 }
@@ -69,29 +103,36 @@ TEST_CASE("allocation is all or nothing") {
   require_valid(pool);
 }
 
-TEST_CASE("tail-first free puts a prompt's last block at the head of the eviction order") {
-  BlockPool pool = make_pool(8, 4);
+TEST_CASE("freed clean blocks go to the head, cached blocks to the tail, in the given order") {
+  BlockPool pool = make_pool(8, 1);
   const std::vector<BlockId> a = allocate(pool, 3);  // 0 1 2
   const std::vector<BlockId> b = allocate(pool, 2);  // 3 4
-  pool.free(reversed(a));
-  require_valid(pool);
-  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{5, 6, 7, 2, 1, 0});
-  pool.free(reversed(b));
-  require_valid(pool);
-  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{5, 6, 7, 2, 1, 0, 4, 3});
-  REQUIRE(allocate(pool, 4) == std::vector<BlockId>{5, 6, 7, 2});
+  for (const BlockId block : {0, 1, 3}) {            // full blocks, hashed
+    const std::vector<TokenId> t = {block};
+    REQUIRE(cache(pool, block, hash_block(nullptr, t, {}), kNoBlock, nullptr, t));
+  }
+  free_blocks(pool, reversed(a));  // 2 clean, then 1 0 cached: tail first
+  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{2, 5, 6, 7, 1, 0});
+  free_blocks(pool, reversed(b));  // 4 clean, 3 cached
+  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{4, 2, 5, 6, 7, 1, 0, 3});
+  // Clean blocks are reused before any cached block is evicted; then the least recent.
+  REQUIRE(allocate(pool, 6) == std::vector<BlockId>{4, 2, 5, 6, 7, 1});
+  REQUIRE(pool.stats().evictions == 1);
+  // Clean blocks freed in one call queue up from the head in the given order.
+  free_blocks(pool, {6, 4, 7});
+  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{6, 4, 7, 0, 3});
 }
 
 TEST_CASE("touch shares a block and takes a free block out of the queue") {
   BlockPool pool = make_pool(4, 4);
   const std::vector<BlockId> a = allocate(pool, 2);
-  pool.touch(a[0]);
-  REQUIRE(pool.ref_count(a[0]) == 2);
-  pool.free(reversed(a));
+  touch(pool, a[0]);
+  REQUIRE(ref_count(pool, a[0]) == 2);
+  free_blocks(pool, reversed(a));
   require_valid(pool);
-  REQUIRE(pool.ref_count(a[0]) == 1);
-  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{2, 3, 1});
-  pool.touch(1);  // a hit on a free block
+  REQUIRE(ref_count(pool, a[0]) == 1);
+  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{1, 2, 3});  // clean: at the head
+  touch(pool, 1);                                                     // a hit on a free block
   require_valid(pool);
   REQUIRE(pool.free_queue_order() == std::vector<BlockId>{2, 3});
   REQUIRE(pool.stats().used_blocks == 2);
@@ -103,14 +144,14 @@ TEST_CASE("a cached free block is evicted when reallocated, with a BlockRemoved 
   const std::vector<TokenId> tokens = {7, 8};
   const BlockHash hash = hash_block(nullptr, tokens, {});
   const std::vector<BlockId> a = allocate(pool, 1);
-  REQUIRE(pool.cache_full_block(a[0], hash, kNoBlock, nullptr, tokens, {}));
-  pool.free(a);
+  REQUIRE(cache(pool, a[0], hash, kNoBlock, nullptr, tokens, {}));
+  free_blocks(pool, a);
   require_valid(pool);
   REQUIRE(pool.stats().cached_free_blocks == 1);
-  REQUIRE(pool.find_cached(hash, kNoBlock, tokens, {}) == a[0]);
+  REQUIRE(find(pool, hash, kNoBlock, tokens, {}) == a[0]);
 
   allocate(pool, 2);  // takes block 1, then evicts block 0
-  REQUIRE(pool.find_cached(hash, kNoBlock, tokens, {}) == kNoBlock);
+  REQUIRE(find(pool, hash, kNoBlock, tokens, {}) == kNoBlock);
   REQUIRE(pool.stats().evictions == 1);
   REQUIRE(pool.stats().cached_free_blocks == 0);
   const std::vector<KvEvent> seen = events.take();
@@ -131,15 +172,15 @@ TEST_CASE("a hash hit is verified against tokens, extra keys and parent") {
   const BlockHash h0 = hash_block(nullptr, t0, salt);
   const BlockHash h1 = hash_block(&h0, t1, salt);
   const std::vector<BlockId> b = allocate(pool, 2);
-  REQUIRE(pool.cache_full_block(b[0], h0, kNoBlock, nullptr, t0, salt));
-  REQUIRE(pool.cache_full_block(b[1], h1, b[0], &h0, t1, salt));
+  REQUIRE(cache(pool, b[0], h0, kNoBlock, nullptr, t0, salt));
+  REQUIRE(cache(pool, b[1], h1, b[0], &h0, t1, salt));
   require_valid(pool);
 
-  REQUIRE(pool.find_cached(h1, b[0], t1, salt) == b[1]);
-  REQUIRE(pool.find_cached(h1, b[0], t0, salt) == kNoBlock);      // other tokens
-  REQUIRE(pool.find_cached(h1, b[0], t1, {}) == kNoBlock);        // other extra keys
-  REQUIRE(pool.find_cached(h1, kNoBlock, t1, salt) == kNoBlock);  // other parent
-  REQUIRE(pool.find_cached(h1, b[1], t1, salt) == kNoBlock);
+  REQUIRE(find(pool, h1, b[0], t1, salt) == b[1]);
+  REQUIRE(find(pool, h1, b[0], t0, salt) == kNoBlock);      // other tokens
+  REQUIRE(find(pool, h1, b[0], t1, {}) == kNoBlock);        // other extra keys
+  REQUIRE(find(pool, h1, kNoBlock, t1, salt) == kNoBlock);  // other parent
+  REQUIRE(find(pool, h1, b[1], t1, salt) == kNoBlock);
 }
 
 TEST_CASE("forced hash collision never shares a block") {
@@ -148,12 +189,12 @@ TEST_CASE("forced hash collision never shares a block") {
   const std::vector<TokenId> theirs = {5, 6};
   const BlockHash h = constant_hash(nullptr, mine, {});
   const std::vector<BlockId> b = allocate(pool, 2);
-  REQUIRE(pool.cache_full_block(b[0], h, kNoBlock, nullptr, mine, {}));
+  REQUIRE(cache(pool, b[0], h, kNoBlock, nullptr, mine, {}));
   // The colliding block is not indexed, and a lookup of other tokens finds nothing.
-  REQUIRE_FALSE(pool.cache_full_block(b[1], constant_hash(nullptr, theirs, {}), kNoBlock, nullptr,
-                                      theirs, {}));
-  REQUIRE(pool.find_cached(constant_hash(nullptr, theirs, {}), kNoBlock, theirs, {}) == kNoBlock);
-  REQUIRE(pool.find_cached(h, kNoBlock, mine, {}) == b[0]);
+  REQUIRE_FALSE(
+      cache(pool, b[1], constant_hash(nullptr, theirs, {}), kNoBlock, nullptr, theirs, {}));
+  REQUIRE(find(pool, constant_hash(nullptr, theirs, {}), kNoBlock, theirs, {}) == kNoBlock);
+  REQUIRE(find(pool, h, kNoBlock, mine, {}) == b[0]);
   REQUIRE(pool.stats().cached_blocks == 1);
   require_valid(pool);
 }
@@ -163,17 +204,17 @@ TEST_CASE("a child cached after a parent that was evicted and refilled never mat
   const std::vector<TokenId> t = {5};
   const BlockHash weak = constant_hash(nullptr, t, {});
   std::vector<BlockId> chain = allocate(pool, 2);  // parent 0, child 1
-  REQUIRE(pool.cache_full_block(chain[0], weak, kNoBlock, nullptr, t, {}));
-  pool.free(std::vector<BlockId>{chain[0]});              // parent free-cached, child still in use
+  REQUIRE(cache(pool, chain[0], weak, kNoBlock, nullptr, t, {}));
+  free_blocks(pool, std::vector<BlockId>{chain[0]});      // parent free-cached, child still in use
   allocate(pool, 1);                                      // block 2
   const std::vector<BlockId> refill = allocate(pool, 1);  // evicts the parent, block 0
   REQUIRE(refill[0] == chain[0]);
-  REQUIRE(pool.cache_full_block(chain[1], BlockHash{1, 1}, chain[0], &weak, t, {}));
+  REQUIRE(cache(pool, chain[1], BlockHash{1, 1}, chain[0], &weak, t, {}));
   // Refill block 0 with the same content again: a new generation.
-  pool.free(refill);
+  free_blocks(pool, refill);
   std::vector<BlockId> again = allocate(pool, 1);
   REQUIRE(again[0] == chain[0]);
-  REQUIRE(pool.find_cached(BlockHash{1, 1}, chain[0], t, {}) == kNoBlock);
+  REQUIRE(find(pool, BlockHash{1, 1}, chain[0], t, {}) == kNoBlock);
   require_valid(pool);
 }
 
@@ -182,17 +223,17 @@ TEST_CASE("reset_prefix_cache empties the index and emits AllBlocksCleared") {
   BlockPool pool = make_pool(3, 1, &events);
   const std::vector<BlockId> b = allocate(pool, 2);
   const std::vector<TokenId> t0 = {1}, t1 = {2};
-  REQUIRE(pool.cache_full_block(b[0], hash_block(nullptr, t0, {}), kNoBlock, nullptr, t0, {}));
-  REQUIRE(pool.cache_full_block(b[1], hash_block(nullptr, t1, {}), kNoBlock, nullptr, t1, {}));
-  pool.free(std::vector<BlockId>{b[1]});
+  REQUIRE(cache(pool, b[0], hash_block(nullptr, t0, {}), kNoBlock, nullptr, t0, {}));
+  REQUIRE(cache(pool, b[1], hash_block(nullptr, t1, {}), kNoBlock, nullptr, t1, {}));
+  free_blocks(pool, std::vector<BlockId>{b[1]});
   REQUIRE(pool.stats().cached_free_blocks == 1);
   events.take();
   pool.reset_prefix_cache();
   require_valid(pool);
   REQUIRE(pool.stats().cached_blocks == 0);
   REQUIRE(pool.stats().cached_free_blocks == 0);
-  REQUIRE_FALSE(pool.is_cached(b[0]));
-  REQUIRE(pool.ref_count(b[0]) == 1);  // in-use blocks stay with their owner
+  REQUIRE_FALSE(*pool.is_cached(b[0]));
+  REQUIRE(ref_count(pool, b[0]) == 1);  // in-use blocks stay with their owner
   const std::vector<KvEvent> seen = events.take();
   REQUIRE(seen.size() == 1);
   REQUIRE(std::holds_alternative<AllBlocksCleared>(seen[0]));
@@ -204,7 +245,7 @@ TEST_CASE("caching off registers nothing") {
   std::vector<BlockId> b(1);
   REQUIRE(pool->allocate(b).ok());
   const std::vector<TokenId> t = {1};
-  REQUIRE_FALSE(pool->cache_full_block(b[0], hash_block(nullptr, t, {}), kNoBlock, nullptr, t, {}));
+  REQUIRE_FALSE(cache(*pool, b[0], hash_block(nullptr, t, {}), kNoBlock, nullptr, t, {}));
   REQUIRE(pool->stats().cached_blocks == 0);
 }
 
@@ -225,6 +266,158 @@ TEST_CASE("hash_block chains the parent, the tokens and the extra keys") {
   big[511] = -1;
   REQUIRE_FALSE(hash_block(&root, big, salt_a) ==
                 hash_block(&root, std::vector<TokenId>(512), salt_a));
+}
+
+// --- issue 11: limits, checked entry points, standby duplicates, reset ----------------------
+
+void require_error(const absl::Status& status, absl::StatusCode code, const std::string& message) {
+  INFO(status.ToString());
+  REQUIRE(status.code() == code);
+  REQUIRE(std::string(status.message()) == message);
+}
+
+TEST_CASE("BlockPool::create rejects pools and blocks beyond the limits, without throwing") {
+  require_error(BlockPool::create({.num_blocks = INT32_MAX, .block_size = 16}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool: num_blocks 2147483647 must be in [0, 16777216]");
+  require_error(BlockPool::create({.num_blocks = 4, .block_size = INT32_MAX}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool: block_size 2147483647 must be in [1, 65536]");
+  require_error(BlockPool::create({.num_blocks = 1 << 24, .block_size = 256}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool: num_blocks 16777216 x block_size 256 = 4294967296 token slots, more "
+                "than the limit 2147483648");
+  REQUIRE(BlockPool::create({.num_blocks = 1 << 16, .block_size = 1 << 15}).ok());  // 2^31 slots
+}
+
+TEST_CASE("BlockPool entry points reject ids out of range and change nothing") {
+  BlockPool pool = make_pool(4, 2);
+  const std::vector<BlockId> a = allocate(pool, 2);
+  const std::vector<BlockId> queue = pool.free_queue_order();
+  const std::vector<TokenId> t = {1, 2};
+  const BlockHash h = hash_block(nullptr, t, {});
+  for (const BlockId bad : {-1, 4, INT32_MAX, INT32_MIN}) {
+    INFO("id " << bad);
+    const std::string range = "block " + std::to_string(bad) + " outside [0, 4)";
+    require_error(pool.touch(bad), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::touch: " + range);
+    require_error(pool.free(std::vector<BlockId>{a[0], bad}), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::free: " + range);
+    require_error(pool.uncache(bad), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::uncache: " + range);
+    require_error(pool.ref_count(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::ref_count: " + range);
+    require_error(pool.is_cached(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::is_cached: " + range);
+    require_error(pool.cached_hash(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::cached_hash: " + range);
+    require_error(pool.cache_full_block(bad, h, kNoBlock, nullptr, t, {}).status(),
+                  absl::StatusCode::kInvalidArgument, "BlockPool::cache_full_block: " + range);
+    if (bad == kNoBlock) continue;  // as a parent, -1 means "none"
+    require_error(pool.cache_full_block(a[1], h, bad, nullptr, t, {}).status(),
+                  absl::StatusCode::kInvalidArgument, "BlockPool::cache_full_block: " + range);
+    require_error(pool.find_cached(h, bad, t, {}).status(), absl::StatusCode::kInvalidArgument,
+                  "BlockPool::find_cached: " + range);
+  }
+  REQUIRE(ref_count(pool, a[0]) == 1);
+  REQUIRE(pool.free_queue_order() == queue);
+  REQUIRE(pool.stats().cached_blocks == 0);
+  require_valid(pool);
+}
+
+TEST_CASE("a double free is refused and changes nothing") {
+  BlockPool pool = make_pool(4, 2);
+  const std::vector<BlockId> a = allocate(pool, 2);  // 0 1
+  free_blocks(pool, {a[1]});
+  require_error(pool.free(std::vector<BlockId>{a[0], a[1]}), absl::StatusCode::kFailedPrecondition,
+                "BlockPool::free: block 1 (entry 1) has ref_count 0: a double free");
+  // Listed twice with one reference: the second entry would drive it to -1.
+  require_error(pool.free(std::vector<BlockId>{a[0], a[0]}), absl::StatusCode::kFailedPrecondition,
+                "BlockPool::free: block 0 (entry 1) has ref_count 0: a double free");
+  REQUIRE(ref_count(pool, a[0]) == 1);
+  REQUIRE(ref_count(pool, a[1]) == 0);
+  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{1, 2, 3});
+  REQUIRE(pool.stats().used_blocks == 1);
+  require_valid(pool);
+  // A block held twice may be listed twice.
+  touch(pool, a[0]);
+  free_blocks(pool, {a[0], a[0]});
+  REQUIRE(pool.free_queue_order() == std::vector<BlockId>{0, 1, 2, 3});
+}
+
+TEST_CASE("cache_full_block refuses a wrong token count and a free block") {
+  BlockPool pool = make_pool(4, 2);
+  const std::vector<BlockId> a = allocate(pool, 1);
+  const std::vector<TokenId> three = {1, 2, 3};
+  require_error(pool.cache_full_block(a[0], BlockHash{1, 1}, kNoBlock, nullptr, three, {}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool::cache_full_block: 3 tokens, block_size is 2");
+  require_error(pool.find_cached(BlockHash{1, 1}, kNoBlock, three, {}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool::find_cached: 3 tokens, block_size is 2");
+  const std::vector<TokenId> two = {1, 2};
+  require_error(pool.cache_full_block(3, BlockHash{1, 1}, kNoBlock, nullptr, two, {}).status(),
+                absl::StatusCode::kFailedPrecondition,
+                "BlockPool::cache_full_block: block 3 is free (ref_count 0); cache it in use");
+  require_error(pool.cached_hash(a[0]).status(), absl::StatusCode::kNotFound,
+                "BlockPool::cached_hash: block 0 holds no hash");
+  REQUIRE(pool.stats().cached_blocks == 0);
+  REQUIRE(pool.stats().cached_free_blocks == 0);
+  require_valid(pool);
+}
+
+TEST_CASE("an identical block computed twice stands by and takes over when the original leaves") {
+  KvEventBuffer events;
+  BlockPool pool = make_pool(6, 1, &events);
+  const std::vector<TokenId> t0 = {10}, t1 = {11}, t2 = {12};
+  const BlockHash h0 = hash_block(nullptr, t0, {});
+  const BlockHash h1 = hash_block(&h0, t1, {});
+  const BlockHash h2 = hash_block(&h1, t2, {});
+  const std::vector<BlockId> chain = allocate(pool, 3);  // 0 1 2
+  REQUIRE(cache(pool, chain[0], h0, kNoBlock, nullptr, t0));
+  REQUIRE(cache(pool, chain[1], h1, chain[0], &h0, t1));
+  REQUIRE(cache(pool, chain[2], h2, chain[1], &h1, t2));
+  const BlockId copy = allocate(pool, 1)[0];  // 3: block 1 computed again after block 0
+  events.take();
+  REQUIRE(cache(pool, copy, h1, chain[0], &h0, t1));  // a standby: no event
+  REQUIRE(events.take().empty());
+  REQUIRE(pool.stats().cached_blocks == 4);
+  REQUIRE(find(pool, h1, chain[0], t1) == chain[1]);
+  // Other contents under the same hash are a collision, not a standby.
+  const BlockId other = allocate(pool, 1)[0];
+  REQUIRE_FALSE(cache(pool, other, h1, kNoBlock, nullptr, t1));
+
+  REQUIRE(pool.uncache(chain[1]).ok());
+  require_valid(pool);
+  REQUIRE(events.take().empty());  // the hash stays cached
+  REQUIRE(find(pool, h1, chain[0], t1) == copy);
+  REQUIRE(find(pool, h2, copy, t2) == chain[2]);  // the original's child follows the copy
+  REQUIRE(pool.uncache(copy).ok());
+  const std::vector<KvEvent> seen = events.take();
+  REQUIRE(seen.size() == 1);
+  REQUIRE(std::get<BlockRemoved>(seen[0]).block_hashes == std::vector<BlockHash>{h1});
+  REQUIRE(find(pool, h1, chain[0], t1) == kNoBlock);
+  REQUIRE(pool.stats().cached_blocks == 2);
+  require_valid(pool);
+}
+
+TEST_CASE("blocks in use at a reset are never indexed again, nor blocks cached after them") {
+  BlockPool pool = make_pool(4, 1);
+  const std::vector<TokenId> t0 = {1}, t1 = {2};
+  const BlockHash h0 = hash_block(nullptr, t0, {});
+  const BlockHash h1 = hash_block(&h0, t1, {});
+  const BlockId before = allocate(pool, 1)[0];  // 0, filled before the reset
+  pool.reset_prefix_cache();
+  REQUIRE_FALSE(cache(pool, before, h0, kNoBlock, nullptr, t0));
+  const BlockId after = allocate(pool, 1)[0];  // 1, filled after it, after block 0
+  REQUIRE_FALSE(cache(pool, after, h1, before, &h0, t1));
+  REQUIRE(pool.stats().cached_blocks == 0);
+  // Reallocated blocks are fresh.
+  free_blocks(pool, {after, before});
+  const std::vector<BlockId> fresh = allocate(pool, 2);
+  REQUIRE(cache(pool, fresh[0], h0, kNoBlock, nullptr, t0));
+  REQUIRE(cache(pool, fresh[1], h1, fresh[0], &h0, t1));
+  require_valid(pool);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <climits>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -100,7 +101,9 @@ BlockHash constant_hash(const BlockHash*, std::span<const TokenId>, std::span<co
 
 struct RecordingHooks : PreemptionHooks {
   std::vector<std::pair<SeqId, PreemptionMode>> calls;
+  std::vector<SeqId> claims;
   void on_preempt(SeqId victim, PreemptionMode mode) override { calls.emplace_back(victim, mode); }
+  void on_claim_released(SeqId seq) override { claims.push_back(seq); }
 };
 
 TEST_CASE("create rejects invalid options, naming the value") {
@@ -160,8 +163,9 @@ TEST_CASE("a freed prompt's full blocks hit the prefix cache, never the last tok
   admit(m, 2, prompt);
   REQUIRE(*m.match_prefix(2) == 8);
   REQUIRE(table(m, 2) == Blocks{first[0], first[1]});
-  // The new block comes from the head of the free queue: a clean block, not block 2.
-  REQUIRE(allocate(m, 2, 2) == Slots{3 * 4, 3 * 4 + 1});
+  // The new block comes from the head of the free queue: block 2, the freed partial
+  // block, which holds no hash and went to the head.
+  REQUIRE(allocate(m, 2, 2) == Slots{2 * 4, 2 * 4 + 1});
   REQUIRE(m.stats().prefix_query_tokens == 10);  // only sequence 2 looked up
   REQUIRE(m.stats().prefix_hit_tokens == 8);
 
@@ -228,7 +232,7 @@ TEST_CASE("fork shares blocks; appending to a shared partial block copies it onc
   REQUIRE(m.fork(1, 2).ok());
   require_valid(m);
   REQUIRE(table(m, 2) == Blocks{0, 1});
-  REQUIRE(m.device_pool().ref_count(1) == 2);
+  REQUIRE(*m.device_pool().ref_count(1) == 2);
 
   SECTION("the child appends") {
     REQUIRE(m.append_tokens(2, std::vector<TokenId>{9}).ok());
@@ -248,7 +252,7 @@ TEST_CASE("fork shares blocks; appending to a shared partial block copies it onc
     REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{1, 2, 2}});
   }
   REQUIRE(m.stats().cow_copies == 1);
-  REQUIRE(m.device_pool().ref_count(0) == 2);  // the full block stays shared
+  REQUIRE(*m.device_pool().ref_count(0) == 2);  // the full block stays shared
   require_valid(m);
 }
 
@@ -274,9 +278,9 @@ TEST_CASE("a block named by a pending copy is released only after the copies are
   allocate(m, 2, 1);        // copy 0 -> 1
   REQUIRE(m.free(1).ok());  // block 0 is the pending copy's source
   require_valid(m);
-  REQUIRE(m.device_pool().ref_count(0) == 1);
+  REQUIRE(*m.device_pool().ref_count(0) == 1);
   REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{0, 1, 2}});
-  REQUIRE(m.device_pool().ref_count(0) == 0);
+  REQUIRE(*m.device_pool().ref_count(0) == 0);
   require_valid(m);
 }
 
@@ -496,8 +500,8 @@ TEST_CASE("freeing a sequence in the step that filled its blocks keeps them out 
   REQUIRE(allocate(m, 1, 2) == Slots{2, 3});  // block 1 is filled in this step
   REQUIRE(m.free(1).ok());                    // aborted before the step ran
   require_valid(m);
-  REQUIRE(m.device_pool().is_cached(0));
-  REQUIRE_FALSE(m.device_pool().is_cached(1));
+  REQUIRE(*m.device_pool().is_cached(0));
+  REQUIRE_FALSE(*m.device_pool().is_cached(1));
   const std::vector<KvEvent> seen = events.take();
   REQUIRE(std::holds_alternative<BlockRemoved>(seen.back()));
   admit(m, 2, iota_tokens(5));
@@ -586,7 +590,7 @@ TEST_CASE("bad input names the problem and changes nothing") {
   {
     KvCacheManager small = make_manager({.num_blocks = 2, .block_size = 4});
     require_error(small.add_sequence(3, iota_tokens(9)), absl::StatusCode::kInvalidArgument,
-                  "needs 3 blocks of 4 tokens; the pool admits at most 2");
+                  "needs 3 blocks of 4 tokens; the pool has 2");
   }
   require_error(m.append_tokens(3, iota_tokens(1)), absl::StatusCode::kNotFound,
                 "unknown sequence 3");
@@ -651,7 +655,7 @@ TEST_CASE("newly filled blocks emit BlockStored with their parent's hash") {
   REQUIRE(first.extra_keys == std::vector<uint64_t>{77});
   REQUIRE_FALSE(first.parent_hash.has_value());
   REQUIRE(second.parent_hash == first.block_hashes.at(0));
-  REQUIRE(m.device_pool().cached_hash(table(m, 1)[1]) == second.block_hashes.at(0));
+  REQUIRE(*m.device_pool().cached_hash(table(m, 1)[1]) == second.block_hashes.at(0));
 
   m.reset_prefix_cache();
   require_valid(m);
@@ -669,6 +673,208 @@ TEST_CASE("prefix caching off never matches and never hashes") {
   admit(m, 2, iota_tokens(6));
   REQUIRE(*m.match_prefix(2) == 0);
   REQUIRE(m.stats().cached_free_blocks == 0);
+  require_valid(m);
+}
+
+// --- issue 11: watermark, reset, limits, claim release, duplicates ------------------------
+
+TEST_CASE("a sequence preempted after growing past the watermark comes back alone") {
+  // Issue 11 item 1: the re-admission was refused forever ("need 1 blocks + watermark 1,
+  // 1 free of 4"), by allocate_slots and allocate_slots_or_preempt alike.
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4, .watermark_blocks = 1});
+  admit(m, 1, iota_tokens(8));
+  allocate(m, 1, 8);  // blocks 0 1
+  end_step(m);
+  REQUIRE(m.append_tokens(1, iota_tokens(8, 200)).ok());
+  allocate(m, 1, 8);  // blocks 2 3: running, it may use the watermark
+  end_step(m);
+  REQUIRE(m.preempt(1, PreemptionMode::kRecompute).ok());
+  REQUIRE(*m.match_prefix(1) == 12);
+  REQUIRE(allocate(m, 1, 4) == Slots{12, 13, 14, 15});  // nothing else runs: no watermark
+  REQUIRE(table(m, 1) == Blocks{0, 1, 2, 3});
+  end_step(m);
+
+  // With another sequence running, the watermark holds the admission back again, and
+  // allocate_slots_or_preempt makes room by preempting it.
+  RecordingHooks hooks;
+  KvCacheManager n = make_manager(
+      {.num_blocks = 4, .block_size = 4, .watermark_blocks = 1, .preemption_hooks = &hooks});
+  admit(n, 1, iota_tokens(4));
+  allocate(n, 1, 4);  // block 0
+  admit(n, 2, iota_tokens(12, 500));
+  end_step(n);
+  require_error(n.allocate_slots(2, 12).status(), absl::StatusCode::kResourceExhausted,
+                "need 3 blocks + watermark 1, 3 free of 4");
+  REQUIRE(n.allocate_slots_or_preempt(2, 12).ok());
+  REQUIRE(hooks.calls ==
+          std::vector<std::pair<SeqId, PreemptionMode>>{{1, PreemptionMode::kRecompute}});
+  REQUIRE(table(n, 2) == Blocks{1, 2, 3});
+  require_valid(n);
+}
+
+TEST_CASE("add_sequence accepts a prompt as large as the pool, whatever the watermark") {
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4, .watermark_blocks = 2});
+  admit(m, 1, iota_tokens(16));
+  REQUIRE(allocate(m, 1, 16).size() == 16);  // alone: the whole pool
+  require_error(m.add_sequence(2, iota_tokens(17)), absl::StatusCode::kInvalidArgument,
+                "add_sequence(seq 2): prompt of 17 tokens needs 5 blocks of 4 tokens; the pool "
+                "has 4. Raise num_blocks or shorten the prompt");
+}
+
+TEST_CASE("no K/V computed before reset_prefix_cache() is shared after it") {
+  // Issue 11 item 2, as reported: a half-filled block indexed when it fills later.
+  KvEventBuffer events;
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4, .event_sink = &events});
+  admit(m, 1, std::vector<TokenId>{100, 101});
+  allocate(m, 1, 2);
+  end_step(m);
+  m.reset_prefix_cache();
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{102, 103}).ok());
+  allocate(m, 1, 2);  // block 0 fills: computed partly before the reset
+  end_step(m);
+  REQUIRE(m.append_tokens(1, iota_tokens(4, 104)).ok());
+  allocate(m, 1, 4);  // block 1 fills after the reset, after pre-reset K/V
+  end_step(m);
+  admit(m, 2, iota_tokens(9, 100));
+  REQUIRE(*m.match_prefix(2) == 0);
+  const std::vector<KvEvent> seen = events.take();
+  REQUIRE(seen.size() == 1);  // AllBlocksCleared only: no BlockStored after it
+  REQUIRE(std::holds_alternative<AllBlocksCleared>(seen[0]));
+  REQUIRE(m.stats().cached_free_blocks + m.device_pool().stats().cached_blocks == 0);
+
+  // Recomputed from scratch, the sequence is cached again.
+  REQUIRE(m.preempt(1, PreemptionMode::kRecompute).ok());
+  REQUIRE(*m.match_prefix(1) == 0);
+  allocate(m, 1, 8);
+  end_step(m);
+  REQUIRE(m.free(2).ok());
+  admit(m, 3, iota_tokens(9, 100));
+  REQUIRE(*m.match_prefix(3) == 8);
+  require_valid(m);
+}
+
+TEST_CASE("a sequence swapped out before a reset is not re-indexed by swap_in") {
+  KvEventBuffer events;
+  KvCacheManager m =
+      make_manager({.num_blocks = 4, .block_size = 2, .num_host_blocks = 4, .event_sink = &events});
+  admit(m, 1, iota_tokens(4));
+  allocate(m, 1, 4);
+  end_step(m);
+  REQUIRE(m.preempt(1, PreemptionMode::kSwap).ok());
+  end_step(m);
+  m.reset_prefix_cache();
+  events.take();
+  REQUIRE(m.swap_in(1).ok());
+  end_step(m);
+  REQUIRE(events.take().empty());
+  REQUIRE(m.fork(1, 2).ok());  // a fork inherits the rule
+  REQUIRE(m.append_tokens(2, iota_tokens(2, 9)).ok());
+  allocate(m, 2, 2);
+  end_step(m);
+  REQUIRE(events.take().empty());
+  admit(m, 3, iota_tokens(5));
+  REQUIRE(*m.match_prefix(3) == 0);
+  require_valid(m);
+}
+
+TEST_CASE("KvCacheManager::create rejects pools beyond BlockPool's limits") {
+  require_error(KvCacheManager::create({.num_blocks = INT32_MAX}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "num_blocks 2147483647 must be in [0, 16777216]");
+  require_error(KvCacheManager::create({.num_blocks = 4, .block_size = INT32_MAX}).status(),
+                absl::StatusCode::kInvalidArgument, "block_size 2147483647 must be in [1, 65536]");
+  require_error(KvCacheManager::create({.num_blocks = 4, .num_host_blocks = INT32_MAX}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "num_blocks 2147483647 must be in [0, 16777216]");
+}
+
+TEST_CASE("build_block_tables refuses a null output") {
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4});
+  admit(m, 1, iota_tokens(2));
+  allocate(m, 1, 2);
+  require_error(m.build_block_tables(std::vector<SeqId>{1}, nullptr),
+                absl::StatusCode::kInvalidArgument, "build_block_tables: out is null");
+}
+
+TEST_CASE("a waiting sequence's claim is released before a running sequence is preempted") {
+  // Issue 11 item 8: the claim pinned the blocks the running sequence needed, and waiting
+  // sequences are no preemption candidates, so allocate_slots_or_preempt failed.
+  RecordingHooks hooks;
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .preemption_hooks = &hooks});
+  admit(m, 1, iota_tokens(6));
+  allocate(m, 1, 6);  // blocks 0 1 2, full and cached
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  admit(m, 2, iota_tokens(7));
+  REQUIRE(*m.match_prefix(2) == 6);  // claims 0 1 2, waiting
+  admit(m, 3, iota_tokens(2, 50));
+  allocate(m, 3, 2);  // block 3
+  end_step(m);
+  REQUIRE(m.append_tokens(3, iota_tokens(1)).ok());
+  require_error(m.allocate_slots(3, 1).status(), absl::StatusCode::kResourceExhausted,
+                "need 1 blocks, 0 free of 4");
+  const auto slots = m.allocate_slots_or_preempt(3, 1);
+  REQUIRE(slots.ok());
+  REQUIRE(Slots(slots->begin(), slots->end()) == Slots{2 * 2});  // block 2, evicted
+  require_valid(m);
+  REQUIRE(hooks.calls.empty());
+  REQUIRE(hooks.claims == std::vector<SeqId>{2});
+  REQUIRE(m.sequence(2)->state == SequenceState::kWaiting);
+  REQUIRE(m.sequence(2)->num_computed_tokens == 0);
+  REQUIRE(table(m, 2).empty());
+  REQUIRE(m.stats().claims_released == 1);
+  REQUIRE(m.stats().preemptions_recompute == 0);
+  REQUIRE(*m.match_prefix(2) == 4);  // blocks 0 1 are still cached
+}
+
+TEST_CASE("release_claim gives a waiting sequence's prefix back") {
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2});
+  admit(m, 1, iota_tokens(5));
+  allocate(m, 1, 5);  // blocks 0 1 2
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  admit(m, 2, iota_tokens(5));
+  REQUIRE(*m.match_prefix(2) == 4);
+  REQUIRE(m.stats().free_blocks == 2);
+  REQUIRE(m.release_claim(2).ok());
+  require_valid(m);
+  REQUIRE(m.stats().free_blocks == 4);
+  REQUIRE(m.stats().cached_free_blocks == 2);
+  REQUIRE(m.device_pool().free_queue_order() == Blocks{2, 3, 1, 0});
+  REQUIRE(m.release_claim(2).ok());  // no claim: unchanged
+  REQUIRE(m.stats().claims_released == 1);
+  REQUIRE(*m.match_prefix(2) == 4);  // may claim again
+  allocate(m, 2, 1);
+  require_error(m.release_claim(2), absl::StatusCode::kFailedPrecondition,
+                "release_claim(seq 2): sequence is running; only a waiting sequence holds a claim");
+  require_error(m.release_claim(9), absl::StatusCode::kNotFound, "unknown sequence 9");
+}
+
+TEST_CASE("a recomputed duplicate keeps a block-aligned prompt cached when the original goes") {
+  // Issue 11 item 9: the prompt's last block is recomputed (its last token must be), into a
+  // copy of a cached block that was never indexed; evicting the original lost the content.
+  KvEventBuffer events;
+  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4, .event_sink = &events});
+  admit(m, 1, iota_tokens(8));
+  allocate(m, 1, 8);  // blocks 0 1
+  end_step(m);
+  admit(m, 2, iota_tokens(8));
+  REQUIRE(*m.match_prefix(2) == 4);
+  allocate(m, 2, 4);  // block 2: a copy of block 1, standing by
+  end_step(m);
+  REQUIRE(table(m, 2) == Blocks{0, 2});
+  REQUIRE(m.device_pool().stats().cached_blocks == 3);
+  REQUIRE(m.free(1).ok());  // block 1 goes to the tail; the free queue is 3 1
+  events.take();
+  admit(m, 3, iota_tokens(8, 900));
+  allocate(m, 3, 8);  // blocks 3 and 1: the original is evicted
+  REQUIRE(table(m, 3) == Blocks{3, 1});
+  for (const KvEvent& e : events.take()) REQUIRE_FALSE(std::holds_alternative<BlockRemoved>(e));
+  end_step(m);
+  REQUIRE(m.free(2).ok());
+  admit(m, 4, iota_tokens(9));
+  REQUIRE(*m.match_prefix(4) == 8);
+  REQUIRE(table(m, 4) == Blocks{0, 2});
   require_valid(m);
 }
 

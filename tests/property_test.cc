@@ -24,21 +24,12 @@
 #include <catch2/catch.hpp>
 
 #include "support/manager_ops.h"
+#include "support/sanitizers.h"
 
 namespace pagedkv::testing {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr int kSanitizerDivisor = 16;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr int kSanitizerDivisor = 16;
-#else
-constexpr int kSanitizerDivisor = 1;
-#endif
-#else
-constexpr int kSanitizerDivisor = 1;
-#endif
+constexpr int kSanitizerDivisor = kSanitized ? 16 : 1;
 
 uint64_t env_or(const char* name, uint64_t fallback) {
   const char* value = std::getenv(name);
@@ -77,16 +68,18 @@ Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs) {
     totals.stats.preemptions_recompute += s.preemptions_recompute;
     totals.stats.preemptions_swap += s.preemptions_swap;
     totals.stats.blocks_swapped_in += s.blocks_swapped_in;
+    totals.stats.claims_released += s.claims_released;
   }
   std::printf(
       "property test: %lld operations; prefix hit tokens %lld, evictions %lld, CoW copies %lld, "
-      "preemptions %lld recompute / %lld swap, blocks swapped in %lld\n",
+      "preemptions %lld recompute / %lld swap, blocks swapped in %lld, claims released %lld\n",
       static_cast<long long>(totals.ops), static_cast<long long>(totals.stats.prefix_hit_tokens),
       static_cast<long long>(totals.stats.evictions),
       static_cast<long long>(totals.stats.cow_copies),
       static_cast<long long>(totals.stats.preemptions_recompute),
       static_cast<long long>(totals.stats.preemptions_swap),
-      static_cast<long long>(totals.stats.blocks_swapped_in));
+      static_cast<long long>(totals.stats.blocks_swapped_in),
+      static_cast<long long>(totals.stats.claims_released));
   return totals;
 }
 
@@ -99,6 +92,7 @@ void require_reached_everything(const Totals& t) {
   CHECK(t.stats.preemptions_recompute > 0);
   CHECK(t.stats.preemptions_swap > 0);
   CHECK(t.stats.blocks_swapped_in > 0);
+  CHECK(t.stats.claims_released > 0);
 }
 
 TEST_CASE("random operation sequences agree with the reference model and keep invariants",

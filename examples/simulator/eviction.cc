@@ -253,11 +253,12 @@ absl::StatusOr<ReplayResult> replay_lru(const BlockStreams& streams, int32_t cap
     int32_t hits = 0;
     for (; hits < n; ++hits) {
       const BlockId parent = hits == 0 ? kNoBlock : blocks[hits - 1];
-      const BlockId b =
+      absl::StatusOr<BlockId> b =
           pool->find_cached(hashes[hits], parent, std::span<const TokenId>(&tokens[hits], 1), {});
-      if (b == kNoBlock) break;
-      pool->touch(b);
-      blocks[hits] = b;
+      if (!b.ok()) return b.status();
+      if (*b == kNoBlock) break;
+      if (absl::Status s = pool->touch(*b); !s.ok()) return s;
+      blocks[hits] = *b;
     }
     // Misses: allocate from the head of the free queue (evicting the least recently used
     // cached blocks) and enter them into the index.
@@ -267,15 +268,16 @@ absl::StatusOr<ReplayResult> replay_lru(const BlockStreams& streams, int32_t cap
     }
     result.evictions += pool->stats().evictions - evictions_before;
     for (int32_t i = hits; i < n; ++i) {
-      const bool cached = pool->cache_full_block(
+      absl::StatusOr<bool> cached = pool->cache_full_block(
           blocks[i], hashes[i], i == 0 ? kNoBlock : blocks[i - 1],
           i == 0 ? nullptr : &hashes[i - 1], std::span<const TokenId>(&tokens[i], 1), {});
-      if (!cached) ++result.unregistered;
+      if (!cached.ok()) return cached.status();
+      if (!*cached) ++result.unregistered;
     }
     // Insert/touch from tail to head: the head block is freed last, so it is the most
     // recently used.
     reversed.assign(blocks.rbegin(), blocks.rend());
-    pool->free(reversed);
+    if (absl::Status s = pool->free(reversed); !s.ok()) return s;
     result.total_blocks += n;
     result.hit_blocks += hits;
   }

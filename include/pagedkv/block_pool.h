@@ -1,26 +1,32 @@
 // File: pagedkv/block_pool.h
 //
-// BlockPool: a fixed number of KV blocks with reference counts, a free queue that doubles
-// as the LRU eviction order, and a verified hash index of full blocks (prefix caching).
-//   - Free queue: blocks with ref count 0, least recently freed at the head. Allocation
-//     takes from the head; a cached block taken that way is evicted (its hash leaves the
-//     index and a BlockRemoved event fires). A prefix hit on a free block takes it out of
-//     the queue (touch).
+// BlockPool: a fixed number of KV blocks with reference counts, a free queue that is
+// also the eviction order, and a verified hash index of full blocks (prefix caching).
+//   - Free queue: blocks with ref count 0. Allocation takes from the head; a cached block
+//     taken that way is evicted (its hash leaves the index and a BlockRemoved event
+//     fires). Freed blocks without a hash go to the head (they can never hit, so they are
+//     reused first); cached blocks go to the tail, so the cached part is in LRU order. A
+//     prefix hit on a free block takes it out of the queue (touch).
 //   - Hash index: BlockHash -> block. A hit is verified against the stored tokens, extra
 //     keys and parent block before it is returned, so a hash collision is never shared.
+//     An identical block computed twice is kept as a standby of the indexed one and takes
+//     its place when it leaves.
 //   - Events and counters: BlockStored / BlockRemoved / AllBlocksCleared to an optional
 //     sink; used, free, cached-free blocks and evictions in stats().
 //
 // BlockPool is pure bookkeeping: it never touches KV bytes. Like a standard container it
 // has no internal locks; one thread owns it. Most engines use it through KvCacheManager.
+// Every public call validates its arguments (ids in range, ref counts, token counts) and
+// returns a Status naming the value and the limit, changing nothing on error.
 //
-// Example:
-//   auto pool = BlockPool::create({.num_blocks = 1024, .block_size = 16});
+// Example (in a function returning a Status; tests/doc_examples_test.cc runs it):
+//   absl::StatusOr<BlockPool> pool = BlockPool::create({.num_blocks = 1024, .block_size = 16});
+//   if (!pool.ok()) return pool.status();
 //   BlockId blocks[4];
-//   if (absl::Status s = pool->allocate(blocks); !s.ok()) { /* ResourceExhausted */ }
-//   ...
+//   if (absl::Status s = pool->allocate(blocks); !s.ok()) return s;  // ResourceExhausted
+//   // ... the engine writes the blocks' K/V ...
 //   BlockId reversed[4] = {blocks[3], blocks[2], blocks[1], blocks[0]};
-//   pool->free(reversed);  // tail first: the prompt's last block is evicted first
+//   return pool->free(reversed);  // tail first: the prompt's last block is evicted first
 #ifndef PAGEDKV_BLOCK_POOL_H_
 #define PAGEDKV_BLOCK_POOL_H_
 
@@ -42,9 +48,15 @@ class HashIndex;
 
 class BlockPool {
  public:
+  // Largest pools and blocks create() accepts: the bookkeeping stays in int32 ids and
+  // a few hundred MiB of host memory, and a pool holds at most 2^31 token slots.
+  static constexpr int32_t kMaxBlocks = 1 << 24;
+  static constexpr int32_t kMaxBlockSize = 1 << 16;
+  static constexpr int64_t kMaxTokenSlots = int64_t{1} << 31;
+
   struct Options {
-    int32_t num_blocks = 0;             // blocks in the pool, >= 0
-    int32_t block_size = 16;            // tokens per block, > 0
+    int32_t num_blocks = 0;             // blocks in the pool, in [0, kMaxBlocks]
+    int32_t block_size = 16;            // tokens per block, in [1, kMaxBlockSize]
     bool enable_caching = true;         // false: cache_full_block() registers nothing
     KvEventSink* event_sink = nullptr;  // optional, not owned; must outlive the pool
   };
@@ -54,11 +66,13 @@ class BlockPool {
     int32_t used_blocks = 0;         // ref count > 0
     int32_t free_blocks = 0;         // ref count 0 (clean + cached)
     int32_t cached_free_blocks = 0;  // ref count 0 and hashed: reusable until evicted
-    int32_t cached_blocks = 0;       // hashed blocks, in use or free
+    int32_t cached_blocks = 0;       // hashed blocks (indexed or standby), in use or free
     int64_t evictions = 0;           // cached blocks whose hash was dropped to reuse them
   };
 
-  // Returns InvalidArgument for a negative num_blocks or a non-positive block_size.
+  // Returns InvalidArgument for num_blocks outside [0, kMaxBlocks], block_size outside
+  // [1, kMaxBlockSize] or more than kMaxTokenSlots slots; ResourceExhausted when the host
+  // memory for the bookkeeping cannot be allocated.
   [[nodiscard]] static absl::StatusOr<BlockPool> create(const Options& options);
 
   BlockPool(BlockPool&&) noexcept;
@@ -75,55 +89,75 @@ class BlockPool {
   // BlockPool::touch()
   //
   // Adds a reference to `block` (a prefix hit). A free block leaves the free queue.
-  // Requires a valid id (checked in debug builds).
-  void touch(BlockId block);
+  // Errors: InvalidArgument for an id outside [0, num_blocks).
+  [[nodiscard]] absl::Status touch(BlockId block) {
+    if (!valid_id(block)) [[unlikely]] {
+      return id_error(block, "touch");
+    }
+    touch_unchecked(block);
+    return absl::OkStatus();
+  }
 
   // BlockPool::free()
   //
-  // Drops one reference from each block, in order; blocks that reach ref count 0 join the
-  // tail of the free queue, so the first block given is evicted first. Hashed blocks stay
-  // cached until evicted. Requires ref count > 0 (checked in debug builds).
-  void free(std::span<const BlockId> blocks_in_eviction_order);
+  // Drops one reference per entry (a block listed twice loses two). Blocks that reach ref
+  // count 0 join the free queue, in the given order: hashed ones at the tail (the first
+  // given is evicted first), the others at the head (the first given is reused first).
+  // Hashed blocks stay cached until evicted.
+  // Errors: InvalidArgument for an id out of range, FailedPrecondition when a block would
+  // drop below ref count 0 (a double free); nothing changes then.
+  [[nodiscard]] absl::Status free(std::span<const BlockId> blocks_in_eviction_order);
 
   // BlockPool::find_cached()
   //
   // Returns the block indexed under `hash` if it really holds `tokens` (block_size of them)
   // with `extra_keys`, after the block `parent` (kNoBlock for the first block) as it is
   // now; kNoBlock otherwise. Does not take a reference: call touch() to share it.
-  BlockId find_cached(const BlockHash& hash, BlockId parent, std::span<const TokenId> tokens,
-                      std::span<const uint64_t> extra_keys) const;
+  // Errors: InvalidArgument for a parent id out of range or tokens.size() != block_size.
+  [[nodiscard]] absl::StatusOr<BlockId> find_cached(const BlockHash& hash, BlockId parent,
+                                                    std::span<const TokenId> tokens,
+                                                    std::span<const uint64_t> extra_keys) const;
 
   // BlockPool::cache_full_block()
   //
   // Enters an in-use, full `block` into the hash index under `hash`, storing its tokens,
-  // extra keys and parent for verification, and emits BlockStored. Returns false (and
-  // registers nothing) when caching is off, the block is already hashed, or another block
-  // already holds `hash`.
-  // NOTE: an identical block computed twice is not de-duplicated, so block tables stay
-  // append-only; the second copy is simply not shareable.
-  bool cache_full_block(BlockId block, const BlockHash& hash, BlockId parent,
-                        const BlockHash* parent_hash, std::span<const TokenId> tokens,
-                        std::span<const uint64_t> extra_keys);
+  // extra keys and parent for verification, and emits BlockStored. Returns true when the
+  // block now holds `hash`: indexed, or kept as a standby because an identical block
+  // (same tokens, extra keys and parent contents) already holds it (no event then; the
+  // standby takes the indexed block's place when that one leaves). Returns false, and
+  // registers nothing, when caching is off, the block is already hashed, another block
+  // with other contents holds `hash` (a collision), or the block or its parent holds K/V
+  // from before the last reset_prefix_cache().
+  // Errors: InvalidArgument for an id out of range or tokens.size() != block_size;
+  // FailedPrecondition when `block` is free (ref count 0).
+  [[nodiscard]] absl::StatusOr<bool> cache_full_block(BlockId block, const BlockHash& hash,
+                                                      BlockId parent, const BlockHash* parent_hash,
+                                                      std::span<const TokenId> tokens,
+                                                      std::span<const uint64_t> extra_keys);
 
   // BlockPool::uncache()
   //
-  // Takes `block` out of the hash index (emitting BlockRemoved) if it is there: its
-  // contents will not be what its hash says. The block keeps its references.
-  void uncache(BlockId block);
+  // Takes `block` out of the hash index (emitting BlockRemoved when no standby takes its
+  // place) if it is there: its contents will not be what its hash says. The block keeps
+  // its references. Errors: InvalidArgument for an id out of range.
+  [[nodiscard]] absl::Status uncache(BlockId block);
 
   // BlockPool::reset_prefix_cache()
   //
   // Empties the hash index: cached free blocks become clean, in-use blocks stop being
-  // shareable (their contents stay valid for their sequences). Emits AllBlocksCleared.
+  // shareable (their contents stay valid for their holders) and are never indexed again,
+  // nor are blocks cached after them: no K/V computed before the reset is shared after
+  // it. Emits AllBlocksCleared.
   void reset_prefix_cache();
 
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
   int32_t num_free_blocks() const;
-  int32_t ref_count(BlockId block) const { return ref_count_[block]; }
-  // True when `block` is in the hash index; `hash` then says under which hash.
-  bool is_cached(BlockId block) const;
-  BlockHash cached_hash(BlockId block) const;
+  // Per-block queries. Errors: InvalidArgument for an id outside [0, num_blocks);
+  // cached_hash(): NotFound when the block holds no hash.
+  [[nodiscard]] absl::StatusOr<int32_t> ref_count(BlockId block) const;
+  [[nodiscard]] absl::StatusOr<bool> is_cached(BlockId block) const;
+  [[nodiscard]] absl::StatusOr<BlockHash> cached_hash(BlockId block) const;
   Stats stats() const;
 
   // Free queue from head (next allocated) to tail. O(num_free_blocks); for tests.
@@ -131,12 +165,34 @@ class BlockPool {
 
   // Checks, clause by clause, that every id is in exactly one of in use / free-clean /
   // free-cached, ref count 0 <=> in the free queue, the queue's links agree and it holds
-  // no more than num_blocks ids, and every index entry points at a block holding that
-  // hash. Returns Internal naming the first broken clause and its values.
+  // no more than num_blocks ids, every index entry points at a block holding that hash,
+  // and every standby sits in the chain of the indexed block of its hash. Returns
+  // Internal naming the first broken clause and its values.
   [[nodiscard]] absl::Status check_invariants() const;
 
  private:
+  // KvCacheManager validates its own arguments and holds only ids from this pool: it uses
+  // the unchecked versions below on its hot paths.
+  friend class KvCacheManager;
+
   explicit BlockPool(const Options& options);
+
+  bool valid_id(BlockId block) const { return block >= 0 && block < num_blocks_; }
+  absl::Status id_error(BlockId block, const char* caller) const;  // InvalidArgument
+  void enqueue_freed(BlockId block, BlockId& last_clean);
+  void undo_free(std::span<const BlockId> freed);
+  void touch_unchecked(BlockId block);
+  void free_unchecked(std::span<const BlockId> blocks_in_eviction_order);
+  BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
+                                std::span<const TokenId> tokens,
+                                std::span<const uint64_t> extra_keys) const;
+  bool cache_full_block_unchecked(BlockId block, const BlockHash& hash, BlockId parent,
+                                  const BlockHash* parent_hash, std::span<const TokenId> tokens,
+                                  std::span<const uint64_t> extra_keys);
+  void uncache_unchecked(BlockId block);
+  int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
+  bool is_cached_unchecked(BlockId block) const;
+  BlockHash cached_hash_unchecked(BlockId block) const;
 
   // Invariants (checked by check_invariants()):
   //   used_blocks_ + free_clean + cached_free_blocks_ == num_blocks_
@@ -146,6 +202,9 @@ class BlockPool {
   bool enable_caching_ = true;
   KvEventSink* event_sink_ = nullptr;
   std::vector<int32_t> ref_count_;  // per block; written by allocate/touch/free
+  // Per block: holds K/V from before the last reset_prefix_cache() (it was in use then, or
+  // was cached after such a block); never indexed until reallocated.
+  std::vector<uint8_t> stale_;
   int32_t used_blocks_ = 0;         // blocks with ref count > 0
   int32_t cached_free_blocks_ = 0;  // blocks with ref count 0 in the hash index
   int64_t evictions_ = 0;

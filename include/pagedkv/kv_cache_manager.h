@@ -14,17 +14,24 @@
 //   add_sequence -> match_prefix (optional) -> allocate_slots ... append_tokens ->
 //   allocate_slots(1) per decode step ... -> free
 //   with fork() for parallel samples, preempt()/allocate_slots_or_preempt() under memory
-//   pressure, and swap_in() to resume a swapped sequence.
+//   pressure, swap_in() to resume a swapped sequence, and release_claim() to give back a
+//   waiting sequence's claimed prefix.
 //
-// Example (one request, prefill then one decode step):
-//   auto manager = KvCacheManager::create({.num_blocks = 4096, .block_size = 16});
-//   PAGEDKV_CHECK_OK(manager->add_sequence(/*seq=*/7, prompt));
-//   int32_t cached = *manager->match_prefix(7);            // tokens reused from cache
-//   auto slots = manager->allocate_slots(7, prompt.size() - cached);
+// tests/doc_examples_test.cc compiles and runs the example below.
+//
+// Example (one request, prefill then one decode step, in a function returning a Status):
+//   absl::StatusOr<KvCacheManager> manager =
+//       KvCacheManager::create({.num_blocks = 4096, .block_size = 16});
+//   if (!manager.ok()) return manager.status();
+//   if (absl::Status s = manager->add_sequence(/*seq=*/7, prompt); !s.ok()) return s;
+//   const int32_t cached = *manager->match_prefix(7);  // tokens reused from cache
+//   auto slots = manager->allocate_slots(7, static_cast<int32_t>(prompt.size()) - cached);
+//   if (!slots.ok()) return slots.status();  // ResourceExhausted: preempt or wait
 //   // ... run the engine's copies, write K/V of the new tokens into *slots, attend ...
-//   PAGEDKV_CHECK_OK(manager->append_tokens(7, {next_token}));
-//   slots = manager->allocate_slots(7, 1);                 // decode step
-//   PAGEDKV_CHECK_OK(manager->free(7));                    // blocks stay cached
+//   if (absl::Status s = manager->append_tokens(7, {&next_token, 1}); !s.ok()) return s;
+//   slots = manager->allocate_slots(7, 1);  // decode step
+//   if (!slots.ok()) return slots.status();
+//   return manager->free(7);  // blocks stay cached
 #ifndef PAGEDKV_KV_CACHE_MANAGER_H_
 #define PAGEDKV_KV_CACHE_MANAGER_H_
 
@@ -94,6 +101,10 @@ class PreemptionHooks {
  public:
   virtual ~PreemptionHooks() = default;
   virtual void on_preempt(SeqId victim, PreemptionMode mode) = 0;
+  // allocate_slots_or_preempt() released the prefix a waiting sequence had claimed with
+  // match_prefix() (see release_claim()): its computed count is 0 again, so call
+  // match_prefix() again before admitting it.
+  virtual void on_claim_released(SeqId /*seq*/) {}
 };
 
 // Read-only view of one sequence; valid until the next non-const call.
@@ -120,7 +131,7 @@ class KvCacheManager {
     int32_t block_size = 16;          // tokens per block, > 0
     int32_t num_host_blocks = 0;      // host blocks for swapping; 0 disables swap
     int32_t max_model_len = 1 << 20;  // most tokens one sequence may hold
-    int32_t watermark_blocks = 0;     // blocks a new sequence's admission leaves free
+    int32_t watermark_blocks = 0;     // blocks an admission leaves free while others run
     bool enable_prefix_caching = true;
     PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // default policy's mode
     BlockHashFn hash_fn = hash_block;                             // injectable for collision tests
@@ -144,10 +155,14 @@ class KvCacheManager {
     int64_t preemptions_swap = 0;
     int64_t blocks_swapped_out = 0;
     int64_t blocks_swapped_in = 0;
+    int64_t claims_released = 0;  // claimed prefixes given back (release_claim, or to preempt)
   };
 
-  // Returns InvalidArgument for a non-positive num_blocks or block_size, a negative
-  // num_host_blocks or watermark, or a watermark that leaves no block to allocate.
+  // Returns InvalidArgument for num_blocks or block_size outside BlockPool's limits
+  // ([1, BlockPool::kMaxBlocks], [1, BlockPool::kMaxBlockSize], at most
+  // BlockPool::kMaxTokenSlots slots), a negative num_host_blocks or watermark, or a
+  // watermark that leaves no block to allocate; ResourceExhausted when the host memory
+  // for the bookkeeping cannot be allocated.
   [[nodiscard]] static absl::StatusOr<KvCacheManager> create(Options options);
 
   KvCacheManager(KvCacheManager&&) noexcept;
@@ -158,7 +173,7 @@ class KvCacheManager {
   //
   // Registers a waiting sequence holding `prompt` (at least one token). No blocks yet.
   // Errors: AlreadyExists (id in use); InvalidArgument (empty prompt, longer than
-  // max_model_len, or needing more blocks than the pool could ever give it).
+  // max_model_len, or needing more blocks than the pool has).
   [[nodiscard]] absl::Status add_sequence(SeqId seq, std::span<const TokenId> prompt,
                                           SequenceOptions options = {});
 
@@ -184,8 +199,10 @@ class KvCacheManager {
   // marks the new tokens computed, enters newly filled full blocks into the prefix index,
   // and returns the slot mapping (block * block_size + offset) of the new tokens. A shared
   // partially filled last block is copied first (copy-on-write, see
-  // take_pending_copies()). A waiting sequence's first call is its admission: it must
-  // leave watermark_blocks free.
+  // take_pending_copies()). A waiting sequence's first call is its admission: while
+  // another sequence is running it must leave watermark_blocks free (headroom for the
+  // running ones to grow); with none running it may use every block, so a sequence
+  // preempted after growing past num_blocks - watermark_blocks can always come back.
   // Errors: NotFound; InvalidArgument (negative counts, more tokens than the sequence
   // has); FailedPrecondition (swapped: call swap_in() first; or a copy-on-write that would
   // copy tokens whose K/V this step has not written yet); ResourceExhausted when the pool
@@ -196,11 +213,14 @@ class KvCacheManager {
 
   // KvCacheManager::allocate_slots_or_preempt()
   //
-  // allocate_slots(), preempting victims chosen by the victim policy while the pool lacks
-  // blocks. Candidates are the running sequences other than `seq` that have not been
+  // allocate_slots(), making room while the pool lacks blocks: first by releasing the
+  // claims of waiting sequences (other than `seq`) that hold a block nobody else holds,
+  // lowest priority then latest arrival first (see release_claim(); each calls
+  // PreemptionHooks::on_claim_released), then by preempting victims chosen by the victim
+  // policy. Candidates are the running sequences other than `seq` that have not been
   // scheduled in this step (see preempt()). Each preemption calls the hooks. Returns
-  // ResourceExhausted when no candidate is left or the policy gives up; preemptions made
-  // before that stay made.
+  // ResourceExhausted when no candidate is left or the policy gives up; releases and
+  // preemptions made before that stay made.
   [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_slots_or_preempt(
       SeqId seq, int32_t num_new_tokens, int32_t num_lookahead = 0);
 
@@ -233,6 +253,15 @@ class KvCacheManager {
   // allocate_slots()).
   [[nodiscard]] absl::Status fork(SeqId parent, SeqId child);
 
+  // KvCacheManager::release_claim()
+  //
+  // Gives back the cached prefix a waiting sequence claimed with match_prefix(): its
+  // blocks are released tail first (cached ones stay cached and may be claimed again) and
+  // its computed count returns to 0. A waiting sequence without a claim is unchanged.
+  // Use it to make room for running sequences while a request waits.
+  // Errors: NotFound; FailedPrecondition unless the sequence is waiting.
+  [[nodiscard]] absl::Status release_claim(SeqId seq);
+
   // KvCacheManager::free()
   //
   // Releases a sequence in any state, returning its blocks tail first so that its later
@@ -259,7 +288,7 @@ class KvCacheManager {
   //
   // Fills `out` (padded and CSR) for `seqs` in order, using each sequence's computed
   // tokens as its context length. Reuses out's buffers. Errors: NotFound; FailedPrecondition
-  // for a sequence that is not running.
+  // for a sequence that is not running; InvalidArgument for a null `out`.
   [[nodiscard]] absl::Status build_block_tables(std::span<const SeqId> seqs,
                                                 BlockTables* out) const;
 
@@ -277,7 +306,13 @@ class KvCacheManager {
                                                     std::span<int32_t> indices,
                                                     std::span<int32_t> last_page_len) const;
 
-  // Empties the prefix index (see BlockPool::reset_prefix_cache()).
+  // KvCacheManager::reset_prefix_cache()
+  //
+  // A flush: empties the prefix index (see BlockPool::reset_prefix_cache()), and no K/V
+  // computed before it is ever shared after it. Sequences that hold computed tokens keep
+  // running on their blocks, but none of their blocks is indexed again, including blocks
+  // they fill later, swap back in or pass to forks, until they are recomputed from
+  // scratch (preempted by recompute, or their claim released). Emits AllBlocksCleared.
   void reset_prefix_cache();
 
   // Lookups.
@@ -308,6 +343,10 @@ class KvCacheManager {
   void allocate_new_blocks(internal::Sequence& seq, int32_t new_blocks, bool copy_on_write,
                            int32_t write_block, int32_t valid_tokens);
   std::optional<Preemption> choose_victim(SeqId requester) const;
+  bool release_one_claim(SeqId requester);
+  void drop_claim(internal::Sequence& seq);
+  void unshare_unwritten_blocks(internal::Sequence& seq);
+  void set_state(internal::Sequence& seq, SequenceState state);
   void hash_full_blocks(internal::Sequence& seq, int32_t num_full_blocks);
   void offer_computed_blocks(internal::Sequence& seq);
   void release_device_blocks(internal::Sequence& seq);
@@ -330,6 +369,7 @@ class KvCacheManager {
   BlockPool host_pool_;
   absl::flat_hash_map<SeqId, std::unique_ptr<internal::Sequence>> sequences_;
   int64_t next_arrival_ = 0;
+  int32_t num_running_ = 0;            // sequences in state kRunning; kept by set_state()
   std::vector<int64_t> slot_mapping_;  // returned by allocate_slots()
   std::vector<BlockId> scratch_blocks_;
   // The batch of the block-table call in progress, resolved once by resolve_running().

@@ -7,10 +7,10 @@
 // The pool calls the sink synchronously from the scheduler thread; a sink must not call
 // back into the manager.
 //
-// Example:
+// Example (`options` are the KvCacheManager::Options the manager is created with):
 //   KvEventBuffer events;
 //   options.event_sink = &events;
-//   ... manager calls ...
+//   // ... manager calls ...
 //   for (const KvEvent& e : events.take()) forward_to_router(e);
 #ifndef PAGEDKV_KV_EVENTS_H_
 #define PAGEDKV_KV_EVENTS_H_

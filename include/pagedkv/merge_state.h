@@ -17,11 +17,12 @@
 // merges as an exact no-op, and two empty states merge to an empty state (never NaN: the
 // both-empty case is selected before any -inf - -inf is formed).
 //
-// Example (merging split partials in order):
-//   MergeState total;  float o[D] = {};
-//   for (each split z) {
-//     MergeScales s = merge_into(total, part[z]);
-//     for (d) o[d] = o[d] * s.self + part_o[z][d] * s.other;
+// Example (merging split z's state part[z] and vector part_o[z] in order, head_dim D):
+//   MergeState total;
+//   float o[D] = {};
+//   for (int z = 0; z < num_splits; ++z) {
+//     const MergeScales s = merge_into(total, part[z]);
+//     for (int d = 0; d < D; ++d) o[d] = o[d] * s.self + part_o[z][d] * s.other;
 //   }
 //   // output = o[d] * inv_sum(total); lse = natural_lse(total)
 #ifndef PAGEDKV_MERGE_STATE_H_

@@ -116,6 +116,7 @@ absl::Status KvCacheManager::write_csr_block_tables(std::span<const SeqId> seqs,
 
 absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs,
                                                 BlockTables* out) const {
+  if (out == nullptr) return absl::InvalidArgumentError("build_block_tables: out is null");
   PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "build_block_tables"));
   int32_t max_blocks = 0;
   int32_t total = 0;

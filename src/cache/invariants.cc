@@ -59,7 +59,8 @@ absl::Status check_sequence(const Sequence& s, int32_t block_size, int32_t max_m
   const int32_t hashed = std::min<int32_t>(s.num_offered_blocks, table);
   for (int32_t i = 0; i < hashed && i < static_cast<int32_t>(s.block_hashes.size()); ++i) {
     const BlockId b = s.blocks[i];
-    if (device.is_cached(b) && !(device.cached_hash(b) == s.block_hashes[i])) {
+    const absl::StatusOr<BlockHash> hash = device.cached_hash(b);  // NotFound: not hashed
+    if (hash.ok() && !(*hash == s.block_hashes[i])) {
       return broken("seq ", s.id, ": block ", b, " at table index ", i,
                     " is indexed under another hash than the sequence's");
     }
@@ -87,9 +88,9 @@ absl::Status KvCacheManager::check_pool_balance(const BlockPool& pool, bool host
   }
   for (const BlockId b : host ? deferred_host_ : deferred_device_) ++holders[b];
   for (BlockId b = 0; b < pool.num_blocks(); ++b) {
-    if (pool.ref_count(b) != holders[b]) {
-      return broken(pool_name, " block ", b, ": ref_count ", pool.ref_count(b), " but held by ",
-                    holders[b], " tables or pending copies");
+    if (pool.ref_count_unchecked(b) != holders[b]) {
+      return broken(pool_name, " block ", b, ": ref_count ", pool.ref_count_unchecked(b),
+                    " but held by ", holders[b], " tables or pending copies");
     }
   }
   return absl::OkStatus();
@@ -103,10 +104,16 @@ absl::Status KvCacheManager::check_invariants() const {
     PAGEDKV_RETURN_IF_ERROR(
         check_sequence(*s, options_.block_size, options_.max_model_len, device_pool_));
   }
+  const auto running = std::count_if(sequences_.begin(), sequences_.end(), [](const auto& entry) {
+    return entry.second->state == SequenceState::kRunning;
+  });
+  if (running != num_running_) {
+    return broken("num_running ", num_running_, " but ", running, " sequences running");
+  }
   PAGEDKV_RETURN_IF_ERROR(check_pool_balance(device_pool_, /*host=*/false));
   PAGEDKV_RETURN_IF_ERROR(check_pool_balance(host_pool_, /*host=*/true));
   for (const BlockCopy& op : pending_copies_) {
-    if (device_pool_.ref_count(op.dst) == 0) {
+    if (device_pool_.ref_count_unchecked(op.dst) == 0) {
       return broken("pending copy into block ", op.dst, ", which is free");
     }
   }

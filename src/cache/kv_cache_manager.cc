@@ -4,6 +4,7 @@
 #include "pagedkv/kv_cache_manager.h"
 
 #include <algorithm>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -87,7 +88,13 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                                  .block_size = options.block_size,
                                  .enable_caching = false});
   if (!host.ok()) return host.status();
-  return KvCacheManager(std::move(options), *std::move(device), *std::move(host));
+  const int32_t num_blocks = options.num_blocks;
+  try {
+    return KvCacheManager(std::move(options), *std::move(device), *std::move(host));
+  } catch (const std::bad_alloc&) {  // no exception leaves the library
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KvCacheManager: cannot allocate the host bookkeeping for ", num_blocks, " blocks"));
+  }
 }
 
 KvCacheManager::KvCacheManager(Options options, BlockPool device_pool, BlockPool host_pool)
@@ -128,14 +135,13 @@ absl::Status KvCacheManager::add_sequence(SeqId seq, std::span<const TokenId> pr
                                                    prompt.size(), " tokens exceeds max_model_len ",
                                                    options_.max_model_len));
   }
+  // The watermark does not count: a sequence alone in the pool may use every block.
   const int64_t prompt_blocks = div_ceil(static_cast<int64_t>(prompt.size()), options_.block_size);
-  const int32_t admissible = options_.num_blocks - options_.watermark_blocks;
-  if (prompt_blocks > admissible) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "add_sequence(seq ", seq, "): prompt of ", prompt.size(), " tokens needs ", prompt_blocks,
-        " blocks of ", options_.block_size, " tokens; the pool admits at most ", admissible,
-        " (num_blocks ", options_.num_blocks, " - watermark ", options_.watermark_blocks,
-        "). Raise num_blocks or shorten the prompt"));
+  if (prompt_blocks > options_.num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("add_sequence(seq ", seq, "): prompt of ", prompt.size(), " tokens needs ",
+                     prompt_blocks, " blocks of ", options_.block_size, " tokens; the pool has ",
+                     options_.num_blocks, ". Raise num_blocks or shorten the prompt"));
   }
   auto s = std::make_unique<Sequence>();
   s->id = seq;
@@ -192,13 +198,13 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   hash_full_blocks(*s, max_blocks);
   BlockId parent = kNoBlock;
   for (int32_t i = 0; i < max_blocks; ++i) {
-    const BlockId hit = device_pool_.find_cached(s->block_hashes[i], parent,
-                                                 block_tokens(*s, i, bs), s->extra_keys);
+    const BlockId hit = device_pool_.find_cached_unchecked(s->block_hashes[i], parent,
+                                                           block_tokens(*s, i, bs), s->extra_keys);
     if (hit == kNoBlock) break;
     s->blocks.push_back(hit);
     parent = hit;
   }
-  for (const BlockId b : s->blocks) device_pool_.touch(b);
+  for (const BlockId b : s->blocks) device_pool_.touch_unchecked(b);
   const auto hit_blocks = static_cast<int32_t>(s->blocks.size());
   s->num_computed = hit_blocks * bs;
   s->num_offered_blocks = hit_blocks;
@@ -215,7 +221,9 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
 
 void KvCacheManager::offer_computed_blocks(Sequence& seq) {
   const int32_t full = seq.num_computed / options_.block_size;
-  if (!options_.enable_prefix_caching) {
+  // K/V computed before a reset_prefix_cache() is never shared after it, nor is anything
+  // computed after it in the same sequence.
+  if (!options_.enable_prefix_caching || seq.kv_before_reset) {
     seq.num_offered_blocks = full;
     return;
   }
@@ -224,13 +232,19 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
   for (int32_t i = seq.num_offered_blocks; i < full; ++i) {
     const BlockId parent = i == 0 ? kNoBlock : seq.blocks[i - 1];
     const BlockHash* parent_hash = i == 0 ? nullptr : &seq.block_hashes[i - 1];
-    device_pool_.cache_full_block(seq.blocks[i], seq.block_hashes[i], parent, parent_hash,
-                                  block_tokens(seq, i, options_.block_size), seq.extra_keys);
+    device_pool_.cache_full_block_unchecked(seq.blocks[i], seq.block_hashes[i], parent, parent_hash,
+                                            block_tokens(seq, i, options_.block_size),
+                                            seq.extra_keys);
   }
   seq.num_offered_blocks = full;
 }
 
-void KvCacheManager::reset_prefix_cache() { device_pool_.reset_prefix_cache(); }
+void KvCacheManager::reset_prefix_cache() {
+  device_pool_.reset_prefix_cache();
+  for (auto& [id, s] : sequences_) {
+    if (s->num_computed > 0 || !s->blocks.empty()) s->kv_before_reset = true;
+  }
+}
 
 // --- slots -----------------------------------------------------------------------------
 
@@ -271,8 +285,8 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   // Copy-on-write: the partially filled last block is written by this call and shared.
   const int32_t write_block = seq.num_computed / bs;
   const int32_t partial = seq.num_computed - write_block * bs;
-  const bool copy_on_write =
-      num_new_tokens > 0 && partial != 0 && device_pool_.ref_count(seq.blocks[write_block]) > 1;
+  const bool copy_on_write = num_new_tokens > 0 && partial != 0 &&
+                             device_pool_.ref_count_unchecked(seq.blocks[write_block]) > 1;
   if (copy_on_write && scheduled_this_step(seq) && seq.settled_tokens < seq.num_computed) {
     return absl::FailedPreconditionError(absl::StrCat(
         "allocate_slots(seq ", seq.id, "): copy-on-write of block ", seq.blocks[write_block],
@@ -281,8 +295,10 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   const int32_t new_blocks =
       static_cast<int32_t>(std::max<int64_t>(0, total_blocks - std::ssize(seq.blocks))) +
       (copy_on_write ? 1 : 0);
+  // The watermark keeps headroom for running sequences to grow: an admission leaves it
+  // free while another sequence runs, and may use every block when none does.
   const bool admission = seq.state == SequenceState::kWaiting;
-  const int32_t reserve = admission ? options_.watermark_blocks : 0;
+  const int32_t reserve = admission && num_running_ > 0 ? options_.watermark_blocks : 0;
   if (new_blocks + reserve > device_pool_.num_free_blocks()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("allocate_slots(seq ", seq.id, "): need ", new_blocks, " blocks",
@@ -307,7 +323,7 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   }
   if (num_new_tokens > 0) mark_scheduled(seq, seq.num_computed);
   seq.num_computed = static_cast<int32_t>(new_total);
-  seq.state = SequenceState::kRunning;
+  set_state(seq, SequenceState::kRunning);
   if (seq.num_offered_blocks < seq.num_computed / bs) offer_computed_blocks(seq);
   return std::span<const int64_t>(slot_mapping_);
 }
@@ -322,7 +338,7 @@ void KvCacheManager::allocate_new_blocks(Sequence& seq, int32_t new_blocks, bool
     const BlockId dst = *fresh++;
     record_copy(pending_copies_, {src, dst, valid_tokens}, &device_pending_, &device_pending_);
     const BlockId released[] = {src};
-    device_pool_.free(released);  // still held by the other sharers
+    device_pool_.free_unchecked(released);  // still held by the other sharers
     seq.blocks[write_block] = dst;
     ++counters_.cow_copies;
   }
@@ -335,6 +351,7 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preem
   while (true) {
     auto slots = allocate_slots_impl(*s, num_new_tokens, num_lookahead);
     if (slots.ok() || !absl::IsResourceExhausted(slots.status())) return slots;
+    if (release_one_claim(seq)) continue;
     const std::optional<Preemption> choice = choose_victim(seq);
     if (!choice.has_value()) return slots.status();
     PAGEDKV_RETURN_IF_ERROR(preempt(choice->victim, choice->mode));
@@ -342,6 +359,27 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preem
 }
 
 // --- preemption ------------------------------------------------------------------------
+
+bool KvCacheManager::release_one_claim(SeqId requester) {
+  // Lowest priority, then latest arrival, among claims that would free a block.
+  Sequence* chosen = nullptr;
+  for (auto& [id, s] : sequences_) {
+    if (id == requester || s->state != SequenceState::kWaiting) continue;
+    const bool frees_a_block = std::any_of(s->blocks.begin(), s->blocks.end(), [&](BlockId b) {
+      return device_pool_.ref_count_unchecked(b) == 1;
+    });
+    if (!frees_a_block) continue;
+    if (chosen == nullptr || s->priority < chosen->priority ||
+        (s->priority == chosen->priority && s->arrival > chosen->arrival)) {
+      chosen = s.get();
+    }
+  }
+  if (chosen == nullptr) return false;
+  drop_claim(*chosen);
+  if (options_.preemption_hooks != nullptr)
+    options_.preemption_hooks->on_claim_released(chosen->id);
+  return true;
+}
 
 std::optional<Preemption> KvCacheManager::choose_victim(SeqId requester) const {
   std::vector<SequenceInfo> running = running_sequences();
@@ -393,11 +431,12 @@ absl::Status KvCacheManager::preempt(SeqId seq, PreemptionMode mode) {
     counters_.blocks_swapped_out += needed;
     ++counters_.preemptions_swap;
     release_device_blocks(*s);
-    s->state = SequenceState::kSwapped;
+    set_state(*s, SequenceState::kSwapped);
   } else {
     release_device_blocks(*s);
     s->num_computed = 0;
-    s->state = SequenceState::kWaiting;
+    s->kv_before_reset = false;  // recomputed from scratch
+    set_state(*s, SequenceState::kWaiting);
     ++counters_.preemptions_recompute;
   }
   s->num_offered_blocks = 0;
@@ -428,7 +467,7 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
   }
   counters_.blocks_swapped_in += needed;
   release_host_blocks(*s);
-  s->state = SequenceState::kRunning;
+  set_state(*s, SequenceState::kRunning);
   mark_scheduled(*s, /*settled_tokens=*/0);  // nothing is on the device before swap-in runs
   offer_computed_blocks(*s);
   return absl::OkStatus();
@@ -452,23 +491,51 @@ absl::Status KvCacheManager::fork(SeqId parent, SeqId child) {
   // Only blocks holding computed tokens are shared; the parent keeps its lookahead blocks.
   c->blocks.resize(div_ceil(p->num_computed, options_.block_size));
   c->num_offered_blocks = std::min(c->num_offered_blocks, static_cast<int32_t>(c->blocks.size()));
-  for (const BlockId b : c->blocks) device_pool_.touch(b);
+  for (const BlockId b : c->blocks) device_pool_.touch_unchecked(b);
+  num_running_ += c->state == SequenceState::kRunning;
   sequences_.emplace(child, std::move(c));
   return absl::OkStatus();
 }
 
 absl::Status KvCacheManager::free(SeqId seq) {
   PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "free"));
-  if (scheduled_this_step(*s)) {
-    // Blocks it filled in this step and holds alone may never be written: unshare them.
-    for (int32_t i = s->settled_tokens / options_.block_size; i < s->num_offered_blocks; ++i) {
-      if (device_pool_.ref_count(s->blocks[i]) == 1) device_pool_.uncache(s->blocks[i]);
-    }
-  }
+  unshare_unwritten_blocks(*s);
   release_device_blocks(*s);
   release_host_blocks(*s);
+  set_state(*s, SequenceState::kWaiting);  // leaves the running count
   sequences_.erase(seq);
   return absl::OkStatus();
+}
+
+absl::Status KvCacheManager::release_claim(SeqId seq) {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "release_claim"));
+  if (s->state != SequenceState::kWaiting) {
+    return absl::FailedPreconditionError(absl::StrCat("release_claim(seq ", seq, "): sequence is ",
+                                                      state_name(s->state),
+                                                      "; only a waiting sequence holds a claim"));
+  }
+  drop_claim(*s);
+  return absl::OkStatus();
+}
+
+void KvCacheManager::drop_claim(Sequence& seq) {
+  counters_.claims_released += !seq.blocks.empty();
+  unshare_unwritten_blocks(seq);
+  release_device_blocks(seq);
+  seq.num_computed = 0;
+  seq.num_offered_blocks = 0;
+  seq.kv_before_reset = false;
+  seq.scheduled_step = 0;  // holds nothing this step still writes
+}
+
+void KvCacheManager::unshare_unwritten_blocks(Sequence& seq) {
+  if (!scheduled_this_step(seq)) return;
+  // Blocks filled in this step that it holds alone may never be written.
+  for (int32_t i = seq.settled_tokens / options_.block_size; i < seq.num_offered_blocks; ++i) {
+    if (device_pool_.ref_count_unchecked(seq.blocks[i]) == 1) {
+      device_pool_.uncache_unchecked(seq.blocks[i]);
+    }
+  }
 }
 
 // --- pending copies ----------------------------------------------------------------------
@@ -485,6 +552,11 @@ bool KvCacheManager::scheduled_this_step(const Sequence& seq) const {
   return seq.scheduled_step == step_;
 }
 
+void KvCacheManager::set_state(Sequence& seq, SequenceState state) {
+  num_running_ += (state == SequenceState::kRunning) - (seq.state == SequenceState::kRunning);
+  seq.state = state;
+}
+
 void KvCacheManager::mark_scheduled(Sequence& seq, int32_t settled_tokens) {
   if (seq.scheduled_step == step_) return;  // keep the tokens settled before this step
   seq.scheduled_step = step_;
@@ -492,27 +564,30 @@ void KvCacheManager::mark_scheduled(Sequence& seq, int32_t settled_tokens) {
 }
 
 void KvCacheManager::release_device_blocks(Sequence& seq) {
-  // Tail first: a prompt's later blocks are evicted before its shared beginning.
+  // Tail first, in one call: a prompt's later blocks are evicted before its shared
+  // beginning, and its clean blocks are reused in the same order.
+  scratch_blocks_.clear();
   for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) {
-    if (device_pending_[*it] > 0 && device_pool_.ref_count(*it) == 1) {
+    if (device_pending_[*it] > 0 && device_pool_.ref_count_unchecked(*it) == 1) {
       deferred_device_.push_back(*it);  // still named by a pending copy
     } else {
-      const BlockId released[] = {*it};
-      device_pool_.free(released);
+      scratch_blocks_.push_back(*it);
     }
   }
+  device_pool_.free_unchecked(scratch_blocks_);
   seq.blocks.clear();
 }
 
 void KvCacheManager::release_host_blocks(Sequence& seq) {
+  scratch_blocks_.clear();
   for (auto it = seq.host_blocks.rbegin(); it != seq.host_blocks.rend(); ++it) {
     if (host_pending_[*it] > 0) {
-      deferred_host_.push_back(*it);
+      deferred_host_.push_back(*it);  // a pending swap still reads or writes it
     } else {
-      const BlockId released[] = {*it};
-      host_pool_.free(released);
+      scratch_blocks_.push_back(*it);
     }
   }
+  host_pool_.free_unchecked(scratch_blocks_);
   seq.host_blocks.clear();
 }
 
@@ -522,7 +597,7 @@ void KvCacheManager::release_deferred() {
     std::erase_if(deferred, [&](BlockId b) {
       if (pending[b] > 0) return false;
       const BlockId released[] = {b};
-      pool.free(released);
+      pool.free_unchecked(released);
       return true;
     });
   };

@@ -16,6 +16,8 @@ struct Sequence {
   SequenceState state = SequenceState::kWaiting;
   int32_t num_computed = 0;        // tokens whose KV is (being) written
   int32_t num_offered_blocks = 0;  // leading blocks already offered to the index
+  // Holds K/V computed before the last reset_prefix_cache(): offers nothing to the index.
+  bool kv_before_reset = false;
   // The step (KvCacheManager::step_) in which the sequence last got slots or was swapped
   // in, and its computed tokens before that step: while scheduled_step is the manager's
   // step, the K/V of tokens past settled_tokens is not written yet.

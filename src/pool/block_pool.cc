@@ -1,10 +1,12 @@
 // BlockPool: construct, allocate, touch, free, cache, evict, reset, checks.
 #include "pagedkv/block_pool.h"
 
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/status_macros.h"
 #include "pool/free_queue.h"
 #include "pool/hash_index.h"
 
@@ -16,15 +18,26 @@ using internal::HashIndex;
 // --- construct ---------------------------------------------------------------------
 
 absl::StatusOr<BlockPool> BlockPool::create(const Options& options) {
-  if (options.num_blocks < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("BlockPool: num_blocks ", options.num_blocks, " must be >= 0"));
+  if (options.num_blocks < 0 || options.num_blocks > kMaxBlocks) {
+    return absl::InvalidArgumentError(absl::StrCat("BlockPool: num_blocks ", options.num_blocks,
+                                                   " must be in [0, ", kMaxBlocks, "]"));
   }
-  if (options.block_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("BlockPool: block_size ", options.block_size, " must be > 0"));
+  if (options.block_size <= 0 || options.block_size > kMaxBlockSize) {
+    return absl::InvalidArgumentError(absl::StrCat("BlockPool: block_size ", options.block_size,
+                                                   " must be in [1, ", kMaxBlockSize, "]"));
   }
-  return BlockPool(options);
+  const int64_t slots = int64_t{options.num_blocks} * options.block_size;
+  if (slots > kMaxTokenSlots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BlockPool: num_blocks ", options.num_blocks, " x block_size ", options.block_size, " = ",
+        slots, " token slots, more than the limit ", kMaxTokenSlots));
+  }
+  try {
+    return BlockPool(options);
+  } catch (const std::bad_alloc&) {  // no exception leaves the library
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "BlockPool: cannot allocate the host bookkeeping for ", options.num_blocks, " blocks"));
+  }
 }
 
 BlockPool::BlockPool(const Options& options)
@@ -33,12 +46,18 @@ BlockPool::BlockPool(const Options& options)
       enable_caching_(options.enable_caching),
       event_sink_(options.event_sink),
       ref_count_(options.num_blocks, 0),
+      stale_(options.num_blocks, 0),
       free_queue_(std::make_unique<FreeQueue>(options.num_blocks)),
       hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)) {}
 
 BlockPool::BlockPool(BlockPool&&) noexcept = default;
 BlockPool& BlockPool::operator=(BlockPool&&) noexcept = default;
 BlockPool::~BlockPool() = default;
+
+absl::Status BlockPool::id_error(BlockId block, const char* caller) const {
+  return absl::InvalidArgumentError(
+      absl::StrCat("BlockPool::", caller, ": block ", block, " outside [0, ", num_blocks_, ")"));
+}
 
 // --- allocate ------------------------------------------------------------------------
 
@@ -53,12 +72,13 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
   for (BlockId& b : out) {
     b = free_queue_->pop_front();
     if (hash_index_->is_cached(b)) {
-      if (event_sink_ != nullptr) removed.block_hashes.push_back(hash_index_->hash(b));
-      hash_index_->erase(b);
+      const BlockHash hash = hash_index_->hash(b);
+      if (hash_index_->erase(b) && event_sink_ != nullptr) removed.block_hashes.push_back(hash);
       --cached_free_blocks_;
       ++evictions_;
     }
     hash_index_->renew(b);
+    stale_[b] = 0;
     ref_count_[b] = 1;
   }
   used_blocks_ += static_cast<int32_t>(n);
@@ -68,7 +88,7 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
 
 // --- touch and free --------------------------------------------------------------------
 
-void BlockPool::touch(BlockId block) {
+void BlockPool::touch_unchecked(BlockId block) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_);
   if (ref_count_[block]++ == 0) {
     free_queue_->remove(block);
@@ -77,35 +97,113 @@ void BlockPool::touch(BlockId block) {
   }
 }
 
-void BlockPool::free(std::span<const BlockId> blocks_in_eviction_order) {
+// A block whose ref count reached 0: hashed ones join the tail, clean ones the head, after
+// the clean blocks this call queued before (`last_clean`).
+inline void BlockPool::enqueue_freed(BlockId b, BlockId& last_clean) {
+  --used_blocks_;
+  if (hash_index_->is_cached(b)) {
+    free_queue_->push_back(b);
+    ++cached_free_blocks_;
+  } else {
+    free_queue_->insert_after(last_clean, b);
+    last_clean = b;
+  }
+}
+
+absl::Status BlockPool::free(std::span<const BlockId> blocks_in_eviction_order) {
+  // One pass, as free_unchecked(); a bad entry undoes the entries before it.
+  BlockId last_clean = kNoBlock;
+  for (size_t i = 0; i < blocks_in_eviction_order.size(); ++i) {
+    const BlockId b = blocks_in_eviction_order[i];
+    if (!valid_id(b) || ref_count_[b] == 0) [[unlikely]] {
+      undo_free(blocks_in_eviction_order.first(i));
+      if (!valid_id(b)) return id_error(b, "free");
+      return absl::FailedPreconditionError(absl::StrCat("BlockPool::free: block ", b, " (entry ", i,
+                                                        ") has ref_count 0: a double free"));
+    }
+    if (--ref_count_[b] == 0) enqueue_freed(b, last_clean);
+  }
+  return absl::OkStatus();
+}
+
+// Restores the references `freed` dropped, last entry first. The blocks they queued were
+// not queued before, so taking them out restores the queue exactly.
+void BlockPool::undo_free(std::span<const BlockId> freed) {
+  for (auto it = freed.rbegin(); it != freed.rend(); ++it) {
+    if (ref_count_[*it]++ == 0) {
+      free_queue_->remove(*it);
+      ++used_blocks_;
+      cached_free_blocks_ -= hash_index_->is_cached(*it);
+    }
+  }
+}
+
+void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order) {
+  BlockId last_clean = kNoBlock;
   for (const BlockId b : blocks_in_eviction_order) {
     PAGEDKV_DCHECK(b >= 0 && b < num_blocks_ && ref_count_[b] > 0);
-    if (--ref_count_[b] == 0) {
-      free_queue_->push_back(b);
-      --used_blocks_;
-      cached_free_blocks_ += hash_index_->is_cached(b);
-    }
+    if (--ref_count_[b] == 0) enqueue_freed(b, last_clean);
   }
 }
 
 // --- prefix cache ------------------------------------------------------------------------
 
-BlockId BlockPool::find_cached(const BlockHash& hash, BlockId parent,
-                               std::span<const TokenId> tokens,
-                               std::span<const uint64_t> extra_keys) const {
+absl::StatusOr<BlockId> BlockPool::find_cached(const BlockHash& hash, BlockId parent,
+                                               std::span<const TokenId> tokens,
+                                               std::span<const uint64_t> extra_keys) const {
+  if (parent != kNoBlock && !valid_id(parent)) [[unlikely]] {
+    return id_error(parent, "find_cached");
+  }
+  if (std::ssize(tokens) != block_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("BlockPool::find_cached: ", tokens.size(),
+                                                   " tokens, block_size is ", block_size_));
+  }
+  return find_cached_unchecked(hash, parent, tokens, extra_keys);
+}
+
+BlockId BlockPool::find_cached_unchecked(const BlockHash& hash, BlockId parent,
+                                         std::span<const TokenId> tokens,
+                                         std::span<const uint64_t> extra_keys) const {
   const BlockId candidate = hash_index_->find(hash);
   if (candidate == kNoBlock) return kNoBlock;
   return hash_index_->verify(candidate, parent, tokens, extra_keys) ? candidate : kNoBlock;
 }
 
-bool BlockPool::cache_full_block(BlockId block, const BlockHash& hash, BlockId parent,
-                                 const BlockHash* parent_hash, std::span<const TokenId> tokens,
-                                 std::span<const uint64_t> extra_keys) {
+absl::StatusOr<bool> BlockPool::cache_full_block(BlockId block, const BlockHash& hash,
+                                                 BlockId parent, const BlockHash* parent_hash,
+                                                 std::span<const TokenId> tokens,
+                                                 std::span<const uint64_t> extra_keys) {
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "cache_full_block");
+  }
+  if (parent != kNoBlock && !valid_id(parent)) [[unlikely]] {
+    return id_error(parent, "cache_full_block");
+  }
+  if (std::ssize(tokens) != block_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("BlockPool::cache_full_block: ", tokens.size(),
+                                                   " tokens, block_size is ", block_size_));
+  }
+  if (ref_count_[block] == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("BlockPool::cache_full_block: block ", block,
+                                                      " is free (ref_count 0); cache it in use"));
+  }
+  return cache_full_block_unchecked(block, hash, parent, parent_hash, tokens, extra_keys);
+}
+
+bool BlockPool::cache_full_block_unchecked(BlockId block, const BlockHash& hash, BlockId parent,
+                                           const BlockHash* parent_hash,
+                                           std::span<const TokenId> tokens,
+                                           std::span<const uint64_t> extra_keys) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
   PAGEDKV_DCHECK(static_cast<int32_t>(tokens.size()) == block_size_);
   if (!enable_caching_ || hash_index_->is_cached(block)) return false;
-  if (!hash_index_->insert(block, hash, parent, tokens, extra_keys)) return false;
-  if (event_sink_ != nullptr) {
+  if (stale_[block] || (parent != kNoBlock && stale_[parent])) {
+    stale_[block] = 1;  // its K/V was computed after pre-reset K/V
+    return false;
+  }
+  const HashIndex::Insert inserted = hash_index_->insert(block, hash, parent, tokens, extra_keys);
+  if (inserted == HashIndex::Insert::kRefused) return false;
+  if (inserted == HashIndex::Insert::kIndexed && event_sink_ != nullptr) {
     BlockStored stored;
     stored.block_hashes.push_back(hash);
     if (parent_hash != nullptr) stored.parent_hash = *parent_hash;
@@ -117,21 +215,27 @@ bool BlockPool::cache_full_block(BlockId block, const BlockHash& hash, BlockId p
   return true;
 }
 
-void BlockPool::uncache(BlockId block) {
+absl::Status BlockPool::uncache(BlockId block) {
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "uncache");
+  }
+  uncache_unchecked(block);
+  return absl::OkStatus();
+}
+
+void BlockPool::uncache_unchecked(BlockId block) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_);
   if (!hash_index_->is_cached(block)) return;
   const BlockHash hash = hash_index_->hash(block);
-  hash_index_->erase(block);
+  const bool left_index = hash_index_->erase(block);
   cached_free_blocks_ -= ref_count_[block] == 0;
-  if (event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}});
+  if (left_index && event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}});
 }
 
 void BlockPool::reset_prefix_cache() {
-  std::vector<BlockId> cached;
-  cached.reserve(hash_index_->size());
-  hash_index_->for_each([&](const BlockHash&, BlockId b) { cached.push_back(b); });
-  for (const BlockId b : cached) hash_index_->erase(b);
+  hash_index_->clear();
   cached_free_blocks_ = 0;
+  for (BlockId b = 0; b < num_blocks_; ++b) stale_[b] = ref_count_[b] > 0;
   if (event_sink_ != nullptr) {
     // A named event: GCC 12 at -O3 misreads the temporary variant as uninitialized.
     const KvEvent cleared{std::in_place_type<AllBlocksCleared>};
@@ -143,16 +247,41 @@ void BlockPool::reset_prefix_cache() {
 
 int32_t BlockPool::num_free_blocks() const { return free_queue_->size(); }
 
-bool BlockPool::is_cached(BlockId block) const { return hash_index_->is_cached(block); }
+absl::StatusOr<int32_t> BlockPool::ref_count(BlockId block) const {
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "ref_count");
+  }
+  return ref_count_[block];
+}
 
-BlockHash BlockPool::cached_hash(BlockId block) const { return hash_index_->hash(block); }
+absl::StatusOr<bool> BlockPool::is_cached(BlockId block) const {
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "is_cached");
+  }
+  return hash_index_->is_cached(block);
+}
+
+absl::StatusOr<BlockHash> BlockPool::cached_hash(BlockId block) const {
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "cached_hash");
+  }
+  if (!hash_index_->is_cached(block)) {
+    return absl::NotFoundError(
+        absl::StrCat("BlockPool::cached_hash: block ", block, " holds no hash"));
+  }
+  return hash_index_->hash(block);
+}
+
+bool BlockPool::is_cached_unchecked(BlockId block) const { return hash_index_->is_cached(block); }
+
+BlockHash BlockPool::cached_hash_unchecked(BlockId block) const { return hash_index_->hash(block); }
 
 BlockPool::Stats BlockPool::stats() const {
   Stats s;
   s.num_blocks = num_blocks_;
   s.used_blocks = used_blocks_;
   s.free_blocks = free_queue_->size();
-  s.cached_blocks = hash_index_->size();
+  s.cached_blocks = hash_index_->size() + hash_index_->num_standby();
   s.cached_free_blocks = cached_free_blocks_;
   s.evictions = evictions_;
   return s;
@@ -203,7 +332,8 @@ absl::Status BlockPool::check_invariants() const {
   if (used + free_queue_->size() != num_blocks_) {
     return broken("used ", used, " + free ", free_queue_->size(), " != num_blocks ", num_blocks_);
   }
-  // The index: every entry points at a block that holds that hash, and vice versa.
+  // The index: every entry points at an indexed block that holds that hash; every
+  // standby sits in the chain of the indexed block of its hash.
   absl::Status status;
   int32_t entries = 0;
   hash_index_->for_each([&](const BlockHash& hash, BlockId b) {
@@ -211,22 +341,46 @@ absl::Status BlockPool::check_invariants() const {
     if (!status.ok()) return;
     if (b < 0 || b >= num_blocks_) {
       status = broken("index entry points at invalid id ", b);
-    } else if (!hash_index_->is_cached(b) || !(hash_index_->hash(b) == hash)) {
+    } else if (hash_index_->role(b) != HashIndex::Role::kIndexed ||
+               !(hash_index_->hash(b) == hash)) {
       status = broken("index entry for block ", b, " does not match the block's hash");
+    } else if (hash_index_->prev_standby(b) != kNoBlock) {
+      status = broken("indexed block ", b, " has a standby link before it");
     }
   });
   if (!status.ok()) return status;
-  int32_t cached = 0;
+  int32_t indexed = 0;
+  int32_t standby = 0;
   int32_t cached_free = 0;
   for (BlockId b = 0; b < num_blocks_; ++b) {
-    cached += hash_index_->is_cached(b);
-    cached_free += hash_index_->is_cached(b) && ref_count_[b] == 0;
+    const HashIndex::Role role = hash_index_->role(b);
+    indexed += role == HashIndex::Role::kIndexed;
+    cached_free += role != HashIndex::Role::kNone && ref_count_[b] == 0;
+    if (role != HashIndex::Role::kStandby) continue;
+    ++standby;
+    // Walk back to the indexed block, at most num_blocks steps.
+    BlockId head = b;
+    for (int32_t steps = 0; hash_index_->prev_standby(head) != kNoBlock; ++steps) {
+      if (steps > num_blocks_) return broken("standby chain of block ", b, " loops");
+      head = hash_index_->prev_standby(head);
+    }
+    if (hash_index_->role(head) != HashIndex::Role::kIndexed ||
+        !(hash_index_->hash(head) == hash_index_->hash(b)) ||
+        hash_index_->find(hash_index_->hash(b)) != head) {
+      return broken("standby block ", b, " is not in the chain of the block indexed by its hash");
+    }
   }
-  if (cached != entries) return broken(cached, " blocks marked cached but ", entries, " entries");
+  if (indexed != entries)
+    return broken(indexed, " blocks marked indexed but ", entries, " entries");
+  if (standby != hash_index_->num_standby()) {
+    return broken("num_standby ", hash_index_->num_standby(), " but ", standby, " counted");
+  }
   if (cached_free != cached_free_blocks_) {
     return broken("cached_free_blocks ", cached_free_blocks_, " but ", cached_free, " counted");
   }
-  if (!enable_caching_ && entries != 0) return broken("caching off but ", entries, " entries");
+  if (!enable_caching_ && indexed + standby != 0) {
+    return broken("caching off but ", indexed + standby, " blocks hashed");
+  }
   return absl::OkStatus();
 }
 

@@ -1,10 +1,11 @@
 // Internal: the free queue of a BlockPool.
 //
-// An intrusive doubly linked list over block ids, so that push_back, pop_front and
-// remove from the middle (a prefix hit on a free block) are O(1) with no allocation; a
-// deque cannot remove from the middle. The queue is also the LRU order: the head is the
-// least recently freed block and is allocated (evicted) first. Callers free a sequence's
-// blocks tail first so that its later blocks are evicted before its shared beginning.
+// An intrusive doubly linked list over block ids, so that insertion at either end or
+// after a given block, pop_front and remove from the middle (a prefix hit on a free
+// block) are O(1) with no allocation; a deque cannot remove from the middle. The queue is
+// also the eviction order: allocation takes the head. BlockPool puts freed blocks that
+// hold no hash at the head (they can never hit, so they are reused first) and cached
+// blocks at the tail, so the cached part is in LRU order from its head side.
 //
 // IMPLEMENTATION DETAILS
 //   prev_, next_: int32 arrays of num_blocks + 2 entries. Entries [0, num_blocks) are the
@@ -12,6 +13,7 @@
 //   so that insertion and removal need no branches for the ends.
 //
 //     kHead <-> b3 <-> b0 <-> b7 <-> kTail       prev_[b] == kDetached: b not queued
+//               clean  clean  cached
 //
 // Links are written only by FreeQueue.
 #ifndef PAGEDKV_POOL_FREE_QUEUE_H_
@@ -48,14 +50,12 @@ class FreeQueue {
   // O(1) membership from the links; check_invariants() cross-checks it with a walk.
   bool is_queued(BlockId b) const { return prev_[b] != kDetached; }
 
-  void push_back(BlockId b) {
-    PAGEDKV_DCHECK(!is_queued(b));
-    const BlockId last = prev_[tail_];
-    next_[last] = b;
-    prev_[b] = last;
-    next_[b] = tail_;
-    prev_[tail_] = b;
-    ++size_;
+  void push_back(BlockId b) { link_after(prev_[tail_], b); }
+
+  // Inserts b right after the queued block `pos`, or at the head when pos is kNoBlock.
+  void insert_after(BlockId pos, BlockId b) {
+    PAGEDKV_DCHECK(pos == kNoBlock || is_queued(pos));
+    link_after(pos == kNoBlock ? head_ : pos, b);
   }
 
   BlockId pop_front() {
@@ -82,6 +82,18 @@ class FreeQueue {
 
  private:
   static constexpr BlockId kDetached = -2;
+
+  // `node` is a queued block or the head sentinel.
+  void link_after(BlockId node, BlockId b) {
+    PAGEDKV_DCHECK(!is_queued(b));
+    const BlockId after = next_[node];
+    next_[node] = b;
+    prev_[b] = node;
+    next_[b] = after;
+    prev_[after] = b;
+    ++size_;
+  }
+
   BlockId head_;
   BlockId tail_;
   std::vector<BlockId> prev_;

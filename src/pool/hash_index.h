@@ -3,14 +3,25 @@
 //   lookup flow:  hash --index_--> candidate block --verify--> share (BlockPool::touch)
 //                                      |
 //                   stored tokens == tokens, stored extra keys == extra keys,
-//                   stored parent == parent block, stored parent generation ==
-//                   generation of that block now
+//                   stored parent key == content key of the parent block now
 //
 // A hash hit alone is never trusted: with an injected weak hash (tests, fuzzers) or a real
-// collision, verification rejects the candidate. The parent is checked by block id and
-// generation: a block's generation changes whenever it is (re)allocated, that is whenever
-// its contents may change, so a child can only match after the very contents it was
-// cached after, never after a later refill of the same block id.
+// collision, verification rejects the candidate. The parent is checked by content key:
+// every (re)allocation gives a block a fresh key, that is whenever its contents may
+// change, so a child can only match after the very contents it was cached after, never
+// after a later refill of the same block id.
+//
+// Standby duplicates: a block whose hash is already indexed by another block (a
+// block-aligned prompt recomputes its last block, which was cached) is not indexed but,
+// when its tokens, extra keys and parent key equal the indexed block's, kept as a standby
+// of that block with the same content key. When the indexed block leaves (evicted,
+// uncached), its most recent standby takes its place, so the content stays cached while
+// a copy is resident, and the children cached after the original still verify.
+//
+//   index_: hash -> indexed block P       standby chain: P -> s2 -> s1   (next_/prev_)
+//
+// A block holding a hash, indexed or standby, "is cached": it goes to the tail of the free
+// queue when freed and counts as free-cached.
 #ifndef PAGEDKV_POOL_HASH_INDEX_H_
 #define PAGEDKV_POOL_HASH_INDEX_H_
 
@@ -28,22 +39,28 @@ namespace pagedkv::internal {
 
 class HashIndex {
  public:
+  enum class Role : uint8_t { kNone, kIndexed, kStandby };
+  enum class Insert { kIndexed, kStandby, kRefused };
+
   HashIndex(int32_t num_blocks, int32_t block_size)
       : block_size_(block_size),
-        cached_(num_blocks, 0),
+        role_(num_blocks, Role::kNone),
         hash_(num_blocks),
-        parent_(num_blocks, kNoBlock),
-        parent_generation_(num_blocks, 0),
-        generation_(num_blocks, 0),
+        parent_key_(num_blocks, 0),
+        content_key_(num_blocks, 0),
+        next_(num_blocks, kNoBlock),
+        prev_(num_blocks, kNoBlock),
         extra_keys_(num_blocks),
         // Left uninitialized: large pools of large blocks only touch the pages they cache.
         tokens_(std::make_unique_for_overwrite<TokenId[]>(static_cast<size_t>(num_blocks) *
                                                           block_size)) {}
 
+  // Indexed entries (hashes); standby blocks are not counted.
   int32_t size() const { return static_cast<int32_t>(index_.size()); }
-  bool is_cached(BlockId b) const { return cached_[b] != 0; }
+  int32_t num_standby() const { return num_standby_; }
+  bool is_cached(BlockId b) const { return role_[b] != Role::kNone; }
+  Role role(BlockId b) const { return role_[b]; }
   const BlockHash& hash(BlockId b) const { return hash_[b]; }
-  uint32_t generation(BlockId b) const { return generation_[b]; }
 
   // The block indexed under `hash`, or kNoBlock. Unverified.
   BlockId find(const BlockHash& hash) const {
@@ -53,56 +70,122 @@ class HashIndex {
 
   bool verify(BlockId b, BlockId parent, std::span<const TokenId> tokens,
               std::span<const uint64_t> extra_keys) const {
-    if (parent_[b] != parent) return false;
-    if (parent != kNoBlock && parent_generation_[b] != generation_[parent]) return false;
+    if (parent_key_[b] != key_of(parent)) return false;
+    return same_contents(b, tokens, extra_keys);
+  }
+
+  // Indexes `b` under `hash` unless the hash is taken; a block equal to the indexed one
+  // (tokens, extra keys, parent) becomes its standby instead. Returns what happened.
+  Insert insert(BlockId b, const BlockHash& hash, BlockId parent, std::span<const TokenId> tokens,
+                std::span<const uint64_t> extra_keys) {
+    const uint64_t parent_key = key_of(parent);
+    const auto [it, inserted] = index_.try_emplace(hash, b);
+    if (!inserted) {
+      const BlockId indexed = it->second;
+      if (parent_key_[indexed] != parent_key || !same_contents(indexed, tokens, extra_keys)) {
+        return Insert::kRefused;
+      }
+      content_key_[b] = content_key_[indexed];  // same contents: children verify after b too
+      link_standby(indexed, b);
+    }
+    role_[b] = inserted ? Role::kIndexed : Role::kStandby;
+    hash_[b] = hash;
+    parent_key_[b] = parent_key;
+    extra_keys_[b].assign(extra_keys.begin(), extra_keys.end());
+    std::copy(tokens.begin(), tokens.end(), block_tokens(b));
+    return inserted ? Insert::kIndexed : Insert::kStandby;
+  }
+
+  // Takes `b` out of the index or its standby chain. Returns true when its hash left the
+  // index (no standby took its place).
+  bool erase(BlockId b) {
+    const Role role = role_[b];
+    role_[b] = Role::kNone;
+    if (role == Role::kStandby) {
+      unlink_standby(b);
+      return false;
+    }
+    const BlockId successor = next_[b];
+    next_[b] = kNoBlock;
+    if (successor == kNoBlock) {
+      index_.erase(hash_[b]);
+      return true;
+    }
+    // The most recent standby becomes the indexed block, keeping the rest of the chain.
+    prev_[successor] = kNoBlock;
+    role_[successor] = Role::kIndexed;
+    --num_standby_;
+    index_[hash_[b]] = successor;
+    return false;
+  }
+
+  // Forgets every entry and standby.
+  void clear() {
+    index_.clear();
+    std::fill(role_.begin(), role_.end(), Role::kNone);
+    std::fill(next_.begin(), next_.end(), kNoBlock);
+    std::fill(prev_.begin(), prev_.end(), kNoBlock);
+    num_standby_ = 0;
+  }
+
+  // Marks that `b` is about to receive new contents.
+  void renew(BlockId b) { content_key_[b] = next_content_key_++; }
+
+  // Calls fn(hash, block) for every indexed entry.
+  template <typename Fn>
+  void for_each(Fn fn) const {
+    for (const auto& [hash, block] : index_) fn(hash, block);
+  }
+
+  // Standby chain links, for check_invariants(): the block after `b` (kNoBlock at the
+  // end) and before it (kNoBlock for the indexed block).
+  BlockId next_standby(BlockId b) const { return next_[b]; }
+  BlockId prev_standby(BlockId b) const { return prev_[b]; }
+
+ private:
+  // 0 stands for "no parent"; content keys start at 1.
+  uint64_t key_of(BlockId parent) const { return parent == kNoBlock ? 0 : content_key_[parent]; }
+
+  bool same_contents(BlockId b, std::span<const TokenId> tokens,
+                     std::span<const uint64_t> extra_keys) const {
     const auto& keys = extra_keys_[b];
     if (!std::equal(keys.begin(), keys.end(), extra_keys.begin(), extra_keys.end())) return false;
     const TokenId* stored = block_tokens(b);
     return std::equal(stored, stored + block_size_, tokens.begin(), tokens.end());
   }
 
-  // Indexes `b` under `hash` unless the hash is taken; returns whether it did.
-  bool insert(BlockId b, const BlockHash& hash, BlockId parent, std::span<const TokenId> tokens,
-              std::span<const uint64_t> extra_keys) {
-    if (!index_.try_emplace(hash, b).second) return false;
-    cached_[b] = 1;
-    hash_[b] = hash;
-    parent_[b] = parent;
-    parent_generation_[b] = parent == kNoBlock ? 0 : generation_[parent];
-    extra_keys_[b].assign(extra_keys.begin(), extra_keys.end());
-    std::copy(tokens.begin(), tokens.end(), block_tokens(b));
-    return true;
+  void link_standby(BlockId indexed, BlockId b) {
+    next_[b] = next_[indexed];
+    prev_[b] = indexed;
+    if (next_[indexed] != kNoBlock) prev_[next_[indexed]] = b;
+    next_[indexed] = b;
+    ++num_standby_;
   }
 
-  // Removes `b` from the index.
-  void erase(BlockId b) {
-    index_.erase(hash_[b]);
-    cached_[b] = 0;
+  void unlink_standby(BlockId b) {
+    next_[prev_[b]] = next_[b];
+    if (next_[b] != kNoBlock) prev_[next_[b]] = prev_[b];
+    next_[b] = kNoBlock;
+    prev_[b] = kNoBlock;
+    --num_standby_;
   }
 
-  // Marks that `b` is about to receive new contents.
-  void renew(BlockId b) { ++generation_[b]; }
-
-  // Calls fn(hash, block) for every entry.
-  template <typename Fn>
-  void for_each(Fn fn) const {
-    for (const auto& [hash, block] : index_) fn(hash, block);
-  }
-
- private:
   TokenId* block_tokens(BlockId b) const {
     return tokens_.get() + static_cast<size_t>(b) * block_size_;
   }
 
   int32_t block_size_;
   absl::flat_hash_map<BlockHash, BlockId> index_;
-  // Per block; meaningful while cached_[b] (parent_generation_: generation_[parent_[b]]
-  // when b was indexed).
-  std::vector<uint8_t> cached_;
+  int32_t num_standby_ = 0;
+  uint64_t next_content_key_ = 1;
+  // Per block; hash_, parent_key_, extra_keys_ and tokens_ are meaningful while role_ is
+  // not kNone. content_key_ identifies the block's current contents.
+  std::vector<Role> role_;
   std::vector<BlockHash> hash_;
-  std::vector<BlockId> parent_;
-  std::vector<uint32_t> parent_generation_;
-  std::vector<uint32_t> generation_;
+  std::vector<uint64_t> parent_key_;
+  std::vector<uint64_t> content_key_;
+  std::vector<BlockId> next_;  // standby chain
+  std::vector<BlockId> prev_;
   std::vector<absl::InlinedVector<uint64_t, 2>> extra_keys_;
   std::unique_ptr<TokenId[]> tokens_;  // [num_blocks, block_size]
 };

@@ -1,4 +1,6 @@
-# Installs the build tree into WORK_DIR/prefix, then configures, builds and runs the consumer.
+# Installs the build tree into WORK_DIR/prefix, then configures, builds and runs two
+# consumers: one of the whole package, and one of the allocator component alone, with
+# the CUDA toolkit and fmt made unfindable to prove it needs neither.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc)
@@ -15,3 +17,8 @@ run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
   -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix ${cuda_arg})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build-allocator
+  -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DALLOCATOR_ONLY=ON
+  -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON -DCMAKE_DISABLE_FIND_PACKAGE_fmt=ON)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build-allocator)
+run(${WORK_DIR}/build-allocator/consumer)

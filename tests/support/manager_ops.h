@@ -7,7 +7,8 @@
 // run_manager_ops(bytes, profile) decodes the bytes into manager options and a sequence of
 // operations, valid and invalid alike: add_sequence with shared, copied, random or extreme
 // prompts and salts; match_prefix; allocate_slots and allocate_slots_or_preempt with normal
-// and extreme counts; append_tokens; fork; free; preempt in both modes; swap_in; "steps"
+// and extreme counts; append_tokens; fork; free; release_claim; preempt in both modes;
+// swap_in; "steps"
 // that take the pending copies and swaps; reset_prefix_cache; block tables in all three
 // forms; and decode rounds. Each operation runs on a KvCacheManager and on the
 // ReferenceModel, and after each one the driver checks:
@@ -208,7 +209,9 @@ class ManagerOpRunner {
   class RecordingHooks : public PreemptionHooks {
    public:
     void on_preempt(SeqId victim, PreemptionMode mode) override { calls.push_back({victim, mode}); }
+    void on_claim_released(SeqId seq) override { claim_releases.push_back(seq); }
     std::vector<Preemption> calls;
+    std::vector<SeqId> claim_releases;
   };
 
   // --- reporting ---
@@ -523,7 +526,15 @@ class ManagerOpRunner {
       return;
     }
     if (op < 29) return op_tables();
-    return op_decode_round();
+    if (op < 31) return op_decode_round();
+    return op_release_claim();
+  }
+
+  void op_release_claim() {
+    const SeqId id = pick_id();
+    log("release_claim(", id, ")");
+    const Code expected = model_->release_claim(id);
+    expect_code("release_claim", impl_->release_claim(id), expected);
   }
 
   void op_add() {
@@ -910,10 +921,11 @@ class ManagerOpRunner {
     const auto& blocks = m.device_blocks();
     for (BlockId b = 0; b < opts_.num_blocks; ++b) {
       const auto& d = blocks[b];
-      if (dev.ref_count(b) != d.ref || dev.is_cached(b) != d.cached ||
-          (d.cached && !(dev.cached_hash(b) == d.hash))) {
-        fail("device block ", b, ": ref_count ", dev.ref_count(b), " cached ", dev.is_cached(b),
-             "; model expects ref_count ", d.ref, " cached ", d.cached);
+      const int32_t ref = dev.ref_count(b).value();
+      const bool cached = dev.is_cached(b).value();
+      if (ref != d.ref || cached != d.cached() || (cached && !(*dev.cached_hash(b) == d.hash))) {
+        fail("device block ", b, ": ref_count ", ref, " cached ", cached,
+             "; model expects ref_count ", d.ref, " cached ", d.cached());
         return;
       }
     }
@@ -924,8 +936,8 @@ class ManagerOpRunner {
     }
     const BlockPool& host = impl_->host_pool();
     for (BlockId b = 0; b < opts_.num_host_blocks; ++b) {
-      if (host.ref_count(b) != m.host_refs()[b]) {
-        fail("host block ", b, ": ref_count ", host.ref_count(b), ", model expects ",
+      if (host.ref_count(b).value() != m.host_refs()[b]) {
+        fail("host block ", b, ": ref_count ", host.ref_count(b).value(), ", model expects ",
              m.host_refs()[b]);
         return;
       }
@@ -961,6 +973,7 @@ class ManagerOpRunner {
         {"preemptions_swap", {s.preemptions_swap, c.preemptions_swap}},
         {"blocks_swapped_out", {s.blocks_swapped_out, c.blocks_swapped_out}},
         {"blocks_swapped_in", {s.blocks_swapped_in, c.blocks_swapped_in}},
+        {"claims_released", {s.claims_released, c.claims_released}},
     };
     for (const auto& [name, values] : fields) {
       if (values.first != values.second) {
@@ -1028,6 +1041,12 @@ class ManagerOpRunner {
       for (const Preemption& p : got) g << p.victim << "/" << static_cast<int>(p.mode) << " ";
       for (const Preemption& p : expected) e << p.victim << "/" << static_cast<int>(p.mode) << " ";
       fail("preemption hooks: got ", g.str(), "; model expects ", e.str());
+      return;
+    }
+    const std::vector<SeqId> released = std::exchange(hooks_.claim_releases, {});
+    for (const SeqId id : released) log("  -> released the claim of ", id);
+    if (released != model_->take_claim_releases()) {
+      fail("claim-release hooks: got ", list(released), ", model disagrees");
     }
   }
 

@@ -12,10 +12,12 @@
 //     blocks, how many of its full blocks were offered to the prefix index;
 //   - each device and host block: its ref count (tables holding it, plus blocks parked
 //     because a pending copy still names them);
-//   - both free queues, head (allocated next) to tail, as plain vectors;
+//   - both free queues, head (allocated next) to tail, as plain vectors: a release puts
+//     hashed blocks at the tail and the others at the head, each group in the given order;
 //   - the prefix index: BlockHash -> block, where a hit must also match the stored tokens,
-//     extra keys and parent block (as that parent is now: a block's `incarnation` changes
-//     whenever it is allocated, that is whenever its contents may change);
+//     extra keys and parent contents (a block's `content` key changes whenever it is
+//     allocated, that is whenever its contents may change), plus per hash the standby
+//     duplicates that take the indexed block's place when it leaves (newest first);
 //   - counters (Stats), KV events and preemption hooks.
 // Contract choices the header leaves open are marked "NOTE (contract)"; the model follows
 // the implementation there so that a disagreement means a bug, not a taste difference.
@@ -56,19 +58,22 @@ class ReferenceModel {
     // current step; `settled` tokens were computed before that. Forks inherit both.
     uint64_t scheduled_step = 0;
     int32_t settled = 0;
+    bool kv_before_reset = false;  // held K/V at a reset_prefix_cache(): offers nothing
   };
+
+  enum class Role { kNone, kIndexed, kStandby };
 
   struct DeviceBlock {
     int32_t ref = 0;
-    bool cached = false;
-    uint64_t incarnation = 0;  // changes whenever the block is allocated (new contents)
-    uint64_t write_step = 0;   // the step whose writes or swap-in fill it
+    Role role = Role::kNone;  // holds a hash: indexed, or standby of the indexed block
+    uint64_t content = 0;     // new on every allocation; a standby shares its original's
+    uint64_t write_step = 0;  // the step whose writes or swap-in fill it
     // Valid while cached: what a hit must match.
     BlockHash hash;
-    BlockId parent = kNoBlock;
-    uint64_t parent_incarnation = 0;
+    uint64_t parent_content = 0;  // 0: first block
     std::vector<TokenId> tokens;
     std::vector<uint64_t> extra_keys;
+    bool cached() const { return role != Role::kNone; }
   };
 
   struct Counters {
@@ -80,6 +85,7 @@ class ReferenceModel {
     int64_t preemptions_swap = 0;
     int64_t blocks_swapped_out = 0;
     int64_t blocks_swapped_in = 0;
+    int64_t claims_released = 0;
   };
 
   // Mirrors KvCacheManager::create(): InvalidArgument for any bad option.
@@ -104,8 +110,7 @@ class ReferenceModel {
     if (seqs_.count(id)) return Code::kAlreadyExists;
     if (prompt.empty()) return Code::kInvalidArgument;
     if (static_cast<int64_t>(prompt.size()) > opts_.max_model_len) return Code::kInvalidArgument;
-    if (blocks_for(static_cast<int64_t>(prompt.size())) >
-        opts_.num_blocks - opts_.watermark_blocks) {
+    if (blocks_for(static_cast<int64_t>(prompt.size())) > opts_.num_blocks) {
       return Code::kInvalidArgument;
     }
     Seq s;
@@ -149,10 +154,10 @@ class ReferenceModel {
       if (it == index_.end()) break;
       const BlockId c = it->second;
       const DeviceBlock& d = device_[c];
-      const bool parent_ok =
-          d.parent == parent &&
-          (parent == kNoBlock || d.parent_incarnation == device_[parent].incarnation);
-      if (!parent_ok || d.extra_keys != s->extra_keys || d.tokens != block_tokens(*s, i)) break;
+      if (d.parent_content != content_of(parent) || d.extra_keys != s->extra_keys ||
+          d.tokens != block_tokens(*s, i)) {
+        break;
+      }
       hits.push_back(c);
       parent = c;
     }
@@ -184,6 +189,7 @@ class ReferenceModel {
     while (true) {
       auto result = allocate(*s, n, lookahead);
       if (result.first != Code::kResourceExhausted) return result;
+      if (release_one_claim(id)) continue;
       // Candidates: running sequences but the requester and those scheduled in this step, in
       // arrival order, as the policy sees them.
       std::vector<SequenceInfo> running;
@@ -250,6 +256,7 @@ class ReferenceModel {
     } else {
       release_device(*s);
       s->computed = 0;
+      s->kv_before_reset = false;
       s->state = SequenceState::kWaiting;
       ++counters_.preemptions_recompute;
     }
@@ -297,20 +304,18 @@ class ReferenceModel {
   Code free(SeqId id) {
     Seq* s = find(id);
     if (s == nullptr) return Code::kNotFound;
-    if (scheduled(*s)) {
-      // Blocks it filled in this step and holds alone may never be written: unshare them.
-      const int32_t end = std::min<int32_t>(s->offered, static_cast<int32_t>(s->table.size()));
-      for (int32_t i = s->settled / opts_.block_size; i < end; ++i) {
-        DeviceBlock& d = device_[s->table[i]];
-        if (d.ref == 1 && d.cached) {
-          events_.push_back(BlockRemoved{{d.hash}});
-          leave_index(d);
-        }
-      }
-    }
+    unshare_unwritten(*s);
     release_device(*s);
     release_host(*s);
     seqs_.erase(id);
+    return Code::kOk;
+  }
+
+  Code release_claim(SeqId id) {
+    Seq* s = find(id);
+    if (s == nullptr) return Code::kNotFound;
+    if (s->state != SequenceState::kWaiting) return Code::kFailedPrecondition;
+    drop_claim(*s);
     return Code::kOk;
   }
 
@@ -329,8 +334,11 @@ class ReferenceModel {
   }
 
   void reset_prefix_cache() {
-    for (DeviceBlock& d : device_) {
-      if (d.cached) leave_index(d);
+    for (DeviceBlock& d : device_) d.role = Role::kNone;
+    index_.clear();
+    standby_.clear();
+    for (auto& [id, s] : seqs_) {
+      if (s.computed > 0 || !s.table.empty()) s.kv_before_reset = true;
     }
     events_.push_back(AllBlocksCleared{});
   }
@@ -360,10 +368,11 @@ class ReferenceModel {
   }
   int32_t cached_free_blocks() const {
     return static_cast<int32_t>(std::count_if(
-        device_.begin(), device_.end(), [](const auto& d) { return d.cached && d.ref == 0; }));
+        device_.begin(), device_.end(), [](const auto& d) { return d.cached() && d.ref == 0; }));
   }
   std::vector<KvEvent> take_events() { return std::exchange(events_, {}); }
   std::vector<Preemption> take_preemptions() { return std::exchange(preemptions_, {}); }
+  std::vector<SeqId> take_claim_releases() { return std::exchange(claim_releases_, {}); }
 
   // The chained hashes of the first n blocks of `s`, recomputed with the injected function.
   std::vector<BlockHash> block_hashes(const Seq& s, int32_t n) const {
@@ -403,9 +412,30 @@ class ReferenceModel {
     s.settled = settled;
   }
 
-  void leave_index(DeviceBlock& d) {
-    index_.erase(key(d.hash));
-    d.cached = false;
+  uint64_t content_of(BlockId parent) const {
+    return parent == kNoBlock ? 0 : device_[parent].content;
+  }
+
+  // Takes block b out of the index or its hash's standbys; the newest standby replaces an
+  // indexed block. Returns true when the hash left the index.
+  bool leave_index(BlockId b) {
+    DeviceBlock& d = device_[b];
+    const Key k = key(d.hash);
+    std::vector<BlockId>& standby = standby_[k];
+    const Role role = d.role;
+    d.role = Role::kNone;
+    if (role == Role::kStandby) {
+      std::erase(standby, b);
+      return false;
+    }
+    if (standby.empty()) {
+      index_.erase(k);
+      return true;
+    }
+    index_[k] = standby.front();
+    device_[standby.front()].role = Role::kIndexed;
+    standby.erase(standby.begin());
+    return false;
   }
 
   // Head of the queue first; cached blocks taken this way are evicted.
@@ -414,12 +444,11 @@ class ReferenceModel {
     BlockRemoved removed;
     for (const BlockId b : out) {
       DeviceBlock& d = device_[b];
-      if (d.cached) {
-        removed.block_hashes.push_back(d.hash);
-        leave_index(d);
+      if (d.cached()) {
+        if (leave_index(b)) removed.block_hashes.push_back(d.hash);
         ++counters_.evictions;
       }
-      ++d.incarnation;
+      d.content = next_content_++;
       d.ref = 1;
     }
     if (!removed.block_hashes.empty()) events_.push_back(std::move(removed));
@@ -430,8 +459,68 @@ class ReferenceModel {
     if (device_[b].ref++ == 0) std::erase(device_queue_, b);
   }
 
-  void unref_device(BlockId b) {
-    if (--device_[b].ref == 0) device_queue_.push_back(b);
+  // Drops one reference from each block; those reaching 0 join the queue in the given
+  // order, hashed ones at the tail and the others at the head.
+  void unref_device(const std::vector<BlockId>& blocks) {
+    size_t clean = 0;
+    for (const BlockId b : blocks) {
+      if (--device_[b].ref != 0) continue;
+      if (device_[b].cached()) {
+        device_queue_.push_back(b);
+      } else {
+        device_queue_.insert(device_queue_.begin() + static_cast<int64_t>(clean++), b);
+      }
+    }
+  }
+
+  // Host blocks are never hashed: released ones go to the head, in the given order.
+  void release_host_blocks(const std::vector<BlockId>& blocks) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      host_ref_[blocks[i]] = 0;
+      host_queue_.insert(host_queue_.begin() + static_cast<int64_t>(i), blocks[i]);
+    }
+  }
+
+  // Blocks it filled in this step and holds alone may never be written: unshare them.
+  void unshare_unwritten(Seq& s) {
+    if (!scheduled(s)) return;
+    const int32_t end = std::min<int32_t>(s.offered, static_cast<int32_t>(s.table.size()));
+    for (int32_t i = s.settled / opts_.block_size; i < end; ++i) {
+      const BlockId b = s.table[i];
+      DeviceBlock& d = device_[b];
+      if (d.ref == 1 && d.cached() && leave_index(b)) events_.push_back(BlockRemoved{{d.hash}});
+    }
+  }
+
+  void drop_claim(Seq& s) {
+    counters_.claims_released += !s.table.empty();
+    unshare_unwritten(s);
+    release_device(s);
+    s.computed = 0;
+    s.offered = 0;
+    s.kv_before_reset = false;
+    s.scheduled_step = 0;
+  }
+
+  // Before preempting: the claim of a waiting sequence (not the requester) holding a block
+  // nobody else holds; lowest priority, then latest arrival.
+  bool release_one_claim(SeqId requester) {
+    Seq* chosen = nullptr;
+    for (auto& [id, s] : seqs_) {
+      if (id == requester || s.state != SequenceState::kWaiting) continue;
+      if (std::none_of(s.table.begin(), s.table.end(),
+                       [&](BlockId b) { return device_[b].ref == 1; })) {
+        continue;
+      }
+      if (chosen == nullptr || s.priority < chosen->priority ||
+          (s.priority == chosen->priority && s.arrival > chosen->arrival)) {
+        chosen = &s;
+      }
+    }
+    if (chosen == nullptr) return false;
+    drop_claim(*chosen);
+    claim_releases_.push_back(chosen->id);
+    return true;
   }
 
   // Named by a pending op that reads or writes device memory after the release: a CoW copy
@@ -456,37 +545,42 @@ class ReferenceModel {
     return false;
   }
 
-  // Tail first; a last reference to a block a pending op still names is parked.
+  // Tail first, as one release; a last reference to a block a pending op still names is
+  // parked.
   void release_device(Seq& s) {
+    std::vector<BlockId> released;
     for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) {
       if (device_pending(*it) && device_[*it].ref == 1) {
         deferred_device_.push_back(*it);
       } else {
-        unref_device(*it);
+        released.push_back(*it);
       }
     }
+    unref_device(released);
     s.table.clear();
   }
 
   void release_host(Seq& s) {
+    std::vector<BlockId> released;
     for (auto it = s.host.rbegin(); it != s.host.rend(); ++it) {
       if (host_pending(*it)) {
         deferred_host_.push_back(*it);
       } else {
-        host_ref_[*it] = 0;
-        host_queue_.push_back(*it);
+        released.push_back(*it);
       }
     }
+    release_host_blocks(released);
     s.host.clear();
   }
 
+  // Parked blocks whose copies were taken are released one at a time, in parking order.
   void release_deferred() {
     std::vector<BlockId> keep;
     for (const BlockId b : deferred_device_) {
       if (device_pending(b)) {
         keep.push_back(b);
       } else {
-        unref_device(b);
+        unref_device({b});
       }
     }
     deferred_device_ = std::move(keep);
@@ -495,8 +589,7 @@ class ReferenceModel {
       if (host_pending(h)) {
         keep.push_back(h);
       } else {
-        host_ref_[h] = 0;
-        host_queue_.push_back(h);
+        release_host_blocks({h});
       }
     }
     deferred_host_ = std::move(keep);
@@ -517,7 +610,12 @@ class ReferenceModel {
     if (cow && scheduled(s) && s.settled < s.computed) return {Code::kFailedPrecondition, {}};
     const int64_t new_blocks =
         std::max<int64_t>(0, total_blocks - static_cast<int64_t>(s.table.size())) + (cow ? 1 : 0);
-    const int32_t reserve = s.state == SequenceState::kWaiting ? opts_.watermark_blocks : 0;
+    // The watermark holds back an admission only while another sequence is running.
+    const bool others_run = std::any_of(seqs_.begin(), seqs_.end(), [&](const auto& entry) {
+      return entry.second.id != s.id && entry.second.state == SequenceState::kRunning;
+    });
+    const int32_t reserve =
+        s.state == SequenceState::kWaiting && others_run ? opts_.watermark_blocks : 0;
     if (new_blocks + reserve > static_cast<int64_t>(device_queue_.size())) {
       return {Code::kResourceExhausted, {}};
     }
@@ -546,10 +644,12 @@ class ReferenceModel {
   }
 
   // Enters the sequence's newly full computed blocks into the index, each once: a block is
-  // skipped if it is already indexed or another block holds its hash.
+  // skipped if it is already hashed; when another block holds its hash it becomes that
+  // block's newest standby if it has the same tokens, extra keys and parent contents, and
+  // is skipped otherwise.
   void offer(Seq& s) {
     const int32_t full = s.computed / opts_.block_size;
-    if (!opts_.enable_prefix_caching) {
+    if (!opts_.enable_prefix_caching || s.kv_before_reset) {
       s.offered = full;
       return;
     }
@@ -559,14 +659,28 @@ class ReferenceModel {
       const BlockId b = s.table[i];
       const BlockHash& h = hashes[i];
       DeviceBlock& d = device_[b];
-      if (d.cached || index_.count(key(h))) continue;
-      d.cached = true;
+      if (d.cached()) continue;
+      const uint64_t parent_content = content_of(i == 0 ? kNoBlock : s.table[i - 1]);
+      const auto indexed = index_.find(key(h));
+      if (indexed != index_.end()) {
+        const DeviceBlock& original = device_[indexed->second];
+        if (original.parent_content != parent_content || original.tokens != block_tokens(s, i) ||
+            original.extra_keys != s.extra_keys) {
+          continue;  // a collision: not shareable
+        }
+        d.role = Role::kStandby;
+        d.content = original.content;
+        std::vector<BlockId>& standby = standby_[key(h)];
+        standby.insert(standby.begin(), b);
+      } else {
+        d.role = Role::kIndexed;
+        index_[key(h)] = b;
+      }
       d.hash = h;
-      d.parent = i == 0 ? kNoBlock : s.table[i - 1];
-      d.parent_incarnation = i == 0 ? 0 : device_[s.table[i - 1]].incarnation;
+      d.parent_content = parent_content;
       d.tokens = block_tokens(s, i);
       d.extra_keys = s.extra_keys;
-      index_[key(h)] = b;
+      if (d.role == Role::kStandby) continue;  // its hash was announced already
       BlockStored stored;
       stored.block_hashes.push_back(h);
       if (i > 0) stored.parent_hash = hashes[i - 1];
@@ -587,6 +701,8 @@ class ReferenceModel {
   std::vector<int32_t> host_ref_;
   std::vector<BlockId> host_queue_;
   std::map<Key, BlockId> index_;
+  std::map<Key, std::vector<BlockId>> standby_;  // per hash, newest first
+  uint64_t next_content_ = 1;
   std::vector<BlockCopy> pending_copies_;
   SwapOps pending_swaps_;
   std::vector<BlockId> deferred_device_;
@@ -594,6 +710,7 @@ class ReferenceModel {
   Counters counters_;
   std::vector<KvEvent> events_;
   std::vector<Preemption> preemptions_;
+  std::vector<SeqId> claim_releases_;
 };
 
 }  // namespace pagedkv::testing

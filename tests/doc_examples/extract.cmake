@@ -1,0 +1,86 @@
+# Extracts the usage examples of the public headers and the README into OUT_DIR, for
+# tests/doc_examples_test.cc to compile (and, where it can, run):
+#   include/pagedkv/<name>.h  the "//   " lines after a "// Example...:" comment line
+#                             -> OUT_DIR/<name>.inc
+#   README.md                 each ```cpp block -> OUT_DIR/readme_<n>.inc (n from 1)
+# and OUT_DIR/list.inc, one PAGEDKV_DOC_EXAMPLE(<name>) per example, so that the test
+# fails to compile when an example has no test function.
+# Usage: cmake -DSOURCE_DIR=<repo> -DOUT_DIR=<dir> -P extract.cmake
+file(MAKE_DIRECTORY ${OUT_DIR})
+set(list "")
+
+# Writes `text` to OUT_DIR/<name>.inc only when it changed, so that unrelated edits to a
+# header or the README do not recompile the test.
+function(write_example name text)
+  restore("${text}" text)
+  set(path ${OUT_DIR}/${name}.inc)
+  set(old "")
+  if(EXISTS ${path})
+    file(READ ${path} old)
+  endif()
+  if(NOT old STREQUAL text)
+    file(WRITE ${path} "${text}")
+  endif()
+endfunction()
+
+# Reads `path` into a list of lines in `out`. CMake lists split on ';' and treat '[' ']'
+# specially, so those characters travel as placeholders; restore() puts them back.
+function(read_lines path out)
+  file(READ ${path} content)
+  string(REPLACE ";" "@SEMI@" content "${content}")
+  string(REPLACE "[" "@OPEN@" content "${content}")
+  string(REPLACE "]" "@CLOSE@" content "${content}")
+  string(REPLACE "\n" ";" content "${content}")
+  set(${out} "${content}" PARENT_SCOPE)
+endfunction()
+
+function(restore text out)
+  string(REPLACE "@SEMI@" ";" text "${text}")
+  string(REPLACE "@OPEN@" "[" text "${text}")
+  string(REPLACE "@CLOSE@" "]" text "${text}")
+  set(${out} "${text}" PARENT_SCOPE)
+endfunction()
+
+file(GLOB headers ${SOURCE_DIR}/include/pagedkv/*.h)
+list(SORT headers)
+foreach(header ${headers})
+  get_filename_component(name ${header} NAME_WE)
+  read_lines(${header} lines)
+  set(in_example OFF)
+  set(text "")
+  foreach(line IN LISTS lines)
+    if(in_example)
+      if(line MATCHES "^//   (.*)$")
+        string(APPEND text "${CMAKE_MATCH_1}\n")
+      else()
+        break()
+      endif()
+    elseif(line MATCHES "^// Example.*:$")
+      set(in_example ON)
+    endif()
+  endforeach()
+  if(in_example)
+    write_example(${name} "// Extracted from include/pagedkv/${name}.h\n${text}")
+    string(APPEND list "PAGEDKV_DOC_EXAMPLE(${name})\n")
+  endif()
+endforeach()
+
+read_lines(${SOURCE_DIR}/README.md lines)
+set(count 0)
+set(in_block OFF)
+foreach(line IN LISTS lines)
+  if(in_block)
+    if(line MATCHES "^```")
+      set(in_block OFF)
+      write_example(readme_${count} "// Extracted from README.md, C++ block ${count}\n${text}")
+      string(APPEND list "PAGEDKV_DOC_EXAMPLE(readme_${count})\n")
+    else()
+      string(APPEND text "${line}\n")
+    endif()
+  elseif(line MATCHES "^```cpp")
+    math(EXPR count "${count} + 1")
+    set(in_block ON)
+    set(text "")
+  endif()
+endforeach()
+write_example(list "${list}")
