@@ -68,7 +68,8 @@ class BlockPool {
   // BlockPool::allocate()
   //
   // Takes `out.size()` blocks from the head of the free queue, sets their ref count to 1
-  // and writes their ids to `out`. Cached blocks taken this way are evicted. All or
+  // and writes their ids to `out`. Cached blocks taken this way are evicted, one
+  // BlockRemoved event each. All or
   // nothing: on ResourceExhausted ("need N blocks, M free of T") nothing changes.
   [[nodiscard]] absl::Status allocate(std::span<BlockId> out);
 
@@ -104,6 +105,17 @@ class BlockPool {
   bool cache_full_block(BlockId block, const BlockHash& hash, BlockId parent,
                         const BlockHash* parent_hash, std::span<const TokenId> tokens,
                         std::span<const uint64_t> extra_keys);
+
+  // BlockPool::cache_full_blocks()
+  //
+  // cache_full_block() for a run of consecutive blocks of one sequence: blocks[i] under
+  // hashes[i] with tokens [i * block_size, (i + 1) * block_size) of `tokens`; the parent
+  // of blocks[0] is `parent` (hash `parent_hash`), that of blocks[i] is blocks[i - 1].
+  // Emits one BlockStored covering the blocks it enters, as vLLM does per call; a block
+  // it skips splits the event in two. Returns the number of blocks entered.
+  int32_t cache_full_blocks(std::span<const BlockId> blocks, std::span<const BlockHash> hashes,
+                            BlockId parent, const BlockHash* parent_hash,
+                            std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys);
 
   // BlockPool::uncache()
   //

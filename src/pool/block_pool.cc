@@ -49,11 +49,11 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
                                                      free_queue_->size(), " free of ",
                                                      num_blocks_));
   }
-  BlockRemoved removed;
   for (BlockId& b : out) {
     b = free_queue_->pop_front();
     if (hash_index_->is_cached(b)) {
-      if (event_sink_ != nullptr) removed.block_hashes.push_back(hash_index_->hash(b));
+      // One event per evicted block, as vLLM emits them.
+      if (event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash_index_->hash(b)}});
       hash_index_->erase(b);
       --cached_free_blocks_;
       ++evictions_;
@@ -62,7 +62,6 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
     ref_count_[b] = 1;
   }
   used_blocks_ += static_cast<int32_t>(n);
-  if (!removed.block_hashes.empty()) event_sink_->on_event(std::move(removed));
   return absl::OkStatus();
 }
 
@@ -101,20 +100,45 @@ BlockId BlockPool::find_cached(const BlockHash& hash, BlockId parent,
 bool BlockPool::cache_full_block(BlockId block, const BlockHash& hash, BlockId parent,
                                  const BlockHash* parent_hash, std::span<const TokenId> tokens,
                                  std::span<const uint64_t> extra_keys) {
-  PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
-  PAGEDKV_DCHECK(static_cast<int32_t>(tokens.size()) == block_size_);
-  if (!enable_caching_ || hash_index_->is_cached(block)) return false;
-  if (!hash_index_->insert(block, hash, parent, tokens, extra_keys)) return false;
-  if (event_sink_ != nullptr) {
-    BlockStored stored;
-    stored.block_hashes.push_back(hash);
-    if (parent_hash != nullptr) stored.parent_hash = *parent_hash;
-    stored.token_ids.assign(tokens.begin(), tokens.end());
+  return cache_full_blocks({&block, 1}, {&hash, 1}, parent, parent_hash, tokens, extra_keys) == 1;
+}
+
+int32_t BlockPool::cache_full_blocks(std::span<const BlockId> blocks,
+                                     std::span<const BlockHash> hashes, BlockId parent,
+                                     const BlockHash* parent_hash, std::span<const TokenId> tokens,
+                                     std::span<const uint64_t> extra_keys) {
+  PAGEDKV_DCHECK(hashes.size() == blocks.size());
+  PAGEDKV_DCHECK(tokens.size() == blocks.size() * static_cast<size_t>(block_size_));
+  if (!enable_caching_) return 0;
+  int32_t entered = 0;
+  BlockStored stored;  // the run of consecutive blocks entered so far
+  auto emit_run = [&] {
+    if (event_sink_ == nullptr || stored.block_hashes.empty()) return;
     stored.block_size = block_size_;
     stored.extra_keys.assign(extra_keys.begin(), extra_keys.end());
-    event_sink_->on_event(std::move(stored));
+    event_sink_->on_event(std::exchange(stored, {}));
+  };
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockId block = blocks[i];
+    PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
+    const auto block_tokens = tokens.subspan(i * block_size_, block_size_);
+    const BlockId block_parent = i == 0 ? parent : blocks[i - 1];
+    if (hash_index_->is_cached(block) ||
+        !hash_index_->insert(block, hashes[i], block_parent, block_tokens, extra_keys)) {
+      emit_run();  // a skipped block splits the event: the next run names its own parent
+      continue;
+    }
+    ++entered;
+    if (event_sink_ == nullptr) continue;
+    if (stored.block_hashes.empty()) {
+      const BlockHash* run_parent = i == 0 ? parent_hash : &hashes[i - 1];
+      if (run_parent != nullptr) stored.parent_hash = *run_parent;
+    }
+    stored.block_hashes.push_back(hashes[i]);
+    stored.token_ids.insert(stored.token_ids.end(), block_tokens.begin(), block_tokens.end());
   }
-  return true;
+  emit_run();
+  return entered;
 }
 
 void BlockPool::uncache(BlockId block) {

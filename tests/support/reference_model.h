@@ -411,18 +411,16 @@ class ReferenceModel {
   // Head of the queue first; cached blocks taken this way are evicted.
   std::vector<BlockId> allocate_device(int32_t n) {
     std::vector<BlockId> out = take_from_queue(device_queue_, n);
-    BlockRemoved removed;
     for (const BlockId b : out) {
       DeviceBlock& d = device_[b];
       if (d.cached) {
-        removed.block_hashes.push_back(d.hash);
+        events_.push_back(BlockRemoved{{d.hash}});  // one event per evicted block
         leave_index(d);
         ++counters_.evictions;
       }
       ++d.incarnation;
       d.ref = 1;
     }
-    if (!removed.block_hashes.empty()) events_.push_back(std::move(removed));
     return out;
   }
 
@@ -555,11 +553,19 @@ class ReferenceModel {
     }
     const std::vector<BlockHash> hashes =
         s.offered < full ? block_hashes(s, full) : std::vector<BlockHash>{};
+    // One BlockStored per run of consecutive blocks entered; a skipped block ends a run.
+    BlockStored stored;
+    auto end_run = [&] {
+      if (!stored.block_hashes.empty()) events_.push_back(std::exchange(stored, {}));
+    };
     for (int32_t i = s.offered; i < full; ++i) {
       const BlockId b = s.table[i];
       const BlockHash& h = hashes[i];
       DeviceBlock& d = device_[b];
-      if (d.cached || index_.count(key(h))) continue;
+      if (d.cached || index_.count(key(h))) {
+        end_run();
+        continue;
+      }
       d.cached = true;
       d.hash = h;
       d.parent = i == 0 ? kNoBlock : s.table[i - 1];
@@ -567,14 +573,13 @@ class ReferenceModel {
       d.tokens = block_tokens(s, i);
       d.extra_keys = s.extra_keys;
       index_[key(h)] = b;
-      BlockStored stored;
+      if (stored.block_hashes.empty() && i > 0) stored.parent_hash = hashes[i - 1];
       stored.block_hashes.push_back(h);
-      if (i > 0) stored.parent_hash = hashes[i - 1];
-      stored.token_ids = d.tokens;
+      stored.token_ids.insert(stored.token_ids.end(), d.tokens.begin(), d.tokens.end());
       stored.block_size = opts_.block_size;
       stored.extra_keys = s.extra_keys;
-      events_.push_back(std::move(stored));
     }
+    end_run();
     s.offered = std::max(s.offered, full);
   }
 
