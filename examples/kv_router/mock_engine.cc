@@ -198,10 +198,12 @@ class Engine {
         waiting_.pop_front();
         continue;
       }
-      auto cached = manager_.match_prefix(r.id);
+      // A request whose admission failed last step keeps its prefix hit: match once.
+      if (manager_.sequence(r.id)->block_table.empty() && !manager_.match_prefix(r.id).ok()) {
+        return;
+      }
       const auto view = manager_.sequence(r.id);
-      if (!cached.ok() || !view.ok()) return;
-      const auto todo = static_cast<int32_t>(view->tokens.size()) - *cached;
+      const auto todo = static_cast<int32_t>(view->tokens.size()) - view->num_computed_tokens;
       if (!manager_.allocate_slots(r.id, todo).ok()) return;  // retried next step
       running_.push_back(std::move(r));
       waiting_.pop_front();

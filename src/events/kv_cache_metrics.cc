@@ -67,9 +67,13 @@ struct MetricsState {
                            const prometheus::Labels& extra = {}) {
     prometheus::Labels all = labels;
     all.insert(extra.begin(), extra.end());
-    // Families are keyed by name: a second Register() of the same name returns the first.
-    return MonotonicCounter(
-        prometheus::BuildCounter().Name(prefix + name).Help(help).Register(*registry).Add(all));
+    // "_total" as prometheus_client (vLLM) writes counters. Families are keyed by name: a
+    // second Register() of the same name returns the first.
+    return MonotonicCounter(prometheus::BuildCounter()
+                                .Name(prefix + name + "_total")
+                                .Help(help)
+                                .Register(*registry)
+                                .Add(all));
   }
 
   std::string prefix;
