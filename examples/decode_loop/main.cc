@@ -8,15 +8,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "fmt/format.h"
+#include "metrics_server.h"
 #include "model.h"
 #include "pagedkv/device.h"
 #include "pagedkv/kv_cache_spec.h"
@@ -56,6 +59,8 @@ verification of 4 sequences against a dense no-cache reference.
   --verify N                  check N sequences against the dense reference (default 4; 0: off)
   --json                      print the summary as JSON on stdout
   --fault skip-copies|skip-swap-in   drop those KV copies, to show that --verify catches it
+  --metrics-port N            serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port)
+  --metrics-hold-s S          keep serving S seconds after the summary (default 0)
   --help
 )";
 
@@ -74,6 +79,8 @@ struct Flags {
   int32_t max_running = 256;
   int32_t max_prefill_tokens = 2048;
   std::string fault = "none";
+  int32_t metrics_port = -1;  // -1: no metrics server
+  double metrics_hold_s = 0.0;
   WorkloadOptions workload;
 };
 
@@ -101,7 +108,8 @@ Flags parse(int argc, char** argv) {
         "--preemption",     "--max-running",  "--max-prefill-tokens",
         "--layers",         "--d-model",      "--ffn-dim",
         "--seed",           "--trace",        "--trace-scale",
-        "--verify",         "--fault"};
+        "--verify",         "--fault",        "--metrics-port",
+        "--metrics-hold-s"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), arg) == std::end(kValueFlags)) {
       fail(absl::StrCat("unknown option ", arg, " (see --help)"));
     }
@@ -155,6 +163,10 @@ Flags parse(int argc, char** argv) {
       f.fault = value;
     } else if (arg == "--verify") {
       as_int(&f.verify);
+    } else if (arg == "--metrics-port") {
+      as_int(&f.metrics_port);
+    } else if (arg == "--metrics-hold-s") {
+      as_double(&f.metrics_hold_s);
     } else {
       fail(absl::StrCat("unknown option ", arg, " (see --help)"));
     }
@@ -239,6 +251,15 @@ int run(int argc, char** argv) {
   absl::StatusOr<Workload> workload = make_workload(flags.workload);
   if (!workload.ok()) fail(std::string(workload.status().message()));
 
+  std::unique_ptr<MetricsServer> metrics;
+  if (flags.metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
+        MetricsServer::start(flags.metrics_port);
+    if (!started.ok()) fail(std::string(started.status().message()));
+    metrics = *std::move(started);
+    engine.on_step = [m = metrics.get()](const pagedkv::KvCacheManager::Stats& s) { m->update(s); };
+  }
+
   const Model model(config);
   absl::StatusOr<std::unique_ptr<Engine>> created = Engine::create(model, engine);
   if (!created.ok()) fail(std::string(created.status().message()));
@@ -291,6 +312,10 @@ int run(int argc, char** argv) {
   }
   const std::string text = flags.json ? format_json(report) : format_text(report);
   std::fputs(text.c_str(), stdout);
+  if (metrics != nullptr && flags.metrics_hold_s > 0) {  // let a scraper read the final values
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::duration<double>(flags.metrics_hold_s));
+  }
   const bool complete = report.run.requests_completed == report.run.requests;
   if (!complete) std::fprintf(stderr, "pagedkv-decode: not every request completed\n");
   if (report.verify.has_value() && !report.verify->passed()) {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -67,6 +68,8 @@ struct EngineOptions {
   uint64_t seed = 1;
   bool progress = false;  // status line on stderr
   Fault fault = Fault::kNone;
+  // Called with the manager's stats after every step (e.g. to export metrics); optional.
+  std::function<void(const pagedkv::KvCacheManager::Stats&)> on_step = nullptr;
 };
 
 // One sequence: a request's sample.
