@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <msgpack.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -253,6 +254,53 @@ TEST_CASE("steps go out in order on PUB; replay resends from a seq; snapshot giv
   REQUIRE(s.replay_requests == 1);
   REQUIRE(s.snapshot_requests == 2);
   REQUIRE(s.cached_blocks == 3);
+}
+
+TEST_CASE("a subscriber that stops reading loses messages at the HWM, counted; replay has them") {
+  auto publisher = KvEventPublisher::create({.endpoint = ipc_endpoint("hwm"),
+                                             .replay_endpoint = ipc_endpoint("hwm-replay"),
+                                             .replay_buffer_steps = 100000,
+                                             .hwm = 2});
+  REQUIRE(publisher.ok());
+  KvEventPublisher& p = **publisher;
+  zmq::context_t context;
+  zmq::socket_t stalled(context, zmq::socket_type::sub);
+  stalled.set(zmq::sockopt::subscribe, "");
+  stalled.set(zmq::sockopt::rcvhwm, 1);
+  stalled.connect(p.endpoint());
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.connect(p.replay_endpoint());
+  request(dealer, KvEventPublisher::kSnapshotRequest);  // the publisher is up
+  receive(dealer, 1);
+  receive(dealer, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the SUB has subscribed
+
+  // About 4 MB: far more than the socket buffers and the two-message HWM hold.
+  const std::vector<TokenId> tokens(256, 7);
+  constexpr int kSteps = 1000;
+  for (int step = 0; step < kSteps; ++step) {
+    for (uint64_t i = 0; i < 16; ++i) {
+      BlockStored e;
+      e.block_hashes = {BlockHash{i, static_cast<uint64_t>(step)}};
+      e.token_ids = tokens;
+      e.block_size = 256;
+      p.on_event(e);
+    }
+    p.end_step();  // never waits for the stalled subscriber
+  }
+  KvEventPublisher::Stats s;
+  for (int i = 0; i < 10000; ++i) {
+    s = p.stats();
+    if (s.steps_published + s.steps_dropped_hwm + s.steps_dropped_queue == kSteps) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(s.steps_published + s.steps_dropped_hwm + s.steps_dropped_queue == kSteps);
+  REQUIRE(s.steps_dropped_hwm > 0);
+  REQUIRE(s.events_dropped_hwm == 16 * s.steps_dropped_hwm);
+  // The last step was handed off whatever the subscriber did; a replay still has it.
+  request(dealer, kSteps - 1);
+  REQUIRE(receive(dealer, 1).seq == kSteps - 1);
+  REQUIRE(receive(dealer, 1).seq == KvEventPublisher::kEndOfReply);
 }
 
 TEST_CASE("a step beyond max_queued_events is dropped, counted, and leaves a seq gap") {
