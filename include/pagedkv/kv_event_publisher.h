@@ -48,7 +48,8 @@ class KvEventPublisher : public KvEventSink {
     // PUB endpoint, bound: "tcp://127.0.0.1:5557", "tcp://127.0.0.1:*" (a free port, see
     // endpoint()), "ipc:///run/engine0-kv-events".
     std::string endpoint = "";
-    // ROUTER endpoint for replay and snapshot requests; empty: none.
+    // ROUTER endpoint for replay and snapshot requests; empty: none (and no replay buffer
+    // or snapshot state is kept).
     std::string replay_endpoint = "";
     std::string topic = "";                   // first frame of every message (vLLM: "")
     int32_t data_parallel_rank = 0;           // third field of every batch
@@ -74,7 +75,7 @@ class KvEventPublisher : public KvEventSink {
     int64_t events_dropped_queue = 0;
     int64_t replay_requests = 0;
     int64_t snapshot_requests = 0;
-    int64_t cached_blocks = 0;  // blocks in the snapshot state
+    int64_t cached_blocks = 0;  // blocks in the snapshot state (kept with a replay endpoint)
   };
 
   // The request payload that asks the ROUTER socket for a snapshot instead of a replay:
@@ -89,7 +90,7 @@ class KvEventPublisher : public KvEventSink {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvEventPublisher>> create(Options options);
 
   // Hands the pending step to the publisher thread, then stops it after it has sent every
-  // step handed to it, and closes the sockets.
+  // step handed to it, and closes the sockets (waiting up to 1 s for queued messages).
   ~KvEventPublisher() override;
   KvEventPublisher(const KvEventPublisher&) = delete;
   KvEventPublisher& operator=(const KvEventPublisher&) = delete;

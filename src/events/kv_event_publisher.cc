@@ -27,6 +27,7 @@ namespace {
 // How long the publisher thread sleeps when it has nothing to do. The scheduler never
 // wakes it (that would cost a system call per step), so this bounds the added latency.
 constexpr auto kIdlePoll = std::chrono::milliseconds(1);
+constexpr auto kCloseLinger = std::chrono::milliseconds(1000);
 // Recycled batches kept for the scheduler thread; beyond this they are freed.
 constexpr size_t kMaxSpareBatches = 64;
 
@@ -81,7 +82,8 @@ class PublisherCore {
     try {
       pub_ = zmq::socket_t(context_, zmq::socket_type::pub);
       pub_.set(zmq::sockopt::sndhwm, options_.hwm);
-      pub_.set(zmq::sockopt::linger, 0);
+      // Closing waits up to this long for queued messages to leave.
+      pub_.set(zmq::sockopt::linger, static_cast<int>(kCloseLinger.count()));
       if (options_.count_hwm_drops) pub_.set(zmq::sockopt::xpub_nodrop, 1);
       endpoint_ = bind(pub_, options_.endpoint);
       if (!options_.replay_endpoint.empty()) {
@@ -174,8 +176,11 @@ class PublisherCore {
   }
 
   void publish(StagedBatch& batch) {
-    mirror_.apply(batch);
-    cached_blocks_.store(mirror_.size(), std::memory_order_relaxed);
+    const bool serves_requests = static_cast<bool>(router_);
+    if (serves_requests) {  // the snapshot state; only a ROUTER socket can ask for it
+      mirror_.apply(batch);
+      cached_blocks_.store(mirror_.size(), std::memory_order_relaxed);
+    }
     std::string payload;
     encode_batch(batch, wire_, &payload);
     const auto seq = seq_bytes(batch.seq);
@@ -188,7 +193,7 @@ class PublisherCore {
       events_dropped_hwm_.fetch_add(events, std::memory_order_relaxed);
     }
     next_unpublished_seq_ = batch.seq + 1;
-    remember(batch.seq, std::move(payload));
+    if (serves_requests) remember(batch.seq, std::move(payload));
   }
 
   // Keeps the batch for replay, within the buffer's step and byte limits.
