@@ -139,7 +139,10 @@ void BM_LoopbackStream(benchmark::State& state) {
   const double rate = static_cast<double>(state.range(0));  // events per second
   constexpr int kEventsPerStep = 64;
   constexpr double kSeconds = 2.0;
-  auto publisher = KvEventPublisher::create({.endpoint = "tcp://127.0.0.1:*"});
+  // With a replay endpoint: the publisher thread also keeps the replay buffer and the
+  // snapshot state, as in production.
+  auto publisher = KvEventPublisher::create(
+      {.endpoint = "tcp://127.0.0.1:*", .replay_endpoint = "tcp://127.0.0.1:*"});
   if (!publisher.ok()) {
     state.SkipWithError(publisher.status().ToString().c_str());
     return;
