@@ -121,8 +121,9 @@ class PublisherCore {
     }
     queued_events_ += events;
     ready_.push_back(std::move(current_));
-    if (spare_.empty()) {
+    if (spare_.empty()) {  // the publisher thread lags kMaxSpareBatches steps behind
       current_ = std::make_unique<StagedBatch>();
+      current_->reserve_like(*ready_.back());
     } else {
       current_ = std::move(spare_.back());
       spare_.pop_back();

@@ -51,4 +51,11 @@ void StagedBatch::clear() {
   extra_keys.clear();
 }
 
+void StagedBatch::reserve_like(const StagedBatch& other) {
+  events.reserve(other.events.size());
+  hashes.reserve(other.hashes.size());
+  tokens.reserve(other.tokens.size());
+  extra_keys.reserve(other.extra_keys.size());
+}
+
 }  // namespace pagedkv::internal

@@ -54,6 +54,8 @@ struct StagedBatch {
                   std::span<const uint64_t> keys);
   void add_cleared();
   void clear();
+  // Reserves the sizes of `other`, so that staging a similar step allocates once per array.
+  void reserve_like(const StagedBatch& other);
   bool empty() const { return events.empty(); }
 
   // Calls f(StagedEventView) for each event, in order.
