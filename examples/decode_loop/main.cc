@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "fmt/format.h"
+#include "kv_event_feed.h"
 #include "metrics_server.h"
 #include "model.h"
 #include "pagedkv/device.h"
@@ -60,7 +61,10 @@ verification of 4 sequences against a dense no-cache reference.
   --json                      print the summary as JSON on stdout
   --fault skip-copies|skip-swap-in   drop those KV copies, to show that --verify catches it
   --metrics-port N            serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port)
-  --metrics-hold-s S          keep serving S seconds after the summary (default 0)
+  --kv-events ENDPOINT        publish KV events for routers (vLLM format), e.g. tcp://127.0.0.1:5557
+  --kv-events-replay ENDPOINT replay/snapshot socket for those events, e.g. tcp://127.0.0.1:5558
+  --kv-index-out PATH         write the final prefix index there (one hex block hash per line)
+  --hold-s S                  keep serving metrics and replay S seconds after the summary (default 0)
   --help
 )";
 
@@ -80,7 +84,10 @@ struct Flags {
   int32_t max_prefill_tokens = 2048;
   std::string fault = "none";
   int32_t metrics_port = -1;  // -1: no metrics server
-  double metrics_hold_s = 0.0;
+  std::string kv_events;      // empty: no KV event publisher
+  std::string kv_events_replay;
+  std::string kv_index_out;
+  double hold_s = 0.0;
   WorkloadOptions workload;
 };
 
@@ -101,15 +108,31 @@ Flags parse(int argc, char** argv) {
       f.json = true;
       continue;
     }
-    static constexpr const char* kValueFlags[] = {
-        "--device",         "--kv-budget-mb", "--swap-space-mb",
-        "--block-size",     "--kv-dtype",     "--requests",
-        "--max-new-tokens", "--samples",      "--system-prompt-len",
-        "--preemption",     "--max-running",  "--max-prefill-tokens",
-        "--layers",         "--d-model",      "--ffn-dim",
-        "--seed",           "--trace",        "--trace-scale",
-        "--verify",         "--fault",        "--metrics-port",
-        "--metrics-hold-s"};
+    static constexpr const char* kValueFlags[] = {"--device",
+                                                  "--kv-budget-mb",
+                                                  "--swap-space-mb",
+                                                  "--block-size",
+                                                  "--kv-dtype",
+                                                  "--requests",
+                                                  "--max-new-tokens",
+                                                  "--samples",
+                                                  "--system-prompt-len",
+                                                  "--preemption",
+                                                  "--max-running",
+                                                  "--max-prefill-tokens",
+                                                  "--layers",
+                                                  "--d-model",
+                                                  "--ffn-dim",
+                                                  "--seed",
+                                                  "--trace",
+                                                  "--trace-scale",
+                                                  "--verify",
+                                                  "--fault",
+                                                  "--metrics-port",
+                                                  "--kv-events",
+                                                  "--kv-events-replay",
+                                                  "--kv-index-out",
+                                                  "--hold-s"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), arg) == std::end(kValueFlags)) {
       fail(absl::StrCat("unknown option ", arg, " (see --help)"));
     }
@@ -165,8 +188,14 @@ Flags parse(int argc, char** argv) {
       as_int(&f.verify);
     } else if (arg == "--metrics-port") {
       as_int(&f.metrics_port);
-    } else if (arg == "--metrics-hold-s") {
-      as_double(&f.metrics_hold_s);
+    } else if (arg == "--kv-events") {
+      f.kv_events = value;
+    } else if (arg == "--kv-events-replay") {
+      f.kv_events_replay = value;
+    } else if (arg == "--kv-index-out") {
+      f.kv_index_out = value;
+    } else if (arg == "--hold-s") {
+      as_double(&f.hold_s);
     } else {
       fail(absl::StrCat("unknown option ", arg, " (see --help)"));
     }
@@ -257,7 +286,20 @@ int run(int argc, char** argv) {
         MetricsServer::start(flags.metrics_port);
     if (!started.ok()) fail(std::string(started.status().message()));
     metrics = *std::move(started);
-    engine.on_step = [m = metrics.get()](const pagedkv::KvCacheManager::Stats& s) { m->update(s); };
+  }
+  std::unique_ptr<KvEventFeed> events;
+  if (!flags.kv_events.empty()) {
+    absl::StatusOr<std::unique_ptr<KvEventFeed>> started =
+        KvEventFeed::start(flags.kv_events, flags.kv_events_replay);
+    if (!started.ok()) fail(std::string(started.status().message()));
+    events = *std::move(started);
+    engine.event_sink = events->sink();
+  }
+  if (metrics != nullptr || events != nullptr) {
+    engine.on_step = [&](const pagedkv::KvCacheManager::Stats& s) {
+      if (events != nullptr) events->end_step();  // one batch of KV events per step
+      if (metrics != nullptr) metrics->update(s);
+    };
   }
 
   const Model model(config);
@@ -311,10 +353,18 @@ int run(int argc, char** argv) {
     report.verify = *std::move(result);
   }
   const std::string text = flags.json ? format_json(report) : format_text(report);
+  if (!flags.kv_index_out.empty() && !write_prefix_index(eng.manager(), flags.kv_index_out)) {
+    fail(absl::StrCat("--kv-index-out ", flags.kv_index_out, ": cannot write"));
+  }
+  if (events != nullptr) {
+    std::fprintf(stderr, "pagedkv-decode: kv events: next seq %lld\n",
+                 static_cast<long long>(events->next_seq()));
+  }
   std::fputs(text.c_str(), stdout);
-  if (metrics != nullptr && flags.metrics_hold_s > 0) {  // let a scraper read the final values
+  if (flags.hold_s > 0) {  // let scrapers and routers read the final state
     std::fflush(stdout);
-    std::this_thread::sleep_for(std::chrono::duration<double>(flags.metrics_hold_s));
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::duration<double>(flags.hold_s));
   }
   const bool complete = report.run.requests_completed == report.run.requests;
   if (!complete) std::fprintf(stderr, "pagedkv-decode: not every request completed\n");

@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
        .block_size = options.block_size,
        .num_host_blocks = options.num_host_blocks,
        .watermark_blocks = options.watermark_blocks,
+       .event_sink = options.event_sink,
        .preemption_hooks = self,
        .victim_policy = [self](std::span<const pagedkv::SequenceInfo> running, SeqId requester) {
          return self->choose_victim(running, requester);

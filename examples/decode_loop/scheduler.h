@@ -68,6 +68,7 @@ struct EngineOptions {
   uint64_t seed = 1;
   bool progress = false;  // status line on stderr
   Fault fault = Fault::kNone;
+  pagedkv::KvEventSink* event_sink = nullptr;  // the manager's KV events; optional, not owned
   // Called with the manager's stats after every step (e.g. to export metrics); optional.
   std::function<void(const pagedkv::KvCacheManager::Stats&)> on_step = nullptr;
 };
@@ -130,6 +131,7 @@ class Engine : private pagedkv::PreemptionHooks {
   const RunStats& stats() const { return stats_; }
   const absl::flat_hash_map<SeqId, SequenceRecord>& sequences() const { return records_; }
   const EngineOptions& options() const { return options_; }
+  const pagedkv::KvCacheManager& manager() const { return *manager_; }
 
  private:
   Engine(const Model& model, const EngineOptions& options);
