@@ -63,7 +63,7 @@ if shutil.which("curl") is None:
     print("SKIPPED: curl is not installed (scripts/install-deps.sh installs it)")
     sys.exit(77)
 proc = subprocess.Popen([DECODE, *OPTIONS, "--json", "--metrics-port", "0",
-                         "--metrics-hold-s", "60"],
+                         "--hold-s", "60"],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 try:
     match = re.search(r"(http://127\.0\.0\.1:\d+/metrics)", proc.stderr.readline())
