@@ -108,31 +108,16 @@ Flags parse(int argc, char** argv) {
       f.json = true;
       continue;
     }
-    static constexpr const char* kValueFlags[] = {"--device",
-                                                  "--kv-budget-mb",
-                                                  "--swap-space-mb",
-                                                  "--block-size",
-                                                  "--kv-dtype",
-                                                  "--requests",
-                                                  "--max-new-tokens",
-                                                  "--samples",
-                                                  "--system-prompt-len",
-                                                  "--preemption",
-                                                  "--max-running",
-                                                  "--max-prefill-tokens",
-                                                  "--layers",
-                                                  "--d-model",
-                                                  "--ffn-dim",
-                                                  "--seed",
-                                                  "--trace",
-                                                  "--trace-scale",
-                                                  "--verify",
-                                                  "--fault",
-                                                  "--metrics-port",
-                                                  "--kv-events",
-                                                  "--kv-events-replay",
-                                                  "--kv-index-out",
-                                                  "--hold-s"};
+    static constexpr const char* kValueFlags[] = {
+        "--device",         "--kv-budget-mb", "--swap-space-mb",
+        "--block-size",     "--kv-dtype",     "--requests",
+        "--max-new-tokens", "--samples",      "--system-prompt-len",
+        "--preemption",     "--max-running",  "--max-prefill-tokens",
+        "--layers",         "--d-model",      "--ffn-dim",
+        "--seed",           "--trace",        "--trace-scale",
+        "--verify",         "--fault",        "--metrics-port",
+        "--kv-events",      "--kv-index-out", "--kv-events-replay",
+        "--hold-s"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), arg) == std::end(kValueFlags)) {
       fail(absl::StrCat("unknown option ", arg, " (see --help)"));
     }
