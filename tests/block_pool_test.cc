@@ -123,7 +123,7 @@ TEST_CASE("a cached free block is evicted when reallocated, with a BlockRemoved 
   REQUIRE(std::get<BlockRemoved>(seen[1]).block_hashes == std::vector<BlockHash>{hash});
 }
 
-TEST_CASE("a run of blocks is stored in one event; evicting them gives one event each") {
+TEST_CASE("a run of blocks is stored in one event, evicting them gives one event each") {
   KvEventBuffer events;
   BlockPool pool = make_pool(3, 2, &events);
   const std::vector<TokenId> tokens = {1, 2, 3, 4, 5, 6};

@@ -637,7 +637,7 @@ TEST_CASE("a failed allocation changes nothing") {
   require_valid(m);
 }
 
-TEST_CASE("one call's newly filled blocks emit one BlockStored; the next names its parent") {
+TEST_CASE("one call's newly filled blocks emit one BlockStored, the next one names its parent") {
   KvEventBuffer events;
   KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .event_sink = &events});
   admit(m, 1, std::vector<TokenId>{1, 2, 3, 4, 5, 6, 7}, {.extra_keys = {77}});

@@ -201,7 +201,7 @@ size_t num_events(const std::string& payload) {
   return handle.get().via.array.ptr[1].via.array.size;
 }
 
-TEST_CASE("steps go out in order on PUB; replay resends from a seq; snapshot gives the state") {
+TEST_CASE("steps go out in order on PUB, replay resends from a seq, snapshot gives the state") {
   auto publisher = KvEventPublisher::create(
       {.endpoint = ipc_endpoint("pub"), .replay_endpoint = ipc_endpoint("replay"), .topic = "kv"});
   REQUIRE(publisher.ok());
@@ -256,7 +256,8 @@ TEST_CASE("steps go out in order on PUB; replay resends from a seq; snapshot giv
   REQUIRE(s.cached_blocks == 3);
 }
 
-TEST_CASE("a subscriber that stops reading loses messages at the HWM, counted; replay has them") {
+TEST_CASE(
+    "a subscriber that stops reading loses messages at the HWM, counted, but replay has them") {
   auto publisher = KvEventPublisher::create({.endpoint = ipc_endpoint("hwm"),
                                              .replay_endpoint = ipc_endpoint("hwm-replay"),
                                              .replay_buffer_steps = 100000,
