@@ -164,6 +164,34 @@ TEST_CASE("a cached free block is evicted when reallocated, with a BlockRemoved 
   REQUIRE(std::get<BlockRemoved>(seen[1]).block_hashes == std::vector<BlockHash>{hash});
 }
 
+TEST_CASE("a run of blocks is stored in one event, evicting them gives one event each") {
+  KvEventBuffer events;
+  BlockPool pool = make_pool(3, 2, &events);
+  const std::vector<TokenId> tokens = {1, 2, 3, 4, 5, 6};
+  const BlockHash h0 = hash_block(nullptr, std::span(tokens).subspan(0, 2), {});
+  const BlockHash h1 = hash_block(&h0, std::span(tokens).subspan(2, 2), {});
+  const BlockHash h2 = hash_block(&h1, std::span(tokens).subspan(4, 2), {});
+  const std::vector<BlockId> b = allocate(pool, 3);
+  // b[1] is skipped (its hash is taken), which splits the event in two runs.
+  REQUIRE(cache(pool, b[1], h1, kNoBlock, nullptr, {3, 4}));
+  events.take();
+  const std::vector<BlockHash> hashes = {h0, h1, h2};
+  REQUIRE(pool.cache_full_blocks(b, hashes, kNoBlock, nullptr, tokens, {}).value() == 2);
+  std::vector<KvEvent> seen = events.take();
+  REQUIRE(seen.size() == 2);
+  REQUIRE(std::get<BlockStored>(seen[0]).block_hashes == std::vector<BlockHash>{h0});
+  REQUIRE(std::get<BlockStored>(seen[1]).block_hashes == std::vector<BlockHash>{h2});
+  REQUIRE(std::get<BlockStored>(seen[1]).parent_hash == h1);
+  REQUIRE(std::get<BlockStored>(seen[1]).token_ids == std::vector<TokenId>{5, 6});
+  require_valid(pool);
+
+  free_blocks(pool, b);
+  allocate(pool, 3);  // evicts all three cached blocks
+  seen = events.take();
+  REQUIRE(seen.size() == 3);
+  for (const KvEvent& e : seen) REQUIRE(std::get<BlockRemoved>(e).block_hashes.size() == 1);
+}
+
 TEST_CASE("a hash hit is verified against tokens, extra keys and parent") {
   BlockPool pool = make_pool(4, 2);
   const std::vector<TokenId> t0 = {1, 2};

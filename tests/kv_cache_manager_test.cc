@@ -641,21 +641,25 @@ TEST_CASE("a failed allocation changes nothing") {
   require_valid(m);
 }
 
-TEST_CASE("newly filled blocks emit BlockStored with their parent's hash") {
+TEST_CASE("one call's newly filled blocks emit one BlockStored, the next one names its parent") {
   KvEventBuffer events;
   KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .event_sink = &events});
-  admit(m, 1, std::vector<TokenId>{1, 2, 3, 4, 5}, {.extra_keys = {77}});
+  admit(m, 1, std::vector<TokenId>{1, 2, 3, 4, 5, 6, 7}, {.extra_keys = {77}});
   allocate(m, 1, 5);
-  const std::vector<KvEvent> seen = events.take();
-  REQUIRE(seen.size() == 2);
-  const auto& first = std::get<BlockStored>(seen[0]);
-  const auto& second = std::get<BlockStored>(seen[1]);
-  REQUIRE(first.token_ids == std::vector<TokenId>{1, 2});
-  REQUIRE(second.token_ids == std::vector<TokenId>{3, 4});
+  std::vector<KvEvent> seen = events.take();
+  REQUIRE(seen.size() == 1);
+  const auto first = std::get<BlockStored>(seen[0]);
+  REQUIRE(first.block_hashes.size() == 2);
+  REQUIRE(first.token_ids == std::vector<TokenId>{1, 2, 3, 4});
   REQUIRE(first.extra_keys == std::vector<uint64_t>{77});
   REQUIRE_FALSE(first.parent_hash.has_value());
-  REQUIRE(second.parent_hash == first.block_hashes.at(0));
-  REQUIRE(*m.device_pool().cached_hash(table(m, 1)[1]) == second.block_hashes.at(0));
+  REQUIRE(*m.device_pool().cached_hash(table(m, 1)[1]) == first.block_hashes.at(1));
+  allocate(m, 1, 2);
+  seen = events.take();
+  REQUIRE(seen.size() == 1);
+  const auto& second = std::get<BlockStored>(seen[0]);
+  REQUIRE(second.token_ids == std::vector<TokenId>{5, 6});
+  REQUIRE(second.parent_hash == first.block_hashes.at(1));
 
   m.reset_prefix_cache();
   require_valid(m);

@@ -9,17 +9,21 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "dense_reference.h"
 #include "fmt/format.h"
+#include "kv_event_feed.h"
 #include "kv_format.h"
+#include "metrics_server.h"
 #include "model.h"
 #include "pagedkv/device.h"
 #include "pagedkv/kv_cache_spec.h"
@@ -64,6 +68,11 @@ within the KV dtype's bound at every generated position, tokens equal or near-ti
   --fault skip-copies|skip-swap-in|corrupt-swap-in   break the KV on purpose, to show that
                               --verify catches it: drop copy-on-write or swap-in copies, or
                               flip an exponent bit in each swapped-in sequence's KV
+  --metrics-port N            serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port)
+  --kv-events ENDPOINT        publish KV events for routers (vLLM format), e.g. tcp://127.0.0.1:5557
+  --kv-events-replay ENDPOINT replay/snapshot socket for those events, e.g. tcp://127.0.0.1:5558
+  --kv-index-out PATH         write the final prefix index there (one hex block hash per line)
+  --hold-s S                  keep serving metrics and replay S seconds after the summary (default 0)
   --help
 )";
 
@@ -82,6 +91,11 @@ struct Flags {
   int32_t max_running = 256;
   int32_t max_prefill_tokens = 2048;
   std::string fault = "none";
+  int32_t metrics_port = -1;  // -1: no metrics server
+  std::string kv_events;      // empty: no KV event publisher
+  std::string kv_events_replay;
+  std::string kv_index_out;
+  double hold_s = 0.0;
   WorkloadOptions workload;
 };
 
@@ -109,7 +123,9 @@ Flags parse(int argc, char** argv) {
         "--preemption",     "--max-running",  "--max-prefill-tokens",
         "--layers",         "--d-model",      "--ffn-dim",
         "--seed",           "--trace",        "--trace-scale",
-        "--verify",         "--fault"};
+        "--verify",         "--fault",        "--metrics-port",
+        "--kv-events",      "--kv-index-out", "--kv-events-replay",
+        "--hold-s"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), arg) == std::end(kValueFlags)) {
       fail(absl::StrCat("unknown option ", arg, " (see --help)"));
     }
@@ -163,6 +179,16 @@ Flags parse(int argc, char** argv) {
       f.fault = value;
     } else if (arg == "--verify") {
       as_int(&f.verify);
+    } else if (arg == "--metrics-port") {
+      as_int(&f.metrics_port);
+    } else if (arg == "--kv-events") {
+      f.kv_events = value;
+    } else if (arg == "--kv-events-replay") {
+      f.kv_events_replay = value;
+    } else if (arg == "--kv-index-out") {
+      f.kv_index_out = value;
+    } else if (arg == "--hold-s") {
+      as_double(&f.hold_s);
     } else {
       fail(absl::StrCat("unknown option ", arg, " (see --help)"));
     }
@@ -252,6 +278,28 @@ int run(int argc, char** argv) {
   absl::StatusOr<Workload> workload = make_workload(flags.workload);
   if (!workload.ok()) fail(std::string(workload.status().message()));
 
+  std::unique_ptr<MetricsServer> metrics;
+  if (flags.metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
+        MetricsServer::start(flags.metrics_port);
+    if (!started.ok()) fail(std::string(started.status().message()));
+    metrics = *std::move(started);
+  }
+  std::unique_ptr<KvEventFeed> events;
+  if (!flags.kv_events.empty()) {
+    absl::StatusOr<std::unique_ptr<KvEventFeed>> started =
+        KvEventFeed::start(flags.kv_events, flags.kv_events_replay);
+    if (!started.ok()) fail(std::string(started.status().message()));
+    events = *std::move(started);
+    engine.event_sink = events->sink();
+  }
+  if (metrics != nullptr || events != nullptr) {
+    engine.on_step = [&](const pagedkv::KvCacheManager::Stats& s) {
+      if (events != nullptr) events->end_step();  // one batch of KV events per step
+      if (metrics != nullptr) metrics->update(s);
+    };
+  }
+
   const Model model(config);
   engine.kv_format.cache_dtype = kv_dtype;
   if (kv_dtype == pagedkv::DType::kFloat8E4M3 && !workload->requests.empty()) {
@@ -319,7 +367,19 @@ int run(int argc, char** argv) {
     report.verify = *std::move(result);
   }
   const std::string text = flags.json ? format_json(report) : format_text(report);
+  if (!flags.kv_index_out.empty() && !write_prefix_index(eng.manager(), flags.kv_index_out)) {
+    fail(absl::StrCat("--kv-index-out ", flags.kv_index_out, ": cannot write"));
+  }
+  if (events != nullptr) {
+    std::fprintf(stderr, "pagedkv-decode: kv events: next seq %lld\n",
+                 static_cast<long long>(events->next_seq()));
+  }
   std::fputs(text.c_str(), stdout);
+  if (flags.hold_s > 0) {  // let scrapers and routers read the final state
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::duration<double>(flags.hold_s));
+  }
   const bool complete = report.run.requests_completed == report.run.requests;
   if (!complete) std::fprintf(stderr, "pagedkv-decode: not every request completed\n");
   if (report.verify.has_value() && !report.verify->passed()) {

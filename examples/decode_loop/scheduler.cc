@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
        .block_size = options.block_size,
        .num_host_blocks = options.num_host_blocks,
        .watermark_blocks = options.watermark_blocks,
+       .event_sink = options.event_sink,
        .preemption_hooks = self,
        .victim_policy = [self](std::span<const pagedkv::SequenceInfo> running, SeqId requester) {
          return self->choose_victim(running, requester);
@@ -448,6 +449,7 @@ absl::Status Engine::run(const std::vector<Request>& requests) {
       return status;
     }
     print_progress(false);
+    if (options_.on_step) options_.on_step(manager_->stats());
   }
   print_progress(true);
   // Drain: ops recorded by the last frees.
@@ -455,6 +457,7 @@ absl::Status Engine::run(const std::vector<Request>& requests) {
   if (!status.ok()) return status;
   stats_.wall_seconds = static_cast<double>(now_ns() - start) * 1e-9;
   stats_.manager = manager_->stats();
+  if (options_.on_step) options_.on_step(stats_.manager);
   absl::flat_hash_map<int64_t, bool> complete;
   for (const auto& [seq, rec] : records_) {
     auto [it, inserted] = complete.try_emplace(rec.request, true);

@@ -77,6 +77,9 @@ struct EngineOptions {
   // Called once per finished sequence, before its record's logits are released: a
   // verifier moves out the logits of the sequences it keeps.
   std::function<void(SequenceRecord&)> on_finish;
+  pagedkv::KvEventSink* event_sink = nullptr;  // the manager's KV events; optional, not owned
+  // Called with the manager's stats after every step (e.g. to export metrics); optional.
+  std::function<void(const pagedkv::KvCacheManager::Stats&)> on_step = nullptr;
 };
 
 // One sequence: a request's sample.
@@ -139,6 +142,7 @@ class Engine : private pagedkv::PreemptionHooks {
   const RunStats& stats() const { return stats_; }
   const absl::flat_hash_map<SeqId, SequenceRecord>& sequences() const { return records_; }
   const EngineOptions& options() const { return options_; }
+  const pagedkv::KvCacheManager& manager() const { return *manager_; }
 
  private:
   Engine(const Model& model, const EngineOptions& options);

@@ -82,7 +82,8 @@ class BlockPool {
   // BlockPool::allocate()
   //
   // Takes `out.size()` blocks from the head of the free queue, sets their ref count to 1
-  // and writes their ids to `out`. Cached blocks taken this way are evicted. All or
+  // and writes their ids to `out`. Cached blocks taken this way are evicted, one
+  // BlockRemoved event each. All or
   // nothing: on ResourceExhausted ("need N blocks, M free of T") nothing changes.
   [[nodiscard]] absl::Status allocate(std::span<BlockId> out);
 
@@ -135,6 +136,24 @@ class BlockPool {
                                                       std::span<const TokenId> tokens,
                                                       std::span<const uint64_t> extra_keys);
 
+  // BlockPool::cache_full_blocks()
+  //
+  // cache_full_block() for a run of consecutive blocks of one sequence: blocks[i] under
+  // hashes[i] with tokens [i * block_size, (i + 1) * block_size) of `tokens`; the parent
+  // of blocks[0] is `parent` (hash `parent_hash`), that of blocks[i] is blocks[i - 1].
+  // Emits one BlockStored covering the blocks it indexes, as vLLM does per call; a block
+  // it does not index (hashed already, a standby, a collision, stale) splits the event in
+  // two. Returns the number of blocks that now hold their hash (indexed or standby).
+  // Errors: those of cache_full_block() for any block, and InvalidArgument when
+  // hashes.size() != blocks.size() or tokens.size() != blocks.size() * block_size; nothing
+  // changes then.
+  [[nodiscard]] absl::StatusOr<int32_t> cache_full_blocks(std::span<const BlockId> blocks,
+                                                          std::span<const BlockHash> hashes,
+                                                          BlockId parent,
+                                                          const BlockHash* parent_hash,
+                                                          std::span<const TokenId> tokens,
+                                                          std::span<const uint64_t> extra_keys);
+
   // BlockPool::uncache()
   //
   // Takes `block` out of the hash index (emitting BlockRemoved when no standby takes its
@@ -186,9 +205,15 @@ class BlockPool {
   BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
                                 std::span<const TokenId> tokens,
                                 std::span<const uint64_t> extra_keys) const;
-  bool cache_full_block_unchecked(BlockId block, const BlockHash& hash, BlockId parent,
-                                  const BlockHash* parent_hash, std::span<const TokenId> tokens,
-                                  std::span<const uint64_t> extra_keys);
+  absl::Status check_cache_request(std::span<const BlockId> blocks, size_t num_hashes,
+                                   BlockId parent, std::span<const TokenId> tokens,
+                                   const char* caller) const;
+  int32_t cache_full_blocks_unchecked(std::span<const BlockId> blocks,
+                                      std::span<const BlockHash> hashes, BlockId parent,
+                                      const BlockHash* parent_hash,
+                                      std::span<const TokenId> tokens,
+                                      std::span<const uint64_t> extra_keys);
+  bool marks_stale(BlockId block, BlockId parent);
   void uncache_unchecked(BlockId block);
   int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
   bool is_cached_unchecked(BlockId block) const;

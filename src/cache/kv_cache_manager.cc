@@ -229,13 +229,16 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
   }
   if (seq.num_offered_blocks >= full) return;
   hash_full_blocks(seq, full);
-  for (int32_t i = seq.num_offered_blocks; i < full; ++i) {
-    const BlockId parent = i == 0 ? kNoBlock : seq.blocks[i - 1];
-    const BlockHash* parent_hash = i == 0 ? nullptr : &seq.block_hashes[i - 1];
-    device_pool_.cache_full_block_unchecked(seq.blocks[i], seq.block_hashes[i], parent, parent_hash,
-                                            block_tokens(seq, i, options_.block_size),
-                                            seq.extra_keys);
-  }
+  const int32_t first = seq.num_offered_blocks;
+  const auto count = static_cast<size_t>(full - first);
+  const auto tokens =
+      std::span<const TokenId>(seq.tokens)
+          .subspan(static_cast<size_t>(first) * options_.block_size, count * options_.block_size);
+  device_pool_.cache_full_blocks_unchecked(
+      std::span<const BlockId>(seq.blocks).subspan(first, count),
+      std::span<const BlockHash>(seq.block_hashes).subspan(first, count),
+      first == 0 ? kNoBlock : seq.blocks[first - 1],
+      first == 0 ? nullptr : &seq.block_hashes[first - 1], tokens, seq.extra_keys);
   seq.num_offered_blocks = full;
 }
 

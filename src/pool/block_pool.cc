@@ -68,12 +68,13 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
                                                      free_queue_->size(), " free of ",
                                                      num_blocks_));
   }
-  BlockRemoved removed;
   for (BlockId& b : out) {
     b = free_queue_->pop_front();
     if (hash_index_->is_cached(b)) {
+      // One event per evicted block, as vLLM emits them; none when a standby takes over
+      // the hash.
       const BlockHash hash = hash_index_->hash(b);
-      if (hash_index_->erase(b) && event_sink_ != nullptr) removed.block_hashes.push_back(hash);
+      if (hash_index_->erase(b) && event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}});
       --cached_free_blocks_;
       ++evictions_;
     }
@@ -82,7 +83,6 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
     ref_count_[b] = 1;
   }
   used_blocks_ += static_cast<int32_t>(n);
-  if (!removed.block_hashes.empty()) event_sink_->on_event(std::move(removed));
   return absl::OkStatus();
 }
 
@@ -173,46 +173,107 @@ absl::StatusOr<bool> BlockPool::cache_full_block(BlockId block, const BlockHash&
                                                  BlockId parent, const BlockHash* parent_hash,
                                                  std::span<const TokenId> tokens,
                                                  std::span<const uint64_t> extra_keys) {
-  if (!valid_id(block)) [[unlikely]] {
-    return id_error(block, "cache_full_block");
-  }
-  if (parent != kNoBlock && !valid_id(parent)) [[unlikely]] {
-    return id_error(parent, "cache_full_block");
-  }
-  if (std::ssize(tokens) != block_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("BlockPool::cache_full_block: ", tokens.size(),
-                                                   " tokens, block_size is ", block_size_));
-  }
-  if (ref_count_[block] == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("BlockPool::cache_full_block: block ", block,
-                                                      " is free (ref_count 0); cache it in use"));
-  }
-  return cache_full_block_unchecked(block, hash, parent, parent_hash, tokens, extra_keys);
+  PAGEDKV_RETURN_IF_ERROR(check_cache_request({&block, 1}, 1, parent, tokens, "cache_full_block"));
+  return cache_full_blocks_unchecked({&block, 1}, {&hash, 1}, parent, parent_hash, tokens,
+                                     extra_keys) == 1;
 }
 
-bool BlockPool::cache_full_block_unchecked(BlockId block, const BlockHash& hash, BlockId parent,
-                                           const BlockHash* parent_hash,
-                                           std::span<const TokenId> tokens,
-                                           std::span<const uint64_t> extra_keys) {
-  PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
-  PAGEDKV_DCHECK(static_cast<int32_t>(tokens.size()) == block_size_);
-  if (!enable_caching_ || hash_index_->is_cached(block)) return false;
-  if (stale_[block] || (parent != kNoBlock && stale_[parent])) {
-    stale_[block] = 1;  // its K/V was computed after pre-reset K/V
-    return false;
+absl::StatusOr<int32_t> BlockPool::cache_full_blocks(std::span<const BlockId> blocks,
+                                                     std::span<const BlockHash> hashes,
+                                                     BlockId parent, const BlockHash* parent_hash,
+                                                     std::span<const TokenId> tokens,
+                                                     std::span<const uint64_t> extra_keys) {
+  PAGEDKV_RETURN_IF_ERROR(
+      check_cache_request(blocks, hashes.size(), parent, tokens, "cache_full_blocks"));
+  return cache_full_blocks_unchecked(blocks, hashes, parent, parent_hash, tokens, extra_keys);
+}
+
+// The arguments of cache_full_block(s): ids in range, block_size tokens per block, one hash
+// per block, every block in use.
+absl::Status BlockPool::check_cache_request(std::span<const BlockId> blocks, size_t num_hashes,
+                                            BlockId parent, std::span<const TokenId> tokens,
+                                            const char* caller) const {
+  if (num_hashes != blocks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("BlockPool::", caller, ": ", num_hashes,
+                                                   " hashes for ", blocks.size(), " blocks"));
   }
-  const HashIndex::Insert inserted = hash_index_->insert(block, hash, parent, tokens, extra_keys);
-  if (inserted == HashIndex::Insert::kRefused) return false;
-  if (inserted == HashIndex::Insert::kIndexed && event_sink_ != nullptr) {
-    BlockStored stored;
-    stored.block_hashes.push_back(hash);
-    if (parent_hash != nullptr) stored.parent_hash = *parent_hash;
-    stored.token_ids.assign(tokens.begin(), tokens.end());
+  for (const BlockId block : blocks) {
+    if (!valid_id(block)) [[unlikely]] {
+      return id_error(block, caller);
+    }
+  }
+  if (parent != kNoBlock && !valid_id(parent)) [[unlikely]] {
+    return id_error(parent, caller);
+  }
+  if (tokens.size() != blocks.size() * static_cast<size_t>(block_size_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BlockPool::", caller, ": ", tokens.size(), " tokens",
+        blocks.size() == 1 ? "" : absl::StrCat(" for ", blocks.size(), " blocks"),
+        ", block_size is ", block_size_));
+  }
+  for (const BlockId block : blocks) {
+    if (ref_count_[block] == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "BlockPool::", caller, ": block ", block, " is free (ref_count 0); cache it in use"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
+                                               std::span<const BlockHash> hashes, BlockId parent,
+                                               const BlockHash* parent_hash,
+                                               std::span<const TokenId> tokens,
+                                               std::span<const uint64_t> extra_keys) {
+  PAGEDKV_DCHECK(hashes.size() == blocks.size());
+  PAGEDKV_DCHECK(tokens.size() == blocks.size() * static_cast<size_t>(block_size_));
+  if (!enable_caching_) return 0;
+  int32_t entered = 0;      // indexed or standby
+  BlockStored stored;       // the run of consecutive blocks indexed so far
+  auto emit_run = [&] {
+    if (event_sink_ == nullptr || stored.block_hashes.empty()) return;
     stored.block_size = block_size_;
     stored.extra_keys.assign(extra_keys.begin(), extra_keys.end());
-    event_sink_->on_event(std::move(stored));
+    event_sink_->on_event(std::exchange(stored, {}));
+  };
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockId block = blocks[i];
+    PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
+    const auto block_tokens = tokens.subspan(i * block_size_, block_size_);
+    const BlockId block_parent = i == 0 ? parent : blocks[i - 1];
+    // A block hashed already, stale, or a standby is not announced and splits the event:
+    // the next run names its own parent.
+    if (hash_index_->is_cached(block) || marks_stale(block, block_parent)) {
+      emit_run();
+      continue;
+    }
+    const HashIndex::Insert inserted =
+        hash_index_->insert(block, hashes[i], block_parent, block_tokens, extra_keys);
+    entered += inserted != HashIndex::Insert::kRefused;
+    if (inserted != HashIndex::Insert::kIndexed) {
+      emit_run();
+      continue;
+    }
+    if (event_sink_ == nullptr) continue;
+    if (stored.block_hashes.empty()) {
+      const BlockHash* run_parent = i == 0 ? parent_hash : &hashes[i - 1];
+      if (run_parent != nullptr) stored.parent_hash = *run_parent;
+    }
+    stored.block_hashes.push_back(hashes[i]);
+    stored.token_ids.insert(stored.token_ids.end(), block_tokens.begin(), block_tokens.end());
   }
-  return true;
+  emit_run();
+  return entered;
+}
+
+// Whether `block` holds K/V computed before the last reset_prefix_cache(): its own, or
+// after such a parent's (then it is marked stale too).
+bool BlockPool::marks_stale(BlockId block, BlockId parent) {
+  if (stale_[block] || (parent != kNoBlock && stale_[parent])) {
+    stale_[block] = 1;
+    return true;
+  }
+  return false;
 }
 
 absl::Status BlockPool::uncache(BlockId block) {

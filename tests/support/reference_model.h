@@ -441,17 +441,16 @@ class ReferenceModel {
   // Head of the queue first; cached blocks taken this way are evicted.
   std::vector<BlockId> allocate_device(int32_t n) {
     std::vector<BlockId> out = take_from_queue(device_queue_, n);
-    BlockRemoved removed;
     for (const BlockId b : out) {
       DeviceBlock& d = device_[b];
       if (d.cached()) {
-        if (leave_index(b)) removed.block_hashes.push_back(d.hash);
+        // One event per evicted block; none when a standby takes over the hash.
+        if (leave_index(b)) events_.push_back(BlockRemoved{{d.hash}});
         ++counters_.evictions;
       }
       d.content = next_content_++;
       d.ref = 1;
     }
-    if (!removed.block_hashes.empty()) events_.push_back(std::move(removed));
     return out;
   }
 
@@ -655,17 +654,27 @@ class ReferenceModel {
     }
     const std::vector<BlockHash> hashes =
         s.offered < full ? block_hashes(s, full) : std::vector<BlockHash>{};
+    // One BlockStored per run of consecutive blocks indexed; a block not indexed (hashed
+    // already, a collision, a standby) ends a run.
+    BlockStored stored;
+    auto end_run = [&] {
+      if (!stored.block_hashes.empty()) events_.push_back(std::exchange(stored, {}));
+    };
     for (int32_t i = s.offered; i < full; ++i) {
       const BlockId b = s.table[i];
       const BlockHash& h = hashes[i];
       DeviceBlock& d = device_[b];
-      if (d.cached()) continue;
+      if (d.cached()) {
+        end_run();
+        continue;
+      }
       const uint64_t parent_content = content_of(i == 0 ? kNoBlock : s.table[i - 1]);
       const auto indexed = index_.find(key(h));
       if (indexed != index_.end()) {
         const DeviceBlock& original = device_[indexed->second];
         if (original.parent_content != parent_content || original.tokens != block_tokens(s, i) ||
             original.extra_keys != s.extra_keys) {
+          end_run();
           continue;  // a collision: not shareable
         }
         d.role = Role::kStandby;
@@ -680,15 +689,17 @@ class ReferenceModel {
       d.parent_content = parent_content;
       d.tokens = block_tokens(s, i);
       d.extra_keys = s.extra_keys;
-      if (d.role == Role::kStandby) continue;  // its hash was announced already
-      BlockStored stored;
+      if (d.role == Role::kStandby) {  // its hash was announced already
+        end_run();
+        continue;
+      }
+      if (stored.block_hashes.empty() && i > 0) stored.parent_hash = hashes[i - 1];
       stored.block_hashes.push_back(h);
-      if (i > 0) stored.parent_hash = hashes[i - 1];
-      stored.token_ids = d.tokens;
+      stored.token_ids.insert(stored.token_ids.end(), d.tokens.begin(), d.tokens.end());
       stored.block_size = opts_.block_size;
       stored.extra_keys = s.extra_keys;
-      events_.push_back(std::move(stored));
     }
+    end_run();
     s.offered = std::max(s.offered, full);
   }
 

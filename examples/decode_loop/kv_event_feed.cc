@@ -1,0 +1,66 @@
+#include "kv_event_feed.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+#ifdef PAGEDKV_HAVE_EVENTS
+#include "pagedkv/kv_event_publisher.h"
+#endif
+
+namespace decode_loop {
+
+#ifdef PAGEDKV_HAVE_EVENTS
+namespace {
+
+class PublisherFeed : public KvEventFeed {
+ public:
+  explicit PublisherFeed(std::unique_ptr<pagedkv::KvEventPublisher> publisher)
+      : publisher_(std::move(publisher)) {}
+  pagedkv::KvEventSink* sink() override { return publisher_.get(); }
+  void end_step() override { publisher_->end_step(); }
+  int64_t next_seq() const override { return publisher_->stats().next_seq; }
+
+ private:
+  std::unique_ptr<pagedkv::KvEventPublisher> publisher_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvEventFeed>> KvEventFeed::start(
+    const std::string& endpoint, const std::string& replay_endpoint) {
+  auto publisher =
+      pagedkv::KvEventPublisher::create({.endpoint = endpoint, .replay_endpoint = replay_endpoint});
+  if (!publisher.ok()) return publisher.status();
+  std::fprintf(stderr, "pagedkv-decode: kv events on %s replay %s\n",
+               (*publisher)->endpoint().c_str(),
+               replay_endpoint.empty() ? "-" : (*publisher)->replay_endpoint().c_str());
+  std::fflush(stderr);
+  return std::unique_ptr<KvEventFeed>(new PublisherFeed(*std::move(publisher)));
+}
+#else
+absl::StatusOr<std::unique_ptr<KvEventFeed>> KvEventFeed::start(
+    const std::string& endpoint, const std::string& /*replay_endpoint*/) {
+  return absl::UnimplementedError(absl::StrCat(
+      "--kv-events ", endpoint,
+      ": pagedkv was built without pagedkv::events; install "
+      "libzmq3-dev cppzmq-dev libmsgpack-cxx-dev (scripts/install-deps.sh) and reconfigure"));
+}
+#endif
+
+bool write_prefix_index(const pagedkv::KvCacheManager& manager, const std::string& path) {
+  std::ofstream out(path);
+  const pagedkv::BlockPool& pool = manager.device_pool();
+  for (pagedkv::BlockId b = 0; b < pool.num_blocks(); ++b) {
+    if (!pool.is_cached(b)) continue;
+    const pagedkv::BlockHash h = pool.cached_hash(b);
+    char line[40];
+    std::snprintf(line, sizeof line, "%016llx%016llx\n", static_cast<unsigned long long>(h.hi),
+                  static_cast<unsigned long long>(h.lo));
+    out << line;
+  }
+  return static_cast<bool>(out);
+}
+
+}  // namespace decode_loop

@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""A reference KV-aware router: follows the KV events of several engines and answers
+"which engine holds the longest cached prefix of these tokens".
+
+It speaks vLLM's KV event protocol (docs/events.md) with pyzmq and msgspec:
+  - a SUB socket per engine receives (topic, seq, KVEventBatch) messages;
+  - a gap in the sequence numbers is filled by a replay request on the engine's ROUTER
+    socket (a DEALER here): 8-byte big-endian start seq, answered by the buffered batches
+    from there and an END marker (seq -1);
+  - when the gap is older than the engine's replay buffer, or on first contact, a snapshot
+    request (seq -2, pagedkv's addition) returns AllBlocksCleared plus every cached block
+    as BlockStored events, all tagged with the seq S they are consistent with; live
+    batches from S on are then applied on top.
+
+The index is keyed by content, not by recomputing hashes: each BlockStored block says
+(parent hash, its tokens, its extra keys) -> hash, so a query walks its tokens block by
+block through that map, whatever hash function the engine uses.
+
+As a program it follows engines and writes their indexes (used by the tests):
+  kv_router.py follow --engine NAME PUB_ENDPOINT REPLAY_ENDPOINT [--engine ...]
+      [--state FILE] [--until-seq-file FILE] [--index-out PREFIX] [--timeout-s N]
+"""
+
+import argparse
+import json
+import os
+import pickle
+import sys
+import time
+
+import zmq
+
+import kv_events_schema as schema
+
+
+class EngineIndex:
+    """The blocks one engine holds, as its events describe them."""
+
+    def __init__(self):
+        self.blocks = {}  # hash -> (parent hash, tokens, extra keys)
+        self.by_content = {}  # (parent hash, tokens, extra keys) -> hash
+
+    def apply(self, batch):
+        for event in batch.events:
+            if isinstance(event, schema.BlockStored):
+                self._store(event)
+            elif isinstance(event, schema.BlockRemoved):
+                for h in event.block_hashes:
+                    self._remove(h)
+            else:
+                self.blocks.clear()
+                self.by_content.clear()
+
+    def _store(self, event):
+        bs = event.block_size
+        parent = event.parent_block_hash
+        for i, h in enumerate(event.block_hashes):
+            extra = event.extra_keys[i] if event.extra_keys else None
+            key = (parent, tuple(event.token_ids[i * bs:(i + 1) * bs]),
+                   tuple(extra) if extra else None)
+            self._remove(h)
+            self.blocks[h] = key
+            self.by_content[key] = h
+            parent = h
+
+    def _remove(self, h):
+        key = self.blocks.pop(h, None)
+        if key is not None and self.by_content.get(key) == h:
+            del self.by_content[key]
+
+    def prefix_blocks(self, tokens, block_size, extra_keys=None):
+        """Number of leading full blocks of `tokens` this engine holds."""
+        extra = tuple(extra_keys) if extra_keys else None
+        parent, n = None, 0
+        for i in range(len(tokens) // block_size):
+            h = self.by_content.get(
+                (parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra))
+            if h is None:
+                break
+            parent, n = h, n + 1
+        return n
+
+
+class EngineFeed:
+    """One engine's event stream, kept gap-free by replay and snapshot requests."""
+
+    def __init__(self, name, pub_endpoint, replay_endpoint, context, timeout_ms=5000):
+        self.name = name
+        self.pub_endpoint = pub_endpoint
+        self.replay_endpoint = replay_endpoint
+        self.timeout_ms = timeout_ms
+        self.index = EngineIndex()
+        self.next_seq = None  # None: not synchronised yet
+        self.counters = dict(live=0, replayed=0, replays=0, snapshots=0, snapshot_blocks=0)
+        self.sub = context.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(pub_endpoint)
+        self.dealer = context.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.connect(replay_endpoint)
+
+    def close(self):
+        self.sub.close(linger=0)
+        self.dealer.close(linger=0)
+
+    def poll(self, timeout_ms):
+        """Applies the batches that arrive within `timeout_ms`; returns how many."""
+        handled = 0
+        if self.next_seq is None:
+            self.sync()
+        while self.sub.poll(timeout_ms if handled == 0 else 0):
+            _topic, seq_bytes, payload = self.sub.recv_multipart()
+            self._live(schema.seq_from_bytes(seq_bytes), payload)
+            handled += 1
+        return handled
+
+    def catch_up(self, target_seq):
+        """Makes sure every batch before `target_seq` is applied (a lost last message
+        leaves no later one to reveal the gap)."""
+        if self.next_seq is None:
+            self.sync()
+        if self.next_seq < target_seq:
+            self._fill_gap(target_seq)
+
+    def sync(self):
+        """Replaces the index with the engine's snapshot."""
+        replies = self._request(schema.SNAPSHOT_REQUEST)
+        if not replies:
+            raise RuntimeError(f"{self.name}: the publisher does not serve snapshots")
+        for _, batch in replies:
+            self.index.apply(batch)
+            self.counters["snapshot_blocks"] += sum(
+                len(e.block_hashes) for e in batch.events if isinstance(e, schema.BlockStored))
+        self.next_seq = replies[0][0]
+        self.counters["snapshots"] += 1
+
+    def _live(self, seq, payload):
+        if seq < self.next_seq:
+            return  # already applied (from a replay or a snapshot)
+        if seq > self.next_seq:
+            self._fill_gap(seq)
+            if seq < self.next_seq:
+                return
+        self.index.apply(schema.decoder.decode(payload))
+        self.next_seq = seq + 1
+        self.counters["live"] += 1
+
+    def _fill_gap(self, upto):
+        """Applies batches next_seq..upto-1 by replay, or resynchronises by snapshot."""
+        self.counters["replays"] += 1
+        for seq, batch in self._request(self.next_seq):
+            if seq < self.next_seq:
+                continue
+            if seq > self.next_seq:
+                break  # the replay buffer no longer holds next_seq
+            self.index.apply(batch)
+            self.next_seq = seq + 1
+            self.counters["replayed"] += 1
+        if self.next_seq < upto:
+            self.sync()
+
+    def _request(self, value):
+        """Sends a replay (value >= 0) or snapshot request; returns [(seq, batch)]."""
+        self.dealer.send_multipart([b"", schema.seq_to_bytes(value)])
+        replies = []
+        while True:
+            if not self.dealer.poll(self.timeout_ms):
+                raise TimeoutError(f"{self.name}: no reply from {self.replay_endpoint}")
+            _empty, _topic, seq_bytes, payload = self.dealer.recv_multipart()
+            seq = schema.seq_from_bytes(seq_bytes)
+            if seq == schema.END_SEQ:
+                return replies
+            replies.append((seq, schema.decoder.decode(payload)))
+
+
+class KvRouter:
+    """Follows several engines; routes a prompt to the one with the longest cached prefix."""
+
+    def __init__(self, engines, context=None):
+        """engines: [(name, pub_endpoint, replay_endpoint)]."""
+        self.context = context or zmq.Context.instance()
+        self.feeds = [EngineFeed(n, p, r, self.context) for n, p, r in engines]
+
+    def poll(self, timeout_ms=10):
+        return sum(feed.poll(timeout_ms) for feed in self.feeds)
+
+    def route(self, tokens, block_size, extra_keys=None):
+        """Returns (engine name, cached blocks) for the engine holding the longest prefix."""
+        best = max(self.feeds, key=lambda f: f.index.prefix_blocks(tokens, block_size,
+                                                                   extra_keys))
+        return best.name, best.index.prefix_blocks(tokens, block_size, extra_keys)
+
+    def close(self):
+        for feed in self.feeds:
+            feed.close()
+
+
+# --- the `follow` program ----------------------------------------------------------------
+
+def _save_state(router, path):
+    state = {f.name: (f.index.blocks, f.next_seq, f.counters) for f in router.feeds}
+    with open(path + ".tmp", "wb") as out:
+        pickle.dump(state, out)
+    os.replace(path + ".tmp", path)
+
+
+def _load_state(router, path):
+    with open(path, "rb") as f:
+        state = pickle.load(f)
+    for feed in router.feeds:
+        blocks, feed.next_seq, feed.counters = state[feed.name]
+        for h, key in blocks.items():
+            feed.index.blocks[h] = key
+            feed.index.by_content[key] = h
+
+
+def _read_targets(path):
+    """The until-seq file: one line "NAME SEQ" per engine that has finished."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {name: int(seq) for name, seq in (line.split() for line in f if line.strip())}
+
+
+def follow(args):
+    router = KvRouter([tuple(e) for e in args.engine])
+    if args.state and os.path.exists(args.state):
+        _load_state(router, args.state)  # a restart: resume from the saved seq (replay)
+    else:
+        for feed in router.feeds:
+            feed.sync()
+    print("synced", flush=True)
+    deadline = time.monotonic() + args.timeout_s
+    while time.monotonic() < deadline:
+        router.poll(timeout_ms=20)
+        if args.state:
+            _save_state(router, args.state)
+        targets = _read_targets(args.until_seq_file)
+        if len(targets) == len(router.feeds):
+            for feed in router.feeds:
+                feed.catch_up(targets[feed.name])
+            break
+    else:
+        print("timed out", file=sys.stderr)
+        return 1
+    for feed in router.feeds:
+        with open(f"{args.index_out}{feed.name}.json", "w") as out:
+            json.dump({"hashes": sorted(h.hex() for h in feed.index.blocks),
+                       "next_seq": feed.next_seq, "counters": feed.counters}, out)
+    router.close()
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("follow", help="follow engines until they finish; write their indexes")
+    f.add_argument("--engine", nargs=3, action="append", required=True,
+                   metavar=("NAME", "PUB", "REPLAY"))
+    f.add_argument("--state", help="save the index here after each poll; resume from it")
+    f.add_argument("--until-seq-file", help='stop once it lists "NAME SEQ" for every engine')
+    f.add_argument("--index-out", default="index-", help="write PREFIX<NAME>.json")
+    f.add_argument("--timeout-s", type=float, default=120)
+    args = parser.parse_args()
+    return follow(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+// pagedkv-mock-engine: a scheduler loop on KvCacheManager (no model) that publishes its KV
+// events with KvEventPublisher, for the reference router (kv_router.py) and its tests.
+//
+// Each step decodes one token for every running sequence (preempting by recompute when
+// blocks run out), frees finished sequences, admits waiting ones with a prefix match, ends
+// the step (take_pending_*) and hands the step's events to the publisher. Prompts share a
+// few "system prompts", half of them under a tenant salt (extra keys), so the prefix cache
+// hits, evicts and splits by salt.
+//
+// Protocol on stdin/stdout, so that a test can drive it:
+//   prints "endpoints <pub> <router>" once the sockets are bound, then waits for a line
+//   "go" on stdin; runs the steps; writes the manager's prefix index (one hex hash per
+//   line) to --index-out; prints "done <next seq>"; then keeps serving replay and snapshot
+//   requests until stdin closes or says "quit" (at most --linger-s seconds).
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_event_publisher.h"
+
+namespace {
+
+struct Flags {
+  std::string endpoint = "tcp://127.0.0.1:*";
+  std::string replay_endpoint = "tcp://127.0.0.1:*";
+  int steps = 300;
+  int step_us = 2000;  // pause after each step, so a test can kill and restart a router
+  int replay_steps = 10000;
+  int num_blocks = 96;
+  int block_size = 4;
+  int reset_at_step = -1;  // reset_prefix_cache() at this step; -1: never
+  int linger_s = 60;
+  uint64_t seed = 1;
+  std::string index_out;
+};
+
+constexpr std::string_view kUsage = R"(usage: pagedkv-mock-engine [options]
+  --endpoint E         PUB endpoint (default tcp://127.0.0.1:*, a free port)
+  --replay-endpoint E  ROUTER endpoint (default tcp://127.0.0.1:*)
+  --steps N            engine steps (default 300)
+  --step-us N          pause after each step, microseconds (default 2000)
+  --replay-steps N     replay buffer, in steps (default 10000)
+  --num-blocks N       device blocks (default 96)
+  --block-size N       tokens per block (default 4)
+  --reset-at-step N    reset the prefix cache at step N (default: never)
+  --linger-s N         serve replay/snapshot requests after the run, at most N s (default 60)
+  --seed N             workload seed (default 1)
+  --index-out PATH     write the final prefix index there, one hex hash per line
+)";
+
+bool parse_flags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (i + 1 >= argc) return false;
+    const std::string value = argv[++i];
+    auto number = [&](auto* out) { return absl::SimpleAtoi(value, out); };
+    bool ok = true;
+    if (flag == "--endpoint") {
+      f->endpoint = value;
+    } else if (flag == "--replay-endpoint") {
+      f->replay_endpoint = value;
+    } else if (flag == "--index-out") {
+      f->index_out = value;
+    } else if (flag == "--steps") {
+      ok = number(&f->steps);
+    } else if (flag == "--step-us") {
+      ok = number(&f->step_us);
+    } else if (flag == "--replay-steps") {
+      ok = number(&f->replay_steps);
+    } else if (flag == "--num-blocks") {
+      ok = number(&f->num_blocks);
+    } else if (flag == "--block-size") {
+      ok = number(&f->block_size);
+    } else if (flag == "--reset-at-step") {
+      ok = number(&f->reset_at_step);
+    } else if (flag == "--linger-s") {
+      ok = number(&f->linger_s);
+    } else if (flag == "--seed") {
+      ok = number(&f->seed);
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      std::cerr << "bad flag or value: " << flag << " " << value << "\n";
+      return false;
+    }
+  }
+  return true;
+}
+
+// Waits for a line on stdin for at most `timeout_s` seconds; false on EOF or timeout.
+bool read_line(std::string* line, int timeout_s) {
+  pollfd fd{STDIN_FILENO, POLLIN, 0};
+  if (poll(&fd, 1, timeout_s * 1000) <= 0) return false;
+  return static_cast<bool>(std::getline(std::cin, *line));
+}
+
+struct Request {
+  pagedkv::SeqId id = 0;
+  std::vector<pagedkv::TokenId> prompt;
+  std::vector<uint64_t> extra_keys;
+  int32_t max_tokens = 0;  // prompt + generated
+};
+
+class Engine {
+ public:
+  Engine(const Flags& flags, pagedkv::KvCacheManager manager)
+      : flags_(flags), manager_(std::move(manager)), rng_(flags.seed) {
+    std::uniform_int_distribution<int> len(8, 40);
+    for (auto& prompt : system_prompts_) {
+      prompt.resize(len(rng_));
+      for (auto& t : prompt) t = token();
+    }
+  }
+
+  // One engine step; returns false on an unexpected library error.
+  bool step(int step_index) {
+    while (std::ssize(waiting_) + std::ssize(running_) < 10) waiting_.push_back(new_request());
+    if (step_index == flags_.reset_at_step) manager_.reset_prefix_cache();
+    if (!decode()) return false;
+    admit();
+    manager_.take_pending_copies();
+    manager_.take_pending_swaps();
+    return manager_.check_invariants().ok();
+  }
+
+  const pagedkv::KvCacheManager& manager() const { return manager_; }
+
+ private:
+  pagedkv::TokenId token() { return std::uniform_int_distribution<int>(1, 50)(rng_); }
+
+  Request new_request() {
+    Request r;
+    r.id = next_id_++;
+    const auto& system = system_prompts_[rng_() % std::size(system_prompts_)];
+    r.prompt = system;
+    const int suffix = std::uniform_int_distribution<int>(1, 12)(rng_);
+    for (int i = 0; i < suffix; ++i) r.prompt.push_back(token());
+    if (rng_() % 2 == 0) r.extra_keys = {1000 + rng_() % 3};  // a tenant's cache salt
+    r.max_tokens =
+        static_cast<int32_t>(r.prompt.size()) + std::uniform_int_distribution<int>(1, 16)(rng_);
+    return r;
+  }
+
+  // One token for every running sequence; a sequence that cannot get a slot even after
+  // preempting others is preempted itself.
+  bool decode() {
+    std::deque<Request> still_running;
+    for (Request& r : running_) {
+      auto view = manager_.sequence(r.id);
+      if (!view.ok()) return false;
+      if (view->state != pagedkv::SequenceState::kRunning) {
+        waiting_.push_back(std::move(r));  // preempted as a victim earlier in this step
+        continue;
+      }
+      if (std::ssize(view->tokens) >= r.max_tokens) {
+        if (!manager_.free(r.id).ok()) return false;
+        continue;
+      }
+      const pagedkv::TokenId next[] = {token()};
+      if (!manager_.append_tokens(r.id, next).ok()) return false;
+      if (!manager_.allocate_slots_or_preempt(r.id, 1).ok()) {
+        if (!manager_.preempt(r.id, pagedkv::PreemptionMode::kRecompute).ok()) return false;
+        waiting_.push_back(std::move(r));
+        continue;
+      }
+      still_running.push_back(std::move(r));
+    }
+    // Victims preempted after their own turn in this step are waiting now.
+    running_.clear();
+    for (Request& r : still_running) {
+      auto view = manager_.sequence(r.id);
+      if (!view.ok()) return false;
+      (view->state == pagedkv::SequenceState::kRunning ? running_ : waiting_)
+          .push_back(std::move(r));
+    }
+    return true;
+  }
+
+  // Admits waiting requests in order while blocks last (a preempted one resumes with all
+  // its tokens).
+  void admit() {
+    while (!waiting_.empty()) {
+      Request& r = waiting_.front();
+      if (!manager_.contains(r.id) &&
+          !manager_.add_sequence(r.id, r.prompt, {.extra_keys = r.extra_keys}).ok()) {
+        waiting_.pop_front();
+        continue;
+      }
+      // A request whose admission failed last step keeps its prefix hit: match once.
+      if (manager_.sequence(r.id)->block_table.empty() && !manager_.match_prefix(r.id).ok()) {
+        return;
+      }
+      const auto view = manager_.sequence(r.id);
+      const auto todo = static_cast<int32_t>(view->tokens.size()) - view->num_computed_tokens;
+      if (!manager_.allocate_slots(r.id, todo).ok()) return;  // retried next step
+      running_.push_back(std::move(r));
+      waiting_.pop_front();
+    }
+  }
+
+  const Flags& flags_;
+  pagedkv::KvCacheManager manager_;
+  std::mt19937_64 rng_;
+  std::vector<pagedkv::TokenId> system_prompts_[4];
+  std::deque<Request> waiting_;
+  std::deque<Request> running_;
+  pagedkv::SeqId next_id_ = 0;
+};
+
+// The manager's prefix index: the hash of every cached device block, as on the wire.
+bool write_index(const pagedkv::KvCacheManager& manager, const std::string& path) {
+  std::ofstream out(path);
+  const pagedkv::BlockPool& pool = manager.device_pool();
+  for (pagedkv::BlockId b = 0; b < pool.num_blocks(); ++b) {
+    if (!pool.is_cached(b)) continue;
+    const pagedkv::BlockHash h = pool.cached_hash(b);
+    char line[40];
+    std::snprintf(line, sizeof line, "%016llx%016llx\n", static_cast<unsigned long long>(h.hi),
+                  static_cast<unsigned long long>(h.lo));
+    out << line;
+  }
+  return static_cast<bool>(out);
+}
+
+int run(const Flags& flags) {
+  auto publisher = pagedkv::KvEventPublisher::create({.endpoint = flags.endpoint,
+                                                      .replay_endpoint = flags.replay_endpoint,
+                                                      .replay_buffer_steps = flags.replay_steps});
+  if (!publisher.ok()) {
+    std::cerr << publisher.status() << "\n";
+    return 2;
+  }
+  auto manager = pagedkv::KvCacheManager::create({.num_blocks = flags.num_blocks,
+                                                  .block_size = flags.block_size,
+                                                  .event_sink = publisher->get()});
+  if (!manager.ok()) {
+    std::cerr << manager.status() << "\n";
+    return 2;
+  }
+  std::cout << "endpoints " << (*publisher)->endpoint() << " " << (*publisher)->replay_endpoint()
+            << std::endl;
+  std::string line;
+  if (!read_line(&line, flags.linger_s) || line != "go") return 3;
+
+  Engine engine(flags, *std::move(manager));
+  for (int i = 0; i < flags.steps; ++i) {
+    if (!engine.step(i)) {
+      std::cerr << "step " << i << ": unexpected library error\n";
+      return 1;
+    }
+    (*publisher)->end_step();
+    std::this_thread::sleep_for(std::chrono::microseconds(flags.step_us));
+  }
+  if (!flags.index_out.empty() && !write_index(engine.manager(), flags.index_out)) {
+    std::cerr << "cannot write " << flags.index_out << "\n";
+    return 2;
+  }
+  // Wait (a few poll intervals) until the publisher thread has sent every handed-off step.
+  auto all_sent = [&] {
+    const pagedkv::KvEventPublisher::Stats s = (*publisher)->stats();
+    return s.steps_published + s.steps_dropped_hwm + s.steps_dropped_queue == s.next_seq;
+  };
+  for (int i = 0; i < 10000 && !all_sent(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::cout << "done " << (*publisher)->stats().next_seq << std::endl;
+  while (read_line(&line, flags.linger_s) && line != "quit") {
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  if (!parse_flags(argc, argv, &flags)) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  return run(flags);
+}

@@ -1,0 +1,73 @@
+// File: pagedkv/kv_cache_metrics.h
+//
+// KvCacheMetrics: the manager's counters (and an event publisher's) in Prometheus' text
+// exposition format, through prometheus-cpp. Names and meanings follow vLLM's metrics
+// with the prefix "pagedkv:" instead of "vllm:" (docs/events.md lists them):
+//   pagedkv:kv_cache_usage_perc        gauge, used device blocks / all, 0..1
+//   pagedkv:prefix_cache_queries_total counter, prompt tokens looked up in the prefix cache
+//   pagedkv:prefix_cache_hits_total    counter, of those, tokens found
+//   pagedkv:num_preemptions_total      counter, preempted sequences (label mode)
+//   pagedkv:num_evictions_total        counter, cached blocks evicted to reuse them
+// plus block gauges, copy-on-write and swap counters and the publisher's event counters.
+//
+// Threading: update() on the scheduler thread (once per step is plenty); the HTTP server
+// started by serve() reads the values from its own threads (prometheus-cpp's metrics are
+// atomic).
+//
+// Example:
+//   auto metrics = KvCacheMetrics::create({.model_name = "llama-3.1-8b"});
+//   PAGEDKV_CHECK_OK((*metrics)->serve("127.0.0.1:9400"));  // GET /metrics
+//   for (;;) { ... one step ...; (*metrics)->update(manager.stats()); }
+#ifndef PAGEDKV_KV_CACHE_METRICS_H_
+#define PAGEDKV_KV_CACHE_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_event_publisher.h"
+
+namespace pagedkv {
+namespace internal {
+struct MetricsState;
+}  // namespace internal
+
+class KvCacheMetrics {
+ public:
+  struct Options {
+    std::string prefix = "pagedkv:";  // metric name prefix; vLLM's dashboards use "vllm:"
+    std::string model_name = "";      // value of the model_name label (vLLM's); empty: none
+  };
+
+  // Errors: InvalidArgument when the prefix makes an invalid metric name.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvCacheMetrics>> create(Options options);
+  ~KvCacheMetrics();
+  KvCacheMetrics(const KvCacheMetrics&) = delete;
+  KvCacheMetrics& operator=(const KvCacheMetrics&) = delete;
+
+  // KvCacheMetrics::serve()
+  //
+  // Serves GET /metrics over HTTP on `bind_address` ("127.0.0.1:9400"; port 0 picks a free
+  // one, see port()) until destruction. Errors: FailedPrecondition when already serving;
+  // Unavailable when the address cannot be bound.
+  [[nodiscard]] absl::Status serve(const std::string& bind_address);
+  // The port being served, 0 before serve().
+  int port() const;
+
+  // Sets the gauges and advances the counters to `stats` (counters never go back).
+  void update(const KvCacheManager::Stats& stats);
+  void update(const KvEventPublisher::Stats& stats);
+
+  // The exposition text that GET /metrics returns.
+  std::string text() const;
+
+ private:
+  explicit KvCacheMetrics(std::unique_ptr<internal::MetricsState> state);
+  std::unique_ptr<internal::MetricsState> state_;
+};
+
+}  // namespace pagedkv
+
+#endif  // PAGEDKV_KV_CACHE_METRICS_H_

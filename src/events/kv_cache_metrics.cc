@@ -1,0 +1,164 @@
+// KvCacheMetrics: prometheus-cpp gauges and counters fed from the Stats structs.
+#include "pagedkv/kv_cache_metrics.h"
+
+#include <prometheus/check_names.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace pagedkv {
+namespace internal {
+
+// Counters only move forward: each update() adds the growth since the last one.
+class MonotonicCounter {
+ public:
+  explicit MonotonicCounter(prometheus::Counter& counter) : counter_(&counter) {}
+  void advance_to(int64_t total) {
+    if (total > last_) counter_->Increment(static_cast<double>(total - last_));
+    last_ = std::max(last_, total);
+  }
+
+ private:
+  prometheus::Counter* counter_;
+  int64_t last_ = 0;
+};
+
+struct MetricsState {
+  explicit MetricsState(const KvCacheMetrics::Options& options)
+      : prefix(options.prefix),
+        labels(options.model_name.empty() ? prometheus::Labels{}
+                                          : prometheus::Labels{{"model_name", options.model_name}}),
+        registry(std::make_shared<prometheus::Registry>()),
+        usage(gauge("kv_cache_usage_perc", "KV-cache usage: used device blocks / all, 0..1")),
+        num_blocks(gauge("kv_cache_num_blocks", "Device KV blocks in the pool")),
+        used_blocks(gauge("kv_cache_used_blocks", "Device KV blocks held by sequences")),
+        cached_free_blocks(
+            gauge("kv_cache_cached_free_blocks", "Free device blocks still holding cached KV")),
+        host_usage(gauge("kv_cache_host_usage_perc", "Host (swap) blocks used / all, 0..1")),
+        prefix_queries(
+            counter("prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up")),
+        prefix_hits(counter("prefix_cache_hits", "Prefix cache hits, in prompt tokens found")),
+        preemptions_recompute(
+            counter("num_preemptions", "Preempted sequences", {{"mode", "recompute"}})),
+        preemptions_swap(counter("num_preemptions", "Preempted sequences", {{"mode", "swap"}})),
+        evictions(counter("num_evictions", "Cached blocks evicted to reuse them")),
+        cow_copies(counter("num_cow_copies", "Copy-on-write block copies")),
+        swapped_out(counter("num_blocks_swapped_out", "Blocks copied to the host pool")),
+        swapped_in(counter("num_blocks_swapped_in", "Blocks copied back from the host pool")),
+        events_published(counter("kv_events_published", "KV events sent to subscribers")),
+        events_dropped_hwm(
+            counter("kv_events_dropped", "KV events dropped", {{"reason", "subscriber_hwm"}})),
+        events_dropped_queue(
+            counter("kv_events_dropped", "KV events dropped", {{"reason", "publisher_queue"}})),
+        replay_requests(counter("kv_events_replay_requests", "Replay requests served")),
+        snapshot_requests(counter("kv_events_snapshot_requests", "Snapshot requests served")) {}
+
+  prometheus::Gauge& gauge(const std::string& name, const std::string& help) {
+    return prometheus::BuildGauge().Name(prefix + name).Help(help).Register(*registry).Add(labels);
+  }
+
+  MonotonicCounter counter(const std::string& name, const std::string& help,
+                           const prometheus::Labels& extra = {}) {
+    prometheus::Labels all = labels;
+    all.insert(extra.begin(), extra.end());
+    // "_total" as prometheus_client (vLLM) writes counters. Families are keyed by name: a
+    // second Register() of the same name returns the first.
+    return MonotonicCounter(prometheus::BuildCounter()
+                                .Name(prefix + name + "_total")
+                                .Help(help)
+                                .Register(*registry)
+                                .Add(all));
+  }
+
+  std::string prefix;
+  prometheus::Labels labels;
+  std::shared_ptr<prometheus::Registry> registry;
+  prometheus::Gauge& usage;
+  prometheus::Gauge& num_blocks;
+  prometheus::Gauge& used_blocks;
+  prometheus::Gauge& cached_free_blocks;
+  prometheus::Gauge& host_usage;
+  MonotonicCounter prefix_queries, prefix_hits, preemptions_recompute, preemptions_swap, evictions,
+      cow_copies, swapped_out, swapped_in;
+  MonotonicCounter events_published, events_dropped_hwm, events_dropped_queue, replay_requests,
+      snapshot_requests;
+  std::unique_ptr<prometheus::Exposer> exposer;
+};
+
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<KvCacheMetrics>> KvCacheMetrics::create(Options options) {
+  const std::string probe = options.prefix + "kv_cache_usage_perc";
+  if (!prometheus::CheckMetricName(probe)) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheMetrics: prefix \"", options.prefix,
+                                                   "\" gives the invalid metric name ", probe));
+  }
+  return std::unique_ptr<KvCacheMetrics>(
+      new KvCacheMetrics(std::make_unique<internal::MetricsState>(options)));
+}
+
+KvCacheMetrics::KvCacheMetrics(std::unique_ptr<internal::MetricsState> state)
+    : state_(std::move(state)) {}
+
+KvCacheMetrics::~KvCacheMetrics() = default;
+
+absl::Status KvCacheMetrics::serve(const std::string& bind_address) {
+  if (state_->exposer) {
+    return absl::FailedPreconditionError(absl::StrCat("KvCacheMetrics::serve(", bind_address,
+                                                      "): already serving on port ", port()));
+  }
+  try {
+    auto exposer = std::make_unique<prometheus::Exposer>(bind_address, /*num_threads=*/1);
+    exposer->RegisterCollectable(state_->registry);
+    state_->exposer = std::move(exposer);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("KvCacheMetrics::serve: cannot bind ", bind_address, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+int KvCacheMetrics::port() const {
+  if (!state_->exposer) return 0;
+  const std::vector<int> ports = state_->exposer->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+void KvCacheMetrics::update(const KvCacheManager::Stats& s) {
+  internal::MetricsState& m = *state_;
+  m.usage.Set(s.num_blocks > 0 ? static_cast<double>(s.used_blocks) / s.num_blocks : 0.0);
+  m.num_blocks.Set(s.num_blocks);
+  m.used_blocks.Set(s.used_blocks);
+  m.cached_free_blocks.Set(s.cached_free_blocks);
+  m.host_usage.Set(
+      s.num_host_blocks > 0 ? static_cast<double>(s.used_host_blocks) / s.num_host_blocks : 0.0);
+  m.prefix_queries.advance_to(s.prefix_query_tokens);
+  m.prefix_hits.advance_to(s.prefix_hit_tokens);
+  m.preemptions_recompute.advance_to(s.preemptions_recompute);
+  m.preemptions_swap.advance_to(s.preemptions_swap);
+  m.evictions.advance_to(s.evictions);
+  m.cow_copies.advance_to(s.cow_copies);
+  m.swapped_out.advance_to(s.blocks_swapped_out);
+  m.swapped_in.advance_to(s.blocks_swapped_in);
+}
+
+void KvCacheMetrics::update(const KvEventPublisher::Stats& s) {
+  internal::MetricsState& m = *state_;
+  m.events_published.advance_to(s.events_published);
+  m.events_dropped_hwm.advance_to(s.events_dropped_hwm);
+  m.events_dropped_queue.advance_to(s.events_dropped_queue);
+  m.replay_requests.advance_to(s.replay_requests);
+  m.snapshot_requests.advance_to(s.snapshot_requests);
+}
+
+std::string KvCacheMetrics::text() const {
+  return prometheus::TextSerializer().Serialize(state_->registry->Collect());
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,56 @@
+// Tests of KvCacheMetrics: names, labels and values in the exposition text.
+#include "pagedkv/kv_cache_metrics.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+
+namespace pagedkv {
+namespace {
+
+TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never go back") {
+  auto metrics = KvCacheMetrics::create({.model_name = "m"});
+  REQUIRE(metrics.ok());
+  KvCacheManager::Stats s;
+  s.num_blocks = 200;
+  s.used_blocks = 50;
+  s.prefix_query_tokens = 1000;
+  s.prefix_hit_tokens = 250;
+  s.preemptions_recompute = 3;
+  s.evictions = 7;
+  (*metrics)->update(s);
+  s.prefix_query_tokens = 900;  // a smaller total (a new manager): the counter stays
+  (*metrics)->update(s);
+  KvEventPublisher::Stats e;
+  e.events_published = 42;
+  e.events_dropped_hwm = 2;
+  (*metrics)->update(e);
+  const std::string text = (*metrics)->text();
+  INFO(text);
+  REQUIRE_THAT(text, Catch::Contains("# TYPE pagedkv:kv_cache_usage_perc gauge"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:kv_cache_usage_perc{model_name=\"m\"} 0.25"));
+  REQUIRE_THAT(text, Catch::Contains("# TYPE pagedkv:prefix_cache_queries_total counter"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:prefix_cache_queries_total{model_name=\"m\"} 1000"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:prefix_cache_hits_total{model_name=\"m\"} 250"));
+  REQUIRE_THAT(text, Catch::Contains(
+                         "pagedkv:num_preemptions_total{mode=\"recompute\",model_name=\"m\"} 3"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:num_evictions_total{model_name=\"m\"} 7"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:kv_events_published_total{model_name=\"m\"} 42"));
+  REQUIRE_THAT(
+      text, Catch::Contains(
+                "pagedkv:kv_events_dropped_total{model_name=\"m\",reason=\"subscriber_hwm\"} 2"));
+}
+
+TEST_CASE("an invalid prefix is refused, and so is serving twice") {
+  auto bad = KvCacheMetrics::create({.prefix = "1bad"});
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(bad.status().message()), Catch::Contains("1bad"));
+  auto metrics = KvCacheMetrics::create({});
+  REQUIRE(metrics.ok());
+  REQUIRE((*metrics)->port() == 0);
+  REQUIRE((*metrics)->serve("127.0.0.1:0").ok());
+  REQUIRE((*metrics)->port() > 0);
+  REQUIRE((*metrics)->serve("127.0.0.1:0").code() == absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace pagedkv

@@ -1,0 +1,341 @@
+// Tests of KvEventPublisher and its parts: the wire encoding (decoded back with msgpack-c),
+// the snapshot mirror, and the sockets (PUB, replay, snapshot) over ipc.
+#include "pagedkv/kv_event_publisher.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <msgpack.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "absl/container/flat_hash_set.h"
+#include "events/cache_mirror.h"
+#include "events/staged_batch.h"
+#include "events/wire_format.h"
+
+namespace pagedkv {
+namespace {
+
+using internal::CacheMirror;
+using internal::StagedBatch;
+
+BlockStored stored(std::vector<BlockHash> hashes, std::optional<BlockHash> parent,
+                   int32_t block_size = 2, std::vector<uint64_t> extra_keys = {}) {
+  BlockStored e;
+  e.block_hashes = std::move(hashes);
+  e.parent_hash = parent;
+  e.block_size = block_size;
+  for (size_t i = 0; i < e.block_hashes.size() * block_size; ++i) {
+    e.token_ids.push_back(static_cast<TokenId>(100 + i));
+  }
+  e.extra_keys = std::move(extra_keys);
+  return e;
+}
+
+// Looks a key up in a decoded msgpack map.
+const msgpack::object& field(const msgpack::object& map, std::string_view key) {
+  REQUIRE(map.type == msgpack::type::MAP);
+  for (const auto& kv : std::span(map.via.map.ptr, map.via.map.size)) {
+    if (kv.key.as<std::string>() == key) return kv.val;
+  }
+  FAIL("no key " << key);
+  throw;  // unreachable
+}
+
+std::string hash_hex(const msgpack::object& bin) {
+  REQUIRE(bin.type == msgpack::type::BIN);
+  std::string hex;
+  for (uint32_t i = 0; i < bin.via.bin.size; ++i) {
+    char byte[3];
+    std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned char>(bin.via.bin.ptr[i]));
+    hex += byte;
+  }
+  return hex;
+}
+
+TEST_CASE("a batch encodes as vLLM's KVEventBatch: [ts, events, dp rank], events as tagged maps") {
+  StagedBatch batch;
+  batch.timestamp = 12.5;
+  batch.add(stored({{0x1111, 0xAAAA}, {0x2222, 0xBBBB}}, BlockHash{0x3, 0x4}, 2, {77}));
+  batch.add(BlockRemoved{{{0x5, 0x6}}});
+  batch.add(KvEvent{std::in_place_type<AllBlocksCleared>});
+  std::string payload;
+  internal::encode_batch(batch, {.medium = "GPU", .data_parallel_rank = 3}, &payload);
+
+  const msgpack::object_handle handle = msgpack::unpack(payload.data(), payload.size());
+  const msgpack::object& root = handle.get();
+  REQUIRE(root.type == msgpack::type::ARRAY);
+  REQUIRE(root.via.array.size == 3);
+  REQUIRE(root.via.array.ptr[0].as<double>() == 12.5);
+  REQUIRE(root.via.array.ptr[2].as<int>() == 3);
+  const msgpack::object& events = root.via.array.ptr[1];
+  REQUIRE(events.via.array.size == 3);
+
+  const msgpack::object& s = events.via.array.ptr[0];
+  REQUIRE(s.via.map.size == 10);
+  REQUIRE(s.via.map.ptr[0].key.as<std::string>() == "type");  // the tag comes first
+  REQUIRE(field(s, "type").as<std::string>() == "BlockStored");
+  const msgpack::object& hashes = field(s, "block_hashes");
+  REQUIRE(hashes.via.array.size == 2);
+  // hi then lo, each big-endian: XXH3-128's canonical byte order.
+  REQUIRE(hash_hex(hashes.via.array.ptr[0]) == "000000000000aaaa0000000000001111");
+  REQUIRE(hash_hex(field(s, "parent_block_hash")) == "00000000000000040000000000000003");
+  REQUIRE(field(s, "token_ids").as<std::vector<int>>() == std::vector<int>{100, 101, 102, 103});
+  REQUIRE(field(s, "block_size").as<int>() == 2);
+  REQUIRE(field(s, "lora_id").is_nil());
+  REQUIRE(field(s, "lora_name").is_nil());
+  REQUIRE(field(s, "medium").as<std::string>() == "GPU");
+  REQUIRE(field(s, "group_idx").as<int>() == 0);
+  // One extra-keys entry per block.
+  const auto keys = field(s, "extra_keys").as<std::vector<std::vector<uint64_t>>>();
+  REQUIRE(keys == std::vector<std::vector<uint64_t>>{{77}, {77}});
+
+  const msgpack::object& r = events.via.array.ptr[1];
+  REQUIRE(field(r, "type").as<std::string>() == "BlockRemoved");
+  REQUIRE(field(r, "block_hashes").via.array.size == 1);
+  REQUIRE(field(r, "medium").as<std::string>() == "GPU");
+  REQUIRE(field(events.via.array.ptr[2], "type").as<std::string>() == "AllBlocksCleared");
+  REQUIRE(events.via.array.ptr[2].via.map.size == 1);
+}
+
+TEST_CASE("a BlockStored without extra keys or parent sends nil for both") {
+  StagedBatch batch;
+  batch.add(stored({{1, 1}}, std::nullopt));
+  std::string payload;
+  internal::encode_batch(batch, {}, &payload);
+  const msgpack::object_handle handle = msgpack::unpack(payload.data(), payload.size());
+  const msgpack::object& s = handle.get().via.array.ptr[1].via.array.ptr[0];
+  REQUIRE(field(s, "parent_block_hash").is_nil());
+  const msgpack::object& keys = field(s, "extra_keys");
+  REQUIRE(keys.via.array.size == 1);
+  REQUIRE(keys.via.array.ptr[0].is_nil());
+}
+
+TEST_CASE("the snapshot holds every mirrored block once, parents before children") {
+  CacheMirror mirror;
+  StagedBatch batch;
+  // A chain of 40 blocks stored in four calls, a sibling branch, then two removals.
+  std::vector<BlockHash> chain;
+  for (uint64_t i = 0; i < 40; ++i) chain.push_back({i, 1});
+  for (int part = 0; part < 4; ++part) {
+    std::vector<BlockHash> run(chain.begin() + part * 10, chain.begin() + part * 10 + 10);
+    batch.add(stored(run, part == 0 ? std::nullopt : std::optional(chain[part * 10 - 1])));
+  }
+  batch.add(stored({{7, 2}, {8, 2}}, chain[5]));
+  batch.add(BlockRemoved{{chain[39], chain[20]}});  // 21..38 lose their cached parent
+  mirror.apply(batch);
+  REQUIRE(mirror.size() == 40);
+
+  const std::vector<StagedBatch> snapshot = mirror.snapshot(/*blocks_per_batch=*/7);
+  REQUIRE(snapshot.size() == 6);  // ceil(40 / 7)
+  REQUIRE(snapshot[0].events[0].kind == internal::EventKind::kCleared);
+  absl::flat_hash_set<BlockHash> seen;
+  for (const StagedBatch& b : snapshot) {
+    REQUIRE(b.events.size() <= 8);
+    b.for_each([&](const internal::StagedEventView& v) {
+      if (v.event.kind != internal::EventKind::kStored) return;
+      REQUIRE(v.hashes.size() == 1);
+      REQUIRE(v.tokens.size() == 2);
+      if (v.event.has_parent && v.event.parent != chain[20]) {
+        INFO("block " << v.hashes[0].lo << " before its parent " << v.event.parent.lo);
+        REQUIRE(seen.contains(v.event.parent));
+      }
+      REQUIRE(seen.insert(v.hashes[0]).second);
+    });
+  }
+  REQUIRE(seen.size() == 40);
+
+  // Applied to an empty mirror, the snapshot rebuilds the same one.
+  CacheMirror rebuilt;
+  for (const StagedBatch& b : snapshot) rebuilt.apply(b);
+  REQUIRE(rebuilt.snapshot(1000).at(0).hashes.size() == 40);
+  StagedBatch clear;
+  clear.add_cleared();
+  mirror.apply(clear);
+  REQUIRE(mirror.size() == 0);
+}
+
+// --- sockets -----------------------------------------------------------------------------
+
+std::string ipc_endpoint(const char* name) {
+  return "ipc:///tmp/pagedkv-test-" + std::to_string(getpid()) + "-" + name;
+}
+
+struct Message {
+  std::string topic;
+  int64_t seq = 0;
+  std::string payload;
+};
+
+int64_t big_endian(const zmq::message_t& m) {
+  REQUIRE(m.size() == 8);
+  int64_t v = 0;
+  for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<const unsigned char*>(m.data())[i];
+  return v;
+}
+
+// Receives one (topic, seq, payload) message, with `skip` leading frames; waits at most 5 s.
+Message receive(zmq::socket_t& socket, size_t skip = 0) {
+  zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+  REQUIRE(zmq::poll(&item, 1, std::chrono::milliseconds(5000)) == 1);
+  std::vector<zmq::message_t> frames;
+  REQUIRE(zmq::recv_multipart(socket, std::back_inserter(frames)));
+  REQUIRE(frames.size() == skip + 3);
+  return {frames[skip].to_string(), big_endian(frames[skip + 1]), frames[skip + 2].to_string()};
+}
+
+void request(zmq::socket_t& dealer, int64_t value) {
+  std::array<char, 8> bytes = internal::seq_bytes(value);
+  dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(bytes));
+}
+
+size_t num_events(const std::string& payload) {
+  const msgpack::object_handle handle = msgpack::unpack(payload.data(), payload.size());
+  return handle.get().via.array.ptr[1].via.array.size;
+}
+
+TEST_CASE("steps go out in order on PUB, replay resends from a seq, snapshot gives the state") {
+  auto publisher = KvEventPublisher::create(
+      {.endpoint = ipc_endpoint("pub"), .replay_endpoint = ipc_endpoint("replay"), .topic = "kv"});
+  REQUIRE(publisher.ok());
+  KvEventPublisher& p = **publisher;
+  zmq::context_t context;
+  zmq::socket_t sub(context, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.connect(p.endpoint());
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.connect(p.replay_endpoint());
+  // A snapshot round trip proves the publisher is up; the SUB connection is made by then.
+  request(dealer, KvEventPublisher::kSnapshotRequest);
+  REQUIRE(num_events(receive(dealer, 1).payload) == 1);  // AllBlocksCleared only
+  REQUIRE(receive(dealer, 1).seq == KvEventPublisher::kEndOfReply);
+
+  p.end_step();  // no events: nothing sent, no seq used
+  p.on_event(stored({{1, 0}, {2, 0}}, std::nullopt));
+  p.end_step();
+  p.on_event(stored({{3, 0}}, BlockHash{2, 0}));
+  p.on_event(BlockRemoved{{{1, 0}}});
+  p.end_step();
+  p.on_event(stored({{4, 0}}, std::nullopt));
+  p.end_step();
+  for (int64_t seq = 0; seq < 3; ++seq) {
+    const Message m = receive(sub);
+    REQUIRE(m.topic == "kv");
+    REQUIRE(m.seq == seq);
+    REQUIRE(num_events(m.payload) == (seq == 1 ? 2u : 1u));
+  }
+
+  request(dealer, 1);
+  REQUIRE(receive(dealer, 1).seq == 1);
+  REQUIRE(receive(dealer, 1).seq == 2);
+  const Message end = receive(dealer, 1);
+  REQUIRE(end.seq == KvEventPublisher::kEndOfReply);
+  REQUIRE(end.topic.empty());
+  REQUIRE(end.payload.empty());
+
+  // Blocks 2, 3, 4 are cached: AllBlocksCleared + 3 BlockStored, consistent with seq 3.
+  request(dealer, KvEventPublisher::kSnapshotRequest);
+  const Message snapshot = receive(dealer, 1);
+  REQUIRE(snapshot.seq == 3);
+  REQUIRE(num_events(snapshot.payload) == 4);
+  REQUIRE(receive(dealer, 1).seq == KvEventPublisher::kEndOfReply);
+
+  const KvEventPublisher::Stats s = p.stats();
+  REQUIRE(s.next_seq == 3);
+  REQUIRE(s.steps_published == 3);
+  REQUIRE(s.events_published == 4);
+  REQUIRE(s.replay_requests == 1);
+  REQUIRE(s.snapshot_requests == 2);
+  REQUIRE(s.cached_blocks == 3);
+}
+
+TEST_CASE(
+    "a subscriber that stops reading loses messages at the HWM, counted, but replay has them") {
+  auto publisher = KvEventPublisher::create({.endpoint = ipc_endpoint("hwm"),
+                                             .replay_endpoint = ipc_endpoint("hwm-replay"),
+                                             .replay_buffer_steps = 100000,
+                                             .hwm = 2});
+  REQUIRE(publisher.ok());
+  KvEventPublisher& p = **publisher;
+  zmq::context_t context;
+  zmq::socket_t stalled(context, zmq::socket_type::sub);
+  stalled.set(zmq::sockopt::subscribe, "");
+  stalled.set(zmq::sockopt::rcvhwm, 1);
+  stalled.connect(p.endpoint());
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.connect(p.replay_endpoint());
+  request(dealer, KvEventPublisher::kSnapshotRequest);  // the publisher is up
+  receive(dealer, 1);
+  receive(dealer, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the SUB has subscribed
+
+  // About 4 MB: far more than the socket buffers and the two-message HWM hold.
+  const std::vector<TokenId> tokens(256, 7);
+  constexpr int kSteps = 1000;
+  for (int step = 0; step < kSteps; ++step) {
+    for (uint64_t i = 0; i < 16; ++i) {
+      BlockStored e;
+      e.block_hashes = {BlockHash{i, static_cast<uint64_t>(step)}};
+      e.token_ids = tokens;
+      e.block_size = 256;
+      p.on_event(e);
+    }
+    p.end_step();  // never waits for the stalled subscriber
+  }
+  KvEventPublisher::Stats s;
+  for (int i = 0; i < 10000; ++i) {
+    s = p.stats();
+    if (s.steps_published + s.steps_dropped_hwm + s.steps_dropped_queue == kSteps) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(s.steps_published + s.steps_dropped_hwm + s.steps_dropped_queue == kSteps);
+  REQUIRE(s.steps_dropped_hwm > 0);
+  REQUIRE(s.events_dropped_hwm == 16 * s.steps_dropped_hwm);
+  // The last step was handed off whatever the subscriber did; a replay still has it.
+  request(dealer, kSteps - 1);
+  REQUIRE(receive(dealer, 1).seq == kSteps - 1);
+  REQUIRE(receive(dealer, 1).seq == KvEventPublisher::kEndOfReply);
+}
+
+TEST_CASE("a step beyond max_queued_events is dropped, counted, and leaves a seq gap") {
+  auto publisher =
+      KvEventPublisher::create({.endpoint = ipc_endpoint("drop"), .max_queued_events = 2});
+  REQUIRE(publisher.ok());
+  KvEventPublisher& p = **publisher;
+  for (int i = 0; i < 3; ++i) p.on_event(BlockRemoved{{{1, 0}}});
+  p.end_step();  // 3 events > 2: dropped
+  p.on_event(BlockRemoved{{{1, 0}}});
+  p.end_step();
+  const KvEventPublisher::Stats s = p.stats();
+  REQUIRE(s.steps_dropped_queue == 1);
+  REQUIRE(s.events_dropped_queue == 3);
+  REQUIRE(s.next_seq == 2);  // the dropped step used seq 0
+}
+
+TEST_CASE("bad options and unbindable endpoints are refused with the value") {
+  auto no_endpoint = KvEventPublisher::create({});
+  REQUIRE(no_endpoint.status().code() == absl::StatusCode::kInvalidArgument);
+  auto bad_buffer =
+      KvEventPublisher::create({.endpoint = ipc_endpoint("x"), .replay_buffer_steps = 0});
+  REQUIRE(bad_buffer.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(bad_buffer.status().message()),
+               Catch::Contains("replay_buffer_steps 0"));
+  auto bad_scheme = KvEventPublisher::create({.endpoint = "nonsense://here"});
+  REQUIRE(bad_scheme.status().code() == absl::StatusCode::kUnavailable);
+  REQUIRE_THAT(std::string(bad_scheme.status().message()), Catch::Contains("nonsense://here"));
+
+  auto first = KvEventPublisher::create({.endpoint = "tcp://127.0.0.1:*"});
+  REQUIRE(first.ok());
+  auto taken = KvEventPublisher::create({.endpoint = (*first)->endpoint()});
+  REQUIRE(taken.status().code() == absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace pagedkv

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""End-to-end test of KV events on the wire: mock engines (pagedkv-mock-engine) publish
+with KvEventPublisher, the reference router (examples/kv_router/kv_router.py) follows them,
+and each engine's index as the router rebuilt it must equal the manager's own prefix index
+at the end of the run.
+
+Scenarios:
+  full     two engines, the router in this process from before the first step: every
+           batch decoded live or replayed; route() answers from the rebuilt indexes.
+  restart  the router (a process that saves its state) is killed with SIGKILL mid-run and
+           restarted from its state: it fills the gap by replay.
+  late     a replay buffer of 8 steps; the router joins late (snapshot), then is killed and
+           restarted after the buffer has moved on: it resynchronises by snapshot.
+usage: kv_events_e2e.py MOCK_ENGINE ROUTER_DIR {tcp,ipc} {full,restart,late}
+Every wait is bounded; a hang fails the test.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+MOCK, ROUTER_DIR, TRANSPORT, SCENARIO = sys.argv[1:5]
+sys.path.insert(0, ROUTER_DIR)
+import kv_router  # noqa: E402
+
+WORK = tempfile.mkdtemp(prefix="pagedkv-kv-events-")
+BLOCK_SIZE = 4
+
+
+def fail(message):
+    print("FAIL:", message)
+    sys.exit(1)
+
+
+def endpoints(name):
+    if TRANSPORT == "ipc":
+        return [f"ipc://{WORK}/{name}-pub", f"ipc://{WORK}/{name}-replay"]
+    return ["tcp://127.0.0.1:*", "tcp://127.0.0.1:*"]
+
+
+class Engine:
+    def __init__(self, name, seed, *extra):
+        self.name = name
+        self.index_file = os.path.join(WORK, f"{name}-index.txt")
+        pub, replay = endpoints(name)
+        self.proc = subprocess.Popen(
+            [MOCK, "--endpoint", pub, "--replay-endpoint", replay, "--seed", str(seed),
+             "--block-size", str(BLOCK_SIZE), "--index-out", self.index_file, "--linger-s",
+             "60", *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        words = self.proc.stdout.readline().split()
+        if len(words) != 3 or words[0] != "endpoints":
+            fail(f"{name}: no endpoints line, got {words}")
+        self.pub, self.replay = words[1], words[2]
+        self.final_seq = None
+
+    def go(self):
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def wait_done(self):
+        words = self.proc.stdout.readline().split()
+        if len(words) != 2 or words[0] != "done":
+            fail(f"{self.name}: expected 'done SEQ', got {words} (rc {self.proc.poll()})")
+        self.final_seq = int(words[1])
+
+    def own_index(self):
+        with open(self.index_file) as f:
+            return sorted(line.strip() for line in f)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+        if self.proc.wait(timeout=30) != 0:
+            fail(f"{self.name}: exit status {self.proc.returncode}")
+
+
+def check_index(name, router_hashes, engine):
+    mine = engine.own_index()
+    if router_hashes != mine:
+        fail(f"{name}: router holds {len(router_hashes)} hashes, manager {len(mine)}; "
+             f"{len(set(router_hashes) ^ set(mine))} differ")
+    if not mine:
+        fail(f"{name}: empty index, the workload cached nothing")
+    print(f"{name}: router index == manager index ({len(mine)} blocks, "
+          f"{engine.final_seq} batches)")
+
+
+def deepest_prefix(index):
+    """Tokens and extra keys of the longest chain of blocks in an EngineIndex."""
+    def chain(h):
+        keys = []
+        while h is not None and h in index.blocks:
+            keys.append(index.blocks[h])
+            h = index.blocks[h][0]
+        return keys[::-1]
+    best = max((chain(h) for h in index.blocks), key=len)
+    tokens = [t for key in best for t in key[1]]
+    return tokens, best[0][2], len(best)
+
+
+def scenario_full():
+    engines = [Engine("e0", 1), Engine("e1", 2, "--reset-at-step", "150")]
+    router = kv_router.KvRouter([(e.name, e.pub, e.replay) for e in engines])
+    for feed in router.feeds:
+        feed.sync()  # first contact: an empty snapshot at seq 0
+    for e in engines:
+        e.go()
+    for e in engines:
+        e.wait_done()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        router.poll(timeout_ms=20)
+        if all(f.next_seq >= e.final_seq for f, e in zip(router.feeds, engines)):
+            break
+    for feed, e in zip(router.feeds, engines):
+        feed.catch_up(e.final_seq)
+        c = feed.counters
+        if c["live"] + c["replayed"] != e.final_seq or c["snapshots"] != 1:
+            fail(f"{e.name}: {c} for {e.final_seq} batches: not every batch was decoded")
+        check_index(e.name, sorted(h.hex() for h in feed.index.blocks), e)
+    # Routing: each engine's longest cached chain routes to an engine holding all of it.
+    for feed in router.feeds:
+        tokens, extra, depth = deepest_prefix(feed.index)
+        name, blocks = router.route(tokens + [0], BLOCK_SIZE, extra)
+        if blocks < depth:
+            fail(f"route(): {name} with {blocks} blocks, but {feed.name} holds {depth}")
+        print(f"route(): {len(tokens)} tokens -> {name}, {blocks} cached blocks")
+    if router.route([99999] * 16, BLOCK_SIZE)[1] != 0:
+        fail("route(): unknown tokens matched")
+    router.close()
+    for e in engines:
+        e.stop()
+
+
+def start_follower(engine, state):
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROUTER_DIR, "kv_router.py"), "follow", "--engine",
+         engine.name, engine.pub, engine.replay, "--state", state, "--until-seq-file",
+         os.path.join(WORK, "until"), "--index-out", os.path.join(WORK, "router-"),
+         "--timeout-s", "90"],
+        stdout=subprocess.PIPE, text=True)
+    if proc.stdout.readline().strip() != "synced":
+        fail("router did not synchronise")
+    return proc
+
+
+def scenario_kill_restart(late):
+    extra = ["--steps", "500", "--step-us", "2000"]
+    if late:
+        extra += ["--replay-steps", "8"]
+    engine = Engine("e0", 3, *extra)
+    state = os.path.join(WORK, "router-state.pickle")
+    engine.go()
+    if late:
+        time.sleep(0.3)  # the engine is dozens of steps in: the router joins by snapshot
+    follower = start_follower(engine, state)
+    time.sleep(0.3)
+    follower.send_signal(signal.SIGKILL)
+    follower.wait(timeout=10)
+    time.sleep(0.3)  # about 100 steps pass without the router
+    follower = start_follower(engine, state)
+    engine.wait_done()
+    with open(os.path.join(WORK, "until"), "w") as f:
+        f.write(f"{engine.name} {engine.final_seq}\n")
+    if follower.wait(timeout=90) != 0:
+        fail(f"router exit status {follower.returncode}")
+    with open(os.path.join(WORK, f"router-{engine.name}.json")) as f:
+        result = json.load(f)
+    c = result["counters"]
+    print("router counters:", c)
+    if late:
+        if c["snapshots"] < 2 or c["snapshot_blocks"] == 0:
+            fail("expected a late-join snapshot and a snapshot resync after the restart")
+    elif c["replays"] < 1 or c["replayed"] == 0 or c["snapshots"] != 1:
+        fail("expected the restart's gap to be filled by replay alone")
+    check_index(engine.name, result["hashes"], engine)
+    engine.stop()
+
+
+if SCENARIO == "full":
+    scenario_full()
+elif SCENARIO == "restart":
+    scenario_kill_restart(late=False)
+elif SCENARIO == "late":
+    scenario_kill_restart(late=True)
+else:
+    fail(f"unknown scenario {SCENARIO}")
+print("PASS")
