@@ -21,8 +21,10 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -223,12 +225,16 @@ class Engine {
 bool write_index(const pagedkv::KvCacheManager& manager, const std::string& path) {
   std::ofstream out(path);
   const pagedkv::BlockPool& pool = manager.device_pool();
+  // Each hash once: a standby block holds the same hash as the indexed one.
+  std::set<std::pair<uint64_t, uint64_t>> hashes;
   for (pagedkv::BlockId b = 0; b < pool.num_blocks(); ++b) {
-    if (!pool.is_cached(b)) continue;
-    const pagedkv::BlockHash h = pool.cached_hash(b);
+    const absl::StatusOr<pagedkv::BlockHash> h = pool.cached_hash(b);
+    if (h.ok()) hashes.emplace(h->hi, h->lo);  // NotFound: the block holds no hash
+  }
+  for (const auto& [hi, lo] : hashes) {
     char line[40];
-    std::snprintf(line, sizeof line, "%016llx%016llx\n", static_cast<unsigned long long>(h.hi),
-                  static_cast<unsigned long long>(h.lo));
+    std::snprintf(line, sizeof line, "%016llx%016llx\n", static_cast<unsigned long long>(hi),
+                  static_cast<unsigned long long>(lo));
     out << line;
   }
   return static_cast<bool>(out);
