@@ -14,10 +14,12 @@
 // started by serve() reads the values from its own threads (prometheus-cpp's metrics are
 // atomic).
 //
-// Example:
+// Example (in a function returning a Status, with a KvCacheManager `manager`):
 //   auto metrics = KvCacheMetrics::create({.model_name = "llama-3.1-8b"});
-//   PAGEDKV_CHECK_OK((*metrics)->serve("127.0.0.1:9400"));  // GET /metrics
-//   for (;;) { ... one step ...; (*metrics)->update(manager.stats()); }
+//   if (!metrics.ok()) return metrics.status();
+//   if (absl::Status s = (*metrics)->serve("127.0.0.1:9400"); !s.ok()) return s;  // /metrics
+//   // then after every engine step:
+//   (*metrics)->update(manager.stats());
 #ifndef PAGEDKV_KV_CACHE_METRICS_H_
 #define PAGEDKV_KV_CACHE_METRICS_H_
 

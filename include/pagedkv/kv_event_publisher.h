@@ -21,12 +21,13 @@
 // subscriber that does not keep up loses messages at the PUB socket's high-water mark
 // (counted, see Options::count_hwm_drops).
 //
-// Example:
+// Example (in a function returning a Status, with the manager's `options` to fill):
 //   auto publisher = KvEventPublisher::create({.endpoint = "tcp://127.0.0.1:5557",
 //                                              .replay_endpoint = "tcp://127.0.0.1:5558"});
 //   if (!publisher.ok()) return publisher.status();
-//   options.event_sink = publisher->get();      // KvCacheManager::Options
-//   for (;;) { ... schedule and run one step ...; (*publisher)->end_step(); }
+//   options.event_sink = publisher->get();  // KvCacheManager::Options
+//   // create the manager with `options`; then after every engine step:
+//   (*publisher)->end_step();
 #ifndef PAGEDKV_KV_EVENT_PUBLISHER_H_
 #define PAGEDKV_KV_EVENT_PUBLISHER_H_
 
