@@ -448,5 +448,99 @@ TEST_CASE("blocks in use at a reset are never indexed again, nor blocks cached a
   require_valid(pool);
 }
 
+// --- issue 11's rules inside issue 14's batched cache_full_blocks() ---------------------
+
+TEST_CASE("cache_full_blocks indexes nothing stale and announces nothing stale") {
+  KvEventBuffer events;
+  BlockPool pool = make_pool(4, 1, &events);
+  const std::vector<TokenId> tokens = {1, 2, 3};
+  const BlockHash h0 = hash_block(nullptr, std::span(tokens).subspan(0, 1), {});
+  const BlockHash h1 = hash_block(&h0, std::span(tokens).subspan(1, 1), {});
+  const BlockHash h2 = hash_block(&h1, std::span(tokens).subspan(2, 1), {});
+  const BlockId before = allocate(pool, 1)[0];  // 0, in use at the reset
+  pool.reset_prefix_cache();
+  REQUIRE(std::holds_alternative<AllBlocksCleared>(events.take().at(0)));
+  const std::vector<BlockId> after = allocate(pool, 2);  // 1 2, filled after block 0
+  const std::vector<BlockId> run = {before, after[0], after[1]};
+  const std::vector<BlockHash> hashes = {h0, h1, h2};
+  REQUIRE(pool.cache_full_blocks(run, hashes, kNoBlock, nullptr, tokens, {}).value() == 0);
+  REQUIRE(events.take().empty());
+  REQUIRE(pool.stats().cached_blocks == 0);
+  // A later call naming a block of that run as parent stays stale too.
+  const BlockId next = allocate(pool, 1)[0];
+  const BlockHash h3 = hash_block(&h2, std::vector<TokenId>{4}, {});
+  REQUIRE_FALSE(cache(pool, next, h3, after[1], &h2, {4}));
+  REQUIRE(events.take().empty());
+  require_valid(pool);
+}
+
+TEST_CASE("cache_full_blocks keeps a duplicate as a silent standby that splits the event") {
+  KvEventBuffer events;
+  BlockPool pool = make_pool(6, 1, &events);
+  const std::vector<TokenId> tokens = {1, 2, 3};
+  const BlockHash h0 = hash_block(nullptr, std::span(tokens).subspan(0, 1), {});
+  const BlockHash h1 = hash_block(&h0, std::span(tokens).subspan(1, 1), {});
+  const BlockHash h2 = hash_block(&h1, std::span(tokens).subspan(2, 1), {});
+  const std::vector<BlockId> first = allocate(pool, 3);  // 0 1 2
+  const std::vector<BlockHash> hashes = {h0, h1, h2};
+  REQUIRE(pool.cache_full_blocks(first, hashes, kNoBlock, nullptr, tokens, {}).value() == 3);
+  std::vector<KvEvent> seen = events.take();
+  REQUIRE(seen.size() == 1);
+  REQUIRE(std::get<BlockStored>(seen[0]).block_hashes == hashes);
+  // The same contents again, but block 2 was dropped from the index first: blocks 3 and 4
+  // become standbys (no event), block 5 is indexed and announced alone, after h1.
+  REQUIRE(pool.uncache(first[2]).ok());
+  events.take();
+  const std::vector<BlockId> second = allocate(pool, 3);  // 3 4 5
+  REQUIRE(pool.cache_full_blocks(second, hashes, kNoBlock, nullptr, tokens, {}).value() == 3);
+  seen = events.take();
+  REQUIRE(seen.size() == 1);
+  const auto& stored = std::get<BlockStored>(seen[0]);
+  REQUIRE(stored.block_hashes == std::vector<BlockHash>{h2});
+  REQUIRE(stored.parent_hash == h1);
+  REQUIRE(stored.token_ids == std::vector<TokenId>{3});
+  REQUIRE(pool.stats().cached_blocks == 5);
+  require_valid(pool);
+  // Evicting an original whose standby is resident announces nothing: the hash stays.
+  free_blocks(pool, {first[0], first[1], first[2]});  // 2 is clean: head; 0 1: tail
+  allocate(pool, 3);                                     // takes 2, then evicts 0 and 1
+  REQUIRE(events.take().empty());
+  REQUIRE(find(pool, h0, kNoBlock, {1}) == second[0]);
+  REQUIRE(pool.stats().evictions == 2);
+  require_valid(pool);
+}
+
+TEST_CASE("cache_full_blocks validates every block first and changes nothing on error") {
+  KvEventBuffer events;
+  BlockPool pool = make_pool(4, 2, &events);
+  const std::vector<TokenId> tokens = {1, 2, 3, 4};
+  const BlockHash h0 = hash_block(nullptr, std::span(tokens).subspan(0, 2), {});
+  const BlockHash h1 = hash_block(&h0, std::span(tokens).subspan(2, 2), {});
+  const std::vector<BlockId> used = allocate(pool, 1);  // 0; block 1 stays free
+  const std::vector<BlockHash> hashes = {h0, h1};
+  require_error(
+      pool.cache_full_blocks(std::vector<BlockId>{used[0], 1}, hashes, kNoBlock, nullptr, tokens,
+                             {})
+          .status(),
+      absl::StatusCode::kFailedPrecondition,
+      "BlockPool::cache_full_blocks: block 1 is free (ref_count 0); cache it in use");
+  require_error(
+      pool.cache_full_blocks(std::vector<BlockId>{used[0], 4}, hashes, kNoBlock, nullptr, tokens,
+                             {})
+          .status(),
+      absl::StatusCode::kInvalidArgument, "BlockPool::cache_full_blocks: block 4 outside [0, 4)");
+  require_error(pool.cache_full_blocks(used, hashes, kNoBlock, nullptr, tokens, {}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool::cache_full_blocks: 2 hashes for 1 blocks");
+  require_error(pool.cache_full_blocks(std::vector<BlockId>{used[0], used[0]}, hashes, kNoBlock,
+                                       nullptr, std::span(tokens).first(3), {})
+                    .status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool::cache_full_blocks: 3 tokens for 2 blocks, block_size is 2");
+  REQUIRE(events.take().empty());
+  REQUIRE(pool.stats().cached_blocks == 0);
+  require_valid(pool);
+}
+
 }  // namespace
 }  // namespace pagedkv
