@@ -46,34 +46,6 @@ class PyBlockPool {
     }
   }
 
-  // Argument checks that the C++ pool makes in debug builds only (its touch/free/... take
-  // valid ids by contract); Python callers get a ValueError instead.
-  void check_block(BlockId block, const char* fn) const {
-    if (block < 0 || block >= pool_.num_blocks()) {
-      raise_status(absl::InvalidArgumentError(absl::StrCat(
-          fn, "(block ", block, "): block id out of range [0, ", pool_.num_blocks(), ")")));
-    }
-  }
-  void check_in_use(BlockId block, const char* fn) const {
-    check_block(block, fn);
-    if (pool_.ref_count(block) == 0) {
-      raise_status(absl::InvalidArgumentError(
-          absl::StrCat(fn, "(block ", block, "): block is free (ref count 0)")));
-    }
-  }
-  // free() drops one reference per occurrence: no block may occur more often than its refs.
-  void check_free(std::span<const BlockId> blocks) const {
-    std::vector<int32_t> drops(pool_.num_blocks(), 0);
-    for (const BlockId b : blocks) {
-      check_block(b, "free");
-      if (++drops[b] > pool_.ref_count(b)) {
-        raise_status(absl::InvalidArgumentError(absl::StrCat("free(block ", b, "): ", drops[b],
-                                                             " references dropped, ref count is ",
-                                                             pool_.ref_count(b))));
-      }
-    }
-  }
-
  private:
   std::unique_ptr<CallbackErrors> errors_;
   std::unique_ptr<PythonEventSink> sink_;
@@ -148,23 +120,24 @@ void bind_block_pool(nb::module_& m) {
       .def(
           "touch",
           [](PyBlockPool& self, BlockId block) {
-            self.check_block(block, "touch");
-            self.mutate([&](BlockPool& p) { p.touch(block); });
+            raise_if_error(self.mutate([&](BlockPool& p) { return p.touch(block); }));
           },
           "block"_a, "Adds a reference (a prefix hit); a free block leaves the free queue.")
       .def(
           "free",
           [](PyBlockPool& self, IntValues<BlockId> blocks) {
-            self.check_free(blocks.span());
-            self.mutate([&](BlockPool& p) { p.free(blocks.span()); });
+            raise_if_error(self.mutate([&](BlockPool& p) { return p.free(blocks.span()); }));
           },
           "blocks_in_eviction_order"_a,
-          "Drops one reference per id, in order; blocks reaching 0 join the free queue's tail.")
+          "Drops one reference per id, in order; blocks reaching 0 join the free queue: hashed "
+          "ones at the tail, clean ones at the head. A double free raises FailedPrecondition "
+          "and changes nothing.")
       .def(
           "find_cached",
           [](const PyBlockPool& self, const BlockHash& hash, BlockId parent,
              IntValues<TokenId> tokens, IntValues<uint64_t> extra_keys) {
-            return self.pool().find_cached(hash, parent, tokens.span(), extra_keys.span());
+            return value_or_raise(
+                self.pool().find_cached(hash, parent, tokens.span(), extra_keys.span()));
           },
           "hash"_a, "parent"_a, "tokens"_a, "extra_keys"_a = std::vector<uint64_t>{},
           "The block indexed under hash if it verifiably holds tokens after parent, else -1. "
@@ -174,27 +147,21 @@ void bind_block_pool(nb::module_& m) {
           [](PyBlockPool& self, BlockId block, const BlockHash& hash, BlockId parent,
              std::optional<BlockHash> parent_hash, IntValues<TokenId> tokens,
              IntValues<uint64_t> extra_keys) {
-            self.check_in_use(block, "cache_full_block");
-            if (parent != kNoBlock) self.check_block(parent, "cache_full_block");
-            if (static_cast<int64_t>(tokens.size()) != self.pool().block_size()) {
-              raise_status(absl::InvalidArgumentError(
-                  absl::StrCat("cache_full_block(block ", block, "): ", tokens.size(),
-                               " tokens, a full block holds ", self.pool().block_size())));
-            }
-            return self.mutate([&](BlockPool& p) {
+            return value_or_raise(self.mutate([&](BlockPool& p) {
               return p.cache_full_block(block, hash, parent, parent_hash ? &*parent_hash : nullptr,
                                         tokens.span(), extra_keys.span());
-            });
+            }));
           },
           "block"_a, "hash"_a, "parent"_a, "parent_hash"_a.none(), "tokens"_a,
           "extra_keys"_a = std::vector<uint64_t>{},
-          "Enters an in-use full block into the hash index; False when caching is off, the "
-          "block is hashed already or another block holds the hash.")
+          "Enters an in-use full block into the hash index (or keeps it as a standby of an "
+          "identical indexed block); False when caching is off, the block is hashed already, "
+          "another block with other contents holds the hash, or it holds K/V from before the "
+          "last reset_prefix_cache(). Raises FailedPrecondition for a free block.")
       .def(
           "uncache",
           [](PyBlockPool& self, BlockId block) {
-            self.check_block(block, "uncache");
-            self.mutate([&](BlockPool& p) { p.uncache(block); });
+            raise_if_error(self.mutate([&](BlockPool& p) { return p.uncache(block); }));
           },
           "block"_a, "Takes the block out of the hash index (BlockRemoved); it keeps its refs.")
       .def(
@@ -207,23 +174,20 @@ void bind_block_pool(nb::module_& m) {
       .def(
           "ref_count",
           [](const PyBlockPool& self, BlockId block) {
-            self.check_block(block, "ref_count");
-            return self.pool().ref_count(block);
+            return value_or_raise(self.pool().ref_count(block));
           },
           "block"_a)
       .def(
           "is_cached",
           [](const PyBlockPool& self, BlockId block) {
-            self.check_block(block, "is_cached");
-            return self.pool().is_cached(block);
+            return value_or_raise(self.pool().is_cached(block));
           },
           "block"_a)
       .def(
           "cached_hash",
           [](const PyBlockPool& self, BlockId block) -> std::optional<BlockHash> {
-            self.check_block(block, "cached_hash");
-            if (!self.pool().is_cached(block)) return std::nullopt;
-            return self.pool().cached_hash(block);
+            if (!value_or_raise(self.pool().is_cached(block))) return std::nullopt;
+            return value_or_raise(self.pool().cached_hash(block));
           },
           "block"_a, "The block's hash, or None when it is not in the index.")
       .def("stats", [](const PyBlockPool& self) { return self.pool().stats(); })
