@@ -43,6 +43,12 @@ class ManagerCallbacks : public PreemptionHooks {
     errors_.guard([&] { hooks_.attr("on_preempt")(victim, mode); });
   }
 
+  // Optional in the Python hooks object: older hooks only have on_preempt().
+  void on_claim_released(SeqId seq) override {
+    if (hooks_.is_none() || !nb::hasattr(hooks_, "on_claim_released")) return;
+    errors_.guard([&] { hooks_.attr("on_claim_released")(seq); });
+  }
+
   // The VictimPolicy: policy(running: list[SequenceInfo], requester) returns a Preemption,
   // a victim id (preempted in the manager's preemption_mode) or None to give up. A policy
   // that raises gives up; the exception is re-raised when the manager call returns.
@@ -416,6 +422,8 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("preemptions_swap", &Stats::preemptions_swap)
       .def_ro("blocks_swapped_out", &Stats::blocks_swapped_out)
       .def_ro("blocks_swapped_in", &Stats::blocks_swapped_in)
+      .def_ro("claims_released", &Stats::claims_released,
+              "claimed prefixes given back (release_claim, or to make room)")
       .def(
           "_asdict",
           [](const Stats& s) {
@@ -434,6 +442,7 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
             d["preemptions_swap"] = s.preemptions_swap;
             d["blocks_swapped_out"] = s.blocks_swapped_out;
             d["blocks_swapped_in"] = s.blocks_swapped_in;
+            d["claims_released"] = s.claims_released;
             return d;
           },
           "The counters as a dict.");
@@ -529,6 +538,15 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
             raise_if_error(self.mutate([&](KvCacheManager& m) { return m.free(seq); }));
           },
           "seq"_a, "Releases a sequence in any state; its hashed blocks stay cached.")
+      .def(
+          "release_claim",
+          [](M& self, SeqId seq) {
+            raise_if_error(self.mutate([&](KvCacheManager& m) { return m.release_claim(seq); }));
+          },
+          "seq"_a,
+          "Gives back the cached prefix a waiting sequence claimed with match_prefix(); its "
+          "computed count returns to 0 (call match_prefix() again before admitting it). "
+          "Raises FailedPrecondition unless the sequence is waiting.")
       .def(
           "take_pending_copies",
           [](M& self) {
@@ -677,7 +695,8 @@ void bind_kv_cache_manager(nb::module_& m) {
       "preemption_mode"_a = PreemptionMode::kRecompute, "event_sink"_a = nb::none(),
       "preemption_hooks"_a = nb::none(), "victim_policy"_a = nb::none(),
       "event_sink: a KvEventBuffer or any object with on_event(event).\n"
-      "preemption_hooks: any object with on_preempt(victim, mode).\n"
+      "preemption_hooks: any object with on_preempt(victim, mode), and optionally\n"
+      "on_claim_released(seq) (allocate_slots_or_preempt gave a waiting sequence's claim back).\n"
       "victim_policy: callable(running: list[SequenceInfo], requester) -> Preemption | int |\n"
       "None (None gives up). Exceptions these raise are re-raised when the manager call\n"
       "that triggered them returns (its effects stay). Raises ValueError for invalid options.");

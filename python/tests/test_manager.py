@@ -194,3 +194,58 @@ def test_hash_block_matches_the_pool_index():
     assert stored.parent_hash is None and stored.token_ids == [1, 2, 3, 4] and stored.block_size == 4
     h = pk.hash_block(None, [1, 2, 3, 4])
     assert h != pk.hash_block(None, [1, 2, 3, 4], extra_keys=[7]) and hash(h) == hash(pk.BlockHash(h.lo, h.hi))
+
+
+def test_release_claim_gives_a_waiting_sequences_prefix_back():
+    m = make(num_blocks=4, block_size=2)
+    prefill(m, 1, list(range(5)))  # blocks 0 1 2
+    m.take_pending_copies()  # the step ends
+    m.free(1)
+    m.add_sequence(2, list(range(5)))
+    assert m.match_prefix(2) == 4
+    assert m.stats().free_blocks == 2
+    m.release_claim(2)
+    m.check_invariants()
+    stats = m.stats()
+    assert (stats.free_blocks, stats.cached_free_blocks, stats.claims_released) == (4, 2, 1)
+    assert stats._asdict()["claims_released"] == 1
+    assert m.sequence(2).num_computed_tokens == 0
+    m.release_claim(2)  # no claim: unchanged
+    assert m.stats().claims_released == 1
+    assert m.match_prefix(2) == 4  # may claim again
+    m.allocate_slots(2, 1)
+    with pytest.raises(pk.FailedPrecondition, match="sequence is running"):
+        m.release_claim(2)
+    with pytest.raises(KeyError, match="unknown sequence 9"):
+        m.release_claim(9)
+
+
+def test_a_claim_is_released_before_a_running_sequence_is_preempted():
+    class Hooks:
+        def __init__(self):
+            self.preempted, self.released = [], []
+
+        def on_preempt(self, victim, mode):
+            self.preempted.append(victim)
+
+        def on_claim_released(self, seq):
+            self.released.append(seq)
+
+    hooks = Hooks()
+    m = make(num_blocks=4, block_size=2, preemption_hooks=hooks)
+    prefill(m, 1, list(range(6)))  # blocks 0 1 2, full and cached
+    m.take_pending_copies()
+    m.free(1)
+    m.add_sequence(2, list(range(7)))
+    assert m.match_prefix(2) == 6  # claims 0 1 2, waiting
+    prefill(m, 3, [50, 51])  # block 3
+    m.take_pending_copies()
+    m.append_tokens(3, [0])
+    with pytest.raises(pk.ResourceExhausted):
+        m.allocate_slots(3, 1)
+    assert m.allocate_slots_or_preempt(3, 1).tolist() == [4]  # block 2, evicted
+    assert hooks.preempted == [] and hooks.released == [2]
+    assert m.sequence(2).state == pk.SequenceState.WAITING
+    assert m.sequence(2).num_computed_tokens == 0
+    assert m.stats().claims_released == 1
+    m.check_invariants()
