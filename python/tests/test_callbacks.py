@@ -69,11 +69,13 @@ def test_event_sink_in_python_sees_stored_removed_and_cleared():
     fill(m, [2])  # evicts sequence 1's cached blocks
     m.reset_prefix_cache()
     kinds = [type(e).__name__ for e in sink.events]
-    assert kinds[:2] == ["BlockStored", "BlockStored"]
-    assert "BlockRemoved" in kinds and kinds[-1] == "AllBlocksCleared"
-    first, second = sink.events[0], sink.events[1]
-    assert second.parent_hash == first.block_hashes[0]
-    assert first.token_ids == [100, 101, 102, 103]
+    # Grouped as vLLM groups them: one BlockStored per call, one BlockRemoved per block.
+    assert kinds == ["BlockStored", "BlockRemoved", "BlockRemoved", "BlockStored",
+                     "AllBlocksCleared"]
+    stored, removed = sink.events[0], sink.events[1:3]
+    assert len(stored.block_hashes) == 2 and stored.parent_hash is None
+    assert stored.token_ids == list(range(100, 108))
+    assert [e.block_hashes[0] for e in removed] == stored.block_hashes[::-1]  # tail first
 
 
 def test_exceptions_in_callbacks_surface_after_the_call_and_state_stays_valid():
