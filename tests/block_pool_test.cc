@@ -503,7 +503,7 @@ TEST_CASE("cache_full_blocks keeps a duplicate as a silent standby that splits t
   require_valid(pool);
   // Evicting an original whose standby is resident announces nothing: the hash stays.
   free_blocks(pool, {first[0], first[1], first[2]});  // 2 is clean: head; 0 1: tail
-  allocate(pool, 3);                                     // takes 2, then evicts 0 and 1
+  allocate(pool, 3);                                  // takes 2, then evicts 0 and 1
   REQUIRE(events.take().empty());
   REQUIRE(find(pool, h0, kNoBlock, {1}) == second[0]);
   REQUIRE(pool.stats().evictions == 2);
@@ -518,17 +518,16 @@ TEST_CASE("cache_full_blocks validates every block first and changes nothing on 
   const BlockHash h1 = hash_block(&h0, std::span(tokens).subspan(2, 2), {});
   const std::vector<BlockId> used = allocate(pool, 1);  // 0; block 1 stays free
   const std::vector<BlockHash> hashes = {h0, h1};
-  require_error(
-      pool.cache_full_blocks(std::vector<BlockId>{used[0], 1}, hashes, kNoBlock, nullptr, tokens,
-                             {})
-          .status(),
-      absl::StatusCode::kFailedPrecondition,
-      "BlockPool::cache_full_blocks: block 1 is free (ref_count 0); cache it in use");
-  require_error(
-      pool.cache_full_blocks(std::vector<BlockId>{used[0], 4}, hashes, kNoBlock, nullptr, tokens,
-                             {})
-          .status(),
-      absl::StatusCode::kInvalidArgument, "BlockPool::cache_full_blocks: block 4 outside [0, 4)");
+  require_error(pool.cache_full_blocks(std::vector<BlockId>{used[0], 1}, hashes, kNoBlock, nullptr,
+                                       tokens, {})
+                    .status(),
+                absl::StatusCode::kFailedPrecondition,
+                "BlockPool::cache_full_blocks: block 1 is free (ref_count 0); cache it in use");
+  require_error(pool.cache_full_blocks(std::vector<BlockId>{used[0], 4}, hashes, kNoBlock, nullptr,
+                                       tokens, {})
+                    .status(),
+                absl::StatusCode::kInvalidArgument,
+                "BlockPool::cache_full_blocks: block 4 outside [0, 4)");
   require_error(pool.cache_full_blocks(used, hashes, kNoBlock, nullptr, tokens, {}).status(),
                 absl::StatusCode::kInvalidArgument,
                 "BlockPool::cache_full_blocks: 2 hashes for 1 blocks");

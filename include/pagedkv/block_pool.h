@@ -210,8 +210,7 @@ class BlockPool {
                                    const char* caller) const;
   int32_t cache_full_blocks_unchecked(std::span<const BlockId> blocks,
                                       std::span<const BlockHash> hashes, BlockId parent,
-                                      const BlockHash* parent_hash,
-                                      std::span<const TokenId> tokens,
+                                      const BlockHash* parent_hash, std::span<const TokenId> tokens,
                                       std::span<const uint64_t> extra_keys);
   bool marks_stale(BlockId block, BlockId parent);
   void uncache_unchecked(BlockId block);

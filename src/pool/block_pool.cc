@@ -74,7 +74,9 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
       // One event per evicted block, as vLLM emits them; none when a standby takes over
       // the hash.
       const BlockHash hash = hash_index_->hash(b);
-      if (hash_index_->erase(b) && event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}});
+      if (hash_index_->erase(b) && event_sink_ != nullptr) {
+        event_sink_->on_event(BlockRemoved{{hash}});
+      }
       --cached_free_blocks_;
       ++evictions_;
     }
@@ -206,15 +208,15 @@ absl::Status BlockPool::check_cache_request(std::span<const BlockId> blocks, siz
     return id_error(parent, caller);
   }
   if (tokens.size() != blocks.size() * static_cast<size_t>(block_size_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "BlockPool::", caller, ": ", tokens.size(), " tokens",
-        blocks.size() == 1 ? "" : absl::StrCat(" for ", blocks.size(), " blocks"),
-        ", block_size is ", block_size_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("BlockPool::", caller, ": ", tokens.size(), " tokens",
+                     blocks.size() == 1 ? "" : absl::StrCat(" for ", blocks.size(), " blocks"),
+                     ", block_size is ", block_size_));
   }
   for (const BlockId block : blocks) {
     if (ref_count_[block] == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "BlockPool::", caller, ": block ", block, " is free (ref_count 0); cache it in use"));
+      return absl::FailedPreconditionError(absl::StrCat("BlockPool::", caller, ": block ", block,
+                                                        " is free (ref_count 0); cache it in use"));
     }
   }
   return absl::OkStatus();
@@ -228,8 +230,8 @@ int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
   PAGEDKV_DCHECK(hashes.size() == blocks.size());
   PAGEDKV_DCHECK(tokens.size() == blocks.size() * static_cast<size_t>(block_size_));
   if (!enable_caching_) return 0;
-  int32_t entered = 0;      // indexed or standby
-  BlockStored stored;       // the run of consecutive blocks indexed so far
+  int32_t entered = 0;  // indexed or standby
+  BlockStored stored;   // the run of consecutive blocks indexed so far
   auto emit_run = [&] {
     if (event_sink_ == nullptr || stored.block_hashes.empty()) return;
     stored.block_size = block_size_;
