@@ -56,7 +56,10 @@ class KvEventSink(Protocol):
 
 
 class PreemptionHooks(Protocol):
-    """What KvCacheManager accepts as preemption_hooks."""
+    """What KvCacheManager accepts as preemption_hooks. It may also define
+    on_claim_released(seq: int) -> None, called when allocate_slots_or_preempt() gives back
+    the prefix a waiting sequence claimed with match_prefix() (call match_prefix() again
+    before admitting it)."""
 
     def on_preempt(self, victim: int, mode: PreemptionMode) -> None: ...
 
