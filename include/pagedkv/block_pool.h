@@ -183,6 +183,9 @@ class BlockPool {
   void undo_free(std::span<const BlockId> freed);
   void touch_unchecked(BlockId block);
   void free_unchecked(std::span<const BlockId> blocks_in_eviction_order);
+  // free_unchecked() of one block, for callers that release blocks one by one as a single
+  // free: `last_clean` (kNoBlock at the start) carries where the next clean block goes.
+  void release_unchecked(BlockId block, BlockId& last_clean);
   BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
                                 std::span<const TokenId> tokens,
                                 std::span<const uint64_t> extra_keys) const;
