@@ -194,8 +194,6 @@ class BlockPool {
                                   std::span<const uint64_t> extra_keys);
   void uncache_unchecked(BlockId block);
   int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
-  bool is_cached_unchecked(BlockId block) const;
-  BlockHash cached_hash_unchecked(BlockId block) const;
 
   // Invariants (checked by check_invariants()):
   //   used_blocks_ + free_clean + cached_free_blocks_ == num_blocks_
@@ -209,7 +207,7 @@ class BlockPool {
   // was cached after such a block); never indexed until reallocated.
   std::vector<uint8_t> stale_;
   int32_t used_blocks_ = 0;         // blocks with ref count > 0
-  int32_t cached_free_blocks_ = 0;  // blocks with ref count 0 in the hash index
+  int32_t cached_free_blocks_ = 0;  // blocks with ref count 0 holding a hash
   int64_t evictions_ = 0;
   std::unique_ptr<internal::FreeQueue> free_queue_;
   std::unique_ptr<internal::HashIndex> hash_index_;

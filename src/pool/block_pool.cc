@@ -274,10 +274,6 @@ absl::StatusOr<BlockHash> BlockPool::cached_hash(BlockId block) const {
   return hash_index_->hash(block);
 }
 
-bool BlockPool::is_cached_unchecked(BlockId block) const { return hash_index_->is_cached(block); }
-
-BlockHash BlockPool::cached_hash_unchecked(BlockId block) const { return hash_index_->hash(block); }
-
 BlockPool::Stats BlockPool::stats() const {
   Stats s;
   s.num_blocks = num_blocks_;
