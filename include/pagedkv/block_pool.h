@@ -202,6 +202,9 @@ class BlockPool {
   void undo_free(std::span<const BlockId> freed);
   void touch_unchecked(BlockId block);
   void free_unchecked(std::span<const BlockId> blocks_in_eviction_order);
+  // free_unchecked() of one block, for callers that release blocks one by one as a single
+  // free: `last_clean` (kNoBlock at the start) carries where the next clean block goes.
+  void release_unchecked(BlockId block, BlockId& last_clean);
   BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
                                 std::span<const TokenId> tokens,
                                 std::span<const uint64_t> extra_keys) const;
@@ -215,8 +218,6 @@ class BlockPool {
   bool marks_stale(BlockId block, BlockId parent);
   void uncache_unchecked(BlockId block);
   int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
-  bool is_cached_unchecked(BlockId block) const;
-  BlockHash cached_hash_unchecked(BlockId block) const;
 
   // Invariants (checked by check_invariants()):
   //   used_blocks_ + free_clean + cached_free_blocks_ == num_blocks_
@@ -230,7 +231,7 @@ class BlockPool {
   // was cached after such a block); never indexed until reallocated.
   std::vector<uint8_t> stale_;
   int32_t used_blocks_ = 0;         // blocks with ref count > 0
-  int32_t cached_free_blocks_ = 0;  // blocks with ref count 0 in the hash index
+  int32_t cached_free_blocks_ = 0;  // blocks with ref count 0 holding a hash
   int64_t evictions_ = 0;
   std::unique_ptr<internal::FreeQueue> free_queue_;
   std::unique_ptr<internal::HashIndex> hash_index_;

@@ -567,30 +567,28 @@ void KvCacheManager::mark_scheduled(Sequence& seq, int32_t settled_tokens) {
 }
 
 void KvCacheManager::release_device_blocks(Sequence& seq) {
-  // Tail first, in one call: a prompt's later blocks are evicted before its shared
+  // Tail first, as one free: a prompt's later blocks are evicted before its shared
   // beginning, and its clean blocks are reused in the same order.
-  scratch_blocks_.clear();
+  BlockId last_clean = kNoBlock;
   for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) {
     if (device_pending_[*it] > 0 && device_pool_.ref_count_unchecked(*it) == 1) {
       deferred_device_.push_back(*it);  // still named by a pending copy
     } else {
-      scratch_blocks_.push_back(*it);
+      device_pool_.release_unchecked(*it, last_clean);
     }
   }
-  device_pool_.free_unchecked(scratch_blocks_);
   seq.blocks.clear();
 }
 
 void KvCacheManager::release_host_blocks(Sequence& seq) {
-  scratch_blocks_.clear();
+  BlockId last_clean = kNoBlock;
   for (auto it = seq.host_blocks.rbegin(); it != seq.host_blocks.rend(); ++it) {
     if (host_pending_[*it] > 0) {
       deferred_host_.push_back(*it);  // a pending swap still reads or writes it
     } else {
-      scratch_blocks_.push_back(*it);
+      host_pool_.release_unchecked(*it, last_clean);
     }
   }
-  host_pool_.free_unchecked(scratch_blocks_);
   seq.host_blocks.clear();
 }
 

@@ -142,10 +142,12 @@ void BlockPool::undo_free(std::span<const BlockId> freed) {
 
 void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order) {
   BlockId last_clean = kNoBlock;
-  for (const BlockId b : blocks_in_eviction_order) {
-    PAGEDKV_DCHECK(b >= 0 && b < num_blocks_ && ref_count_[b] > 0);
-    if (--ref_count_[b] == 0) enqueue_freed(b, last_clean);
-  }
+  for (const BlockId b : blocks_in_eviction_order) release_unchecked(b, last_clean);
+}
+
+void BlockPool::release_unchecked(BlockId block, BlockId& last_clean) {
+  PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
+  if (--ref_count_[block] == 0) enqueue_freed(block, last_clean);
 }
 
 // --- prefix cache ------------------------------------------------------------------------
@@ -334,10 +336,6 @@ absl::StatusOr<BlockHash> BlockPool::cached_hash(BlockId block) const {
   }
   return hash_index_->hash(block);
 }
-
-bool BlockPool::is_cached_unchecked(BlockId block) const { return hash_index_->is_cached(block); }
-
-BlockHash BlockPool::cached_hash_unchecked(BlockId block) const { return hash_index_->hash(block); }
 
 BlockPool::Stats BlockPool::stats() const {
   Stats s;
