@@ -224,7 +224,7 @@ TEST_CASE("a forced hash collision is never shared") {
   require_valid(m);
 }
 
-TEST_CASE("fork shares blocks; appending to a shared partial block copies it once") {
+TEST_CASE("fork shares blocks, and appending to a shared partial block copies it once") {
   KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
   admit(m, 1, iota_tokens(6));
   allocate(m, 1, 6);  // blocks 0 (full) 1 (2 tokens)
