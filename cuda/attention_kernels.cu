@@ -165,10 +165,10 @@ __device__ __forceinline__ void load_q(const char* q_s, int row0, int ks, int la
 }
 
 // B fragments of K^T for the 16 tokens of chunk `c` (two n tiles of 8 tokens) and dims
-// 16 ks .. 16 ks + 15: b[term][n tile].
+// 16 ks .. 16 ks + 15: b[n tile][term].
 template <typename C, typename KVT>
 __device__ __forceinline__ void load_k(const char* k_s, int c, int ks, int lane,
-                                       uint32_t (&b)[C::kKvTerms][2][2]) {
+                                       uint32_t (&b)[2][C::kKvTerms][2]) {
   char* base = const_cast<char*>(k_s);
   if constexpr (C::kLdmatrix) {
     const int m = lane >> 3;
@@ -177,8 +177,8 @@ __device__ __forceinline__ void load_k(const char* k_s, int c, int ks, int lane,
     ldmatrix_x4(r, tile_at<C::kRowBytes>(base, row, (2 * ks + (m & 1)) * 16));
     b[0][0][0] = r[0];
     b[0][0][1] = r[1];
-    b[0][1][0] = r[2];
-    b[0][1][1] = r[3];
+    b[1][0][0] = r[2];
+    b[1][0][1] = r[3];
   } else {
     const int g = lane >> 2;
     const int dim = 16 * ks + 2 * (lane & 3);
@@ -191,14 +191,14 @@ __device__ __forceinline__ void load_k(const char* k_s, int c, int ks, int lane,
         if constexpr (sizeof(KVT) == 1) {
           const uint16_t bits =
               *reinterpret_cast<const uint16_t*>(tile_at<C::kRowBytes>(base, row, d));
-          b[0][nt][half] = fp8x2_to_operand<C::kHalf>(bits);
+          b[nt][0][half] = fp8x2_to_operand<C::kHalf>(bits);
         } else {
           const float2 x =
               *reinterpret_cast<const float2*>(tile_at<C::kRowBytes>(base, row, 4 * d));
           uint32_t terms[C::kKvTerms];
           pack_terms<C::kHalf>(x.x, x.y, terms);
 #pragma unroll
-          for (int t = 0; t < C::kKvTerms; ++t) b[t][nt][half] = terms[t];
+          for (int t = 0; t < C::kKvTerms; ++t) b[nt][t][half] = terms[t];
         }
       }
     }
@@ -206,10 +206,10 @@ __device__ __forceinline__ void load_k(const char* k_s, int c, int ks, int lane,
 }
 
 // B fragments of V for the 16 tokens of chunk `c` and the n tiles 2 np, 2 np + 1 (dims
-// 16 np .. 16 np + 15): b[term][n tile].
+// 16 np .. 16 np + 15): b[n tile][term].
 template <typename C, typename KVT>
 __device__ __forceinline__ void load_v(const char* v_s, int c, int np, int lane,
-                                       uint32_t (&b)[C::kKvTerms][2][2]) {
+                                       uint32_t (&b)[2][C::kKvTerms][2]) {
   char* base = const_cast<char*>(v_s);
   if constexpr (C::kLdmatrix) {
     const int m = lane >> 3;
@@ -218,8 +218,8 @@ __device__ __forceinline__ void load_v(const char* v_s, int c, int np, int lane,
     ldmatrix_x4_trans(r, tile_at<C::kRowBytes>(base, row, (2 * np + (m >> 1)) * 16));
     b[0][0][0] = r[0];
     b[0][0][1] = r[1];
-    b[0][1][0] = r[2];
-    b[0][1][1] = r[3];
+    b[1][0][0] = r[2];
+    b[1][0][1] = r[3];
   } else {
     const int token = c * kChunk + 2 * (lane & 3);
 #pragma unroll
@@ -233,7 +233,7 @@ __device__ __forceinline__ void load_v(const char* v_s, int c, int np, int lane,
               *reinterpret_cast<const uint8_t*>(tile_at<C::kRowBytes>(base, row, d));
           const uint32_t hi =
               *reinterpret_cast<const uint8_t*>(tile_at<C::kRowBytes>(base, row + 1, d));
-          b[0][nt][half] = fp8x2_to_operand<C::kHalf>(static_cast<uint16_t>(lo | hi << 8));
+          b[nt][0][half] = fp8x2_to_operand<C::kHalf>(static_cast<uint16_t>(lo | hi << 8));
         } else {
           const float lo = *reinterpret_cast<const float*>(tile_at<C::kRowBytes>(base, row, 4 * d));
           const float hi =
@@ -241,7 +241,7 @@ __device__ __forceinline__ void load_v(const char* v_s, int c, int np, int lane,
           uint32_t terms[C::kKvTerms];
           pack_terms<C::kHalf>(lo, hi, terms);
 #pragma unroll
-          for (int t = 0; t < C::kKvTerms; ++t) b[t][nt][half] = terms[t];
+          for (int t = 0; t < C::kKvTerms; ++t) b[nt][t][half] = terms[t];
         }
       }
     }
@@ -398,18 +398,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         load_q<C>(q_s, 16 * wq, ks, lane, a);
 #pragma unroll
         for (int j = 0; j < C::kChunksPerWarp; ++j) {
-          uint32_t b[C::kKvTerms][2][2];
+          uint32_t b[2][C::kKvTerms][2];
           load_k<C, KVT>(k_tile, wkv + j * C::kWarpsKv, ks, lane, b);
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            uint32_t bn[C::kKvTerms][2];
-#pragma unroll
-            for (int t = 0; t < C::kKvTerms; ++t) {
-              bn[t][0] = b[t][nt][0];
-              bn[t][1] = b[t][nt][1];
-            }
-            mma_terms<C>(s[j][nt], a, bn);
-          }
+          mma_terms<C>(s[j][0], a, b[0]);
+          mma_terms<C>(s[j][1], a, b[1]);
         }
       }
       // Scale, select away invisible tokens, online softmax per row.
@@ -479,18 +471,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int j = 0; j < C::kChunksPerWarp; ++j) {
 #pragma unroll
         for (int np = 0; np < C::kNTiles / 2; ++np) {
-          uint32_t b[C::kKvTerms][2][2];
+          uint32_t b[2][C::kKvTerms][2];
           load_v<C, KVT>(v_tile, wkv + j * C::kWarpsKv, np, lane, b);
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            uint32_t bn[C::kKvTerms][2];
-#pragma unroll
-            for (int t = 0; t < C::kKvTerms; ++t) {
-              bn[t][0] = b[t][nt][0];
-              bn[t][1] = b[t][nt][1];
-            }
-            mma_terms<C>(o[2 * np + nt], pa[j], bn);
-          }
+          mma_terms<C>(o[2 * np], pa[j], b[0]);
+          mma_terms<C>(o[2 * np + 1], pa[j], b[1]);
         }
       }
     }
