@@ -164,6 +164,15 @@ __device__ __forceinline__ void load_q(const char* q_s, int row0, int ks, int la
   }
 }
 
+// The four matrices of an ldmatrix x4 as the B fragments (term 0) of two n tiles.
+template <int kTerms>
+__device__ __forceinline__ void two_n_tiles(const uint32_t (&r)[4], uint32_t (&b)[2][kTerms][2]) {
+  b[0][0][0] = r[0];
+  b[0][0][1] = r[1];
+  b[1][0][0] = r[2];
+  b[1][0][1] = r[3];
+}
+
 // B fragments of K^T for the 16 tokens of chunk `c` (two n tiles of 8 tokens) and dims
 // 16 ks .. 16 ks + 15: b[n tile][term].
 template <typename C, typename KVT>
@@ -175,10 +184,7 @@ __device__ __forceinline__ void load_k(const char* k_s, int c, int ks, int lane,
     const int row = c * kChunk + (m >> 1) * 8 + (lane & 7);
     uint32_t r[4];
     ldmatrix_x4(r, tile_at<C::kRowBytes>(base, row, (2 * ks + (m & 1)) * 16));
-    b[0][0][0] = r[0];
-    b[0][0][1] = r[1];
-    b[1][0][0] = r[2];
-    b[1][0][1] = r[3];
+    two_n_tiles(r, b);
   } else {
     const int g = lane >> 2;
     const int dim = 16 * ks + 2 * (lane & 3);
@@ -216,10 +222,7 @@ __device__ __forceinline__ void load_v(const char* v_s, int c, int np, int lane,
     const int row = c * kChunk + (m & 1) * 8 + (lane & 7);
     uint32_t r[4];
     ldmatrix_x4_trans(r, tile_at<C::kRowBytes>(base, row, (2 * np + (m >> 1)) * 16));
-    b[0][0][0] = r[0];
-    b[0][0][1] = r[1];
-    b[1][0][0] = r[2];
-    b[1][0][1] = r[3];
+    two_n_tiles(r, b);
   } else {
     const int token = c * kChunk + 2 * (lane & 3);
 #pragma unroll
