@@ -18,16 +18,15 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
-#include <fstream>
 #include <iostream>
 #include <random>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "kv_event_feed.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_event_publisher.h"
 
@@ -221,25 +220,6 @@ class Engine {
   pagedkv::SeqId next_id_ = 0;
 };
 
-// The manager's prefix index: the hash of every cached device block, as on the wire.
-bool write_index(const pagedkv::KvCacheManager& manager, const std::string& path) {
-  std::ofstream out(path);
-  const pagedkv::BlockPool& pool = manager.device_pool();
-  // Each hash once: a standby block holds the same hash as the indexed one.
-  std::set<std::pair<uint64_t, uint64_t>> hashes;
-  for (pagedkv::BlockId b = 0; b < pool.num_blocks(); ++b) {
-    const absl::StatusOr<pagedkv::BlockHash> h = pool.cached_hash(b);
-    if (h.ok()) hashes.emplace(h->hi, h->lo);  // NotFound: the block holds no hash
-  }
-  for (const auto& [hi, lo] : hashes) {
-    char line[40];
-    std::snprintf(line, sizeof line, "%016llx%016llx\n", static_cast<unsigned long long>(hi),
-                  static_cast<unsigned long long>(lo));
-    out << line;
-  }
-  return static_cast<bool>(out);
-}
-
 int run(const Flags& flags) {
   auto publisher = pagedkv::KvEventPublisher::create({.endpoint = flags.endpoint,
                                                       .replay_endpoint = flags.replay_endpoint,
@@ -269,7 +249,8 @@ int run(const Flags& flags) {
     (*publisher)->end_step();
     std::this_thread::sleep_for(std::chrono::microseconds(flags.step_us));
   }
-  if (!flags.index_out.empty() && !write_index(engine.manager(), flags.index_out)) {
+  if (!flags.index_out.empty() &&
+      !decode_loop::write_prefix_index(engine.manager(), flags.index_out)) {
     std::cerr << "cannot write " << flags.index_out << "\n";
     return 2;
   }
