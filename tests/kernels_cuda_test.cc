@@ -82,6 +82,19 @@ struct DeviceFixture {
         q(f.q),
         indptr(f.qo_indptr.empty() ? std::vector<int32_t>{0} : f.qo_indptr),
         scales(std::vector<float>{f.k_scale, f.v_scale}) {}
+  // The fixture's cache and table views, pointing at these device copies.
+  KvCacheView cache_view(AttentionFixture& f) const {
+    KvCacheView view = f.view();
+    view.k = k.get();
+    view.v = v.get();
+    return view;
+  }
+  BlockTableView table_view(const AttentionFixture& f) const {
+    BlockTableView view = f.table_view();
+    view.block_table = table.get<int32_t>();
+    view.context_lens = lens.get<int32_t>();
+    return view;
+  }
   DeviceBuffer k, v, table, lens, q, indptr, scales;
 };
 
@@ -91,12 +104,8 @@ Run run_cuda(AttentionFixture& f, int32_t num_splits, void* workspace = nullptr,
   DeviceFixture d(f);
   DeviceBuffer out(f.q.size());
   DeviceBuffer lse(sizeof(float) * f.num_q_rows * c.num_q_heads);
-  KvCacheView view = f.view();
-  view.k = d.k.get();
-  view.v = d.v.get();
-  BlockTableView table = f.table_view();
-  table.block_table = d.table.get<int32_t>();
-  table.context_lens = d.lens.get<int32_t>();
+  const KvCacheView view = d.cache_view(f);
+  const BlockTableView table = d.table_view(f);
   const float* k_scale = f.fp8() ? d.scales.get<float>() : nullptr;
   const float* v_scale = f.fp8() ? d.scales.get<float>() + 1 : nullptr;
   absl::Status status;
@@ -305,12 +314,8 @@ TEST_CASE("CUDA decode uses a caller workspace and refuses one too small", "[gpu
   CHECK(with.out == without.out);
   DeviceFixture d(f);
   DeviceBuffer out(f.q.size());
-  KvCacheView view = f.view();
-  view.k = d.k.get();
-  view.v = d.v.get();
-  BlockTableView table = f.table_view();
-  table.block_table = d.table.get<int32_t>();
-  table.context_lens = d.lens.get<int32_t>();
+  const KvCacheView view = d.cache_view(f);
+  const BlockTableView table = d.table_view(f);
   const absl::Status s = paged_decode_attention(
       Device::kCuda, view, table,
       {.q = d.q.get(),
@@ -342,12 +347,8 @@ TEST_CASE("CUDA decode replays from a CUDA graph with the same output", "[gpu]")
   const DecodePlan plan{.num_splits = 8};
   const int64_t need = decode_workspace_bytes(plan, 4, 32, 128);
   DeviceBuffer workspace(need);
-  KvCacheView view = f.view();
-  view.k = d.k.get();
-  view.v = d.v.get();
-  BlockTableView table = f.table_view();
-  table.block_table = d.table.get<int32_t>();
-  table.context_lens = d.lens.get<int32_t>();
+  const KvCacheView view = d.cache_view(f);
+  const BlockTableView table = d.table_view(f);
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
@@ -449,12 +450,8 @@ TEST_CASE("CUDA decode refuses to grow the library workspace during graph captur
   AttentionFixture f = testing::make_fixture(c);
   DeviceFixture d(f);
   DeviceBuffer out(f.q.size());
-  KvCacheView view = f.view();
-  view.k = d.k.get();
-  view.v = d.v.get();
-  BlockTableView table = f.table_view();
-  table.block_table = d.table.get<int32_t>();
-  table.context_lens = d.lens.get<int32_t>();
+  const KvCacheView view = d.cache_view(f);
+  const BlockTableView table = d.table_view(f);
   const DecodeArgs args{.q = d.q.get(),
                         .out = out.get(),
                         .dtype = c.q_dtype,
