@@ -1,7 +1,8 @@
 // File: pagedkv/kv_cache_manager.h
 //
 // KvCacheManager: the per-sequence view of the KV cache that a serving engine's scheduler
-// drives. It owns a device BlockPool (and an optional host pool for swapped sequences) and,
+// drives. It owns a device BlockPool (and an optional host pool for swapped sequences and
+// the host tier of the prefix cache) and,
 // per sequence, a block table, the token ids (for prefix hashing), the number of tokens
 // whose KV is computed, a priority and an arrival order. It hands the engine slot
 // mappings, copy-on-write copies, swap copies and batched block tables; it never touches
@@ -68,10 +69,34 @@ enum class SequenceState {
   kSwapped,  // holds host blocks only
 };
 
-// Copies the engine runs for swapping, in this order, before the step's kernels.
+// The step's copies between device and host blocks. Run them before the step's kernels in
+// this order: swap_out and demote (they read device blocks the step may refill), then the
+// copy-on-write copies (take_pending_copies()), then swap_in and promote. Copies within
+// one list may run concurrently; a promotion may read a host block a demotion of the same
+// step wrote, never one it will write.
 struct SwapOps {
-  std::vector<BlockCopy> swap_out;  // device src -> host dst
-  std::vector<BlockCopy> swap_in;   // host src -> device dst
+  std::vector<BlockCopy> swap_out;  // device src -> host dst: a preempted sequence's K/V
+  std::vector<BlockCopy> swap_in;   // host src -> device dst: a swapped sequence resumes
+  std::vector<BlockCopy> demote;    // device src -> host dst: an evicted cached block
+  std::vector<BlockCopy> promote;   // host src -> device dst: a prefix hit in the host tier
+};
+
+// Retention: how long cached blocks outlive others. A block's priority orders eviction:
+// free cached blocks of the lowest priority are evicted first, least recently used first
+// within a priority. With a duration, the priority holds for that many milliseconds of
+// the manager's clock after the block is freed; then the block returns to the default
+// priority at the place its last use gives it in that priority's LRU order. Priorities
+// follow TensorRT-LLM's KV cache retention config: [0, 100], default 35.
+inline constexpr int32_t kMinRetentionPriority = 0;
+inline constexpr int32_t kMaxRetentionPriority = 100;
+inline constexpr int32_t kDefaultRetentionPriority = 35;
+
+// The retention of the blocks whose first token lies in [begin, end) of a sequence.
+struct RetentionRange {
+  int32_t begin = 0;
+  int32_t end = INT32_MAX;
+  int32_t priority = kDefaultRetentionPriority;
+  int64_t duration_ms = 0;  // 0: no expiry
 };
 
 // What a victim policy sees of each candidate.
@@ -122,6 +147,13 @@ struct SequenceView {
 struct SequenceOptions {
   int32_t priority = 0;                   // larger runs first; the lowest is preempted first
   std::vector<uint64_t> extra_keys = {};  // hashed into every block: cache salt, adapter id
+  // Retention of the sequence's blocks once freed; a later range overrides an earlier one
+  // where they overlap; blocks outside every range keep the default priority. A block
+  // shared by several sequences keeps the highest priority (and the longest duration of
+  // it) that its holders gave it since it was last taken from the free queue. E.g. a
+  // system prompt of 512 tokens kept resident for ten minutes:
+  //   {.retention = {{.begin = 0, .end = 512, .priority = 90, .duration_ms = 600'000}}}
+  std::vector<RetentionRange> retention = {};
 };
 
 class KvCacheManager {
@@ -129,7 +161,14 @@ class KvCacheManager {
   struct Options {
     int32_t num_blocks = 0;           // device blocks, > 0
     int32_t block_size = 16;          // tokens per block, > 0
-    int32_t num_host_blocks = 0;      // host blocks for swapping; 0 disables swap
+    // Host blocks, shared by swapped sequences and the host tier: swap first, the tier
+    // caches in the rest (see kv_storage.h). 0 disables both.
+    int32_t num_host_blocks = 0;
+    // Host tier of the prefix cache: a cached device block that eviction takes is demoted
+    // to a host block (SwapOps::demote) instead of being lost; match_prefix() continues
+    // from device hits into host hits and promotes them (SwapOps::promote). Needs prefix
+    // caching and num_host_blocks > 0.
+    bool enable_host_cache = false;
     int32_t max_model_len = 1 << 20;  // most tokens one sequence may hold
     int32_t watermark_blocks = 0;     // blocks an admission leaves free while others run
     bool enable_prefix_caching = true;
@@ -138,6 +177,9 @@ class KvCacheManager {
     KvEventSink* event_sink = nullptr;                            // optional, not owned
     PreemptionHooks* preemption_hooks = nullptr;                  // optional, not owned
     VictimPolicy victim_policy = nullptr;                         // empty: the default policy
+    // Milliseconds for retention durations; empty: std::chrono::steady_clock. Called only
+    // while a block with a retention duration is free.
+    std::function<int64_t()> clock = nullptr;
   };
 
   struct Stats {
@@ -156,12 +198,19 @@ class KvCacheManager {
     int64_t blocks_swapped_out = 0;
     int64_t blocks_swapped_in = 0;
     int64_t claims_released = 0;  // claimed prefixes given back (release_claim, or to preempt)
+    // Host tier.
+    int32_t cached_host_blocks = 0;  // host blocks holding a cached block's K/V
+    int64_t host_hit_tokens = 0;     // of prefix_hit_tokens, found in the host tier
+    int64_t blocks_demoted = 0;
+    int64_t blocks_promoted = 0;
+    int64_t host_evictions = 0;      // host-tier blocks dropped to reuse their host block
   };
 
   // Returns InvalidArgument for num_blocks or block_size outside BlockPool's limits
   // ([1, BlockPool::kMaxBlocks], [1, BlockPool::kMaxBlockSize], at most
-  // BlockPool::kMaxTokenSlots slots), a negative num_host_blocks or watermark, or a
-  // watermark that leaves no block to allocate; ResourceExhausted when the host memory
+  // BlockPool::kMaxTokenSlots slots), a negative num_host_blocks or watermark, a
+  // watermark that leaves no block to allocate, or enable_host_cache without prefix
+  // caching or host blocks; ResourceExhausted when the host memory
   // for the bookkeeping cannot be allocated.
   [[nodiscard]] static absl::StatusOr<KvCacheManager> create(Options options);
 
@@ -173,7 +222,9 @@ class KvCacheManager {
   //
   // Registers a waiting sequence holding `prompt` (at least one token). No blocks yet.
   // Errors: AlreadyExists (id in use); InvalidArgument (empty prompt, longer than
-  // max_model_len, or needing more blocks than the pool has).
+  // max_model_len, needing more blocks than the pool has, or a retention range with
+  // begin < 0, end < begin, a priority outside [kMinRetentionPriority,
+  // kMaxRetentionPriority] or a negative duration).
   [[nodiscard]] absl::Status add_sequence(SeqId seq, std::span<const TokenId> prompt,
                                           SequenceOptions options = {});
 
@@ -189,6 +240,10 @@ class KvCacheManager {
   // returns its length in tokens; those tokens count as computed. Never the whole token
   // list: at most len - 1 tokens, since the last token's logits must be computed.
   // Returns 0 with prefix caching off. Counts prefix query and hit tokens.
+  // With the host tier, the prefix continues past the device hits into host hits, as far
+  // as free device blocks allow (leaving watermark_blocks free while others run): each is
+  // promoted into a new device block (a SwapOps::promote copy, so the sequence counts as
+  // scheduled in this step) and leaves the host tier.
   // Errors: NotFound; FailedPrecondition unless the sequence is waiting.
   [[nodiscard]] absl::StatusOr<int32_t> match_prefix(SeqId seq);
 
@@ -273,14 +328,16 @@ class KvCacheManager {
 
   // KvCacheManager::take_pending_copies() / take_pending_swaps()
   //
-  // The copies recorded since the last call: copy-on-write copies, and swap-out / swap-in
-  // copies. Run them every step, before the step's K/V writes, in this order: swap_out,
-  // copies, swap_in. Copies within one list may run concurrently.
+  // The copies recorded since the last call: copy-on-write copies, and the swap and host
+  // tier copies. Run them every step, before the step's K/V writes, in this order:
+  // swap_out and demote, copies, swap_in and promote. Copies within one list may run
+  // concurrently.
   // Taking the ops ends the step's scheduling: sequences scheduled before it count as
   // computed from then on (they may be preempted or forked again).
   // NOTE: a block released while a pending copy still names it (a copy-on-write source
-  // whose sibling finished, a host block a swap-in reads) is held back until the engine has
-  // taken the ops. Call both every step, or blocks stay held.
+  // whose sibling finished, a host block a swap-in or promotion reads or a demotion fills)
+  // is held back until the engine has taken the ops. Call both every step, or blocks stay
+  // held.
   std::vector<BlockCopy> take_pending_copies();
   SwapOps take_pending_swaps();
 
@@ -308,7 +365,8 @@ class KvCacheManager {
 
   // KvCacheManager::reset_prefix_cache()
   //
-  // A flush: empties the prefix index (see BlockPool::reset_prefix_cache()), and no K/V
+  // A flush: empties the prefix index of both tiers (see BlockPool::reset_prefix_cache()),
+  // and no K/V
   // computed before it is ever shared after it. Sequences that hold computed tokens keep
   // running on their blocks, but none of their blocks is indexed again, including blocks
   // they fill later, swap back in or pass to forks, until they are recomputed from

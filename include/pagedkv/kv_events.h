@@ -1,9 +1,12 @@
 // File: pagedkv/kv_events.h
 //
 // KV cache events, so that a KV-aware router can follow what each engine holds:
-//   BlockStored       full blocks entered the prefix index,
-//   BlockRemoved      cached blocks were evicted,
-//   AllBlocksCleared  the prefix index was emptied (reset_prefix_cache()).
+//   BlockStored       full blocks entered the prefix index of a medium,
+//   BlockRemoved      cached blocks left it (evicted, or moved to the other medium),
+//   AllBlocksCleared  the prefix index was emptied in every medium (reset_prefix_cache()).
+// The medium says which tier holds the blocks, as vLLM's "medium" field does: device
+// memory, or the host tier (an evicted device block demoted to host memory: BlockRemoved
+// on the device, BlockStored on the host; promoted back: the reverse).
 // The pool calls the sink synchronously from the scheduler thread; a sink must not call
 // back into the manager.
 //
@@ -25,16 +28,21 @@
 
 namespace pagedkv {
 
+// Where cached blocks live: device memory ("GPU" on the wire) or the host tier ("CPU").
+enum class Medium : uint8_t { kDevice, kHost };
+
 struct BlockStored {
   std::vector<BlockHash> block_hashes;   // in table order
   std::optional<BlockHash> parent_hash;  // hash of the block before the first, if any
   std::vector<TokenId> token_ids;        // block_size tokens per stored block
   int32_t block_size = 0;                // tokens per block
   std::vector<uint64_t> extra_keys;      // the sequence's extra keys (salt, adapter, ...)
+  Medium medium = Medium::kDevice;
 };
 
 struct BlockRemoved {
   std::vector<BlockHash> block_hashes;
+  Medium medium = Medium::kDevice;
 };
 
 struct AllBlocksCleared {};
