@@ -194,11 +194,13 @@ void bind_values(nb::module_& m) {
       .def_rw("priority", &RetentionRange::priority,
               "in [MIN_RETENTION_PRIORITY, MAX_RETENTION_PRIORITY]")
       .def_rw("duration_ms", &RetentionRange::duration_ms, "0: no expiry")
-      .def("__eq__",
-           [](const RetentionRange& a, const RetentionRange& b) {
-             return a.begin == b.begin && a.end == b.end && a.priority == b.priority &&
-                    a.duration_ms == b.duration_ms;
-           })
+      .def(
+          "__eq__",
+          [](const RetentionRange& a, const RetentionRange& b) {
+            return a.begin == b.begin && a.end == b.end && a.priority == b.priority &&
+                   a.duration_ms == b.duration_ms;
+          },
+          nb::is_operator())
       .def("__repr__", [](const RetentionRange& r) {
         return "RetentionRange(begin=" + std::to_string(r.begin) +
                ", end=" + std::to_string(r.end) + ", priority=" + std::to_string(r.priority) +

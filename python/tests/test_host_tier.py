@@ -208,6 +208,7 @@ def test_retention_range_defaults_and_constants():
     assert pk.RetentionRange(end=512, priority=90) == pk.RetentionRange(
         begin=0, end=512, priority=90, duration_ms=0)
     assert pk.RetentionRange(priority=90) != pk.RetentionRange(priority=91)
+    assert pk.RetentionRange() != (0, 2**31 - 1, 35, 0)  # only a RetentionRange is equal
     assert repr(pk.RetentionRange(end=4, priority=90, duration_ms=7)) == \
         "RetentionRange(begin=0, end=4, priority=90, duration_ms=7)"
 
