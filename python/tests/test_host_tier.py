@@ -213,45 +213,46 @@ def test_retention_range_defaults_and_constants():
         "RetentionRange(begin=0, end=4, priority=90, duration_ms=7)"
 
 
-def retention_scenario(clock=None, duration_ms=0, now=None):
-    """A system prompt's block A0 kept at priority 90, then two other prompts: the device
-    queue ends [1, 2 | 0], A0 after the default priority's list although it is the least
-    recently used. Returns the manager and whether A0 survives a two-block allocation."""
+def retention_scenario(priority, duration_ms=0, clock=None, before_eviction=None):
+    """A system prompt's block A0 kept at `priority`, then two other prompts; with priority
+    90 the device queue ends [1, 2 | 0]: A0 after the default priority's list although it
+    is the least recently used. Returns the manager and whether A0 survives a two-block
+    allocation."""
     m = pk.KvCacheManager(num_blocks=3, block_size=BLOCK_SIZE, clock=clock)
-    retention = [pk.RetentionRange(begin=0, end=4, priority=90, duration_ms=duration_ms)]
+    retention = [pk.RetentionRange(begin=0, end=4, priority=priority, duration_ms=duration_ms)]
     prefill(m, 1, tokens(5, 100), retention=retention)  # blocks 0 (A0, full) and 1
     m.free(1)
     prefill(m, 2, tokens(4, 200))  # block 1
     m.free(2)
     prefill(m, 3, tokens(4, 300))  # block 2
     m.free(3)
-    if now is not None:
-        now[0] = now[1]
+    if before_eviction is not None:
+        before_eviction()
     prefill(m, 4, tokens(8, 400))  # two blocks: evicts the first two of the queue
     m.add_sequence(5, tokens(4, 100) + [7])
     return m, m.match_prefix(5) == 4
 
 
 def test_a_higher_retention_priority_outlives_lru_order():
-    m, kept = retention_scenario()
+    m, kept = retention_scenario(priority=90)
     assert kept and m.stats().evictions == 2
     m.check_invariants()
-    # Without the retention range A0 is the least recently used, evicted first.
-    m = pk.KvCacheManager(num_blocks=3, block_size=BLOCK_SIZE)
-    for seq, prompt in ((1, tokens(5, 100)), (2, tokens(4, 200)), (3, tokens(4, 300))):
-        prefill(m, seq, prompt)
-        m.free(seq)
-    prefill(m, 4, tokens(8, 400))
-    m.add_sequence(5, tokens(4, 100) + [7])
-    assert m.match_prefix(5) == 0
+    # At the default priority A0 is the least recently used, evicted first.
+    _, kept = retention_scenario(priority=pk.DEFAULT_RETENTION_PRIORITY)
+    assert not kept
 
 
 @pytest.mark.parametrize("later, kept", [(9, True), (10, False)])
 def test_a_retention_duration_expires_on_the_managers_clock(later, kept):
     # A0 is freed at time 0 with 10 ms of priority 90; at 10 ms it returns to its LRU place,
     # the head of the queue.
-    now = [0, later]
-    m, survived = retention_scenario(clock=lambda: now[0], duration_ms=10, now=now)
+    now = [0]
+
+    def advance():
+        now[0] = later
+
+    m, survived = retention_scenario(priority=90, duration_ms=10, clock=lambda: now[0],
+                                     before_eviction=advance)
     assert survived == kept
     m.check_invariants()
 
