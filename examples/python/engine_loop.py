@@ -10,7 +10,8 @@ prompt, through the allocator, KvStorage and the kernels:
   - parallel sampling with fork() and copy-on-write,
   - with --host-blocks N, the prefix cache's host tier: cached blocks that eviction takes
     are demoted to host memory and promoted back on a later hit (the step's copies run in
-    the documented order: swap-out and demote, copy-on-write, swap-in and promote).
+    the documented order: swap-out, demote and exchange, copy-on-write, swap-in and
+    promote).
 On CPU it uses NumPy and the reference kernels; with --device cuda (or auto, when PyTorch
 and a GPU are present) the same loop runs on PyTorch CUDA tensors.
 
@@ -179,6 +180,7 @@ class Engine:
         copies = self.manager.take_pending_copies()
         self.storage.swap_out(swaps.swap_out)
         self.storage.demote(swaps.demote)
+        self.storage.exchange(swaps.exchange)
         self.storage.copy_blocks(copies)
         self.storage.swap_in(swaps.swap_in)
         self.storage.promote(swaps.promote)

@@ -188,6 +188,8 @@ void bind_kv_storage(nb::module_& m) {
   bind_copy(cls, "promote", &KvStorage::promote,
             "Host tier: host-pool src -> main-pool dst copies of whole blocks (num_tokens must "
             "be block_size).");
+  bind_copy(cls, "exchange", &KvStorage::exchange,
+            "Host tier: swaps main-pool block src and host-pool block dst, whole blocks.");
   cls.def(
       "synchronize", [](PyKvStorage& self) { raise_if_error(self.storage.synchronize()); },
       "Waits for the storage's queued CUDA work (no-op on CPU).");

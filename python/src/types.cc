@@ -169,12 +169,15 @@ void bind_values(nb::module_& m) {
       });
 
   nb::class_<SwapOps>(m, "SwapOps",
-                      "The step's copies between device and host blocks. Run swap_out and demote,\n"
-                      "then the copy-on-write copies, then swap_in and promote.")
+                      "The step's copies between device and host blocks. Run swap_out, demote and\n"
+                      "exchange, then the copy-on-write copies, then swap_in and promote.")
       .def_ro("swap_out", &SwapOps::swap_out, "device src -> host dst: a preempted sequence")
       .def_ro("swap_in", &SwapOps::swap_in, "host src -> device dst: a swapped sequence resumes")
       .def_ro("demote", &SwapOps::demote, "device src -> host dst: an evicted cached block")
-      .def_ro("promote", &SwapOps::promote, "host src -> device dst: a host-tier prefix hit");
+      .def_ro("promote", &SwapOps::promote, "host src -> device dst: a host-tier prefix hit")
+      .def_ro("exchange", &SwapOps::exchange,
+              "device src <-> host dst: a host-tier hit trades places with the evicted cached "
+              "block of its new device block");
 
   nb::class_<RetentionRange>(m, "RetentionRange",
                              "The retention of the blocks of a sequence whose first token lies in\n"

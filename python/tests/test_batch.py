@@ -71,7 +71,7 @@ def snapshot(m):
     swaps = m.take_pending_swaps()
     return (running, t.block_table.tolist(), t.context_lens.tolist(), t.indices.tolist(),
             m.stats()._asdict(), seqs, m.take_pending_copies(),
-            (swaps.swap_out, swaps.demote, swaps.swap_in, swaps.promote))
+            (swaps.swap_out, swaps.demote, swaps.swap_in, swaps.promote, swaps.exchange))
 
 
 @pytest.mark.parametrize("host_cache", [False, True])

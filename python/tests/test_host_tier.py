@@ -95,24 +95,25 @@ def test_a_host_hit_is_promoted_with_a_copy_and_counts_as_a_hit():
     events.take()
 
     # A + one token: no device hit; A0 in host 1, A1 in host 0. The two device blocks for the
-    # copies, 0 and 1, evict B2 and B1; the host tier has no free block (both are being
-    # promoted), so those are dropped, not demoted.
+    # copies, 0 and 1, held B2 and B1: each trades places with the host block promoted into
+    # it (an exchange), so B2 goes to host 1 and B1 to host 0.
     m.add_sequence(3, a + [999])
     assert m.match_prefix(3) == 8
     assert table(m, 3) == [0, 1]
     s = m.stats()
     assert (s.prefix_hit_tokens, s.host_hit_tokens, s.blocks_promoted, s.blocks_demoted,
-            s.cached_host_blocks) == (8, 8, 2, 2, 0)
+            s.cached_host_blocks, s.host_evictions) == (8, 8, 2, 4, 2, 0)
     D, H = pk.Medium.DEVICE, pk.Medium.HOST
     assert describe(events.take()) == [
         ("BlockRemoved", [hb[2]], D), ("BlockRemoved", [hb[1]], D),
-        ("BlockRemoved", [ha[0]], H), ("BlockRemoved", [ha[1]], H),
+        ("BlockRemoved", [ha[0]], H), ("BlockStored", [hb[2]], H),
+        ("BlockRemoved", [ha[1]], H), ("BlockStored", [hb[1]], H),
         ("BlockStored", [ha[0], ha[1]], D)]  # one event for the run
 
-    assert m.allocate_slots(3, 1).tolist() == [8]  # block 2, evicting B0
+    assert m.allocate_slots(3, 1).tolist() == [8]  # block 2; B0 dropped (no free host block)
     swaps = m.take_pending_swaps()
-    assert copies(swaps.promote) == [(1, 0, BLOCK_SIZE), (0, 1, BLOCK_SIZE)]
-    assert swaps.demote == []
+    assert copies(swaps.exchange) == [(0, 1, BLOCK_SIZE), (1, 0, BLOCK_SIZE)]
+    assert swaps.promote == [] and swaps.demote == []
     m.take_pending_copies()
     m.check_invariants()
 
@@ -147,6 +148,7 @@ def test_storage_runs_the_step_copies_in_order_and_a_promotion_restores_the_kv()
         swaps = m.take_pending_swaps()
         storage.swap_out(swaps.swap_out)
         storage.demote(swaps.demote)
+        storage.exchange(swaps.exchange)
         storage.copy_blocks(m.take_pending_copies())
         storage.swap_in(swaps.swap_in)
         storage.promote(swaps.promote)
