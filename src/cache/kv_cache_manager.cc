@@ -294,8 +294,8 @@ void KvCacheManager::promote_host_hits(Sequence& seq, int32_t max_blocks) {
     if (next_evicted < evicted.size() && evicted[next_evicted].block == d) {
       e = &evicted[next_evicted++];
     }
-    if (e != nullptr && !refresh_host_copy(*e) &&
-        host_pool_.cache_copy_unchecked(h, device_pool_, *e)) {
+    if (e != nullptr && !refresh_host_copy(*e)) {
+      host_pool_.cache_copy_unchecked(h, device_pool_, *e);
       host_pool_.set_retention_unchecked(h, e->priority, e->duration_ms);
       record_copy(pending_swaps_.exchange, {d, h, bs}, &device_pending_, &host_pending_);
       ++counters_.blocks_demoted;
@@ -337,10 +337,7 @@ void KvCacheManager::demote_evicted() {
     if (refresh_host_copy(e) || host_pool_.num_free_blocks() == 0) continue;
     BlockId h = kNoBlock;
     host_pool_.allocate_unchecked({&h, 1});
-    if (!host_pool_.cache_copy_unchecked(h, device_pool_, e)) {
-      release_host_block(h);
-      continue;
-    }
+    host_pool_.cache_copy_unchecked(h, device_pool_, e);
     host_pool_.set_retention_unchecked(h, e.priority, e.duration_ms);
     record_copy(pending_swaps_.demote, {e.block, h, options_.block_size}, nullptr, &host_pending_);
     release_host_block(h);
