@@ -13,8 +13,8 @@
 //     computed, plus the time to promote the step's host-tier hits (the KV bytes of the
 //     blocks the allocator promoted, over host_link_bytes_per_s; demotions are taken to
 //     overlap them on the link's other direction), then every scheduled sequence
-//     generates one token. A request
-//     completes after output_length tokens (all of its samples / beams).
+//     generates one token. A request completes after output_length tokens (all of its
+//     samples / beams).
 //   - Parallel samples fork after the prompt's prefill; beam requests keep beam_width
 //     beams and every beam_interval tokens drop their last beam and fork their first.
 // It measures KV utilization, concurrency, throughput, preemptions, prefix hits,

@@ -269,7 +269,10 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     // room last time. Only the queue head retries; any other holder (the head changed
     // because a preempted sequence was queued in front) gives its blocks back, or waiting
     // sequences could pin the pool.
-    int32_t promoted_before = 0;  // host tokens this sequence's earlier claim promoted
+    // Host tokens this sequence's earlier claim promoted: found on the device now, but
+    // host hits of this admission. (A claim that allocate_slots_or_preempt() released
+    // loses this; its blocks count as device hits if they are still there.)
+    int32_t promoted_before = 0;
     if (!matched_.empty()) {
       if (auto it = matched_.find(seq); it != matched_.end()) {
         promoted_before = it->second.host_tokens;
