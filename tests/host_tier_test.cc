@@ -255,7 +255,7 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     require_valid(m);
   }
 
-  SECTION("an exchange may read a host block demoted in the same step (demote runs first)") {
+  SECTION("a promotion may read a host block demoted in the same step (demote runs first)") {
     KvCacheManager m = make_tiered(/*device_blocks=*/3, /*host_blocks=*/2, &events);
     prefill(m, 1, iota_tokens(4, 100));  // block 0: A0
     REQUIRE(m.free(1).ok());
@@ -266,13 +266,44 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     std::vector<TokenId> a5 = iota_tokens(4, 100);
     a5.push_back(999);
     admit(m, 3, a5);
-    // A0 promoted from host 0 into block 1, which held C0: they trade places.
+    // A0 is promoted from host 0 into block 1. Host 0 is written by this step's demotion,
+    // so it is not exchanged: C0, evicted from block 1, is demoted into host 1.
     REQUIRE(*m.match_prefix(3) == 4);
-    CHECK(host_hash(m, 0) == chain(iota_tokens(4, 300))[0]);
+    CHECK(host_hash(m, 0) == std::nullopt);
+    CHECK(host_hash(m, 1) == chain(iota_tokens(4, 300))[0]);
     const SwapOps swaps = m.take_pending_swaps();
-    CHECK(swaps.demote == Ops{{0, 0, kBlockSize}});
-    CHECK(swaps.exchange == Ops{{1, 0, kBlockSize}});
-    CHECK(swaps.promote.empty());
+    CHECK(swaps.demote == Ops{{0, 0, kBlockSize}, {1, 1, kBlockSize}});
+    CHECK(swaps.promote == Ops{{0, 1, kBlockSize}});
+    CHECK(swaps.exchange.empty());
+    m.take_pending_copies();
+    require_valid(m);
+  }
+
+  SECTION("a host block an exchange writes is not exchanged again in the same step") {
+    // Block size 1: a token is a block.
+    KvCacheManager m = make_manager(
+        {.num_blocks = 4, .block_size = 1, .num_host_blocks = 4, .enable_host_cache = true});
+    prefill(m, 1, {10, 11});  // blocks 0 (10) and 1 (11)
+    prefill(m, 2, {30});      // block 2 (30)
+    REQUIRE(m.free(1).ok());
+    REQUIRE(m.free(2).ok());      // cached [11, 10, 30] behind the clean block 3
+    prefill(m, 3, {20, 21, 22});  // 3, then evicts 11 and 10: hosts 0 and 1
+    REQUIRE(m.free(3).ok());      // cached [30, 22, 21, 20]
+    admit(m, 4, {10, 12});
+    REQUIRE(*m.match_prefix(4) == 1);  // 10 from host 1 into block 2, whose 30 takes host 1
+    allocate(m, 4, 1);                 // block 0, evicting 22: demoted into host 2
+    admit(m, 5, {30, 33});
+    // 30 is in host 1, which this step's exchange writes: promoted into block 1 after the
+    // exchanges, and 21, evicted from block 1, demoted into host 3.
+    REQUIRE(*m.match_prefix(5) == 1);
+    allocate(m, 5, 1);  // block 3, evicting 20: into host 0, evicting 11 from the tier
+    CHECK(table(m, 4) == Blocks{2, 0});
+    CHECK(table(m, 5) == Blocks{1, 3});
+    CHECK(m.stats().host_evictions == 1);
+    const SwapOps swaps = m.take_pending_swaps();
+    CHECK(swaps.demote == Ops{{0, 2, 1}, {1, 3, 1}, {3, 0, 1}});
+    CHECK(swaps.exchange == Ops{{2, 1, 1}});
+    CHECK(swaps.promote == Ops{{1, 1, 1}});
     m.take_pending_copies();
     require_valid(m);
   }

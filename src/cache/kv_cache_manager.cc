@@ -281,9 +281,11 @@ void KvCacheManager::promote_host_hits(Sequence& seq, int32_t max_blocks) {
   seq.blocks.resize(first + count);
   const std::span<BlockId> promoted = std::span(seq.blocks).subspan(first);
   device_pool_.allocate_unchecked(promoted);
-  // The evicted blocks, in allocation order: a subsequence of `promoted`.
-  const std::vector<BlockPool::EvictedBlock>& evicted = device_pool_.evicted_;
+  // The evicted blocks, in allocation order: a subsequence of `promoted`. Those not
+  // exchanged are kept at the front of the list and demoted after the loop.
+  std::vector<BlockPool::EvictedBlock>& evicted = device_pool_.evicted_;
   size_t next_evicted = 0;
+  size_t kept = 0;
   for (int32_t j = 0; j < count; ++j) {
     const BlockId h = scratch_host_[j];
     const BlockId d = promoted[j];
@@ -294,17 +296,23 @@ void KvCacheManager::promote_host_hits(Sequence& seq, int32_t max_blocks) {
     if (next_evicted < evicted.size() && evicted[next_evicted].block == d) {
       e = &evicted[next_evicted++];
     }
-    if (e != nullptr && !refresh_host_copy(*e)) {
+    // One batch of exchanges may run concurrently: a host block a pending copy of this step
+    // writes (a demotion or exchange put this hit there) is promoted after that batch
+    // instead, and the evicted block demoted into another host block.
+    const bool written_this_step = host_pending_[h] > 0;
+    if (e != nullptr && !written_this_step && !refresh_host_copy(*e)) {
       host_pool_.cache_copy_unchecked(h, device_pool_, *e);
       host_pool_.set_retention_unchecked(h, e->priority, e->duration_ms);
       record_copy(pending_swaps_.exchange, {d, h, bs}, &device_pending_, &host_pending_);
       ++counters_.blocks_demoted;
     } else {
+      if (e != nullptr && written_this_step) evicted[kept++] = *e;
       record_copy(pending_swaps_.promote, {h, d, bs}, &host_pending_, &device_pending_);
     }
     release_host_block(h);
   }
-  device_pool_.evicted_.clear();
+  evicted.resize(kept);
+  demote_evicted();
   device_pool_.cache_full_blocks_unchecked(
       promoted, std::span<const BlockHash>(seq.block_hashes).subspan(first, count),
       first == 0 ? kNoBlock : seq.blocks[first - 1],

@@ -476,6 +476,7 @@ class ManagerOpRunner {
            ops_string(model_swaps.promote), " exchange ", ops_string(model_swaps.exchange));
       return;
     }
+    if (!valid_batches(copies, swaps)) return;
     auto copy = [&](std::vector<uint64_t>& from, std::vector<uint64_t>& to, const BlockCopy& op) {
       for (int32_t i = 0; i < op.num_tokens; ++i) {
         to[static_cast<size_t>(op.dst) * bs_ + i] = from[static_cast<size_t>(op.src) * bs_ + i];
@@ -497,6 +498,39 @@ class ManagerOpRunner {
     ++now_ms_;  // time passes between steps: retention durations expire
     check_all();
     check_contents();
+  }
+
+  // Each list is one batch whose ops may run concurrently (KvStorage refuses one that
+  // breaks these): no block written twice, and no block a copy-on-write reads is written.
+  bool valid_batches(const std::vector<BlockCopy>& copies, const SwapOps& swaps) {
+    auto unique = [](const std::vector<BlockCopy>& ops, auto side) {
+      std::vector<BlockId> ids;
+      for (const BlockCopy& op : ops) ids.push_back(op.*side);
+      std::sort(ids.begin(), ids.end());
+      return std::adjacent_find(ids.begin(), ids.end()) == ids.end();
+    };
+    const std::pair<const char*, const std::vector<BlockCopy>*> lists[] = {
+        {"copies", &copies},       {"swap_out", &swaps.swap_out}, {"swap_in", &swaps.swap_in},
+        {"demote", &swaps.demote}, {"promote", &swaps.promote},   {"exchange", &swaps.exchange}};
+    for (const auto& [name, ops] : lists) {
+      if (!unique(*ops, &BlockCopy::dst)) {
+        fail("step: the ", name, " batch writes a block twice: ", ops_string(*ops));
+        return false;
+      }
+    }
+    if (!unique(swaps.exchange, &BlockCopy::src)) {
+      fail("step: the exchange batch names a device block twice: ", ops_string(swaps.exchange));
+      return false;
+    }
+    for (const BlockCopy& op : copies) {
+      for (const BlockCopy& other : copies) {
+        if (op.src == other.dst) {
+          fail("step: copy-on-write reads block ", op.src, ", which the batch writes");
+          return false;
+        }
+      }
+    }
+    return true;
   }
 
   static std::string ops_string(const std::vector<BlockCopy>& ops) {

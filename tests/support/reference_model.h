@@ -696,15 +696,20 @@ class ReferenceModel {
       if (next_evicted < evicted.size() && evicted[next_evicted].block == d) {
         e = &evicted[next_evicted++];
       }
-      if (e != nullptr && !refresh_host_copy(*e)) {
+      // A host block a pending demotion or exchange writes is promoted after that batch,
+      // and the evicted block demoted into another host block.
+      const bool written_this_step = host_pending(h);
+      if (e != nullptr && !written_this_step && !refresh_host_copy(*e)) {
         cache_host_copy(h, *e);
         pending_swaps_.exchange.push_back({d, h, bs});
         ++counters_.blocks_demoted;
       } else {
+        if (e != nullptr && written_this_step) evicted_.push_back(*e);
         pending_swaps_.promote.push_back({h, d, bs});
       }
       release_host_block(h);
     }
+    demote_evicted();
     s.table.insert(s.table.end(), fresh.begin(), fresh.end());
     s.offered = first;
     s.computed = static_cast<int32_t>(s.table.size()) * bs;
