@@ -33,11 +33,11 @@
 //   absl::StatusOr<KvStorage> storage = KvStorage::create_for_budget(
 //       spec, *budget, {.device = default_device(), .num_host_blocks = 1024});
 //   KvCacheView layer0 = storage->view(0);            // for write_kv / attention
-//   PAGEDKV_RETURN_IF_ERROR(storage->copy_blocks(manager.take_pending_copies()));
-//   SwapOps swaps = manager.take_pending_swaps();
+//   SwapOps swaps = manager.take_pending_swaps();         // every step, in this order:
 //   PAGEDKV_RETURN_IF_ERROR(storage->swap_out(swaps.swap_out));
 //   PAGEDKV_RETURN_IF_ERROR(storage->demote(swaps.demote));
 //   PAGEDKV_RETURN_IF_ERROR(storage->exchange(swaps.exchange));
+//   PAGEDKV_RETURN_IF_ERROR(storage->copy_blocks(manager.take_pending_copies()));
 //   PAGEDKV_RETURN_IF_ERROR(storage->swap_in(swaps.swap_in));
 //   PAGEDKV_RETURN_IF_ERROR(storage->promote(swaps.promote));
 //
