@@ -26,8 +26,10 @@ class KvEventFeed {
   virtual int64_t next_seq() const = 0;
 };
 
-// Writes the hash of every cached device block (one line of 32 hex digits, as the events
-// send it: hi then lo) to `path`, for comparison with a router's index. False on I/O error.
+// Writes the prefix index of both tiers to `path`, for comparison with a router's index:
+// one line "HASH MEDIUM" per cached block, HASH in 32 hex digits as the events send it (hi
+// then lo), MEDIUM as the events name it ("GPU": device pool, "CPU": host tier), sorted.
+// False on I/O error.
 bool write_prefix_index(const pagedkv::KvCacheManager& manager, const std::string& path);
 
 }  // namespace decode_loop
