@@ -35,7 +35,7 @@ rows=(
   "--kv-dtype fp16"
   "--kv-dtype fp8"
   "--kv-dtype fp8 --preemption swap"
-  "--kv-dtype bf16 --system-prompts 4 --kv-budget-mb 0.5 --host-cache-mb 2"
+  "--kv-dtype bf16 --system-prompts 4 --kv-budget-mb 0.75 --host-cache-mb 1"
 )
 
 failed=0
