@@ -69,17 +69,24 @@ Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs) {
     totals.stats.preemptions_swap += s.preemptions_swap;
     totals.stats.blocks_swapped_in += s.blocks_swapped_in;
     totals.stats.claims_released += s.claims_released;
+    totals.stats.blocks_demoted += s.blocks_demoted;
+    totals.stats.blocks_promoted += s.blocks_promoted;
+    totals.stats.host_evictions += s.host_evictions;
   }
   std::printf(
       "property test: %lld operations; prefix hit tokens %lld, evictions %lld, CoW copies %lld, "
-      "preemptions %lld recompute / %lld swap, blocks swapped in %lld, claims released %lld\n",
+      "preemptions %lld recompute / %lld swap, blocks swapped in %lld, claims released %lld, "
+      "host tier: %lld demoted, %lld promoted, %lld host evictions\n",
       static_cast<long long>(totals.ops), static_cast<long long>(totals.stats.prefix_hit_tokens),
       static_cast<long long>(totals.stats.evictions),
       static_cast<long long>(totals.stats.cow_copies),
       static_cast<long long>(totals.stats.preemptions_recompute),
       static_cast<long long>(totals.stats.preemptions_swap),
       static_cast<long long>(totals.stats.blocks_swapped_in),
-      static_cast<long long>(totals.stats.claims_released));
+      static_cast<long long>(totals.stats.claims_released),
+      static_cast<long long>(totals.stats.blocks_demoted),
+      static_cast<long long>(totals.stats.blocks_promoted),
+      static_cast<long long>(totals.stats.host_evictions));
   return totals;
 }
 
@@ -93,6 +100,9 @@ void require_reached_everything(const Totals& t) {
   CHECK(t.stats.preemptions_swap > 0);
   CHECK(t.stats.blocks_swapped_in > 0);
   CHECK(t.stats.claims_released > 0);
+  CHECK(t.stats.blocks_demoted > 0);
+  CHECK(t.stats.blocks_promoted > 0);
+  CHECK(t.stats.host_evictions > 0);
 }
 
 TEST_CASE("random operation sequences agree with the reference model and keep invariants",

@@ -7,6 +7,12 @@
 //     fires). Freed blocks without a hash go to the head (they can never hit, so they are
 //     reused first); cached blocks go to the tail, so the cached part is in LRU order. A
 //     prefix hit on a free block takes it out of the queue (touch).
+//   - Retention priorities (set_retention()): cached blocks of a lower priority are
+//     evicted before those of a higher one, LRU within a priority, in O(1). A priority
+//     with a duration expires that long (on the pool's clock) after the block is freed;
+//     the block then takes the default priority at the place its last use gives it.
+//     Expiries are applied when allocate() next runs. Without set_retention() every
+//     block has the default priority: plain LRU.
 //   - Hash index: BlockHash -> block. A hit is verified against the stored tokens, extra
 //     keys and parent block before it is returned, so a hash collision is never shared.
 //     An identical block computed twice is kept as a standby of the indexed one and takes
@@ -31,6 +37,7 @@
 #define PAGEDKV_BLOCK_POOL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -38,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "pagedkv/kv_events.h"
+#include "pagedkv/retention.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv {
@@ -59,6 +67,9 @@ class BlockPool {
     int32_t block_size = 16;            // tokens per block, in [1, kMaxBlockSize]
     bool enable_caching = true;         // false: cache_full_block() registers nothing
     KvEventSink* event_sink = nullptr;  // optional, not owned; must outlive the pool
+    Medium medium = Medium::kDevice;    // what the pool's events say it is
+    // Milliseconds for retention durations; empty: std::chrono::steady_clock.
+    std::function<int64_t()> clock = nullptr;
   };
 
   struct Stats {
@@ -161,6 +172,17 @@ class BlockPool {
   // its references. Errors: InvalidArgument for an id out of range.
   [[nodiscard]] absl::Status uncache(BlockId block);
 
+  // BlockPool::set_retention()
+  //
+  // Gives the in-use `block` retention `priority` (in [kMinRetentionPriority,
+  // kMaxRetentionPriority]) for `duration_ms` after it is freed (0: no expiry), unless it
+  // holds a higher priority already; of equal priorities the longer duration wins (0 is
+  // the longest). The priority applies while the block is cached in the free queue; it
+  // returns to kDefaultRetentionPriority whenever the block leaves the free queue.
+  // Errors: InvalidArgument for an id out of range, a priority outside the range or a
+  // negative duration; FailedPrecondition when `block` is free.
+  [[nodiscard]] absl::Status set_retention(BlockId block, int32_t priority, int64_t duration_ms);
+
   // BlockPool::reset_prefix_cache()
   //
   // Empties the hash index: cached free blocks become clean, in-use blocks stop being
@@ -177,6 +199,8 @@ class BlockPool {
   [[nodiscard]] absl::StatusOr<int32_t> ref_count(BlockId block) const;
   [[nodiscard]] absl::StatusOr<bool> is_cached(BlockId block) const;
   [[nodiscard]] absl::StatusOr<BlockHash> cached_hash(BlockId block) const;
+  // The retention priority the block's place in the free queue follows now.
+  [[nodiscard]] absl::StatusOr<int32_t> retention_priority(BlockId block) const;
   Stats stats() const;
 
   // Free queue from head (next allocated) to tail. O(num_free_blocks); for tests.
@@ -184,9 +208,10 @@ class BlockPool {
 
   // Checks, clause by clause, that every id is in exactly one of in use / free-clean /
   // free-cached, ref count 0 <=> in the free queue, the queue's links agree and it holds
-  // no more than num_blocks ids, every index entry points at a block holding that hash,
-  // and every standby sits in the chain of the indexed block of its hash. Returns
-  // Internal naming the first broken clause and its values.
+  // no more than num_blocks ids, cached free blocks sit in their retention priority's
+  // list in LRU order, every index entry points at a block holding that hash, and every
+  // standby sits in the chain of the indexed block of its hash. Returns Internal naming
+  // the first broken clause and its values.
   [[nodiscard]] absl::Status check_invariants() const;
 
  private:
@@ -196,10 +221,28 @@ class BlockPool {
 
   explicit BlockPool(const Options& options);
 
+  // A cached block that allocation evicted and whose hash left the index: the manager
+  // demotes it to the host tier. Its parent, tokens and extra keys stay readable in the
+  // index until the block is cached again.
+  struct EvictedBlock {
+    BlockId block = kNoBlock;
+    BlockHash hash;
+    uint64_t content_key = 0;
+    int32_t priority = kDefaultRetentionPriority;
+    int64_t duration_ms = 0;
+  };
+  struct Expiry {
+    int64_t time_ms = 0;
+    BlockId block = kNoBlock;
+    uint64_t stamp = 0;  // the block's free-queue stamp when it was freed
+    bool operator>(const Expiry& o) const { return time_ms > o.time_ms; }
+  };
+
   bool valid_id(BlockId block) const { return block >= 0 && block < num_blocks_; }
   absl::Status id_error(BlockId block, const char* caller) const;  // InvalidArgument
   void enqueue_freed(BlockId block, BlockId& last_clean);
   void undo_free(std::span<const BlockId> freed);
+  void allocate_unchecked(std::span<BlockId> out);
   void touch_unchecked(BlockId block);
   void free_unchecked(std::span<const BlockId> blocks_in_eviction_order);
   // free_unchecked() of one block, for callers that release blocks one by one as a single
@@ -216,7 +259,16 @@ class BlockPool {
                                       const BlockHash* parent_hash, std::span<const TokenId> tokens,
                                       std::span<const uint64_t> extra_keys);
   bool marks_stale(BlockId block, BlockId parent);
+  // Enters the in-use `block`, which receives a copy of the cached block `from` of
+  // `source` (the other tier), under from's hash, contents and content key. Returns
+  // whether it was indexed (false: the hash is taken).
+  bool cache_copy_unchecked(BlockId block, const BlockPool& source, const EvictedBlock& from);
   void uncache_unchecked(BlockId block);
+  void set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms);
+  void expire_retention();
+  int64_t now_ms() const;
+  void reset_prefix_cache(bool emit_event);
+  void emit(KvEvent event);
   int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
 
   // Invariants (checked by check_invariants()):
@@ -226,6 +278,8 @@ class BlockPool {
   int32_t block_size_ = 0;
   bool enable_caching_ = true;
   KvEventSink* event_sink_ = nullptr;
+  Medium medium_ = Medium::kDevice;
+  std::function<int64_t()> clock_;
   std::vector<int32_t> ref_count_;  // per block; written by allocate/touch/free
   // Per block: holds K/V from before the last reset_prefix_cache() (it was in use then, or
   // was cached after such a block); never indexed until reallocated.
@@ -233,6 +287,14 @@ class BlockPool {
   int32_t used_blocks_ = 0;         // blocks with ref count > 0
   int32_t cached_free_blocks_ = 0;  // blocks with ref count 0 holding a hash
   int64_t evictions_ = 0;
+  // Per block: its retention priority and duration (kDefaultRetentionPriority, 0 unless
+  // set_retention() raised them since it left the free queue).
+  std::vector<uint8_t> priority_;
+  std::vector<int64_t> duration_ms_;
+  std::vector<Expiry> expiries_;  // min-heap by time; entries of re-queued blocks are stale
+  // With a host tier (set by KvCacheManager), allocate() reports evicted blocks here.
+  bool log_evictions_ = false;
+  std::vector<EvictedBlock> evicted_;
   std::unique_ptr<internal::FreeQueue> free_queue_;
   std::unique_ptr<internal::HashIndex> hash_index_;
 };

@@ -51,6 +51,7 @@
 #include "pagedkv/block_pool.h"
 #include "pagedkv/block_table.h"
 #include "pagedkv/kv_events.h"
+#include "pagedkv/retention.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv {
@@ -79,24 +80,6 @@ struct SwapOps {
   std::vector<BlockCopy> swap_in;   // host src -> device dst: a swapped sequence resumes
   std::vector<BlockCopy> demote;    // device src -> host dst: an evicted cached block
   std::vector<BlockCopy> promote;   // host src -> device dst: a prefix hit in the host tier
-};
-
-// Retention: how long cached blocks outlive others. A block's priority orders eviction:
-// free cached blocks of the lowest priority are evicted first, least recently used first
-// within a priority. With a duration, the priority holds for that many milliseconds of
-// the manager's clock after the block is freed; then the block returns to the default
-// priority at the place its last use gives it in that priority's LRU order. Priorities
-// follow TensorRT-LLM's KV cache retention config: [0, 100], default 35.
-inline constexpr int32_t kMinRetentionPriority = 0;
-inline constexpr int32_t kMaxRetentionPriority = 100;
-inline constexpr int32_t kDefaultRetentionPriority = 35;
-
-// The retention of the blocks whose first token lies in [begin, end) of a sequence.
-struct RetentionRange {
-  int32_t begin = 0;
-  int32_t end = INT32_MAX;
-  int32_t priority = kDefaultRetentionPriority;
-  int64_t duration_ms = 0;  // 0: no expiry
 };
 
 // What a victim policy sees of each candidate.
@@ -159,8 +142,8 @@ struct SequenceOptions {
 class KvCacheManager {
  public:
   struct Options {
-    int32_t num_blocks = 0;           // device blocks, > 0
-    int32_t block_size = 16;          // tokens per block, > 0
+    int32_t num_blocks = 0;   // device blocks, > 0
+    int32_t block_size = 16;  // tokens per block, > 0
     // Host blocks, shared by swapped sequences and the host tier: swap first, the tier
     // caches in the rest (see kv_storage.h). 0 disables both.
     int32_t num_host_blocks = 0;
@@ -203,7 +186,7 @@ class KvCacheManager {
     int64_t host_hit_tokens = 0;     // of prefix_hit_tokens, found in the host tier
     int64_t blocks_demoted = 0;
     int64_t blocks_promoted = 0;
-    int64_t host_evictions = 0;      // host-tier blocks dropped to reuse their host block
+    int64_t host_evictions = 0;  // host-tier blocks dropped to reuse their host block
   };
 
   // Returns InvalidArgument for num_blocks or block_size outside BlockPool's limits
@@ -366,8 +349,7 @@ class KvCacheManager {
   // KvCacheManager::reset_prefix_cache()
   //
   // A flush: empties the prefix index of both tiers (see BlockPool::reset_prefix_cache()),
-  // and no K/V
-  // computed before it is ever shared after it. Sequences that hold computed tokens keep
+  // and no K/V computed before it is ever shared after it. Sequences that hold computed tokens keep
   // running on their blocks, but none of their blocks is indexed again, including blocks
   // they fill later, swap back in or pass to forks, until they are recomputed from
   // scratch (preempted by recompute, or their claim released). Emits AllBlocksCleared.
@@ -386,7 +368,8 @@ class KvCacheManager {
 
   // Checks every invariant of DESIGN.md and of both pools, clause by clause: ref counts
   // equal table entries per block, table lengths cover computed tokens, hashed blocks hold
-  // their sequence's hashes, states agree with held blocks, host pool balanced. Returns
+  // their sequence's hashes, states agree with held blocks, host pool balanced, pending
+  // copies hold the blocks they name, host-tier blocks held by no sequence. Returns
   // Internal naming the first broken clause and its values.
   [[nodiscard]] absl::Status check_invariants() const;
 
@@ -406,6 +389,11 @@ class KvCacheManager {
   void unshare_unwritten_blocks(internal::Sequence& seq);
   void set_state(internal::Sequence& seq, SequenceState state);
   void hash_full_blocks(internal::Sequence& seq, int32_t num_full_blocks);
+  void promote_host_hits(internal::Sequence& seq, int32_t max_blocks);
+  void allocate_device_blocks(std::span<BlockId> out);
+  void demote_evicted();
+  void apply_retention(const internal::Sequence& seq);
+  void release_host_block(BlockId block);
   void offer_computed_blocks(internal::Sequence& seq);
   void release_device_blocks(internal::Sequence& seq);
   void release_host_blocks(internal::Sequence& seq);
@@ -415,6 +403,8 @@ class KvCacheManager {
   bool scheduled_this_step(const internal::Sequence& seq) const;
   void mark_scheduled(internal::Sequence& seq, int32_t settled_tokens);
   absl::Status check_pool_balance(const BlockPool& pool, bool host) const;
+  absl::Status check_pending_marks() const;
+  absl::Status check_host_tier() const;
   absl::StatusOr<const internal::Sequence*> running_sequence(SeqId seq, const char* caller) const;
   absl::Status resolve_running(std::span<const SeqId> seqs, const char* caller) const;
   void fill_padded(int32_t max_blocks, std::span<int32_t> block_table,
@@ -430,6 +420,7 @@ class KvCacheManager {
   int32_t num_running_ = 0;            // sequences in state kRunning; kept by set_state()
   std::vector<int64_t> slot_mapping_;  // returned by allocate_slots()
   std::vector<BlockId> scratch_blocks_;
+  std::vector<BlockId> scratch_host_;
   // The batch of the block-table call in progress, resolved once by resolve_running().
   mutable std::vector<const internal::Sequence*> batch_;
   std::vector<BlockCopy> pending_copies_;

@@ -117,6 +117,50 @@ absl::Status KvCacheManager::check_invariants() const {
       return broken("pending copy into block ", op.dst, ", which is free");
     }
   }
+  PAGEDKV_RETURN_IF_ERROR(check_pending_marks());
+  return check_host_tier();
+}
+
+// The per-block pending counts equal what the pending copies name: a block read or
+// written by a copy the engine has not taken is never reused (see take_pending_swaps()).
+absl::Status KvCacheManager::check_pending_marks() const {
+  std::vector<uint32_t> device(options_.num_blocks, 0);
+  std::vector<uint32_t> host(options_.num_host_blocks, 0);
+  for (const BlockCopy& op : pending_copies_) {
+    ++device[op.src];
+    ++device[op.dst];
+  }
+  for (const BlockCopy& op : pending_swaps_.swap_out) ++host[op.dst];
+  for (const BlockCopy& op : pending_swaps_.demote) ++host[op.dst];
+  for (const auto* ops : {&pending_swaps_.swap_in, &pending_swaps_.promote}) {
+    for (const BlockCopy& op : *ops) {
+      ++host[op.src];
+      ++device[op.dst];
+    }
+  }
+  if (device != device_pending_) return broken("device pending-copy counts disagree with the ops");
+  if (host != host_pending_) return broken("host pending-copy counts disagree with the ops");
+  for (const BlockCopy& op : pending_swaps_.promote) {
+    if (host_pool_.is_cached(op.src).value()) {
+      return broken("host block ", op.src, " is promoted but still in the host tier");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Host-tier blocks belong to no sequence: a swapped sequence's host blocks are its only
+// copy of that K/V and never cached.
+absl::Status KvCacheManager::check_host_tier() const {
+  if (!options_.enable_host_cache && host_pool_.stats().cached_blocks != 0) {
+    return broken("host tier off but ", host_pool_.stats().cached_blocks, " host blocks cached");
+  }
+  for (const auto& [id, s] : sequences_) {
+    for (const BlockId h : s->host_blocks) {
+      if (host_pool_.is_cached(h).value()) {
+        return broken("seq ", id, " holds host block ", h, ", which is in the host tier");
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

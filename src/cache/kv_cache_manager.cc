@@ -11,9 +11,11 @@
 #include "cache/sequence.h"
 #include "common/check.h"
 #include "common/status_macros.h"
+#include "pool/hash_index.h"
 
 namespace pagedkv {
 
+using internal::HashIndex;
 using internal::Sequence;
 
 namespace {
@@ -79,14 +81,25 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
   if (options.hash_fn == nullptr) {
     return absl::InvalidArgumentError("KvCacheManager: hash_fn must not be null");
   }
+  if (options.enable_host_cache &&
+      (!options.enable_prefix_caching || options.num_host_blocks == 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheManager: enable_host_cache needs enable_prefix_caching (",
+                     options.enable_prefix_caching, ") and num_host_blocks > 0 (",
+                     options.num_host_blocks, ")"));
+  }
   auto device = BlockPool::create({.num_blocks = options.num_blocks,
                                    .block_size = options.block_size,
                                    .enable_caching = options.enable_prefix_caching,
-                                   .event_sink = options.event_sink});
+                                   .event_sink = options.event_sink,
+                                   .clock = options.clock});
   if (!device.ok()) return device.status();
   auto host = BlockPool::create({.num_blocks = options.num_host_blocks,
                                  .block_size = options.block_size,
-                                 .enable_caching = false});
+                                 .enable_caching = options.enable_host_cache,
+                                 .event_sink = options.event_sink,
+                                 .medium = Medium::kHost,
+                                 .clock = options.clock});
   if (!host.ok()) return host.status();
   const int32_t num_blocks = options.num_blocks;
   try {
@@ -103,7 +116,14 @@ KvCacheManager::KvCacheManager(Options options, BlockPool device_pool, BlockPool
       host_pool_(std::move(host_pool)),
       block_write_step_(options_.num_blocks, 0),
       device_pending_(options_.num_blocks, 0),
-      host_pending_(options_.num_host_blocks, 0) {}
+      host_pending_(options_.num_host_blocks, 0) {
+  if (options_.enable_host_cache) {
+    device_pool_.log_evictions_ = true;
+    // Host blocks take the content keys of the device blocks they copy: keep the host
+    // pool's own keys (blocks renewed for swapping) apart from the device's.
+    host_pool_.hash_index_->start_content_keys_at(uint64_t{1} << 63);
+  }
+}
 
 KvCacheManager::KvCacheManager(KvCacheManager&&) noexcept = default;
 KvCacheManager& KvCacheManager::operator=(KvCacheManager&&) noexcept = default;
@@ -135,6 +155,15 @@ absl::Status KvCacheManager::add_sequence(SeqId seq, std::span<const TokenId> pr
                                                    prompt.size(), " tokens exceeds max_model_len ",
                                                    options_.max_model_len));
   }
+  for (const RetentionRange& r : options.retention) {
+    if (r.begin < 0 || r.end < r.begin || r.priority < kMinRetentionPriority ||
+        r.priority > kMaxRetentionPriority || r.duration_ms < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "add_sequence(seq ", seq, "): retention range [", r.begin, ", ", r.end, ") priority ",
+          r.priority, " duration_ms ", r.duration_ms, ": need 0 <= begin <= end, priority in [",
+          kMinRetentionPriority, ", ", kMaxRetentionPriority, "], duration_ms >= 0"));
+    }
+  }
   // The watermark does not count: a sequence alone in the pool may use every block.
   const int64_t prompt_blocks = div_ceil(static_cast<int64_t>(prompt.size()), options_.block_size);
   if (prompt_blocks > options_.num_blocks) {
@@ -149,6 +178,7 @@ absl::Status KvCacheManager::add_sequence(SeqId seq, std::span<const TokenId> pr
   s->arrival = next_arrival_++;
   s->tokens.assign(prompt.begin(), prompt.end());
   s->extra_keys.assign(options.extra_keys.begin(), options.extra_keys.end());
+  s->retention = std::move(options.retention);
   sequences_.emplace(seq, std::move(s));
   return absl::OkStatus();
 }
@@ -205,6 +235,7 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
     parent = hit;
   }
   for (const BlockId b : s->blocks) device_pool_.touch_unchecked(b);
+  if (options_.enable_host_cache) promote_host_hits(*s, max_blocks);
   const auto hit_blocks = static_cast<int32_t>(s->blocks.size());
   s->num_computed = hit_blocks * bs;
   s->num_offered_blocks = hit_blocks;
@@ -217,6 +248,82 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   }
   counters_.prefix_hit_tokens += s->num_computed;
   return s->num_computed;
+}
+
+// Continues `seq`'s claimed device prefix into the host tier: the verified host hits that
+// follow, as many as free device blocks allow, are promoted into new device blocks, which
+// enter the device index with the host blocks' contents keys (so cached children in
+// either tier still verify after them). The host blocks leave the tier.
+void KvCacheManager::promote_host_hits(Sequence& seq, int32_t max_blocks) {
+  const int32_t bs = options_.block_size;
+  const auto first = static_cast<int32_t>(seq.blocks.size());
+  const int32_t reserve = num_running_ > 0 ? options_.watermark_blocks : 0;
+  const int32_t room = std::max(0, device_pool_.num_free_blocks() - reserve);
+  const HashIndex& host_index = *host_pool_.hash_index_;
+  uint64_t parent_key =
+      first == 0 ? 0 : device_pool_.hash_index_->content_key(seq.blocks[first - 1]);
+  scratch_host_.clear();
+  for (int32_t i = first; i < max_blocks && i - first < room; ++i) {
+    const BlockId hit = host_index.find(seq.block_hashes[i]);
+    if (hit == kNoBlock ||
+        !host_index.verify(hit, parent_key, block_tokens(seq, i, bs), seq.extra_keys)) {
+      break;
+    }
+    scratch_host_.push_back(hit);
+    parent_key = host_index.content_key(hit);
+  }
+  if (scratch_host_.empty()) return;
+  // Held first, so the demotions the device allocation causes cannot evict them.
+  for (const BlockId h : scratch_host_) host_pool_.touch_unchecked(h);
+  const auto count = static_cast<int32_t>(scratch_host_.size());
+  seq.blocks.resize(first + count);
+  const std::span<BlockId> promoted = std::span(seq.blocks).subspan(first);
+  allocate_device_blocks(promoted);
+  for (int32_t j = 0; j < count; ++j) {
+    const BlockId h = scratch_host_[j];
+    device_pool_.hash_index_->set_content_key(promoted[j], host_index.content_key(h));
+    record_copy(pending_swaps_.promote, {h, promoted[j], bs}, &host_pending_, &device_pending_);
+    block_write_step_[promoted[j]] = step_;
+    host_pool_.uncache_unchecked(h);  // the tier is exclusive: the copy moves to the device
+    release_host_block(h);
+  }
+  device_pool_.cache_full_blocks_unchecked(
+      promoted, std::span<const BlockHash>(seq.block_hashes).subspan(first, count),
+      first == 0 ? kNoBlock : seq.blocks[first - 1],
+      first == 0 ? nullptr : &seq.block_hashes[first - 1],
+      std::span<const TokenId>(seq.tokens)
+          .subspan(static_cast<size_t>(first) * bs, static_cast<size_t>(count) * bs),
+      seq.extra_keys);
+  counters_.blocks_promoted += count;
+  counters_.host_hit_tokens += int64_t{count} * bs;
+}
+
+// Device allocation with the host tier's side: cached blocks it evicts are demoted.
+void KvCacheManager::allocate_device_blocks(std::span<BlockId> out) {
+  PAGEDKV_CHECK(device_pool_.allocate(out).ok());
+  if (!device_pool_.evicted_.empty()) demote_evicted();
+}
+
+// Copies each cached block the device pool just evicted into a host block of the tier,
+// unless the tier holds its hash already or no host block is free or evictable (then it is
+// dropped, as without a tier). The host block is held until the engine takes the copy.
+void KvCacheManager::demote_evicted() {
+  for (const BlockPool::EvictedBlock& e : device_pool_.evicted_) {
+    if (host_pool_.num_free_blocks() == 0 || host_pool_.hash_index_->find(e.hash) != kNoBlock) {
+      continue;
+    }
+    BlockId h = kNoBlock;
+    host_pool_.allocate_unchecked({&h, 1});
+    if (!host_pool_.cache_copy_unchecked(h, device_pool_, e)) {
+      release_host_block(h);
+      continue;
+    }
+    host_pool_.set_retention_unchecked(h, e.priority, e.duration_ms);
+    record_copy(pending_swaps_.demote, {e.block, h, options_.block_size}, nullptr, &host_pending_);
+    release_host_block(h);
+    ++counters_.blocks_demoted;
+  }
+  device_pool_.evicted_.clear();
 }
 
 void KvCacheManager::offer_computed_blocks(Sequence& seq) {
@@ -244,6 +351,7 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
 
 void KvCacheManager::reset_prefix_cache() {
   device_pool_.reset_prefix_cache();
+  host_pool_.reset_prefix_cache(/*emit_event=*/false);  // one AllBlocksCleared for both
   for (auto& [id, s] : sequences_) {
     if (s->num_computed > 0 || !s->blocks.empty()) s->kv_before_reset = true;
   }
@@ -334,7 +442,7 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
 void KvCacheManager::allocate_new_blocks(Sequence& seq, int32_t new_blocks, bool copy_on_write,
                                          int32_t write_block, int32_t valid_tokens) {
   scratch_blocks_.resize(new_blocks);
-  PAGEDKV_CHECK(device_pool_.allocate(scratch_blocks_).ok());
+  allocate_device_blocks(scratch_blocks_);
   auto fresh = scratch_blocks_.begin();
   if (copy_on_write) {
     const BlockId src = seq.blocks[write_block];
@@ -460,7 +568,7 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
                                                      " free of ", options_.num_blocks));
   }
   s->blocks.resize(needed);
-  PAGEDKV_CHECK(device_pool_.allocate(s->blocks).ok());
+  allocate_device_blocks(s->blocks);
   const int32_t bs = options_.block_size;
   for (int32_t i = 0; i < needed; ++i) {
     const int32_t valid = std::min(bs, s->num_computed - i * bs);
@@ -567,6 +675,9 @@ void KvCacheManager::mark_scheduled(Sequence& seq, int32_t settled_tokens) {
 }
 
 void KvCacheManager::release_device_blocks(Sequence& seq) {
+  if (!seq.retention.empty()) [[unlikely]] {
+    apply_retention(seq);
+  }
   // Tail first, as one free: a prompt's later blocks are evicted before its shared
   // beginning, and its clean blocks are reused in the same order.
   BlockId last_clean = kNoBlock;
@@ -578,6 +689,29 @@ void KvCacheManager::release_device_blocks(Sequence& seq) {
     }
   }
   seq.blocks.clear();
+}
+
+// Gives each of `seq`'s blocks the retention of the last range holding its first token.
+void KvCacheManager::apply_retention(const Sequence& seq) {
+  const int32_t bs = options_.block_size;
+  for (size_t i = 0; i < seq.blocks.size(); ++i) {
+    const int64_t first_token = static_cast<int64_t>(i) * bs;
+    for (auto r = seq.retention.rbegin(); r != seq.retention.rend(); ++r) {
+      if (first_token >= r->begin && first_token < r->end) {
+        device_pool_.set_retention_unchecked(seq.blocks[i], r->priority, r->duration_ms);
+        break;
+      }
+    }
+  }
+}
+
+void KvCacheManager::release_host_block(BlockId block) {
+  if (host_pending_[block] > 0) {
+    deferred_host_.push_back(block);  // a pending copy still reads or writes it
+  } else {
+    const BlockId released[] = {block};
+    host_pool_.free_unchecked(released);
+  }
 }
 
 void KvCacheManager::release_host_blocks(Sequence& seq) {
@@ -619,9 +753,12 @@ std::vector<BlockCopy> KvCacheManager::take_pending_copies() {
 
 SwapOps KvCacheManager::take_pending_swaps() {
   for (const BlockCopy& op : pending_swaps_.swap_out) --host_pending_[op.dst];
-  for (const BlockCopy& op : pending_swaps_.swap_in) {
-    --host_pending_[op.src];
-    --device_pending_[op.dst];
+  for (const BlockCopy& op : pending_swaps_.demote) --host_pending_[op.dst];
+  for (const auto* ops : {&pending_swaps_.swap_in, &pending_swaps_.promote}) {
+    for (const BlockCopy& op : *ops) {
+      --host_pending_[op.src];
+      --device_pending_[op.dst];
+    }
   }
   SwapOps taken = std::exchange(pending_swaps_, {});
   release_deferred();
@@ -663,6 +800,9 @@ KvCacheManager::Stats KvCacheManager::stats() const {
   s.num_host_blocks = host_pool_.num_blocks();
   s.used_host_blocks = host_pool_.num_blocks() - host_pool_.num_free_blocks();
   s.evictions = device.evictions;
+  const BlockPool::Stats host = host_pool_.stats();
+  s.cached_host_blocks = host.cached_blocks;
+  s.host_evictions = host.evictions;
   return s;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/retention.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv::internal {
@@ -31,7 +32,8 @@ struct Sequence {
   int64_t arrival = 0;
   std::vector<BlockId> host_blocks;  // while swapped: ceil(num_computed / block_size)
   absl::InlinedVector<uint64_t, 2> extra_keys;
-  std::vector<BlockHash> block_hashes;  // chained hashes of full token blocks, lazily
+  std::vector<RetentionRange> retention;  // applied to its blocks as it releases them
+  std::vector<BlockHash> block_hashes;    // chained hashes of full token blocks, lazily
 };
 
 }  // namespace pagedkv::internal

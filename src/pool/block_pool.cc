@@ -1,6 +1,10 @@
 // BlockPool: construct, allocate, touch, free, cache, evict, reset, checks.
 #include "pagedkv/block_pool.h"
 
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <limits>
 #include <new>
 #include <utility>
 
@@ -45,8 +49,12 @@ BlockPool::BlockPool(const Options& options)
       block_size_(options.block_size),
       enable_caching_(options.enable_caching),
       event_sink_(options.event_sink),
+      medium_(options.medium),
+      clock_(options.clock),
       ref_count_(options.num_blocks, 0),
       stale_(options.num_blocks, 0),
+      priority_(options.num_blocks, kDefaultRetentionPriority),
+      duration_ms_(options.num_blocks, 0),
       free_queue_(std::make_unique<FreeQueue>(options.num_blocks)),
       hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)) {}
 
@@ -68,14 +76,24 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
                                                      free_queue_->size(), " free of ",
                                                      num_blocks_));
   }
+  allocate_unchecked(out);
+  return absl::OkStatus();
+}
+
+void BlockPool::allocate_unchecked(std::span<BlockId> out) {
+  PAGEDKV_DCHECK(std::ssize(out) <= free_queue_->size());
+  if (!out.empty()) expire_retention();
   for (BlockId& b : out) {
     b = free_queue_->pop_front();
     if (hash_index_->is_cached(b)) {
       // One event per evicted block, as vLLM emits them; none when a standby takes over
-      // the hash.
+      // the hash (its contents stay cached).
       const BlockHash hash = hash_index_->hash(b);
-      if (hash_index_->erase(b) && event_sink_ != nullptr) {
-        event_sink_->on_event(BlockRemoved{{hash}});
+      if (hash_index_->erase(b)) {
+        emit(BlockRemoved{{hash}, medium_});
+        if (log_evictions_) {
+          evicted_.push_back({b, hash, hash_index_->content_key(b), priority_[b], duration_ms_[b]});
+        }
       }
       --cached_free_blocks_;
       ++evictions_;
@@ -83,9 +101,14 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
     hash_index_->renew(b);
     stale_[b] = 0;
     ref_count_[b] = 1;
+    priority_[b] = kDefaultRetentionPriority;
+    duration_ms_[b] = 0;
   }
-  used_blocks_ += static_cast<int32_t>(n);
-  return absl::OkStatus();
+  used_blocks_ += static_cast<int32_t>(out.size());
+}
+
+void BlockPool::emit(KvEvent event) {
+  if (event_sink_ != nullptr) event_sink_->on_event(event);
 }
 
 // --- touch and free --------------------------------------------------------------------
@@ -96,18 +119,28 @@ void BlockPool::touch_unchecked(BlockId block) {
     free_queue_->remove(block);
     ++used_blocks_;
     cached_free_blocks_ -= hash_index_->is_cached(block);
+    priority_[block] = kDefaultRetentionPriority;
+    duration_ms_[block] = 0;
   }
 }
 
-// A block whose ref count reached 0: hashed ones join the tail, clean ones the head, after
-// the clean blocks this call queued before (`last_clean`).
+// A block whose ref count reached 0: hashed ones join the tail of their priority's list,
+// clean ones the head, after the clean blocks this call queued before (`last_clean`).
 inline void BlockPool::enqueue_freed(BlockId b, BlockId& last_clean) {
   --used_blocks_;
   if (hash_index_->is_cached(b)) {
-    free_queue_->push_back(b);
+    free_queue_->push_back(b, priority_[b]);
     ++cached_free_blocks_;
+    if (duration_ms_[b] > 0 && priority_[b] != kDefaultRetentionPriority) [[unlikely]] {
+      const int64_t now = now_ms();
+      const int64_t end = duration_ms_[b] > std::numeric_limits<int64_t>::max() - now
+                              ? std::numeric_limits<int64_t>::max()
+                              : now + duration_ms_[b];
+      expiries_.push_back({end, b, free_queue_->stamp(b)});
+      std::push_heap(expiries_.begin(), expiries_.end(), std::greater<>());
+    }
   } else {
-    free_queue_->insert_after(last_clean, b);
+    free_queue_->insert_clean_after(last_clean, b);
     last_clean = b;
   }
 }
@@ -140,6 +173,64 @@ void BlockPool::undo_free(std::span<const BlockId> freed) {
   }
 }
 
+// --- retention -----------------------------------------------------------------------------
+
+absl::Status BlockPool::set_retention(BlockId block, int32_t priority, int64_t duration_ms) {
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "set_retention");
+  }
+  if (priority < kMinRetentionPriority || priority > kMaxRetentionPriority || duration_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BlockPool::set_retention: priority ", priority, " must be in [", kMinRetentionPriority,
+        ", ", kMaxRetentionPriority, "] and duration_ms ", duration_ms, " >= 0"));
+  }
+  if (ref_count_[block] == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("BlockPool::set_retention: block ", block,
+                                                      " is free (ref_count 0); set it in use"));
+  }
+  set_retention_unchecked(block, priority, duration_ms);
+  return absl::OkStatus();
+}
+
+void BlockPool::set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms) {
+  PAGEDKV_DCHECK(ref_count_[block] > 0);
+  if (priority < priority_[block]) return;
+  const bool longer =
+      duration_ms == 0 || (duration_ms_[block] != 0 && duration_ms > duration_ms_[block]);
+  if (priority == priority_[block] && !longer) return;
+  priority_[block] = static_cast<uint8_t>(priority);
+  duration_ms_[block] = duration_ms;
+}
+
+// Returns free blocks whose retention expired to the default priority's list, at the
+// place their stamps give them. Entries of blocks re-queued since are stale and dropped.
+void BlockPool::expire_retention() {
+  if (expiries_.empty()) [[likely]] {
+    return;
+  }
+  const int64_t now = now_ms();
+  while (!expiries_.empty() && expiries_.front().time_ms <= now) {
+    std::pop_heap(expiries_.begin(), expiries_.end(), std::greater<>());
+    const Expiry e = expiries_.back();
+    expiries_.pop_back();
+    const BlockId b = e.block;
+    if (!free_queue_->is_queued(b) || free_queue_->stamp(b) != e.stamp ||
+        free_queue_->list_of(b) != FreeQueue::priority_list(priority_[b])) {
+      continue;
+    }
+    priority_[b] = kDefaultRetentionPriority;
+    duration_ms_[b] = 0;
+    free_queue_->move_by_stamp(b, kDefaultRetentionPriority);
+  }
+}
+
+int64_t BlockPool::now_ms() const {
+  if (clock_) return clock_();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order) {
   BlockId last_clean = kNoBlock;
   for (const BlockId b : blocks_in_eviction_order) release_unchecked(b, last_clean);
@@ -170,7 +261,8 @@ BlockId BlockPool::find_cached_unchecked(const BlockHash& hash, BlockId parent,
                                          std::span<const uint64_t> extra_keys) const {
   const BlockId candidate = hash_index_->find(hash);
   if (candidate == kNoBlock) return kNoBlock;
-  return hash_index_->verify(candidate, parent, tokens, extra_keys) ? candidate : kNoBlock;
+  return hash_index_->verify(candidate, hash_index_->key_of(parent), tokens, extra_keys) ? candidate
+                                                                                         : kNoBlock;
 }
 
 absl::StatusOr<bool> BlockPool::cache_full_block(BlockId block, const BlockHash& hash,
@@ -238,6 +330,7 @@ int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
     if (event_sink_ == nullptr || stored.block_hashes.empty()) return;
     stored.block_size = block_size_;
     stored.extra_keys.assign(extra_keys.begin(), extra_keys.end());
+    stored.medium = medium_;
     event_sink_->on_event(std::exchange(stored, {}));
   };
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -251,17 +344,18 @@ int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
       emit_run();
       continue;
     }
+    const BlockHash* block_parent_hash = i == 0 ? parent_hash : &hashes[i - 1];
     const HashIndex::Insert inserted =
-        hash_index_->insert(block, hashes[i], block_parent, block_tokens, extra_keys);
+        hash_index_->insert(block, hashes[i], hash_index_->key_of(block_parent), block_parent_hash,
+                            block_tokens, extra_keys);
     entered += inserted != HashIndex::Insert::kRefused;
     if (inserted != HashIndex::Insert::kIndexed) {
       emit_run();
       continue;
     }
     if (event_sink_ == nullptr) continue;
-    if (stored.block_hashes.empty()) {
-      const BlockHash* run_parent = i == 0 ? parent_hash : &hashes[i - 1];
-      if (run_parent != nullptr) stored.parent_hash = *run_parent;
+    if (stored.block_hashes.empty() && block_parent_hash != nullptr) {
+      stored.parent_hash = *block_parent_hash;
     }
     stored.block_hashes.push_back(hashes[i]);
     stored.token_ids.insert(stored.token_ids.end(), block_tokens.begin(), block_tokens.end());
@@ -288,20 +382,50 @@ absl::Status BlockPool::uncache(BlockId block) {
   return absl::OkStatus();
 }
 
+bool BlockPool::cache_copy_unchecked(BlockId block, const BlockPool& source,
+                                     const EvictedBlock& from) {
+  PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
+  PAGEDKV_DCHECK(enable_caching_ && !hash_index_->is_cached(block) && !stale_[block]);
+  const HashIndex& src = *source.hash_index_;
+  const std::optional<BlockHash>& parent_hash = src.parent_hash(from.block);
+  hash_index_->set_content_key(block, from.content_key);
+  const HashIndex::Insert inserted = hash_index_->insert(
+      block, from.hash, src.parent_key(from.block), parent_hash ? &*parent_hash : nullptr,
+      src.tokens(from.block), src.extra_keys(from.block));
+  if (inserted != HashIndex::Insert::kIndexed) {
+    if (inserted == HashIndex::Insert::kStandby) uncache_unchecked(block);
+    return false;
+  }
+  if (event_sink_ != nullptr) {
+    const auto tokens = src.tokens(from.block);
+    const auto keys = src.extra_keys(from.block);
+    BlockStored stored{.block_hashes = {from.hash},
+                       .parent_hash = parent_hash,
+                       .token_ids = {tokens.begin(), tokens.end()},
+                       .block_size = block_size_,
+                       .extra_keys = {keys.begin(), keys.end()},
+                       .medium = medium_};
+    event_sink_->on_event(stored);
+  }
+  return true;
+}
+
 void BlockPool::uncache_unchecked(BlockId block) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_);
   if (!hash_index_->is_cached(block)) return;
   const BlockHash hash = hash_index_->hash(block);
   const bool left_index = hash_index_->erase(block);
   cached_free_blocks_ -= ref_count_[block] == 0;
-  if (left_index && event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}});
+  if (left_index) emit(BlockRemoved{{hash}, medium_});
 }
 
-void BlockPool::reset_prefix_cache() {
+void BlockPool::reset_prefix_cache() { reset_prefix_cache(/*emit_event=*/true); }
+
+void BlockPool::reset_prefix_cache(bool emit_event) {
   hash_index_->clear();
   cached_free_blocks_ = 0;
   for (BlockId b = 0; b < num_blocks_; ++b) stale_[b] = ref_count_[b] > 0;
-  if (event_sink_ != nullptr) {
+  if (emit_event && event_sink_ != nullptr) {
     // A named event: GCC 12 at -O3 misreads the temporary variant as uninitialized.
     const KvEvent cleared{std::in_place_type<AllBlocksCleared>};
     event_sink_->on_event(cleared);
@@ -337,6 +461,13 @@ absl::StatusOr<BlockHash> BlockPool::cached_hash(BlockId block) const {
   return hash_index_->hash(block);
 }
 
+absl::StatusOr<int32_t> BlockPool::retention_priority(BlockId block) const {
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "retention_priority");
+  }
+  return priority_[block];
+}
+
 BlockPool::Stats BlockPool::stats() const {
   Stats s;
   s.num_blocks = num_blocks_;
@@ -363,17 +494,31 @@ absl::Status BlockPool::check_invariants() const {
   auto broken = [](auto&&... parts) {
     return absl::InternalError(absl::StrCat("BlockPool invariant: ", parts...));
   };
-  // The queue: links agree both ways, at most num_blocks steps, only ref-0 blocks.
+  // The queue: links agree both ways, at most num_blocks steps, only ref-0 blocks; a
+  // cached block sits in its priority's list, and each priority's list is in LRU order.
   int32_t walked = 0;
   BlockId prev = kNoBlock;
   for (BlockId b = free_queue_->first(); b != kNoBlock; b = free_queue_->next(b)) {
     if (b < 0 || b >= num_blocks_) return broken("free queue holds invalid id ", b);
     if (++walked > num_blocks_) return broken("free queue longer than ", num_blocks_, " blocks");
-    if (free_queue_->prev(b) != prev) {
-      return broken("block ", b, ": prev link ", free_queue_->prev(b), " but walked from ", prev);
+    const int32_t list = free_queue_->list_of(b);
+    const bool same_list = prev != kNoBlock && free_queue_->list_of(prev) == list;
+    if (free_queue_->prev_in_list(b) != (same_list ? prev : kNoBlock)) {
+      return broken("block ", b, ": prev link ", free_queue_->prev_in_list(b), " but walked from ",
+                    prev);
     }
     if (ref_count_[b] != 0)
       return broken("block ", b, ": in the free queue with ref_count ", ref_count_[b]);
+    if (list != FreeQueue::kCleanList && list != FreeQueue::priority_list(priority_[b])) {
+      return broken("block ", b, ": in list ", list, " but its priority is ", priority_[b]);
+    }
+    if (list == FreeQueue::kCleanList && hash_index_->is_cached(b)) {
+      return broken("cached block ", b, " in the clean list");
+    }
+    if (same_list && list != FreeQueue::kCleanList &&
+        free_queue_->stamp(prev) >= free_queue_->stamp(b)) {
+      return broken("block ", b, " after block ", prev, " out of LRU order in list ", list);
+    }
     prev = b;
   }
   if (walked != free_queue_->size()) {

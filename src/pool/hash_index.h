@@ -22,12 +22,17 @@
 //
 // A block holding a hash, indexed or standby, "is cached": it goes to the tail of the free
 // queue when freed and counts as free-cached.
+//
+// Tiers: a block copied to another pool (demoted to the host tier, promoted back) takes
+// its content key with it (set_content_key()), so a child verifies after the copy of its
+// parent in either pool; content keys then name contents across the two pools.
 #ifndef PAGEDKV_POOL_HASH_INDEX_H_
 #define PAGEDKV_POOL_HASH_INDEX_H_
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -47,6 +52,7 @@ class HashIndex {
         role_(num_blocks, Role::kNone),
         hash_(num_blocks),
         parent_key_(num_blocks, 0),
+        parent_hash_(num_blocks),
         content_key_(num_blocks, 0),
         next_(num_blocks, kNoBlock),
         prev_(num_blocks, kNoBlock),
@@ -68,17 +74,17 @@ class HashIndex {
     return it == index_.end() ? kNoBlock : it->second;
   }
 
-  bool verify(BlockId b, BlockId parent, std::span<const TokenId> tokens,
+  // Whether `b` holds `tokens` and `extra_keys` after the contents `parent_key` names.
+  bool verify(BlockId b, uint64_t parent_key, std::span<const TokenId> tokens,
               std::span<const uint64_t> extra_keys) const {
-    if (parent_key_[b] != key_of(parent)) return false;
+    if (parent_key_[b] != parent_key) return false;
     return same_contents(b, tokens, extra_keys);
   }
 
   // Indexes `b` under `hash` unless the hash is taken; a block equal to the indexed one
   // (tokens, extra keys, parent) becomes its standby instead. Returns what happened.
-  Insert insert(BlockId b, const BlockHash& hash, BlockId parent, std::span<const TokenId> tokens,
-                std::span<const uint64_t> extra_keys) {
-    const uint64_t parent_key = key_of(parent);
+  Insert insert(BlockId b, const BlockHash& hash, uint64_t parent_key, const BlockHash* parent_hash,
+                std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys) {
     const auto [it, inserted] = index_.try_emplace(hash, b);
     if (!inserted) {
       const BlockId indexed = it->second;
@@ -91,6 +97,7 @@ class HashIndex {
     role_[b] = inserted ? Role::kIndexed : Role::kStandby;
     hash_[b] = hash;
     parent_key_[b] = parent_key;
+    parent_hash_[b] = parent_hash != nullptr ? std::optional(*parent_hash) : std::nullopt;
     extra_keys_[b].assign(extra_keys.begin(), extra_keys.end());
     std::copy(tokens.begin(), tokens.end(), block_tokens(b));
     return inserted ? Insert::kIndexed : Insert::kStandby;
@@ -130,6 +137,23 @@ class HashIndex {
 
   // Marks that `b` is about to receive new contents.
   void renew(BlockId b) { content_key_[b] = next_content_key_++; }
+  // `b` receives a copy of the contents `key` names (a block of the other tier).
+  void set_content_key(BlockId b, uint64_t key) { content_key_[b] = key; }
+  // Draws this index's content keys from `first` on, so that two pools whose blocks are
+  // copied into each other never give different contents the same key.
+  void start_content_keys_at(uint64_t first) { next_content_key_ = first; }
+
+  // 0 stands for "no parent"; content keys start at 1.
+  uint64_t key_of(BlockId parent) const { return parent == kNoBlock ? 0 : content_key_[parent]; }
+  uint64_t content_key(BlockId b) const { return content_key_[b]; }
+  // What a cached block was entered with; still readable after erase() until `b` is
+  // cached again (an evicted block's copy is entered into the other tier from it).
+  uint64_t parent_key(BlockId b) const { return parent_key_[b]; }
+  const std::optional<BlockHash>& parent_hash(BlockId b) const { return parent_hash_[b]; }
+  std::span<const TokenId> tokens(BlockId b) const {
+    return {block_tokens(b), size_t(block_size_)};
+  }
+  std::span<const uint64_t> extra_keys(BlockId b) const { return extra_keys_[b]; }
 
   // Calls fn(hash, block) for every indexed entry.
   template <typename Fn>
@@ -143,9 +167,6 @@ class HashIndex {
   BlockId prev_standby(BlockId b) const { return prev_[b]; }
 
  private:
-  // 0 stands for "no parent"; content keys start at 1.
-  uint64_t key_of(BlockId parent) const { return parent == kNoBlock ? 0 : content_key_[parent]; }
-
   bool same_contents(BlockId b, std::span<const TokenId> tokens,
                      std::span<const uint64_t> extra_keys) const {
     const auto& keys = extra_keys_[b];
@@ -183,6 +204,7 @@ class HashIndex {
   std::vector<Role> role_;
   std::vector<BlockHash> hash_;
   std::vector<uint64_t> parent_key_;
+  std::vector<std::optional<BlockHash>> parent_hash_;  // for the other tier's BlockStored
   std::vector<uint64_t> content_key_;
   std::vector<BlockId> next_;  // standby chain
   std::vector<BlockId> prev_;

@@ -8,21 +8,21 @@
 // operations, valid and invalid alike: add_sequence with shared, copied, random or extreme
 // prompts and salts; match_prefix; allocate_slots and allocate_slots_or_preempt with normal
 // and extreme counts; append_tokens; fork; free; release_claim; preempt in both modes;
-// swap_in; "steps"
-// that take the pending copies and swaps; reset_prefix_cache; block tables in all three
-// forms; and decode rounds. Each operation runs on a KvCacheManager and on the
-// ReferenceModel, and after each one the driver checks:
+// swap_in; "steps" that take the pending copies and swaps (the manager's clock advances by
+// 1 ms per step); reset_prefix_cache; block tables in all three forms; and decode rounds.
+// Options include the host tier, and sequences retention ranges with durations. Each operation runs
+// on a KvCacheManager and on the ReferenceModel, and after each one the driver checks:
 //   1. the same status code and returned value (hit length, slot mapping, copies, tables);
 //   2. the same state: every sequence (state, tokens, computed count, tables), every ref
 //      count, both free queues in order, which blocks are cached, the counters, the KV
 //      events and the preemption hooks;
 //   3. check_invariants() is OK;
 //   4. data flow: a simulated engine keeps one fingerprint per KV slot (device and host).
-//      A step runs swap-out, then copy-on-write copies, then swap-in copies (the order
-//      take_pending_swaps() documents), then writes each new token's fingerprint into its
-//      slot. After every step, every token a sequence counts as computed must read back
-//      its own fingerprint (a function of its prefix tokens and extra keys) through its
-//      block table: a block shared with, or reused by, another sequence with different
+//      A step runs swap-out and demote copies, then copy-on-write copies, then swap-in
+//      and promote copies (the order take_pending_swaps() documents), then writes each new
+//      token's fingerprint into its slot. After every step, every token a sequence counts as
+//      computed must read back its own fingerprint (a function of its prefix tokens and extra keys)
+//      through its block table: a block shared with, or reused by, another sequence with different
 //      content shows up here whatever the bookkeeping says.
 //
 // Engine protocol: the simulated engine computes every sequence it scheduled in a step, so it
@@ -290,8 +290,13 @@ class ManagerOpRunner {
       lcg = lcg * 1664525u + 1013904223u;
       base_.push_back(static_cast<TokenId>((lcg >> 16) % alphabet));
     }
+    // The host tier: off, on where valid, or on regardless (create must refuse it then).
+    const int host_mode = h < 250 ? (h / 20) % 4 : 0;
+    opts_.enable_host_cache = host_mode == 3 || (host_mode == 2 && opts_.num_host_blocks > 0 &&
+                                                 opts_.enable_prefix_caching);
     opts_.event_sink = &events_;
     opts_.preemption_hooks = &hooks_;
+    opts_.clock = [this] { return now_ms_; };
   }
 
   // Victim policies other than the default, including unhelpful ones: each is a pure
@@ -331,7 +336,8 @@ class ManagerOpRunner {
         << " host=" << opts_.num_host_blocks << " max_model_len=" << opts_.max_model_len
         << " watermark=" << opts_.watermark_blocks << " caching=" << opts_.enable_prefix_caching
         << " mode=" << (opts_.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute")
-        << " hash=" << weak_hash::kNames[hash_index_] << " policy=" << policy_;
+        << " hash=" << weak_hash::kNames[hash_index_] << " policy=" << policy_
+        << " host_cache=" << opts_.enable_host_cache;
     return out.str();
   }
 
@@ -454,10 +460,13 @@ class ManagerOpRunner {
            ops_string(model_copies));
       return;
     }
-    if (swaps.swap_out != model_swaps.swap_out || swaps.swap_in != model_swaps.swap_in) {
+    if (swaps.swap_out != model_swaps.swap_out || swaps.swap_in != model_swaps.swap_in ||
+        swaps.demote != model_swaps.demote || swaps.promote != model_swaps.promote) {
       fail("take_pending_swaps: got out ", ops_string(swaps.swap_out), " in ",
-           ops_string(swaps.swap_in), ", model expects out ", ops_string(model_swaps.swap_out),
-           " in ", ops_string(model_swaps.swap_in));
+           ops_string(swaps.swap_in), " demote ", ops_string(swaps.demote), " promote ",
+           ops_string(swaps.promote), ", model expects out ", ops_string(model_swaps.swap_out),
+           " in ", ops_string(model_swaps.swap_in), " demote ", ops_string(model_swaps.demote),
+           " promote ", ops_string(model_swaps.promote));
       return;
     }
     auto copy = [&](std::vector<uint64_t>& from, std::vector<uint64_t>& to, const BlockCopy& op) {
@@ -466,10 +475,13 @@ class ManagerOpRunner {
       }
     };
     for (const BlockCopy& op : swaps.swap_out) copy(device_mem_, host_mem_, op);
+    for (const BlockCopy& op : swaps.demote) copy(device_mem_, host_mem_, op);
     for (const BlockCopy& op : copies) copy(device_mem_, device_mem_, op);
     for (const BlockCopy& op : swaps.swap_in) copy(host_mem_, device_mem_, op);
+    for (const BlockCopy& op : swaps.promote) copy(host_mem_, device_mem_, op);
     for (const PendingWrite& w : writes_) device_mem_[w.slot] = w.value;
     writes_.clear();
+    ++now_ms_;  // time passes between steps: retention durations expire
     check_all();
     check_contents();
   }
@@ -545,11 +557,36 @@ class ManagerOpRunner {
     so.extra_keys = make_extra_keys();
     const uint8_t p = in_.u8();
     so.priority = p < 250 ? p % 3 - 1 : std::array{INT32_MIN, INT32_MAX}[p % 2];
+    so.retention = make_retention();
+    std::ostringstream retention;
+    for (const RetentionRange& r : so.retention) {
+      retention << " [" << r.begin << ", " << r.end << ") p" << r.priority << " " << r.duration_ms
+                << "ms";
+    }
     log("add_sequence(", id, ", ", prompt.size(), " tokens ", list(prompt), ", priority ",
-        so.priority, ", keys ", list(so.extra_keys), ")");
-    const Code expected = model_->add_sequence(id, prompt, so.priority, so.extra_keys);
+        so.priority, ", keys ", list(so.extra_keys), ", retention", retention.str(), ")");
+    const Code expected =
+        model_->add_sequence(id, prompt, so.priority, so.extra_keys, so.retention);
     expect_code("add_sequence", impl_->add_sequence(id, prompt, so), expected);
     last_added_ = expected == Code::kOk ? id : -12345;
+  }
+
+  // Usually none; else one or two ranges over the first blocks, now and then invalid.
+  std::vector<RetentionRange> make_retention() {
+    const uint8_t r = in_.u8();
+    if (r < 192) return {};
+    std::vector<RetentionRange> out;
+    for (int i = 0; i <= r % 2; ++i) {
+      const uint8_t a = in_.u8();
+      const uint8_t b = in_.u8();
+      RetentionRange range;
+      range.begin = a < 250 ? (a % 4) * bs_ : -1;
+      range.end = b % 8 == 7 ? std::numeric_limits<int32_t>::max() : range.begin + (b % 4) * bs_;
+      range.priority = std::array{0, 20, 35, 36, 90, 100, 101, -1}[(a >> 2) % 8];
+      range.duration_ms = std::array{0, 0, 1, 2, 3, 5, 0, -1}[(b >> 3) % 8];
+      out.push_back(range);
+    }
+    return out;
   }
 
   // What an engine does with a new request: add it, claim its cached prefix, then reserve
@@ -919,29 +956,14 @@ class ManagerOpRunner {
     }
     const BlockPool& dev = impl_->device_pool();
     const auto& blocks = m.device_blocks();
-    for (BlockId b = 0; b < opts_.num_blocks; ++b) {
-      const auto& d = blocks[b];
-      const int32_t ref = dev.ref_count(b).value();
-      const bool cached = dev.is_cached(b).value();
-      if (ref != d.ref || cached != d.cached() || (cached && !(*dev.cached_hash(b) == d.hash))) {
-        fail("device block ", b, ": ref_count ", ref, " cached ", cached,
-             "; model expects ref_count ", d.ref, " cached ", d.cached());
-        return;
-      }
-    }
+    if (!same_blocks("device", dev, blocks)) return;
     if (dev.free_queue_order() != m.device_queue()) {
       fail("device free queue ", list(dev.free_queue_order()), ", model expects ",
            list(m.device_queue()));
       return;
     }
     const BlockPool& host = impl_->host_pool();
-    for (BlockId b = 0; b < opts_.num_host_blocks; ++b) {
-      if (host.ref_count(b).value() != m.host_refs()[b]) {
-        fail("host block ", b, ": ref_count ", host.ref_count(b).value(), ", model expects ",
-             m.host_refs()[b]);
-        return;
-      }
-    }
+    if (!same_blocks("host", host, m.host_blocks())) return;
     if (host.free_queue_order() != m.host_queue()) {
       fail("host free queue ", list(host.free_queue_order()), ", model expects ",
            list(m.host_queue()));
@@ -950,6 +972,25 @@ class ManagerOpRunner {
     check_stats();
     check_events();
     check_hooks();
+  }
+
+  // Every block's ref count, hash and retention priority.
+  bool same_blocks(const char* pool_name, const BlockPool& pool,
+                   const std::vector<ReferenceModel::Block>& blocks) {
+    for (BlockId b = 0; b < pool.num_blocks(); ++b) {
+      const auto& d = blocks[b];
+      const int32_t ref = pool.ref_count(b).value();
+      const bool cached = pool.is_cached(b).value();
+      const int32_t priority = pool.retention_priority(b).value();
+      if (ref != d.ref || cached != d.cached() || (cached && !(*pool.cached_hash(b) == d.hash)) ||
+          priority != d.priority) {
+        fail(pool_name, " block ", b, ": ref_count ", ref, " cached ", cached, " priority ",
+             priority, "; model expects ref_count ", d.ref, " cached ", d.cached(), " priority ",
+             d.priority);
+        return false;
+      }
+    }
+    return true;
   }
 
   void check_stats() {
@@ -967,13 +1008,18 @@ class ManagerOpRunner {
         {"used_host_blocks", {s.used_host_blocks, m.used_host_blocks()}},
         {"prefix_query_tokens", {s.prefix_query_tokens, c.prefix_query_tokens}},
         {"prefix_hit_tokens", {s.prefix_hit_tokens, c.prefix_hit_tokens}},
-        {"evictions", {s.evictions, c.evictions}},
+        {"evictions", {s.evictions, m.evictions()}},
         {"cow_copies", {s.cow_copies, c.cow_copies}},
         {"preemptions_recompute", {s.preemptions_recompute, c.preemptions_recompute}},
         {"preemptions_swap", {s.preemptions_swap, c.preemptions_swap}},
         {"blocks_swapped_out", {s.blocks_swapped_out, c.blocks_swapped_out}},
         {"blocks_swapped_in", {s.blocks_swapped_in, c.blocks_swapped_in}},
         {"claims_released", {s.claims_released, c.claims_released}},
+        {"cached_host_blocks", {s.cached_host_blocks, m.cached_host_blocks()}},
+        {"host_hit_tokens", {s.host_hit_tokens, c.host_hit_tokens}},
+        {"blocks_demoted", {s.blocks_demoted, c.blocks_demoted}},
+        {"blocks_promoted", {s.blocks_promoted, c.blocks_promoted}},
+        {"host_evictions", {s.host_evictions, m.host_evictions()}},
     };
     for (const auto& [name, values] : fields) {
       if (values.first != values.second) {
@@ -987,9 +1033,11 @@ class ManagerOpRunner {
     std::ostringstream out;
     if (const auto* s = std::get_if<BlockStored>(&e)) {
       out << "Stored(" << s->block_hashes.size() << " hashes, " << s->token_ids.size()
-          << " tokens, parent " << s->parent_hash.has_value() << ")";
+          << " tokens, parent " << s->parent_hash.has_value() << ", "
+          << (s->medium == Medium::kHost ? "host" : "device") << ")";
     } else if (const auto* r = std::get_if<BlockRemoved>(&e)) {
-      out << "Removed(" << r->block_hashes.size() << " hashes)";
+      out << "Removed(" << r->block_hashes.size() << " hashes, "
+          << (r->medium == Medium::kHost ? "host" : "device") << ")";
     } else {
       out << "Cleared";
     }
@@ -1002,10 +1050,11 @@ class ManagerOpRunner {
       const auto& y = std::get<BlockStored>(b);
       return x->block_hashes == y.block_hashes && x->parent_hash == y.parent_hash &&
              x->token_ids == y.token_ids && x->block_size == y.block_size &&
-             x->extra_keys == y.extra_keys;
+             x->extra_keys == y.extra_keys && x->medium == y.medium;
     }
     if (const auto* x = std::get_if<BlockRemoved>(&a)) {
-      return x->block_hashes == std::get<BlockRemoved>(b).block_hashes;
+      const auto& y = std::get<BlockRemoved>(b);
+      return x->block_hashes == y.block_hashes && x->medium == y.medium;
     }
     return true;
   }
@@ -1069,7 +1118,8 @@ class ManagerOpRunner {
   int num_ops_ = 0;
   SeqId last_added_ = -12345;
   SeqId next_fresh_id_ = 100;
-  bool echo_ = false;  // PAGEDKV_OPS_TRACE set: print each operation as it runs
+  bool echo_ = false;   // PAGEDKV_OPS_TRACE set: print each operation as it runs
+  int64_t now_ms_ = 0;  // the manager's clock
 };
 
 // Runs the operations the bytes decode to; "" when every check passed.

@@ -11,13 +11,20 @@
 //   - each sequence: state, priority, arrival, tokens, computed count, device table, host
 //     blocks, how many of its full blocks were offered to the prefix index;
 //   - each device and host block: its ref count (tables holding it, plus blocks parked
-//     because a pending copy still names them);
-//   - both free queues, head (allocated next) to tail, as plain vectors: a release puts
-//     hashed blocks at the tail and the others at the head, each group in the given order;
-//   - the prefix index: BlockHash -> block, where a hit must also match the stored tokens,
-//     extra keys and parent contents (a block's `content` key changes whenever it is
-//     allocated, that is whenever its contents may change), plus per hash the standby
-//     duplicates that take the indexed block's place when it leaves (newest first);
+//     because a pending copy still names them), retention priority and duration;
+//   - both free queues, head (allocated next) to tail, as plain vectors: a clean list and
+//     one list per retention priority; a release puts hashed blocks at the tail of their
+//     priority's list and the others at the head of the clean list, each group in the
+//     given order; allocation takes the clean list, then the lowest priority's list; an
+//     expired retention moves a block to the default priority's list by release order;
+//   - the prefix index of each pool (the host pool's is the host tier): BlockHash ->
+//     block, where a hit must also match the stored tokens, extra keys and parent
+//     contents (a block's `content` key changes whenever it is allocated, that is whenever
+//     its contents may change, and travels with a demoted or promoted copy), plus per hash
+//     the standby duplicates that take the indexed block's place when it leaves (newest
+//     first);
+//   - the host tier: a device block that eviction drops from the index is copied to a host
+//     block (a demote op), match_prefix continues into host hits and promotes them;
 //   - counters (Stats), KV events and preemption hooks.
 // Contract choices the header leaves open are marked "NOTE (contract)"; the model follows
 // the implementation there so that a disagreement means a bug, not a taste difference.
@@ -35,6 +42,7 @@
 #include "absl/status/status.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_events.h"
+#include "pagedkv/retention.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv::testing {
@@ -59,22 +67,28 @@ class ReferenceModel {
     uint64_t scheduled_step = 0;
     int32_t settled = 0;
     bool kv_before_reset = false;  // held K/V at a reset_prefix_cache(): offers nothing
+    std::vector<RetentionRange> retention;
   };
 
   enum class Role { kNone, kIndexed, kStandby };
 
-  struct DeviceBlock {
+  struct Block {
     int32_t ref = 0;
     Role role = Role::kNone;  // holds a hash: indexed, or standby of the indexed block
-    uint64_t content = 0;     // new on every allocation; a standby shares its original's
-    uint64_t write_step = 0;  // the step whose writes or swap-in fill it
-    // Valid while cached: what a hit must match.
+    uint64_t content = 0;     // new on every allocation; a standby or copy shares its original's
+    uint64_t write_step = 0;  // device: the step whose writes, swap-in or promotion fill it
+    // Valid while cached (and, for the copy eviction makes, after): what a hit must match.
     BlockHash hash;
     uint64_t parent_content = 0;  // 0: first block
+    std::optional<BlockHash> parent_hash;
     std::vector<TokenId> tokens;
     std::vector<uint64_t> extra_keys;
+    int32_t priority = kDefaultRetentionPriority;
+    int64_t duration = 0;
+    uint64_t stamp = 0;  // when it last joined a priority's list
     bool cached() const { return role != Role::kNone; }
   };
+  using DeviceBlock = Block;
 
   struct Counters {
     int64_t prefix_query_tokens = 0;
@@ -86,6 +100,9 @@ class ReferenceModel {
     int64_t blocks_swapped_out = 0;
     int64_t blocks_swapped_in = 0;
     int64_t claims_released = 0;
+    int64_t host_hit_tokens = 0;
+    int64_t blocks_demoted = 0;
+    int64_t blocks_promoted = 0;
   };
 
   // Mirrors KvCacheManager::create(): InvalidArgument for any bad option.
@@ -94,24 +111,34 @@ class ReferenceModel {
         o.watermark_blocks < 0 || o.watermark_blocks >= o.num_blocks || o.hash_fn == nullptr) {
       return Code::kInvalidArgument;
     }
+    if (o.enable_host_cache && (!o.enable_prefix_caching || o.num_host_blocks == 0)) {
+      return Code::kInvalidArgument;
+    }
     return Code::kOk;
   }
 
+  // NOTE (contract): host content keys start at 2^63, apart from the device's (from 1).
   explicit ReferenceModel(const KvCacheManager::Options& o)
-      : opts_(o), device_(o.num_blocks), host_ref_(o.num_host_blocks, 0) {
-    for (BlockId b = 0; b < o.num_blocks; ++b) device_queue_.push_back(b);
-    for (BlockId b = 0; b < o.num_host_blocks; ++b) host_queue_.push_back(b);
-  }
+      : opts_(o),
+        device_(Medium::kDevice, o.num_blocks, 1),
+        host_(Medium::kHost, o.num_host_blocks, uint64_t{1} << 63) {}
 
   // --- calls -----------------------------------------------------------------------------
 
   Code add_sequence(SeqId id, std::span<const TokenId> prompt, int32_t priority,
-                    std::span<const uint64_t> extra_keys) {
+                    std::span<const uint64_t> extra_keys,
+                    std::span<const RetentionRange> retention = {}) {
     if (seqs_.count(id)) return Code::kAlreadyExists;
     if (prompt.empty()) return Code::kInvalidArgument;
     if (static_cast<int64_t>(prompt.size()) > opts_.max_model_len) return Code::kInvalidArgument;
     if (blocks_for(static_cast<int64_t>(prompt.size())) > opts_.num_blocks) {
       return Code::kInvalidArgument;
+    }
+    for (const RetentionRange& r : retention) {
+      if (r.begin < 0 || r.end < r.begin || r.priority < kMinRetentionPriority ||
+          r.priority > kMaxRetentionPriority || r.duration_ms < 0) {
+        return Code::kInvalidArgument;
+      }
     }
     Seq s;
     s.id = id;
@@ -119,6 +146,7 @@ class ReferenceModel {
     s.arrival = next_arrival_++;
     s.tokens.assign(prompt.begin(), prompt.end());
     s.extra_keys.assign(extra_keys.begin(), extra_keys.end());
+    s.retention.assign(retention.begin(), retention.end());
     seqs_.emplace(id, std::move(s));
     return Code::kOk;
   }
@@ -148,26 +176,21 @@ class ReferenceModel {
     const auto max_blocks = static_cast<int32_t>((len - 1) / bs);  // never the last token
     const std::vector<BlockHash> hashes = block_hashes(*s, max_blocks);
     std::vector<BlockId> hits;
-    BlockId parent = kNoBlock;
+    uint64_t parent_content = 0;
     for (int32_t i = 0; i < max_blocks; ++i) {
-      const auto it = index_.find(key(hashes[i]));
-      if (it == index_.end()) break;
-      const BlockId c = it->second;
-      const DeviceBlock& d = device_[c];
-      if (d.parent_content != content_of(parent) || d.extra_keys != s->extra_keys ||
-          d.tokens != block_tokens(*s, i)) {
-        break;
-      }
+      const BlockId c = find_hit(device_, hashes[i], parent_content, *s, i);
+      if (c == kNoBlock) break;
       hits.push_back(c);
-      parent = c;
+      parent_content = device_.blocks[c].content;
     }
-    for (const BlockId b : hits) touch(b);
+    for (const BlockId b : hits) touch(device_, b);
     s->table = hits;
-    s->computed = static_cast<int32_t>(hits.size()) * bs;
-    s->offered = static_cast<int32_t>(hits.size());
+    if (opts_.enable_host_cache) promote(*s, hashes, max_blocks, parent_content);
+    s->computed = static_cast<int32_t>(s->table.size()) * bs;
+    s->offered = static_cast<int32_t>(s->table.size());
     // Hitting a block that this step still fills makes the sequence scheduled from there.
-    for (size_t i = 0; i < hits.size(); ++i) {
-      if (device_[hits[i]].write_step == step_) {
+    for (size_t i = 0; i < s->table.size(); ++i) {
+      if (device_.blocks[s->table[i]].write_step == step_) {
         mark_scheduled(*s, static_cast<int32_t>(i) * bs);
         break;
       }
@@ -222,7 +245,7 @@ class ReferenceModel {
           }
         }
         if (mode == PreemptionMode::kSwap &&
-            blocks_for(victim->num_computed_tokens) > static_cast<int64_t>(host_queue_.size())) {
+            blocks_for(victim->num_computed_tokens) > static_cast<int64_t>(queue_size(host_))) {
           mode = PreemptionMode::kRecompute;
         }
         victim_id = victim->id;
@@ -242,9 +265,8 @@ class ReferenceModel {
     const int32_t bs = opts_.block_size;
     if (mode == PreemptionMode::kSwap) {
       const auto needed = static_cast<int32_t>(blocks_for(s->computed));
-      if (needed > static_cast<int32_t>(host_queue_.size())) return Code::kResourceExhausted;
-      s->host = take_from_queue(host_queue_, needed);
-      for (const BlockId h : s->host) host_ref_[h] = 1;
+      if (needed > static_cast<int32_t>(queue_size(host_))) return Code::kResourceExhausted;
+      s->host = allocate(host_, needed);
       for (int32_t i = 0; i < needed; ++i) {
         pending_swaps_.swap_out.push_back(
             {s->table[i], s->host[i], std::min(bs, s->computed - i * bs)});
@@ -270,13 +292,13 @@ class ReferenceModel {
     if (s == nullptr) return Code::kNotFound;
     if (s->state != SequenceState::kSwapped) return Code::kFailedPrecondition;
     const auto needed = static_cast<int32_t>(s->host.size());
-    if (needed > static_cast<int32_t>(device_queue_.size())) return Code::kResourceExhausted;
+    if (needed > static_cast<int32_t>(queue_size(device_))) return Code::kResourceExhausted;
     s->table = allocate_device(needed);
     const int32_t bs = opts_.block_size;
     for (int32_t i = 0; i < needed; ++i) {
       pending_swaps_.swap_in.push_back(
           {s->host[i], s->table[i], std::min(bs, s->computed - i * bs)});
-      device_[s->table[i]].write_step = step_;
+      device_.blocks[s->table[i]].write_step = step_;
     }
     counters_.blocks_swapped_in += needed;
     release_host(*s);
@@ -296,7 +318,7 @@ class ReferenceModel {
     c.arrival = next_arrival_++;
     c.table.resize(static_cast<size_t>(blocks_for(p->computed)));  // computed blocks only
     c.offered = std::min(c.offered, static_cast<int32_t>(c.table.size()));
-    for (const BlockId b : c.table) touch(b);
+    for (const BlockId b : c.table) touch(device_, b);
     seqs_.emplace(child, std::move(c));
     return Code::kOk;
   }
@@ -334,9 +356,11 @@ class ReferenceModel {
   }
 
   void reset_prefix_cache() {
-    for (DeviceBlock& d : device_) d.role = Role::kNone;
-    index_.clear();
-    standby_.clear();
+    for (Pool* pool : {&device_, &host_}) {
+      for (Block& b : pool->blocks) b.role = Role::kNone;
+      pool->index.clear();
+      pool->standby.clear();
+    }
     for (auto& [id, s] : seqs_) {
       if (s.computed > 0 || !s.table.empty()) s.kv_before_reset = true;
     }
@@ -354,21 +378,28 @@ class ReferenceModel {
     return it == seqs_.end() ? nullptr : &it->second;
   }
   const std::map<SeqId, Seq>& sequences() const { return seqs_; }
-  const std::vector<DeviceBlock>& device_blocks() const { return device_; }
-  const std::vector<int32_t>& host_refs() const { return host_ref_; }
-  const std::vector<BlockId>& device_queue() const { return device_queue_; }
-  const std::vector<BlockId>& host_queue() const { return host_queue_; }
+  const std::vector<Block>& device_blocks() const { return device_.blocks; }
+  const std::vector<Block>& host_blocks() const { return host_.blocks; }
+  std::vector<BlockId> device_queue() const { return queue_order(device_); }
+  std::vector<BlockId> host_queue() const { return queue_order(host_); }
+  int64_t evictions() const { return device_.evictions; }
+  int64_t host_evictions() const { return host_.evictions; }
   const Counters& counters() const { return counters_; }
   const std::vector<BlockCopy>& pending_copies() const { return pending_copies_; }
   const SwapOps& pending_swaps() const { return pending_swaps_; }
   const KvCacheManager::Options& options() const { return opts_; }
   int32_t used_host_blocks() const {
-    return static_cast<int32_t>(
-        std::count_if(host_ref_.begin(), host_ref_.end(), [](int32_t r) { return r > 0; }));
+    return static_cast<int32_t>(std::count_if(host_.blocks.begin(), host_.blocks.end(),
+                                              [](const Block& b) { return b.ref > 0; }));
   }
   int32_t cached_free_blocks() const {
-    return static_cast<int32_t>(std::count_if(
-        device_.begin(), device_.end(), [](const auto& d) { return d.cached() && d.ref == 0; }));
+    return static_cast<int32_t>(
+        std::count_if(device_.blocks.begin(), device_.blocks.end(),
+                      [](const Block& b) { return b.cached() && b.ref == 0; }));
+  }
+  int32_t cached_host_blocks() const {
+    return static_cast<int32_t>(std::count_if(host_.blocks.begin(), host_.blocks.end(),
+                                              [](const Block& b) { return b.cached(); }));
   }
   std::vector<KvEvent> take_events() { return std::exchange(events_, {}); }
   std::vector<Preemption> take_preemptions() { return std::exchange(preemptions_, {}); }
@@ -388,6 +419,38 @@ class ReferenceModel {
   using Key = std::pair<uint64_t, uint64_t>;
   static Key key(const BlockHash& h) { return {h.lo, h.hi}; }
 
+  // One pool of blocks: the device pool, or the host pool (swap blocks and the host tier).
+  struct Pool {
+    struct Expiry {
+      int64_t time = 0;
+      BlockId block = kNoBlock;
+      uint64_t stamp = 0;
+    };
+    Pool(Medium m, int32_t n, uint64_t first_content)
+        : medium(m), blocks(n), next_content(first_content) {
+      for (BlockId b = 0; b < n; ++b) clean.push_back(b);
+    }
+    Medium medium;
+    std::vector<Block> blocks;
+    std::vector<BlockId> clean;                      // free and never cached since, head first
+    std::map<int32_t, std::vector<BlockId>> levels;  // priority -> its list, LRU first
+    std::map<Key, BlockId> index;
+    std::map<Key, std::vector<BlockId>> standby;  // per hash, newest first
+    uint64_t next_content;
+    uint64_t last_stamp = 0;
+    int64_t evictions = 0;
+    std::vector<Expiry> expiries;
+  };
+
+  // A device block eviction dropped from the index: the host tier's copy is made from it.
+  struct Evicted {
+    BlockId block;
+    BlockHash hash;
+    uint64_t content;
+    int32_t priority;
+    int64_t duration;
+  };
+
   int64_t blocks_for(int64_t tokens) const {
     return (tokens + opts_.block_size - 1) / opts_.block_size;
   }
@@ -397,10 +460,255 @@ class ReferenceModel {
     return std::vector<TokenId>(begin, begin + opts_.block_size);
   }
 
-  static std::vector<BlockId> take_from_queue(std::vector<BlockId>& queue, int32_t n) {
-    std::vector<BlockId> out(queue.begin(), queue.begin() + n);
-    queue.erase(queue.begin(), queue.begin() + n);
+  int64_t now() const {
+    // NOTE (contract): without a clock the pools read steady_clock; the driver injects one.
+    return opts_.clock ? opts_.clock() : 0;
+  }
+
+  // --- free queues ---
+
+  static size_t queue_size(const Pool& p) {
+    size_t n = p.clean.size();
+    for (const auto& [priority, list] : p.levels) n += list.size();
+    return n;
+  }
+  static std::vector<BlockId> queue_order(const Pool& p) {
+    std::vector<BlockId> order = p.clean;
+    for (const auto& [priority, list] : p.levels)
+      order.insert(order.end(), list.begin(), list.end());
+    return order;
+  }
+  static bool queued_in(const std::vector<BlockId>& list, BlockId b) {
+    return std::find(list.begin(), list.end(), b) != list.end();
+  }
+  static void queue_erase(Pool& p, BlockId b) {
+    std::erase(p.clean, b);
+    for (auto& [priority, list] : p.levels) std::erase(list, b);
+  }
+  static BlockId queue_pop(Pool& p) {
+    std::vector<BlockId>* list = &p.clean;
+    for (auto& [priority, l] : p.levels) {
+      if (!list->empty()) break;
+      list = &l;
+    }
+    const BlockId b = list->front();
+    list->erase(list->begin());
+    return b;
+  }
+  // Inserts b into priority `priority`'s list before the first block released after it.
+  static void insert_by_stamp(Pool& p, BlockId b, int32_t priority) {
+    std::vector<BlockId>& list = p.levels[priority];
+    auto it = std::find_if(list.begin(), list.end(),
+                           [&](BlockId x) { return p.blocks[x].stamp > p.blocks[b].stamp; });
+    list.insert(it, b);
+  }
+
+  // Retentions that expired: their blocks move to the default priority by release order.
+  void expire(Pool& p) {
+    if (p.expiries.empty()) return;
+    const int64_t t = now();
+    std::vector<typename Pool::Expiry> keep;
+    for (const auto& e : p.expiries) {
+      if (e.time > t) {
+        keep.push_back(e);
+        continue;
+      }
+      Block& b = p.blocks[e.block];
+      const auto level = p.levels.find(b.priority);
+      if (level == p.levels.end() || !queued_in(level->second, e.block) || b.stamp != e.stamp) {
+        continue;  // taken or freed again since
+      }
+      std::erase(level->second, e.block);
+      b.priority = kDefaultRetentionPriority;
+      b.duration = 0;
+      insert_by_stamp(p, e.block, kDefaultRetentionPriority);
+    }
+    p.expiries = std::move(keep);
+  }
+
+  static void set_retention(Block& b, int32_t priority, int64_t duration) {
+    if (priority < b.priority) return;
+    const bool longer = duration == 0 || (b.duration != 0 && duration > b.duration);
+    if (priority == b.priority && !longer) return;
+    b.priority = priority;
+    b.duration = duration;
+  }
+
+  // --- index ---
+
+  uint64_t content_of(BlockId parent) const {
+    return parent == kNoBlock ? 0 : device_.blocks[parent].content;
+  }
+
+  // The block of `p` indexed under `hash` if it holds block i of `s` after `parent_content`.
+  BlockId find_hit(const Pool& p, const BlockHash& hash, uint64_t parent_content, const Seq& s,
+                   int32_t i) const {
+    const auto it = p.index.find(key(hash));
+    if (it == p.index.end()) return kNoBlock;
+    const Block& b = p.blocks[it->second];
+    if (b.parent_content != parent_content || b.extra_keys != s.extra_keys ||
+        b.tokens != block_tokens(s, i)) {
+      return kNoBlock;
+    }
+    return it->second;
+  }
+
+  // Takes block b out of the index or its hash's standbys; the newest standby replaces an
+  // indexed block. Returns true when the hash left the index.
+  static bool leave_index(Pool& p, BlockId b) {
+    Block& d = p.blocks[b];
+    const Key k = key(d.hash);
+    std::vector<BlockId>& standby = p.standby[k];
+    const Role role = d.role;
+    d.role = Role::kNone;
+    if (role == Role::kStandby) {
+      std::erase(standby, b);
+      return false;
+    }
+    if (standby.empty()) {
+      p.index.erase(k);
+      return true;
+    }
+    p.index[k] = standby.front();
+    p.blocks[standby.front()].role = Role::kIndexed;
+    standby.erase(standby.begin());
+    return false;
+  }
+
+  // Takes n blocks from the head of p's queue; cached blocks taken this way are evicted.
+  std::vector<BlockId> allocate(Pool& p, int32_t n) {
+    if (n > 0) expire(p);
+    std::vector<BlockId> out;
+    for (int32_t i = 0; i < n; ++i) {
+      const BlockId b = queue_pop(p);
+      Block& d = p.blocks[b];
+      if (d.cached()) {
+        // One event per evicted block; none when a standby takes over the hash.
+        if (leave_index(p, b)) {
+          events_.push_back(BlockRemoved{{d.hash}, p.medium});
+          if (&p == &device_ && opts_.enable_host_cache) {
+            evicted_.push_back({b, d.hash, d.content, d.priority, d.duration});
+          }
+        }
+        ++p.evictions;
+      }
+      d.content = p.next_content++;
+      d.ref = 1;
+      d.priority = kDefaultRetentionPriority;
+      d.duration = 0;
+      out.push_back(b);
+    }
     return out;
+  }
+
+  std::vector<BlockId> allocate_device(int32_t n) {
+    std::vector<BlockId> out = allocate(device_, n);
+    demote_evicted();
+    return out;
+  }
+
+  // Each evicted device block is copied into a host block unless the tier holds its hash
+  // or no host block is free; the host block is held until the copy is taken.
+  void demote_evicted() {
+    for (const Evicted& e : std::exchange(evicted_, {})) {
+      if (queue_size(host_) == 0 || host_.index.count(key(e.hash))) continue;
+      const BlockId h = allocate(host_, 1)[0];
+      const Block& src = device_.blocks[e.block];
+      Block& d = host_.blocks[h];
+      d.content = e.content;
+      d.role = Role::kIndexed;
+      d.hash = e.hash;
+      d.parent_content = src.parent_content;
+      d.parent_hash = src.parent_hash;
+      d.tokens = src.tokens;
+      d.extra_keys = src.extra_keys;
+      host_.index[key(e.hash)] = h;
+      events_.push_back(BlockStored{
+          {e.hash}, src.parent_hash, src.tokens, opts_.block_size, src.extra_keys, Medium::kHost});
+      set_retention(d, e.priority, e.duration);
+      pending_swaps_.demote.push_back({e.block, h, opts_.block_size});
+      release_host_block(h);
+      ++counters_.blocks_demoted;
+    }
+  }
+
+  // The host hits that continue s's device hits, as many as free device blocks allow
+  // (less the watermark while another sequence runs), copied into new device blocks that
+  // take their content keys and enter the device index; the host copies leave the tier.
+  void promote(Seq& s, const std::vector<BlockHash>& hashes, int32_t max_blocks,
+               uint64_t parent_content) {
+    const auto first = static_cast<int32_t>(s.table.size());
+    const bool others_run = std::any_of(seqs_.begin(), seqs_.end(), [](const auto& entry) {
+      return entry.second.state == SequenceState::kRunning;
+    });
+    const int64_t room = std::max<int64_t>(
+        0, static_cast<int64_t>(queue_size(device_)) - (others_run ? opts_.watermark_blocks : 0));
+    std::vector<BlockId> hits;
+    for (int32_t i = first; i < max_blocks && i - first < room; ++i) {
+      const BlockId h = find_hit(host_, hashes[i], parent_content, s, i);
+      if (h == kNoBlock) break;
+      hits.push_back(h);
+      parent_content = host_.blocks[h].content;
+    }
+    if (hits.empty()) return;
+    for (const BlockId h : hits) touch(host_, h);
+    const std::vector<BlockId> fresh = allocate_device(static_cast<int32_t>(hits.size()));
+    for (size_t j = 0; j < hits.size(); ++j) {
+      device_.blocks[fresh[j]].content = host_.blocks[hits[j]].content;
+      pending_swaps_.promote.push_back({hits[j], fresh[j], opts_.block_size});
+      device_.blocks[fresh[j]].write_step = step_;
+      if (host_.blocks[hits[j]].cached() && leave_index(host_, hits[j])) {
+        events_.push_back(BlockRemoved{{host_.blocks[hits[j]].hash}, Medium::kHost});
+      }
+      release_host_block(hits[j]);
+    }
+    s.table.insert(s.table.end(), fresh.begin(), fresh.end());
+    s.offered = first;
+    s.computed = static_cast<int32_t>(s.table.size()) * opts_.block_size;
+    offer(s);
+    counters_.blocks_promoted += static_cast<int64_t>(hits.size());
+    counters_.host_hit_tokens += static_cast<int64_t>(hits.size()) * opts_.block_size;
+  }
+
+  void touch(Pool& p, BlockId b) {
+    Block& d = p.blocks[b];
+    if (d.ref++ == 0) {
+      queue_erase(p, b);
+      d.priority = kDefaultRetentionPriority;
+      d.duration = 0;
+    }
+  }
+
+  // Drops one reference from each block; those reaching 0 join the queue in the given
+  // order, hashed ones at the tail of their priority's list, the others at the head.
+  void unref(Pool& p, const std::vector<BlockId>& blocks) {
+    size_t clean = 0;
+    for (const BlockId b : blocks) {
+      Block& d = p.blocks[b];
+      if (--d.ref != 0) continue;
+      if (!d.cached()) {
+        p.clean.insert(p.clean.begin() + static_cast<int64_t>(clean++), b);
+        continue;
+      }
+      d.stamp = ++p.last_stamp;
+      p.levels[d.priority].push_back(b);
+      if (d.duration > 0 && d.priority != kDefaultRetentionPriority) {
+        p.expiries.push_back({now() + d.duration, b, d.stamp});
+      }
+    }
+  }
+
+  // NOTE (contract): a block's retention is that of the last range holding its first token.
+  void apply_retention(const Seq& s) {
+    for (size_t i = 0; i < s.table.size(); ++i) {
+      const int64_t first_token = static_cast<int64_t>(i) * opts_.block_size;
+      for (auto r = s.retention.rbegin(); r != s.retention.rend(); ++r) {
+        if (first_token >= r->begin && first_token < r->end) {
+          set_retention(device_.blocks[s.table[i]], r->priority, r->duration_ms);
+          break;
+        }
+      }
+    }
   }
 
   bool scheduled(const Seq& s) const { return s.scheduled_step == step_; }
@@ -412,82 +720,16 @@ class ReferenceModel {
     s.settled = settled;
   }
 
-  uint64_t content_of(BlockId parent) const {
-    return parent == kNoBlock ? 0 : device_[parent].content;
-  }
-
-  // Takes block b out of the index or its hash's standbys; the newest standby replaces an
-  // indexed block. Returns true when the hash left the index.
-  bool leave_index(BlockId b) {
-    DeviceBlock& d = device_[b];
-    const Key k = key(d.hash);
-    std::vector<BlockId>& standby = standby_[k];
-    const Role role = d.role;
-    d.role = Role::kNone;
-    if (role == Role::kStandby) {
-      std::erase(standby, b);
-      return false;
-    }
-    if (standby.empty()) {
-      index_.erase(k);
-      return true;
-    }
-    index_[k] = standby.front();
-    device_[standby.front()].role = Role::kIndexed;
-    standby.erase(standby.begin());
-    return false;
-  }
-
-  // Head of the queue first; cached blocks taken this way are evicted.
-  std::vector<BlockId> allocate_device(int32_t n) {
-    std::vector<BlockId> out = take_from_queue(device_queue_, n);
-    for (const BlockId b : out) {
-      DeviceBlock& d = device_[b];
-      if (d.cached()) {
-        // One event per evicted block; none when a standby takes over the hash.
-        if (leave_index(b)) events_.push_back(BlockRemoved{{d.hash}});
-        ++counters_.evictions;
-      }
-      d.content = next_content_++;
-      d.ref = 1;
-    }
-    return out;
-  }
-
-  void touch(BlockId b) {
-    if (device_[b].ref++ == 0) std::erase(device_queue_, b);
-  }
-
-  // Drops one reference from each block; those reaching 0 join the queue in the given
-  // order, hashed ones at the tail and the others at the head.
-  void unref_device(const std::vector<BlockId>& blocks) {
-    size_t clean = 0;
-    for (const BlockId b : blocks) {
-      if (--device_[b].ref != 0) continue;
-      if (device_[b].cached()) {
-        device_queue_.push_back(b);
-      } else {
-        device_queue_.insert(device_queue_.begin() + static_cast<int64_t>(clean++), b);
-      }
-    }
-  }
-
-  // Host blocks are never hashed: released ones go to the head, in the given order.
-  void release_host_blocks(const std::vector<BlockId>& blocks) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      host_ref_[blocks[i]] = 0;
-      host_queue_.insert(host_queue_.begin() + static_cast<int64_t>(i), blocks[i]);
-    }
-  }
-
   // Blocks it filled in this step and holds alone may never be written: unshare them.
   void unshare_unwritten(Seq& s) {
     if (!scheduled(s)) return;
     const int32_t end = std::min<int32_t>(s.offered, static_cast<int32_t>(s.table.size()));
     for (int32_t i = s.settled / opts_.block_size; i < end; ++i) {
       const BlockId b = s.table[i];
-      DeviceBlock& d = device_[b];
-      if (d.ref == 1 && d.cached() && leave_index(b)) events_.push_back(BlockRemoved{{d.hash}});
+      Block& d = device_.blocks[b];
+      if (d.ref == 1 && d.cached() && leave_index(device_, b)) {
+        events_.push_back(BlockRemoved{{d.hash}, Medium::kDevice});
+      }
     }
   }
 
@@ -508,7 +750,7 @@ class ReferenceModel {
     for (auto& [id, s] : seqs_) {
       if (id == requester || s.state != SequenceState::kWaiting) continue;
       if (std::none_of(s.table.begin(), s.table.end(),
-                       [&](BlockId b) { return device_[b].ref == 1; })) {
+                       [&](BlockId b) { return device_.blocks[b].ref == 1; })) {
         continue;
       }
       if (chosen == nullptr || s.priority < chosen->priority ||
@@ -523,23 +765,29 @@ class ReferenceModel {
   }
 
   // Named by a pending op that reads or writes device memory after the release: a CoW copy
-  // (either end) or a swap-in destination. Swap-out sources are read first in a step, so
-  // they may be reused at once.
+  // (either end), a swap-in or promotion destination. Swap-out and demotion sources are
+  // read first in a step, so they may be reused at once.
   bool device_pending(BlockId b) const {
     for (const BlockCopy& op : pending_copies_) {
       if (op.src == b || op.dst == b) return true;
     }
-    for (const BlockCopy& op : pending_swaps_.swap_in) {
-      if (op.dst == b) return true;
+    for (const auto* ops : {&pending_swaps_.swap_in, &pending_swaps_.promote}) {
+      for (const BlockCopy& op : *ops) {
+        if (op.dst == b) return true;
+      }
     }
     return false;
   }
   bool host_pending(BlockId h) const {
-    for (const BlockCopy& op : pending_swaps_.swap_out) {
-      if (op.dst == h) return true;
+    for (const auto* ops : {&pending_swaps_.swap_out, &pending_swaps_.demote}) {
+      for (const BlockCopy& op : *ops) {
+        if (op.dst == h) return true;
+      }
     }
-    for (const BlockCopy& op : pending_swaps_.swap_in) {
-      if (op.src == h) return true;
+    for (const auto* ops : {&pending_swaps_.swap_in, &pending_swaps_.promote}) {
+      for (const BlockCopy& op : *ops) {
+        if (op.src == h) return true;
+      }
     }
     return false;
   }
@@ -547,16 +795,25 @@ class ReferenceModel {
   // Tail first, as one release; a last reference to a block a pending op still names is
   // parked.
   void release_device(Seq& s) {
+    apply_retention(s);
     std::vector<BlockId> released;
     for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) {
-      if (device_pending(*it) && device_[*it].ref == 1) {
+      if (device_pending(*it) && device_.blocks[*it].ref == 1) {
         deferred_device_.push_back(*it);
       } else {
         released.push_back(*it);
       }
     }
-    unref_device(released);
+    unref(device_, released);
     s.table.clear();
+  }
+
+  void release_host_block(BlockId h) {
+    if (host_pending(h)) {
+      deferred_host_.push_back(h);
+    } else {
+      unref(host_, {h});
+    }
   }
 
   void release_host(Seq& s) {
@@ -568,7 +825,7 @@ class ReferenceModel {
         released.push_back(*it);
       }
     }
-    release_host_blocks(released);
+    unref(host_, released);
     s.host.clear();
   }
 
@@ -579,7 +836,7 @@ class ReferenceModel {
       if (device_pending(b)) {
         keep.push_back(b);
       } else {
-        unref_device({b});
+        unref(device_, {b});
       }
     }
     deferred_device_ = std::move(keep);
@@ -588,7 +845,7 @@ class ReferenceModel {
       if (host_pending(h)) {
         keep.push_back(h);
       } else {
-        release_host_blocks({h});
+        unref(host_, {h});
       }
     }
     deferred_host_ = std::move(keep);
@@ -604,7 +861,7 @@ class ReferenceModel {
     if (total_blocks > opts_.num_blocks) return {Code::kInvalidArgument, {}};
     const int32_t partial = s.computed % bs;
     const int32_t write_block = s.computed / bs;
-    const bool cow = n > 0 && partial != 0 && device_[s.table[write_block]].ref > 1;
+    const bool cow = n > 0 && partial != 0 && device_.blocks[s.table[write_block]].ref > 1;
     // A copy-on-write must not copy tokens whose K/V this step has not written yet.
     if (cow && scheduled(s) && s.settled < s.computed) return {Code::kFailedPrecondition, {}};
     const int64_t new_blocks =
@@ -615,7 +872,7 @@ class ReferenceModel {
     });
     const int32_t reserve =
         s.state == SequenceState::kWaiting && others_run ? opts_.watermark_blocks : 0;
-    if (new_blocks + reserve > static_cast<int64_t>(device_queue_.size())) {
+    if (new_blocks + reserve > static_cast<int64_t>(queue_size(device_))) {
       return {Code::kResourceExhausted, {}};
     }
     std::vector<BlockId> fresh = allocate_device(static_cast<int32_t>(new_blocks));
@@ -625,7 +882,7 @@ class ReferenceModel {
       const BlockId src = s.table[write_block];
       const BlockId dst = fresh[next++];
       pending_copies_.push_back({src, dst, partial});
-      --device_[src].ref;  // other sharers still hold it
+      --device_.blocks[src].ref;  // other sharers still hold it
       s.table[write_block] = dst;
       ++counters_.cow_copies;
     }
@@ -633,7 +890,7 @@ class ReferenceModel {
     std::vector<int64_t> slots;
     for (int64_t t = s.computed; t < new_total; ++t) {
       slots.push_back(int64_t{s.table[t / bs]} * bs + t % bs);
-      device_[s.table[t / bs]].write_step = step_;
+      device_.blocks[s.table[t / bs]].write_step = step_;
     }
     if (n > 0) mark_scheduled(s, s.computed);
     s.computed = static_cast<int32_t>(new_total);
@@ -663,15 +920,15 @@ class ReferenceModel {
     for (int32_t i = s.offered; i < full; ++i) {
       const BlockId b = s.table[i];
       const BlockHash& h = hashes[i];
-      DeviceBlock& d = device_[b];
+      Block& d = device_.blocks[b];
       if (d.cached()) {
         end_run();
         continue;
       }
       const uint64_t parent_content = content_of(i == 0 ? kNoBlock : s.table[i - 1]);
-      const auto indexed = index_.find(key(h));
-      if (indexed != index_.end()) {
-        const DeviceBlock& original = device_[indexed->second];
+      const auto indexed = device_.index.find(key(h));
+      if (indexed != device_.index.end()) {
+        const Block& original = device_.blocks[indexed->second];
         if (original.parent_content != parent_content || original.tokens != block_tokens(s, i) ||
             original.extra_keys != s.extra_keys) {
           end_run();
@@ -679,14 +936,15 @@ class ReferenceModel {
         }
         d.role = Role::kStandby;
         d.content = original.content;
-        std::vector<BlockId>& standby = standby_[key(h)];
+        std::vector<BlockId>& standby = device_.standby[key(h)];
         standby.insert(standby.begin(), b);
       } else {
         d.role = Role::kIndexed;
-        index_[key(h)] = b;
+        device_.index[key(h)] = b;
       }
       d.hash = h;
       d.parent_content = parent_content;
+      d.parent_hash = i > 0 ? std::optional(hashes[i - 1]) : std::nullopt;
       d.tokens = block_tokens(s, i);
       d.extra_keys = s.extra_keys;
       if (d.role == Role::kStandby) {  // its hash was announced already
@@ -707,13 +965,9 @@ class ReferenceModel {
   std::map<SeqId, Seq> seqs_;
   int64_t next_arrival_ = 0;
   uint64_t step_ = 1;  // each take_pending_*() ends a step
-  std::vector<DeviceBlock> device_;
-  std::vector<BlockId> device_queue_;  // head first
-  std::vector<int32_t> host_ref_;
-  std::vector<BlockId> host_queue_;
-  std::map<Key, BlockId> index_;
-  std::map<Key, std::vector<BlockId>> standby_;  // per hash, newest first
-  uint64_t next_content_ = 1;
+  Pool device_;
+  Pool host_;
+  std::vector<Evicted> evicted_;  // by the device allocation in progress
   std::vector<BlockCopy> pending_copies_;
   SwapOps pending_swaps_;
   std::vector<BlockId> deferred_device_;
