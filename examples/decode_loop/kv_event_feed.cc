@@ -1,9 +1,11 @@
 #include "kv_event_feed.h"
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +26,18 @@ class PublisherFeed : public KvEventFeed {
   pagedkv::KvEventSink* sink() override { return publisher_.get(); }
   void end_step() override { publisher_->end_step(); }
   int64_t next_seq() const override { return publisher_->stats().next_seq; }
+  bool wait_until_sent(double timeout_s) override {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    for (;;) {
+      const pagedkv::KvEventPublisher::Stats s = publisher_->stats();
+      if (s.steps_published + s.steps_dropped_hwm + s.steps_dropped_queue == s.next_seq) {
+        return true;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
 
  private:
   std::unique_ptr<pagedkv::KvEventPublisher> publisher_;

@@ -410,6 +410,11 @@ int run(int argc, char** argv) {
     fail(absl::StrCat("--kv-index-out ", flags.kv_index_out, ": cannot write"));
   }
   if (events != nullptr) {
+    // Announce the final seq only once every batch is sent, so that a router that replays
+    // up to it finds them all in the replay buffer.
+    if (!events->wait_until_sent(/*timeout_s=*/10)) {
+      std::fprintf(stderr, "pagedkv-decode: kv events: the publisher did not send every batch\n");
+    }
     std::fprintf(stderr, "pagedkv-decode: kv events: next seq %lld\n",
                  static_cast<long long>(events->next_seq()));
   }
