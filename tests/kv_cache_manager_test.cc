@@ -10,57 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "support/manager_test_util.h"
+
 namespace pagedkv {
 namespace {
 
-using Slots = std::vector<int64_t>;
-using Blocks = std::vector<BlockId>;
-
-void require_valid(const KvCacheManager& m) {
-  const absl::Status status = m.check_invariants();
-  INFO(status.ToString());
-  REQUIRE(status.ok());
-}
-
-KvCacheManager make_manager(KvCacheManager::Options options) {
-  auto m = KvCacheManager::create(std::move(options));
-  INFO(m.status().ToString());
-  REQUIRE(m.ok());
-  return *std::move(m);
-}
-
-std::vector<TokenId> iota_tokens(int n, TokenId first = 100) {
-  std::vector<TokenId> t(n);
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
-
-Slots allocate(KvCacheManager& m, SeqId seq, int32_t n, int32_t lookahead = 0) {
-  auto slots = m.allocate_slots(seq, n, lookahead);
-  INFO(slots.status().ToString());
-  REQUIRE(slots.ok());
-  require_valid(m);
-  return Slots(slots->begin(), slots->end());
-}
-
-Blocks table(const KvCacheManager& m, SeqId seq) {
-  auto view = m.sequence(seq);
-  REQUIRE(view.ok());
-  return Blocks(view->block_table.begin(), view->block_table.end());
-}
-
-// Ends a scheduling step as an engine does: it takes the pending copies, runs them and the
-// step's kernels. Sequences scheduled before count as written from here on.
-void end_step(KvCacheManager& m) {
-  m.take_pending_swaps();
-  m.take_pending_copies();
-}
-
-void admit(KvCacheManager& m, SeqId seq, const std::vector<TokenId>& prompt,
-           SequenceOptions options = {}) {
-  REQUIRE(m.add_sequence(seq, prompt, std::move(options)).ok());
-  require_valid(m);
-}
+using namespace pagedkv::testing;  // NOLINT: the shared test helpers
 
 // Everything observable about the manager, to check that a failed call changed nothing.
 struct Snapshot {
@@ -87,12 +42,6 @@ Snapshot snapshot(const KvCacheManager& m, const std::vector<SeqId>& ids) {
                         Blocks(v->host_blocks.begin(), v->host_blocks.end()));
   }
   return s;
-}
-
-void require_error(const absl::Status& status, absl::StatusCode code, const std::string& fragment) {
-  INFO(status.ToString());
-  REQUIRE(status.code() == code);
-  REQUIRE_THAT(std::string(status.message()), Catch::Contains(fragment));
 }
 
 BlockHash constant_hash(const BlockHash*, std::span<const TokenId>, std::span<const uint64_t>) {

@@ -85,8 +85,8 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
       (!options.enable_prefix_caching || options.num_host_blocks == 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvCacheManager: enable_host_cache needs enable_prefix_caching (",
-                     options.enable_prefix_caching, ") and num_host_blocks > 0 (",
-                     options.num_host_blocks, ")"));
+                     options.enable_prefix_caching ? "true" : "false",
+                     ") and num_host_blocks > 0 (", options.num_host_blocks, ")"));
   }
   auto device = BlockPool::create({.num_blocks = options.num_blocks,
                                    .block_size = options.block_size,

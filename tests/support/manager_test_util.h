@@ -1,0 +1,77 @@
+// File: tests/support/manager_test_util.h
+//
+// Small helpers the KvCacheManager tests share: create a manager, admit a prompt, allocate
+// and read tables with check_invariants() after every step, end a step as an engine does.
+#ifndef PAGEDKV_TESTS_SUPPORT_MANAGER_TEST_UTIL_H_
+#define PAGEDKV_TESTS_SUPPORT_MANAGER_TEST_UTIL_H_
+
+#include <catch2/catch.hpp>
+
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pagedkv/kv_cache_manager.h"
+
+namespace pagedkv::testing {
+
+using Slots = std::vector<int64_t>;
+using Blocks = std::vector<BlockId>;
+
+inline void require_valid(const KvCacheManager& m) {
+  const absl::Status status = m.check_invariants();
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+}
+
+inline KvCacheManager make_manager(KvCacheManager::Options options) {
+  auto m = KvCacheManager::create(std::move(options));
+  INFO(m.status().ToString());
+  REQUIRE(m.ok());
+  return *std::move(m);
+}
+
+inline std::vector<TokenId> iota_tokens(int n, TokenId first = 100) {
+  std::vector<TokenId> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+inline Slots allocate(KvCacheManager& m, SeqId seq, int32_t n, int32_t lookahead = 0) {
+  auto slots = m.allocate_slots(seq, n, lookahead);
+  INFO(slots.status().ToString());
+  REQUIRE(slots.ok());
+  require_valid(m);
+  return Slots(slots->begin(), slots->end());
+}
+
+inline Blocks table(const KvCacheManager& m, SeqId seq) {
+  auto view = m.sequence(seq);
+  REQUIRE(view.ok());
+  return Blocks(view->block_table.begin(), view->block_table.end());
+}
+
+// Ends a scheduling step as an engine does: it takes the pending copies, runs them and the
+// step's kernels. Sequences scheduled before count as written from here on.
+inline void end_step(KvCacheManager& m) {
+  m.take_pending_swaps();
+  m.take_pending_copies();
+}
+
+inline void admit(KvCacheManager& m, SeqId seq, const std::vector<TokenId>& prompt,
+                  SequenceOptions options = {}) {
+  REQUIRE(m.add_sequence(seq, prompt, std::move(options)).ok());
+  require_valid(m);
+}
+
+inline void require_error(const absl::Status& status, absl::StatusCode code,
+                          const std::string& fragment) {
+  INFO(status.ToString());
+  REQUIRE(status.code() == code);
+  REQUIRE_THAT(std::string(status.message()), Catch::Contains(fragment));
+}
+
+}  // namespace pagedkv::testing
+
+#endif  // PAGEDKV_TESTS_SUPPORT_MANAGER_TEST_UTIL_H_
