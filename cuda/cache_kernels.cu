@@ -39,15 +39,25 @@ __global__ void __launch_bounds__(256) write_kv_kernel(const WriteKvParams p) {
   }
 }
 
-// Grid (num_ops, num_pools); 16-byte copies.
+// Grid (num_ops, num_pools); 16-byte copies, or swaps for an exchange.
 __global__ void __launch_bounds__(256) copy_blocks_kernel(const CopyBlocksParams p) {
   const int32_t op = static_cast<int32_t>(blockIdx.x);
   const int32_t pool = static_cast<int32_t>(blockIdx.y);
   const int32_t src_block = p.ops[3 * op];
   const int32_t dst_block = p.ops[3 * op + 1];
   const int32_t num_tokens = p.ops[3 * op + 2];
-  const char* src = p.src + pool * p.src_pool_bytes + src_block * p.block_bytes;
+  char* src = p.src + pool * p.src_pool_bytes + src_block * p.block_bytes;
   char* dst = p.dst + pool * p.dst_pool_bytes + dst_block * p.block_bytes;
+  if (p.exchange) {  // whole blocks; each element is read by the thread that writes it
+    uint4* a = reinterpret_cast<uint4*>(src);
+    uint4* b = reinterpret_cast<uint4*>(dst);
+    for (int64_t i = threadIdx.x; i < p.block_bytes / 16; i += blockDim.x) {
+      const uint4 x = a[i];
+      a[i] = b[i];
+      b[i] = x;
+    }
+    return;
+  }
   const bool whole = num_tokens <= 0 || num_tokens >= p.block_size;
   const int32_t segments = whole ? 1 : p.segments;
   const int64_t run = whole ? p.block_bytes / 16 : num_tokens * p.token_bytes / 16;

@@ -40,7 +40,7 @@ cudaError_t launch_write_kv(const WriteKvParams& p, cudaStream_t stream);
 // first ops[i].num_tokens tokens of block ops[i].src of the source to block ops[i].dst of
 // the destination (num_tokens <= 0 or >= block_size: the whole block). One launch.
 struct CopyBlocksParams {
-  const char* src = nullptr;   // pool 0 of the source (device or mapped host memory)
+  char* src = nullptr;         // pool 0 of the source (device or mapped host memory)
   char* dst = nullptr;         // pool 0 of the destination
   int64_t src_pool_bytes = 0;  // bytes between consecutive source pools
   int64_t dst_pool_bytes = 0;
@@ -52,6 +52,7 @@ struct CopyBlocksParams {
   int32_t segments = 1;       // contiguous token runs per block: num_kv_heads (HND), 1 (NHD)
   int64_t segment_bytes = 0;  // bytes between segment starts
   int64_t token_bytes = 0;    // bytes of one token in one segment (a multiple of 16)
+  bool exchange = false;      // swap src and dst (whole blocks) instead of copying
 };
 cudaError_t launch_copy_blocks(const CopyBlocksParams& p, cudaStream_t stream);
 

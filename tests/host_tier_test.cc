@@ -133,37 +133,48 @@ TEST_CASE("a host hit is promoted with a copy, counts as a hit and leaves the ho
   a9.push_back(999);
   admit(m, 3, a9);
   REQUIRE(*m.match_prefix(3) == 8);
-  // Two device blocks for the copies: 0 and 1, evicting B2 and B1. The host tier has no
-  // free block (both are being promoted), so those are dropped, not demoted.
+  // Two device blocks for the copies: 0 and 1, which held B2 and B1. Each trades places
+  // with the host block promoted into it (an exchange): B2 goes to host 1, B1 to host 0,
+  // and the tier keeps as many blocks as before.
   CHECK(table(m, 3) == Blocks{0, 1});
   KvCacheManager::Stats s = m.stats();
   CHECK(s.prefix_hit_tokens == 8);
   CHECK(s.host_hit_tokens == 8);
   CHECK(s.blocks_promoted == 2);
-  CHECK(s.blocks_demoted == 2);  // seq 2's two only
-  CHECK(s.cached_host_blocks == 0);
+  CHECK(s.blocks_demoted == 4);  // seq 2's two, and B2 and B1 now
+  CHECK(s.cached_host_blocks == 2);
+  CHECK(s.host_evictions == 0);
   CHECK(m.device_pool().cached_hash(0).value() == ha[0]);
   CHECK(m.device_pool().cached_hash(1).value() == ha[1]);
+  CHECK(host_hash(m, 1) == hb[2]);
+  CHECK(host_hash(m, 0) == hb[1]);
 
   const std::vector<KvEvent> e = events.take();
-  REQUIRE(e.size() == 5);
+  REQUIRE(e.size() == 7);
   CHECK(removed(e[0]).block_hashes == std::vector{hb[2]});
+  CHECK(removed(e[0]).medium == Medium::kDevice);
   CHECK(removed(e[1]).block_hashes == std::vector{hb[1]});
   CHECK(removed(e[2]).block_hashes == std::vector{ha[0]});
   CHECK(removed(e[2]).medium == Medium::kHost);
-  CHECK(removed(e[3]).block_hashes == std::vector{ha[1]});
-  CHECK(stored(e[4]).block_hashes == std::vector{ha[0], ha[1]});  // one event for the run
-  CHECK(stored(e[4]).medium == Medium::kDevice);
+  CHECK(stored(e[3]).block_hashes == std::vector{hb[2]});
+  CHECK(stored(e[3]).parent_hash == hb[1]);
+  CHECK(stored(e[3]).medium == Medium::kHost);
+  CHECK(removed(e[4]).block_hashes == std::vector{ha[1]});
+  CHECK(stored(e[5]).block_hashes == std::vector{hb[1]});
+  CHECK(stored(e[6]).block_hashes == std::vector{ha[0], ha[1]});  // one event for the run
+  CHECK(stored(e[6]).medium == Medium::kDevice);
 
-  // The rest of the prompt: one token into a new block (2, evicting B0).
+  // The rest of the prompt: one token into a new block, 2, evicting B0, which no host block
+  // can take in this step (both are held for the exchanges): dropped.
   CHECK(allocate(m, 3, 1) == testing::Slots{8});
   const SwapOps swaps = m.take_pending_swaps();
-  CHECK(swaps.promote == Ops{{1, 0, kBlockSize}, {0, 1, kBlockSize}});
+  CHECK(swaps.exchange == Ops{{0, 1, kBlockSize}, {1, 0, kBlockSize}});
+  CHECK(swaps.promote.empty());
   CHECK(swaps.demote.empty());
   m.take_pending_copies();
   require_valid(m);
-  // The host blocks return clean after the step (one at a time, so the last first).
-  CHECK(m.host_pool().free_queue_order() == Blocks{0, 1});
+  // The host blocks return to the tier after the step, in exchange order.
+  CHECK(m.host_pool().free_queue_order() == Blocks{1, 0});
 }
 
 TEST_CASE("a prefix hit runs from device blocks into host blocks", "[host_tier]") {
@@ -232,19 +243,19 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
   KvEventBuffer events;
   const std::vector<TokenId> a = iota_tokens(8, 100);
 
-  SECTION("a demotion waits for a host block: one step's second eviction is dropped") {
+  SECTION("with fewer free host blocks than evictions, the least recently used are dropped") {
     KvCacheManager m = make_tiered(/*device_blocks=*/2, /*host_blocks=*/1, &events);
     prefill(m, 1, a);
     REQUIRE(m.free(1).ok());
     admit(m, 2, iota_tokens(8, 200));
-    allocate(m, 2, 8);  // evicts A1 (demoted into host 0, held) and A0 (no host block)
+    allocate(m, 2, 8);  // evicts A1, then A0: one host block, for A0 (more recently used)
     CHECK(m.stats().blocks_demoted == 1);
-    CHECK(m.take_pending_swaps().demote == Ops{{1, 0, kBlockSize}});
+    CHECK(m.take_pending_swaps().demote == Ops{{0, 0, kBlockSize}});
     m.take_pending_copies();
     require_valid(m);
   }
 
-  SECTION("a promotion may read a host block demoted in the same step (demote runs first)") {
+  SECTION("an exchange may read a host block demoted in the same step (demote runs first)") {
     KvCacheManager m = make_tiered(/*device_blocks=*/3, /*host_blocks=*/2, &events);
     prefill(m, 1, iota_tokens(4, 100));  // block 0: A0
     REQUIRE(m.free(1).ok());
@@ -255,11 +266,13 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     std::vector<TokenId> a5 = iota_tokens(4, 100);
     a5.push_back(999);
     admit(m, 3, a5);
-    // A0 promoted from host 0 into block 1, whose C0 is demoted into host 1 first.
+    // A0 promoted from host 0 into block 1, which held C0: they trade places.
     REQUIRE(*m.match_prefix(3) == 4);
+    CHECK(host_hash(m, 0) == chain(iota_tokens(4, 300))[0]);
     const SwapOps swaps = m.take_pending_swaps();
-    CHECK(swaps.demote == Ops{{0, 0, kBlockSize}, {1, 1, kBlockSize}});
-    CHECK(swaps.promote == Ops{{0, 1, kBlockSize}});
+    CHECK(swaps.demote == Ops{{0, 0, kBlockSize}});
+    CHECK(swaps.exchange == Ops{{1, 0, kBlockSize}});
+    CHECK(swaps.promote.empty());
     m.take_pending_copies();
     require_valid(m);
   }

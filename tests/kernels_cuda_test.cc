@@ -607,6 +607,10 @@ TEST_CASE("CUDA storage: copy-on-write, swap and tier round trips preserve bytes
       const char* base = static_cast<const char*>(s.view(0).k);
       return std::vector<uint8_t>(base, base + s.bytes());
     };
+    auto host_bytes_of = [&](const KvStorage& s) {  // the host pool: pinned, host-readable
+      const char* base = static_cast<const char*>(s.host_view(0).k);
+      return std::vector<uint8_t>(base, base + s.host_bytes());
+    };
     const std::vector<uint8_t> original = host_bytes(*cpu);
     const std::vector<BlockCopy> cow = {{1, 4, 3}, {2, 5, 8}, {7, 6, 1}};
     REQUIRE(cpu->copy_blocks(cow).ok());
@@ -638,6 +642,17 @@ TEST_CASE("CUDA storage: copy-on-write, swap and tier round trips preserve bytes
     REQUIRE(gpu->promote(promote).ok());
     REQUIRE(gpu->synchronize().ok());
     CHECK(device_bytes(*gpu) == before_swap);
+
+    // An exchange trades device and host blocks; a second one trades them back.
+    const std::vector<uint8_t> host_before = host_bytes_of(*gpu);
+    const std::vector<BlockCopy> exchange = {{2, 4, 8}, {7, 0, 8}};
+    REQUIRE(gpu->exchange(exchange).ok());
+    REQUIRE(gpu->synchronize().ok());
+    CHECK(device_bytes(*gpu) != before_swap);
+    REQUIRE(gpu->exchange(exchange).ok());
+    REQUIRE(gpu->synchronize().ok());
+    CHECK(device_bytes(*gpu) == before_swap);
+    CHECK(host_bytes_of(*gpu) == host_before);
   }
 }
 

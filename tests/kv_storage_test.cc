@@ -289,6 +289,42 @@ TEST_CASE("swapped blocks and the host tier share one host pool", "[kv_storage]"
   CHECK(wrong == 0);
 }
 
+TEST_CASE("exchange swaps device and host blocks, and twice restores both", "[kv_storage]") {
+  for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+    KvStorage s = make(layout);
+    fill_random(s, 23);
+    const std::vector<uint8_t> device = snapshot(s, false), host = snapshot(s, true);
+    const std::vector<BlockCopy> ops = {{.src = 4, .dst = 2, .num_tokens = 8},
+                                        {.src = 9, .dst = 0, .num_tokens = 8}};
+    REQUIRE(s.exchange(ops).ok());
+    const int64_t elem = bytes_per_element(kSpec.dtype);
+    for (int32_t layer = 0; layer < 3; ++layer) {
+      const KvCacheView d = s.view(layer), h = s.host_view(layer);
+      const int64_t device_pool = pool_elements(d) * elem, host_pool = pool_elements(h) * elem;
+      for (bool is_v : {false, true}) {
+        const int64_t pool = 2 * layer + (is_v ? 1 : 0);
+        for (const BlockCopy& op : ops) {
+          for (int32_t head = 0; head < 2; ++head) {
+            for (int32_t t = 0; t < 8; ++t) {
+              const int64_t at_d = pool * device_pool + elem_offset(d, op.src, head, t, 0) * elem;
+              const int64_t at_h = pool * host_pool + elem_offset(h, op.dst, head, t, 0) * elem;
+              const int64_t row_bytes = d.head_dim * elem;
+              REQUIRE(row(d, is_v, op.src, head, t) ==
+                      std::vector<uint8_t>(host.begin() + at_h, host.begin() + at_h + row_bytes));
+              REQUIRE(
+                  row(h, is_v, op.dst, head, t) ==
+                  std::vector<uint8_t>(device.begin() + at_d, device.begin() + at_d + row_bytes));
+            }
+          }
+        }
+      }
+    }
+    REQUIRE(s.exchange(ops).ok());
+    CHECK(snapshot(s, false) == device);
+    CHECK(snapshot(s, true) == host);
+  }
+}
+
 TEST_CASE("invalid demote and promote batches are refused whole", "[kv_storage]") {
   KvStorage s = make(KvLayout::kNHD);
   fill_random(s, 17);
@@ -320,6 +356,12 @@ TEST_CASE("invalid demote and promote batches are refused whole", "[kv_storage]"
          "demote: op 1: dst block 3 is written twice in one batch");
   expect(s.promote(std::vector<BlockCopy>{{1, 3, 8}, {2, 3, 8}}),
          "promote: op 1: dst block 3 is written twice in one batch");
+  expect(s.exchange(std::vector<BlockCopy>{{1, 3, 8}, {1, 4, 8}}),
+         "exchange: op 1: src block 1 is written twice in one batch");
+  expect(s.exchange(std::vector<BlockCopy>{{1, 3, 8}, {2, 4, 7}}),
+         "exchange: op 1: num_tokens 7 is not a whole block (8)");
+  expect(s.exchange(std::vector<BlockCopy>{{1, 3, 8}, {2, 6, 8}}),
+         "exchange: op 1: dst block 6 outside [0, 6) of the host pool");
   // Without a host pool there is no tier to copy into.
   KvStorage none = make(KvLayout::kHND, 4, 0);
   CHECK(none.demote(std::vector<BlockCopy>{{0, 0, 8}}).code() ==

@@ -89,9 +89,14 @@ void trace_tokens(const TraceRequest& r, std::vector<TokenId>& out) {
   }
 }
 
-// Prompt tokens served from the prefix cache over the whole trace.
-int64_t replay_hit_tokens(const std::vector<TraceRequest>& requests, int32_t num_blocks) {
-  auto created = KvCacheManager::create({.num_blocks = num_blocks, .block_size = 16});
+// Prompt tokens served from the prefix cache over the whole trace, with a host tier of
+// `host_blocks` when that is > 0.
+int64_t replay_hit_tokens(const std::vector<TraceRequest>& requests, int32_t num_blocks,
+                          int32_t host_blocks = 0) {
+  auto created = KvCacheManager::create({.num_blocks = num_blocks,
+                                         .block_size = 16,
+                                         .num_host_blocks = host_blocks,
+                                         .enable_host_cache = host_blocks > 0});
   REQUIRE(created.ok());
   KvCacheManager& m = *created;
   std::vector<TokenId> prompt;
@@ -143,6 +148,32 @@ TEST_CASE("Mooncake trace replay hits as many prompt tokens as vLLM's manager", 
     const int64_t hits = replay_hit_tokens(requests, 16'383);
     CHECK(std::abs(hits - 2'932'336) <= 200);
     CHECK(hits == 2'932'336);
+  }
+}
+
+TEST_CASE("Mooncake trace replay with a host tier hits as much as one pool of both sizes",
+          "[trace][host_tier]") {
+  const std::string path = traces_dir() + "/synthetic_trace.jsonl";
+  if (!std::filesystem::exists(path)) {
+    WARN("skipped: trace " << path << " not found (set PAGEDKV_TRACES_DIR)");
+    return;
+  }
+  if (testing::kSanitized) {
+    WARN("skipped under sanitizers: the tier's code runs in the property tests there");
+    return;
+  }
+  const std::vector<TraceRequest> requests = read_mooncake(path);
+  // The device pool must hold the longest prompt (11,962 blocks); the rest of the single
+  // pool above sits in the host tier. The tier is an exclusive LRU level below the
+  // device, and a promotion trades places with the block it evicts, so the two pools hold
+  // what one pool of both sizes holds: the same hits as the single-pool replays above, to
+  // three blocks of 16 tokens in 976,243 hit blocks at 16,383 + 114,688.
+  SECTION("12,288 + 4,095 blocks") {
+    CHECK(replay_hit_tokens(requests, 12'288, 16'383 - 12'288) == 2'932'336);
+  }
+  SECTION("16,383 + 114,688 blocks") {
+    const int64_t hits = replay_hit_tokens(requests, 16'383, 131'071 - 16'383);
+    CHECK(std::abs(hits - 15'619'888) <= 3 * 16);
   }
 }
 

@@ -7,15 +7,21 @@ prompt, through the allocator, KvStorage and the kernels:
   - batched decode (append_tokens_batch + allocate_slots_batch + paged_decode_attention),
   - preemption under memory pressure (recompute; the victim is re-admitted later and hits
     its own cached blocks),
-  - parallel sampling with fork() and copy-on-write.
+  - parallel sampling with fork() and copy-on-write,
+  - with --host-blocks N, the prefix cache's host tier: cached blocks that eviction takes
+    are demoted to host memory and promoted back on a later hit (the step's copies run in
+    the documented order: swap-out, demote and exchange, copy-on-write, swap-in and
+    promote).
 On CPU it uses NumPy and the reference kernels; with --device cuda (or auto, when PyTorch
 and a GPU are present) the same loop runs on PyTorch CUDA tensors.
 
 Usage: python examples/python/engine_loop.py [--device auto|cpu|cuda] [--requests N]
+       [--num-blocks N] [--host-blocks N] [--max-new-tokens N]
 """
 
 import argparse
 import collections
+import zlib
 
 import numpy as np
 
@@ -84,15 +90,18 @@ class Preempted:
 
 
 class Engine:
-    def __init__(self, device, num_blocks, max_new_tokens):
+    def __init__(self, device, num_blocks, host_blocks, max_new_tokens):
         self.xp = Backend(device)
         self.model = ToyModel(np.random.default_rng(0))
         self.hooks = Preempted()
         self.manager = pk.KvCacheManager(num_blocks=num_blocks, block_size=BLOCK,
+                                         num_host_blocks=host_blocks,
+                                         enable_host_cache=host_blocks > 0,
                                          preemption_hooks=self.hooks)
         spec = pk.KvCacheSpec(num_layers=1, num_kv_heads=HEADS, head_dim=HEAD_DIM,
                               dtype=pk.DType.FLOAT32, block_size=BLOCK)
-        self.storage = pk.KvStorage(spec, num_blocks, device=device)
+        self.storage = pk.KvStorage(spec, num_blocks, device=device,
+                                    num_host_blocks=host_blocks)
         self.k_cache = self.xp.pool(self.storage.k_cache(0))
         self.v_cache = self.xp.pool(self.storage.v_cache(0))
         self.max_new_tokens = max_new_tokens
@@ -165,10 +174,16 @@ class Engine:
         self.hooks.victims.clear()
 
     def run_copies(self):
+        """The step's copies, before its K/V writes: those that read device blocks the step
+        refills first, then those that write device blocks."""
+        swaps = self.manager.take_pending_swaps()  # swap_out / swap_in: empty in recompute mode
         copies = self.manager.take_pending_copies()
-        self.manager.take_pending_swaps()  # recompute mode: always empty
-        if copies:
-            self.storage.copy_blocks(copies)
+        self.storage.swap_out(swaps.swap_out)
+        self.storage.demote(swaps.demote)
+        self.storage.exchange(swaps.exchange)
+        self.storage.copy_blocks(copies)
+        self.storage.swap_in(swaps.swap_in)
+        self.storage.promote(swaps.promote)
 
     def run_prefill(self, admitted):
         tokens, indptr, slots = [], [0], []
@@ -234,6 +249,8 @@ def main():
     parser.add_argument("--requests", type=int, default=12)
     parser.add_argument("--num-blocks", type=int, default=40,
                         help="device blocks; small enough to force preemption")
+    parser.add_argument("--host-blocks", type=int, default=0,
+                        help="host blocks of the prefix cache's host tier (0: no host tier)")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     args = parser.parse_args()
     device = pk.Device.CPU
@@ -245,7 +262,7 @@ def main():
                 raise SystemExit("--device cuda needs PyTorch")
         else:
             device = pk.Device.CUDA
-    engine = Engine(device, args.num_blocks, args.max_new_tokens)
+    engine = Engine(device, args.num_blocks, args.host_blocks, args.max_new_tokens)
     rng = np.random.default_rng(1)
     for r in range(args.requests):
         question = rng.integers(100, VOCAB, size=int(rng.integers(5, 40))).tolist()
@@ -262,6 +279,14 @@ def main():
     print(f"prefix cache: {s.prefix_hit_tokens} of {s.prefix_query_tokens} prompt tokens hit")
     print(f"preemptions (recompute): {s.preemptions_recompute}, copy-on-write copies: "
           f"{s.cow_copies}, evictions: {s.evictions}")
+    if args.host_blocks > 0:
+        print(f"host tier: {s.host_hit_tokens} of the hit tokens, {s.blocks_demoted} blocks "
+              f"demoted, {s.blocks_promoted} promoted")
+    # The same requests give the same tokens with or without the host tier: its copies
+    # bring back exactly the K/V that eviction took.
+    outputs = b"".join(engine.finished[seq].astype(np.int32).tobytes()
+                       for seq in sorted(engine.finished))
+    print(f"generated tokens crc32: {zlib.crc32(outputs):08x}")
     first = min(engine.finished)
     print(f"sequence {first} generated {engine.finished[first].tolist()}")
 

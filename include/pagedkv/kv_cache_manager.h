@@ -71,15 +71,18 @@ enum class SequenceState {
 };
 
 // The step's copies between device and host blocks. Run them before the step's kernels in
-// this order: swap_out and demote (they read device blocks the step may refill), then the
-// copy-on-write copies (take_pending_copies()), then swap_in and promote. Copies within
-// one list may run concurrently; a promotion may read a host block a demotion of the same
-// step wrote, never one it will write.
+// this order: swap_out, demote and exchange (they read device blocks the step may refill),
+// then the copy-on-write copies (take_pending_copies()), then swap_in and promote. Copies
+// within one list may run concurrently; a promotion may read a host block that a demotion
+// or exchange of the same step wrote, never one it will write.
 struct SwapOps {
   std::vector<BlockCopy> swap_out;  // device src -> host dst: a preempted sequence's K/V
   std::vector<BlockCopy> swap_in;   // host src -> device dst: a swapped sequence resumes
   std::vector<BlockCopy> demote;    // device src -> host dst: an evicted cached block
   std::vector<BlockCopy> promote;   // host src -> device dst: a prefix hit in the host tier
+  // device src <-> host dst: a host hit promoted into a device block whose evicted cached
+  // contents are demoted into the host block it vacates (both copies at once).
+  std::vector<BlockCopy> exchange;
 };
 
 // What a victim policy sees of each candidate.
@@ -226,7 +229,9 @@ class KvCacheManager {
   // With the host tier, the prefix continues past the device hits into host hits, as far
   // as free device blocks allow (leaving watermark_blocks free while others run): each is
   // promoted into a new device block (a SwapOps::promote copy, so the sequence counts as
-  // scheduled in this step) and leaves the host tier.
+  // scheduled in this step) and leaves the host tier. When that device block held an
+  // evicted cached block, the two trade places (a SwapOps::exchange copy): promotions never
+  // evict host-tier blocks.
   // Errors: NotFound; FailedPrecondition unless the sequence is waiting.
   [[nodiscard]] absl::StatusOr<int32_t> match_prefix(SeqId seq);
 
@@ -313,8 +318,8 @@ class KvCacheManager {
   //
   // The copies recorded since the last call: copy-on-write copies, and the swap and host
   // tier copies. Run them every step, before the step's K/V writes, in this order:
-  // swap_out and demote, copies, swap_in and promote. Copies within one list may run
-  // concurrently.
+  // swap_out, demote and exchange, copies, swap_in and promote. Copies within one list may
+  // run concurrently.
   // Taking the ops ends the step's scheduling: sequences scheduled before it count as
   // computed from then on (they may be preempted or forked again).
   // NOTE: a block released while a pending copy still names it (a copy-on-write source
@@ -392,6 +397,7 @@ class KvCacheManager {
   void promote_host_hits(internal::Sequence& seq, int32_t max_blocks);
   void allocate_device_blocks(std::span<BlockId> out);
   void demote_evicted();
+  bool refresh_host_copy(const BlockPool::EvictedBlock& e);
   void apply_retention(const internal::Sequence& seq);
   void release_host_block(BlockId block);
   void offer_computed_blocks(internal::Sequence& seq);

@@ -36,13 +36,17 @@
 //   PAGEDKV_RETURN_IF_ERROR(storage->copy_blocks(manager.take_pending_copies()));
 //   SwapOps swaps = manager.take_pending_swaps();
 //   PAGEDKV_RETURN_IF_ERROR(storage->swap_out(swaps.swap_out));
+//   PAGEDKV_RETURN_IF_ERROR(storage->demote(swaps.demote));
+//   PAGEDKV_RETURN_IF_ERROR(storage->exchange(swaps.exchange));
 //   PAGEDKV_RETURN_IF_ERROR(storage->swap_in(swaps.swap_in));
+//   PAGEDKV_RETURN_IF_ERROR(storage->promote(swaps.promote));
 //
 // Order within a step: the copies that read device blocks about to be reused (swap_out,
-// demote) before those that write device blocks (copy_blocks, swap_in, promote), all
-// before the step's K/V writes. So within one step no host block may be both read by a
-// host -> device copy and written by a device -> host copy: the allocator keeps a host
-// block it promotes or swaps in out of reuse until the next step.
+// then demote, then exchange) before those that write device blocks (copy_blocks, then
+// swap_in and promote), all before the step's K/V writes. An exchange or promotion may
+// read a host block a demotion of the same step wrote (it runs after it); no host block
+// is written after a copy of the same step read it: the allocator keeps a host block it
+// promotes, exchanges or swaps in out of reuse until the next step.
 #ifndef PAGEDKV_KV_STORAGE_H_
 #define PAGEDKV_KV_STORAGE_H_
 
@@ -130,12 +134,20 @@ class KvStorage {
   [[nodiscard]] absl::Status demote(std::span<const BlockCopy> ops, void* stream = nullptr);
   [[nodiscard]] absl::Status promote(std::span<const BlockCopy> ops, void* stream = nullptr);
 
+  // KvStorage::exchange()
+  //
+  // Swaps the contents of device block src and host block dst, all layers, one batch: a
+  // host-tier hit promoted into a device block whose evicted contents are demoted into
+  // the host block it vacates. Whole blocks only. Errors as demote(), plus InvalidArgument
+  // for a src named twice in one batch; nothing is copied then.
+  [[nodiscard]] absl::Status exchange(std::span<const BlockCopy> ops, void* stream = nullptr);
+
   // Waits for the storage's queued CUDA work (a no-op on CPU).
   [[nodiscard]] absl::Status synchronize();
 
  private:
   // Which pools a batch reads and writes, and whether its ops must be whole blocks.
-  enum class Target { kCopy, kSwapOut, kSwapIn, kDemote, kPromote };
+  enum class Target { kCopy, kSwapOut, kSwapIn, kDemote, kPromote, kExchange };
   KvStorage() = default;
   absl::Status run_copies(const char* fn, Target target, std::span<const BlockCopy> ops,
                           void* stream);

@@ -8,6 +8,9 @@ tensors on CPU (reference kernels) or CUDA. See docs/python.md.
 from typing import Protocol, Union
 
 from ._pagedkv import (
+    DEFAULT_RETENTION_PRIORITY,
+    MAX_RETENTION_PRIORITY,
+    MIN_RETENTION_PRIORITY,
     AllBlocksCleared,
     AlreadyExists,
     BatchStatus,
@@ -26,9 +29,11 @@ from ._pagedkv import (
     KvEventBuffer,
     KvLayout,
     KvStorage,
+    Medium,
     Preemption,
     PreemptionMode,
     ResourceExhausted,
+    RetentionRange,
     SequenceInfo,
     SequenceState,
     SequenceView,
@@ -65,11 +70,12 @@ class PreemptionHooks(Protocol):
 
 
 __all__ = [
+    "DEFAULT_RETENTION_PRIORITY", "MAX_RETENTION_PRIORITY", "MIN_RETENTION_PRIORITY",
     "AllBlocksCleared", "AlreadyExists", "BatchStatus", "BlockCopy", "BlockHash", "BlockPool",
     "BlockRemoved", "BlockStored", "BlockTables", "Device", "DType", "FailedPrecondition",
     "InternalError", "KvCacheManager", "KvCacheSpec", "KvEvent", "KvEventBuffer", "KvEventSink",
-    "KvLayout", "KvStorage", "Preemption", "PreemptionHooks", "PreemptionMode",
-    "ResourceExhausted", "SequenceInfo", "SequenceState", "SequenceView", "SlotBatch",
+    "KvLayout", "KvStorage", "Medium", "Preemption", "PreemptionHooks", "PreemptionMode",
+    "ResourceExhausted", "RetentionRange", "SequenceInfo", "SequenceState", "SequenceView", "SlotBatch",
     "StatusCode", "SwapOps", "bytes_per_element", "cuda_device_available",
     "cuda_unavailable_reason", "decode_workspace_bytes", "default_device", "hash_block",
     "paged_decode_attention", "paged_extend_attention", "write_kv",

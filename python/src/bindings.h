@@ -3,7 +3,7 @@
 // Shared pieces of the nanobind module pagedkv._pagedkv:
 //   - Status -> Python exception mapping (raise_if_error, value_or_raise),
 //   - CallbackErrors: Python exceptions raised inside callbacks the library calls (event
-//     sinks, preemption hooks, victim policies) are held and re-raised once the library
+//     sinks, preemption hooks, victim policies, clocks) are held and re-raised once the library
 //     call has returned, so no exception ever unwinds through library code,
 //   - IntValues<T>: integer arguments given as a Python sequence or a 1-D array,
 //   - NumPy helpers, and the bind_* functions that module.cc calls in order.
@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -127,6 +128,29 @@ class PythonEventSink : public KvEventSink {
   nb::object sink_;
   KvEventSink* native_ = nullptr;  // the KvEventBuffer inside sink_, if it is one
   CallbackErrors* errors_;
+};
+
+// The clock of a pool or manager (Options::clock): a Python callable returning the time in
+// milliseconds as an int. A clock that raises (or returns something else) keeps the time
+// it returned last (0 before its first answer) and the exception is re-raised when the
+// library call returns.
+class PythonClock {
+ public:
+  PythonClock(nb::object clock, CallbackErrors* errors);
+  int64_t now_ms();
+
+  // The Options::clock calling this object; empty for a None clock (the library's
+  // steady clock). The object must outlive the pool or manager it is given to.
+  std::function<int64_t()> function();
+
+  // Garbage-collector support of the owning Python object (a clock may refer back to it).
+  int traverse(visitproc visit, void* arg) const;
+  void clear();  // drops the callable: the time stands still from then on
+
+ private:
+  nb::object clock_;
+  CallbackErrors* errors_;
+  int64_t last_ms_ = 0;
 };
 
 // Converts a KvEvent to its Python object (BlockStored, BlockRemoved, AllBlocksCleared).

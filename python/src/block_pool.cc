@@ -18,18 +18,23 @@ using namespace nb::literals;
 // A BlockPool with the Python objects its options point to.
 class PyBlockPool {
  public:
-  PyBlockPool(int32_t num_blocks, int32_t block_size, bool enable_caching, nb::object event_sink)
+  PyBlockPool(int32_t num_blocks, int32_t block_size, bool enable_caching, nb::object event_sink,
+              Medium medium, nb::object clock)
       : errors_(std::make_unique<CallbackErrors>()),
         sink_(event_sink.is_none()
                   ? nullptr
                   : std::make_unique<PythonEventSink>(std::move(event_sink), errors_.get())),
+        clock_(std::make_unique<PythonClock>(std::move(clock), errors_.get())),
         pool_(value_or_raise(BlockPool::create({.num_blocks = num_blocks,
                                                 .block_size = block_size,
                                                 .enable_caching = enable_caching,
-                                                .event_sink = sink_.get()}))) {}
+                                                .event_sink = sink_.get(),
+                                                .medium = medium,
+                                                .clock = clock_->function()}))) {}
 
   const BlockPool& pool() const { return pool_; }
   PythonEventSink* sink() { return sink_.get(); }
+  PythonClock& clock() { return *clock_; }
 
   // Runs a mutating call (not from one of its own callbacks), then re-raises what the event sink
   // raised meanwhile.
@@ -49,6 +54,7 @@ class PyBlockPool {
  private:
   std::unique_ptr<CallbackErrors> errors_;
   std::unique_ptr<PythonEventSink> sink_;
+  std::unique_ptr<PythonClock> clock_;
   BlockPool pool_;
   bool busy_ = false;  // a mutating call is in progress
 };
@@ -70,17 +76,20 @@ void bind_stats(nb::class_<PyBlockPool>& cls) {
       });
 }
 
-// Garbage-collector support: an event sink may refer back to the pool.
+// Garbage-collector support: an event sink or a clock may refer back to the pool.
 int pool_traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(Py_TYPE(self));
   if (!nb::inst_ready(self)) return 0;
-  PythonEventSink* sink = nb::inst_ptr<PyBlockPool>(self)->sink();
-  return sink != nullptr ? sink->traverse(visit, arg) : 0;
+  PyBlockPool* pool = nb::inst_ptr<PyBlockPool>(self);
+  if (pool->sink() != nullptr && pool->sink()->traverse(visit, arg) != 0) return -1;
+  return pool->clock().traverse(visit, arg);
 }
 
 int pool_clear(PyObject* self) {
   if (!nb::inst_ready(self)) return 0;
-  if (PythonEventSink* sink = nb::inst_ptr<PyBlockPool>(self)->sink()) sink->clear();
+  PyBlockPool* pool = nb::inst_ptr<PyBlockPool>(self);
+  if (pool->sink() != nullptr) pool->sink()->clear();
+  pool->clock().clear();
   return 0;
 }
 
@@ -94,13 +103,19 @@ void bind_block_pool(nb::module_& m) {
   nb::class_<PyBlockPool> cls(
       m, "BlockPool", nb::type_slots(pool_slots),
       "A fixed number of KV blocks with ref counts, a free queue that is also the LRU\n"
-      "eviction order, and a verified hash index of full blocks (see block_pool.h).\n"
+      "eviction order (by retention priority, then LRU), and a verified hash index of full\n"
+      "blocks (see block_pool.h).\n"
       "Pure bookkeeping; one thread owns it. Invalid block ids raise ValueError.");
   bind_stats(cls);
-  cls.def(nb::init<int32_t, int32_t, bool, nb::object>(), nb::kw_only(), "num_blocks"_a,
-          "block_size"_a = 16, "enable_caching"_a = true, "event_sink"_a = nb::none(),
-          "event_sink: a KvEventBuffer or any object with on_event(event). Raises ValueError "
-          "for a negative num_blocks or a non-positive block_size.")
+  cls.def(nb::init<int32_t, int32_t, bool, nb::object, Medium, nb::object>(), nb::kw_only(),
+          "num_blocks"_a, "block_size"_a = 16, "enable_caching"_a = true,
+          "event_sink"_a = nb::none(), "medium"_a = Medium::kDevice, "clock"_a = nb::none(),
+          "event_sink: a KvEventBuffer or any object with on_event(event). medium: what the\n"
+          "pool's events say it is. clock: callable() -> int milliseconds for retention\n"
+          "durations (None: a steady clock); called by allocate() and free() while a block\n"
+          "with a retention duration is free. Exceptions a sink or clock raises are re-raised\n"
+          "when the call returns. Raises ValueError for a negative num_blocks or a\n"
+          "non-positive block_size.")
       .def(
           "allocate",
           [](PyBlockPool& self, int32_t num_blocks) {
@@ -165,6 +180,17 @@ void bind_block_pool(nb::module_& m) {
           },
           "block"_a, "Takes the block out of the hash index (BlockRemoved); it keeps its refs.")
       .def(
+          "set_retention",
+          [](PyBlockPool& self, BlockId block, int32_t priority, int64_t duration_ms) {
+            raise_if_error(self.mutate(
+                [&](BlockPool& p) { return p.set_retention(block, priority, duration_ms); }));
+          },
+          "block"_a, "priority"_a, "duration_ms"_a = 0,
+          "Gives the in-use block a retention priority (in [MIN_RETENTION_PRIORITY,\n"
+          "MAX_RETENTION_PRIORITY]) for duration_ms after it is freed (0: no expiry), unless it\n"
+          "holds a higher one; of equal priorities the longer duration wins. Raises ValueError\n"
+          "for a bad id, priority or duration, FailedPrecondition for a free block.")
+      .def(
           "reset_prefix_cache",
           [](PyBlockPool& self) { self.mutate([](BlockPool& p) { p.reset_prefix_cache(); }); },
           "Empties the hash index (AllBlocksCleared).")
@@ -190,6 +216,12 @@ void bind_block_pool(nb::module_& m) {
             return value_or_raise(self.pool().cached_hash(block));
           },
           "block"_a, "The block's hash, or None when it is not in the index.")
+      .def(
+          "retention_priority",
+          [](const PyBlockPool& self, BlockId block) {
+            return value_or_raise(self.pool().retention_priority(block));
+          },
+          "block"_a, "The retention priority the block's place in the free queue follows now.")
       .def("stats", [](const PyBlockPool& self) { return self.pool().stats(); })
       .def(
           "free_queue_order",

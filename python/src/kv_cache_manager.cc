@@ -1,8 +1,9 @@
 // KvCacheManager: the per-sequence calls with the C++ names, the batched step calls for
-// Python schedulers, block tables as NumPy views, and preemption hooks, victim policies and
-// event sinks written in Python.
+// Python schedulers, block tables as NumPy views, and preemption hooks, victim policies,
+// event sinks and clocks written in Python.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <memory>
@@ -19,21 +20,24 @@ using namespace nb::literals;
 
 // --- callbacks --------------------------------------------------------------------------
 
-// What the manager calls back: the Python preemption hooks, victim policy and event sink.
+// What the manager calls back: the Python preemption hooks, victim policy, event sink and
+// clock.
 // Always installed as the manager's PreemptionHooks, so that a batched call can tell which
 // sequences an earlier entry of the batch preempted.
 class ManagerCallbacks : public PreemptionHooks {
  public:
-  ManagerCallbacks(nb::object event_sink, nb::object hooks, nb::object policy,
+  ManagerCallbacks(nb::object event_sink, nb::object hooks, nb::object policy, nb::object clock,
                    PreemptionMode default_mode)
       : sink_(event_sink.is_none()
                   ? nullptr
                   : std::make_unique<PythonEventSink>(std::move(event_sink), &errors_)),
+        clock_(std::move(clock), &errors_),
         hooks_(std::move(hooks)),
         policy_(std::move(policy)),
         default_mode_(default_mode) {}
 
   KvEventSink* sink() { return sink_.get(); }
+  PythonClock& clock() { return clock_; }
   bool has_policy() const { return !policy_.is_none(); }
   CallbackErrors& errors() { return errors_; }
 
@@ -70,16 +74,18 @@ class ManagerCallbacks : public PreemptionHooks {
     return choice;
   }
 
-  // Garbage-collector support of the owning Python object: hooks, policies and sinks
-  // often refer back to the manager.
+  // Garbage-collector support of the owning Python object: hooks, policies, sinks and
+  // clocks often refer back to the manager.
   int traverse(visitproc visit, void* arg) const {
     if (sink_ != nullptr && sink_->traverse(visit, arg) != 0) return -1;
+    if (clock_.traverse(visit, arg) != 0) return -1;
     Py_VISIT(hooks_.ptr());
     Py_VISIT(policy_.ptr());
     return 0;
   }
   void clear() {
     if (sink_ != nullptr) sink_->clear();
+    clock_.clear();
     hooks_ = nb::none();
     policy_ = nb::none();
   }
@@ -97,6 +103,7 @@ class ManagerCallbacks : public PreemptionHooks {
  private:
   CallbackErrors errors_;
   std::unique_ptr<PythonEventSink> sink_;
+  PythonClock clock_;
   nb::object hooks_;
   nb::object policy_;
   PreemptionMode default_mode_;
@@ -199,9 +206,10 @@ struct SlotBatch : BatchStatus {
 class PyKvCacheManager {
  public:
   PyKvCacheManager(KvCacheManager::Options options, nb::object event_sink, nb::object hooks,
-                   nb::object policy)
+                   nb::object policy, nb::object clock)
       : callbacks_(std::make_unique<ManagerCallbacks>(std::move(event_sink), std::move(hooks),
-                                                      std::move(policy), options.preemption_mode)),
+                                                      std::move(policy), std::move(clock),
+                                                      options.preemption_mode)),
         manager_(value_or_raise(KvCacheManager::create(with_callbacks(std::move(options))))) {}
 
   const KvCacheManager& get() const { return manager_; }
@@ -234,6 +242,7 @@ class PyKvCacheManager {
     ManagerCallbacks* callbacks = callbacks_.get();
     options.event_sink = callbacks->sink();
     options.preemption_hooks = callbacks;
+    options.clock = callbacks->clock().function();
     if (callbacks->has_policy()) {
       options.victim_policy = [callbacks](std::span<const SequenceInfo> running, SeqId requester) {
         return callbacks->choose_victim(running, requester);
@@ -424,6 +433,14 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("blocks_swapped_in", &Stats::blocks_swapped_in)
       .def_ro("claims_released", &Stats::claims_released,
               "claimed prefixes given back (release_claim, or to make room)")
+      .def_ro("cached_host_blocks", &Stats::cached_host_blocks,
+              "host blocks holding a cached block's K/V (the host tier)")
+      .def_ro("host_hit_tokens", &Stats::host_hit_tokens,
+              "of prefix_hit_tokens, found in the host tier")
+      .def_ro("blocks_demoted", &Stats::blocks_demoted)
+      .def_ro("blocks_promoted", &Stats::blocks_promoted)
+      .def_ro("host_evictions", &Stats::host_evictions,
+              "host-tier blocks dropped to reuse their host block")
       .def(
           "_asdict",
           [](const Stats& s) {
@@ -443,6 +460,11 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
             d["blocks_swapped_out"] = s.blocks_swapped_out;
             d["blocks_swapped_in"] = s.blocks_swapped_in;
             d["claims_released"] = s.claims_released;
+            d["cached_host_blocks"] = s.cached_host_blocks;
+            d["host_hit_tokens"] = s.host_hit_tokens;
+            d["blocks_demoted"] = s.blocks_demoted;
+            d["blocks_promoted"] = s.blocks_promoted;
+            d["host_evictions"] = s.host_evictions;
             return d;
           },
           "The counters as a dict.");
@@ -452,6 +474,7 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("num_blocks", &Options::num_blocks)
       .def_ro("block_size", &Options::block_size)
       .def_ro("num_host_blocks", &Options::num_host_blocks)
+      .def_ro("enable_host_cache", &Options::enable_host_cache)
       .def_ro("max_model_len", &Options::max_model_len)
       .def_ro("watermark_blocks", &Options::watermark_blocks)
       .def_ro("enable_prefix_caching", &Options::enable_prefix_caching)
@@ -463,18 +486,22 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
   cls.def(
          "add_sequence",
          [](M& self, SeqId seq, IntValues<TokenId> prompt, int32_t priority,
-            IntValues<uint64_t> extra_keys) {
+            IntValues<uint64_t> extra_keys, std::vector<RetentionRange> retention) {
            const std::span<const uint64_t> keys = extra_keys.span();
            raise_if_error(self.mutate([&](KvCacheManager& m) {
              return m.add_sequence(seq, prompt.span(),
                                    {.priority = priority,
-                                    .extra_keys = std::vector<uint64_t>(keys.begin(), keys.end())});
+                                    .extra_keys = std::vector<uint64_t>(keys.begin(), keys.end()),
+                                    .retention = std::move(retention)});
            }));
          },
          "seq"_a, "prompt"_a, nb::kw_only(), "priority"_a = 0,
-         "extra_keys"_a = std::vector<uint64_t>{},
-         "Registers a waiting sequence holding prompt (>= 1 token). extra_keys (cache salt, "
-         "adapter id) are hashed into every block. Raises AlreadyExists, ValueError.")
+         "extra_keys"_a = std::vector<uint64_t>{}, "retention"_a = std::vector<RetentionRange>{},
+         "Registers a waiting sequence holding prompt (>= 1 token). extra_keys (cache salt,\n"
+         "adapter id) are hashed into every block. retention: RetentionRanges for its blocks\n"
+         "once freed (a later range overrides an earlier one where they overlap). Raises\n"
+         "AlreadyExists, ValueError (also for a range with begin < 0, end < begin, a priority\n"
+         "outside [MIN_RETENTION_PRIORITY, MAX_RETENTION_PRIORITY] or a negative duration).")
       .def(
           "append_tokens",
           [](M& self, SeqId seq, IntValues<TokenId> tokens) {
@@ -491,8 +518,9 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
                 self.mutate([&](KvCacheManager& m) { return m.match_prefix(seq); }));
           },
           "seq"_a,
-          "Claims the longest verified cached prefix of a waiting sequence (full blocks, at "
-          "most len - 1 tokens); returns its length in tokens.")
+          "Claims the longest verified cached prefix of a waiting sequence (full blocks, at\n"
+          "most len - 1 tokens); returns its length in tokens. With the host tier the prefix\n"
+          "continues into host hits, each promoted into a new device block (SwapOps.promote).")
       .def(
           "allocate_slots",
           [](M& self, SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
@@ -558,7 +586,8 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
           [](M& self) {
             return self.mutate([](KvCacheManager& m) { return m.take_pending_swaps(); });
           },
-          "Swap copies since the last call: run swap_out, then copies, then swap_in.")
+          "Swap and host-tier copies since the last call: run swap_out and demote, then the\n"
+          "copy-on-write copies, then swap_in and promote.")
       .def(
           "reset_prefix_cache",
           [](M& self) { self.mutate([](KvCacheManager& m) { m.reset_prefix_cache(); }); },
@@ -676,30 +705,40 @@ void bind_kv_cache_manager(nb::module_& m) {
   cls.def(
       "__init__",
       [](PyKvCacheManager* self, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
-         int32_t max_model_len, int32_t watermark_blocks, bool enable_prefix_caching,
-         PreemptionMode preemption_mode, nb::object event_sink, nb::object preemption_hooks,
-         nb::object victim_policy) {
+         bool enable_host_cache, int32_t max_model_len, int32_t watermark_blocks,
+         bool enable_prefix_caching, PreemptionMode preemption_mode, nb::object event_sink,
+         nb::object preemption_hooks, nb::object victim_policy, nb::object clock) {
         KvCacheManager::Options options;
         options.num_blocks = num_blocks;
         options.block_size = block_size;
         options.num_host_blocks = num_host_blocks;
+        options.enable_host_cache = enable_host_cache;
         options.max_model_len = max_model_len;
         options.watermark_blocks = watermark_blocks;
         options.enable_prefix_caching = enable_prefix_caching;
         options.preemption_mode = preemption_mode;
-        new (self) PyKvCacheManager(std::move(options), std::move(event_sink),
-                                    std::move(preemption_hooks), std::move(victim_policy));
+        new (self)
+            PyKvCacheManager(std::move(options), std::move(event_sink), std::move(preemption_hooks),
+                             std::move(victim_policy), std::move(clock));
       },
       nb::kw_only(), "num_blocks"_a, "block_size"_a = 16, "num_host_blocks"_a = 0,
-      "max_model_len"_a = 1 << 20, "watermark_blocks"_a = 0, "enable_prefix_caching"_a = true,
-      "preemption_mode"_a = PreemptionMode::kRecompute, "event_sink"_a = nb::none(),
-      "preemption_hooks"_a = nb::none(), "victim_policy"_a = nb::none(),
+      "enable_host_cache"_a = false, "max_model_len"_a = 1 << 20, "watermark_blocks"_a = 0,
+      "enable_prefix_caching"_a = true, "preemption_mode"_a = PreemptionMode::kRecompute,
+      "event_sink"_a = nb::none(), "preemption_hooks"_a = nb::none(),
+      "victim_policy"_a = nb::none(), "clock"_a = nb::none(),
+      "num_host_blocks: host blocks, shared by swapped sequences and the host tier (swap\n"
+      "first, the tier caches in the rest).\n"
+      "enable_host_cache: the host tier of the prefix cache: an evicted cached device block is\n"
+      "demoted to a host block (SwapOps.demote), and match_prefix() continues into host hits\n"
+      "(SwapOps.promote). Needs enable_prefix_caching and num_host_blocks > 0.\n"
       "event_sink: a KvEventBuffer or any object with on_event(event).\n"
       "preemption_hooks: any object with on_preempt(victim, mode), and optionally\n"
       "on_claim_released(seq) (allocate_slots_or_preempt gave a waiting sequence's claim back).\n"
       "victim_policy: callable(running: list[SequenceInfo], requester) -> Preemption | int |\n"
-      "None (None gives up). Exceptions these raise are re-raised when the manager call\n"
-      "that triggered them returns (its effects stay). Raises ValueError for invalid options.");
+      "None (None gives up).\n"
+      "clock: callable() -> int milliseconds for retention durations (None: a steady clock).\n"
+      "Exceptions these raise are re-raised when the manager call that triggered them\n"
+      "returns (its effects stay). Raises ValueError for invalid options.");
   bind_sequence_calls(cls);
   bind_batch_calls(cls);
   bind_lookups(cls);

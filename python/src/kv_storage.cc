@@ -1,5 +1,5 @@
 // KvCacheSpec and KvStorage: the KV bytes of a model, each layer's pools exported as DLPack
-// tensors, and the batched copy-on-write and swap copies.
+// tensors, and the batched copy-on-write, swap and host-tier copies.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -124,7 +124,8 @@ void bind_kv_storage(nb::module_& m) {
   nb::class_<PyKvStorage> cls(
       m, "KvStorage",
       "The KV bytes of a KvCacheSpec: per layer a K and a V pool (CUDA memory, or host\n"
-      "memory on CPU) and an optional host swap pool. k_cache(layer) / v_cache(layer) are\n"
+      "memory on CPU) and an optional host pool (swapped sequences and the prefix cache's\n"
+      "host tier). k_cache(layer) / v_cache(layer) are\n"
       "DLPack tensors of the pools (torch.from_dlpack, numpy.from_dlpack), valid while\n"
       "they are referenced (they keep the storage alive).");
   cls.def(
@@ -175,12 +176,20 @@ void bind_kv_storage(nb::module_& m) {
   };
   cls.def("k_cache", pool(false, false), "layer"_a, "Layer's K pool (4-D, the storage's layout).")
       .def("v_cache", pool(false, true), "layer"_a, "Layer's V pool.")
-      .def("host_k_cache", pool(true, false), "layer"_a, "Layer's K pool in the host swap pool.")
-      .def("host_v_cache", pool(true, true), "layer"_a, "Layer's V pool in the host swap pool.");
+      .def("host_k_cache", pool(true, false), "layer"_a, "Layer's K pool in the host pool.")
+      .def("host_v_cache", pool(true, true), "layer"_a, "Layer's V pool in the host pool.");
   bind_copy(cls, "copy_blocks", &KvStorage::copy_blocks,
             "Copy-on-write copies (take_pending_copies()) in the main pool, one batch.");
   bind_copy(cls, "swap_out", &KvStorage::swap_out, "Main-pool src -> host-pool dst copies.");
   bind_copy(cls, "swap_in", &KvStorage::swap_in, "Host-pool src -> main-pool dst copies.");
+  bind_copy(cls, "demote", &KvStorage::demote,
+            "Host tier: main-pool src -> host-pool dst copies of whole blocks (num_tokens must "
+            "be block_size).");
+  bind_copy(cls, "promote", &KvStorage::promote,
+            "Host tier: host-pool src -> main-pool dst copies of whole blocks (num_tokens must "
+            "be block_size).");
+  bind_copy(cls, "exchange", &KvStorage::exchange,
+            "Host tier: swaps main-pool block src and host-pool block dst, whole blocks.");
   cls.def(
       "synchronize", [](PyKvStorage& self) { raise_if_error(self.storage.synchronize()); },
       "Waits for the storage's queued CUDA work (no-op on CPU).");

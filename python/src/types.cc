@@ -1,5 +1,5 @@
-// Enums, value types (BlockHash, BlockCopy, SwapOps), KV events and their sinks, hashing,
-// and device queries.
+// Enums, value types (BlockHash, BlockCopy, SwapOps, RetentionRange), KV events and their
+// sinks, clocks, hashing, and device queries.
 #include <nanobind/operators.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -15,6 +15,7 @@
 #include "pagedkv/dtype.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_cache_view.h"
+#include "pagedkv/retention.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv::python {
@@ -48,6 +49,39 @@ void PythonEventSink::clear() {
   sink_ = nb::none();
 }
 
+// --- clocks -----------------------------------------------------------------------------
+
+PythonClock::PythonClock(nb::object clock, CallbackErrors* errors)
+    : clock_(std::move(clock)), errors_(errors) {}
+
+int64_t PythonClock::now_ms() {
+  if (clock_.is_none()) return last_ms_;
+  errors_->guard([&] {
+    nb::object time = clock_();
+    if (!PyLong_Check(time.ptr())) {
+      PyErr_Format(PyExc_TypeError, "clock returned %s; expected an int of milliseconds",
+                   Py_TYPE(time.ptr())->tp_name);
+      throw nb::python_error();
+    }
+    const long long ms = PyLong_AsLongLong(time.ptr());  // OverflowError beyond int64
+    if (ms == -1 && PyErr_Occurred()) throw nb::python_error();
+    last_ms_ = ms;
+  });
+  return last_ms_;
+}
+
+std::function<int64_t()> PythonClock::function() {
+  if (clock_.is_none()) return nullptr;
+  return [this] { return now_ms(); };
+}
+
+int PythonClock::traverse(visitproc visit, void* arg) const {
+  Py_VISIT(clock_.ptr());
+  return 0;
+}
+
+void PythonClock::clear() { clock_ = nb::none(); }
+
 nb::object event_to_python(const KvEvent& event) {
   return std::visit([](const auto& e) { return nb::cast(e, nb::rv_policy::copy); }, event);
 }
@@ -78,6 +112,9 @@ void bind_enums(nb::module_& m) {
              "blocks freed (hashed ones stay cached); the tokens are recomputed later")
       .value("SWAP", PreemptionMode::kSwap,
              "blocks copied to the host pool, copied back by swap_in()");
+  nb::enum_<Medium>(m, "Medium", "Where cached blocks live, as KV events report it.")
+      .value("DEVICE", Medium::kDevice, "device memory (\"GPU\" on the wire)")
+      .value("HOST", Medium::kHost, "the host tier of the prefix cache (\"CPU\")");
   nb::enum_<SequenceState>(m, "SequenceState")
       .value("WAITING", SequenceState::kWaiting, "holds no blocks: new, or preempted by recompute")
       .value("RUNNING", SequenceState::kRunning, "holds device blocks")
@@ -131,20 +168,65 @@ void bind_values(nb::module_& m) {
                ", num_tokens=" + std::to_string(c.num_tokens) + ")";
       });
 
-  nb::class_<SwapOps>(m, "SwapOps", "Swap copies of one step: run swap_out, then swap_in.")
-      .def_ro("swap_out", &SwapOps::swap_out, "device src -> host dst")
-      .def_ro("swap_in", &SwapOps::swap_in, "host src -> device dst");
+  nb::class_<SwapOps>(m, "SwapOps",
+                      "The step's copies between device and host blocks. Run swap_out, demote and\n"
+                      "exchange, then the copy-on-write copies, then swap_in and promote.")
+      .def_ro("swap_out", &SwapOps::swap_out, "device src -> host dst: a preempted sequence")
+      .def_ro("swap_in", &SwapOps::swap_in, "host src -> device dst: a swapped sequence resumes")
+      .def_ro("demote", &SwapOps::demote, "device src -> host dst: an evicted cached block")
+      .def_ro("promote", &SwapOps::promote, "host src -> device dst: a host-tier prefix hit")
+      .def_ro("exchange", &SwapOps::exchange,
+              "device src <-> host dst: a host-tier hit trades places with the evicted cached "
+              "block of its new device block");
+
+  nb::class_<RetentionRange>(m, "RetentionRange",
+                             "The retention of the blocks of a sequence whose first token lies in\n"
+                             "[begin, end): eviction takes lower priorities first; with a\n"
+                             "duration_ms > 0 the priority expires that long after the block is\n"
+                             "freed.")
+      .def(
+          "__init__",
+          [](RetentionRange* self, int32_t begin, int32_t end, int32_t priority,
+             int64_t duration_ms) {
+            new (self) RetentionRange{begin, end, priority, duration_ms};
+          },
+          nb::kw_only(), "begin"_a = 0, "end"_a = RetentionRange{}.end,
+          "priority"_a = kDefaultRetentionPriority, "duration_ms"_a = 0)
+      .def_rw("begin", &RetentionRange::begin)
+      .def_rw("end", &RetentionRange::end)
+      .def_rw("priority", &RetentionRange::priority,
+              "in [MIN_RETENTION_PRIORITY, MAX_RETENTION_PRIORITY]")
+      .def_rw("duration_ms", &RetentionRange::duration_ms, "0: no expiry")
+      .def(
+          "__eq__",
+          [](const RetentionRange& a, const RetentionRange& b) {
+            return a.begin == b.begin && a.end == b.end && a.priority == b.priority &&
+                   a.duration_ms == b.duration_ms;
+          },
+          nb::is_operator())
+      .def("__repr__", [](const RetentionRange& r) {
+        return "RetentionRange(begin=" + std::to_string(r.begin) +
+               ", end=" + std::to_string(r.end) + ", priority=" + std::to_string(r.priority) +
+               ", duration_ms=" + std::to_string(r.duration_ms) + ")";
+      });
+  m.attr("MIN_RETENTION_PRIORITY") = kMinRetentionPriority;
+  m.attr("MAX_RETENTION_PRIORITY") = kMaxRetentionPriority;
+  m.attr("DEFAULT_RETENTION_PRIORITY") = kDefaultRetentionPriority;
 }
 
 void bind_events(nb::module_& m) {
-  nb::class_<BlockStored>(m, "BlockStored", "Full blocks entered the prefix index.")
+  nb::class_<BlockStored>(m, "BlockStored", "Full blocks entered the prefix index of a medium.")
       .def_ro("block_hashes", &BlockStored::block_hashes)
       .def_ro("parent_hash", &BlockStored::parent_hash)
       .def_ro("token_ids", &BlockStored::token_ids)
       .def_ro("block_size", &BlockStored::block_size)
-      .def_ro("extra_keys", &BlockStored::extra_keys);
-  nb::class_<BlockRemoved>(m, "BlockRemoved", "Cached blocks were evicted.")
-      .def_ro("block_hashes", &BlockRemoved::block_hashes);
+      .def_ro("extra_keys", &BlockStored::extra_keys)
+      .def_ro("medium", &BlockStored::medium);
+  nb::class_<BlockRemoved>(m, "BlockRemoved",
+                           "Cached blocks left the prefix index of a medium (evicted, or moved "
+                           "to the other medium).")
+      .def_ro("block_hashes", &BlockRemoved::block_hashes)
+      .def_ro("medium", &BlockRemoved::medium);
   nb::class_<AllBlocksCleared>(m, "AllBlocksCleared", "The prefix index was emptied.");
 
   nb::class_<KvEventBuffer>(m, "KvEventBuffer",

@@ -19,10 +19,11 @@ class Victims:
         self.seqs.append(victim)
 
 
-def make(mode=pk.PreemptionMode.RECOMPUTE):
+def make(mode=pk.PreemptionMode.RECOMPUTE, host_cache=False):
     hooks = Victims()
     m = pk.KvCacheManager(num_blocks=24, block_size=BLOCK, num_host_blocks=8,
-                          preemption_mode=mode, preemption_hooks=hooks)
+                          enable_host_cache=host_cache, preemption_mode=mode,
+                          preemption_hooks=hooks)
     return m, hooks
 
 
@@ -67,16 +68,19 @@ def snapshot(m):
             v = m.sequence(seq)
             seqs[seq] = (v.state, v.tokens.tolist(), v.block_table.tolist(),
                          v.host_blocks.tolist(), v.num_computed_tokens)
+    swaps = m.take_pending_swaps()
     return (running, t.block_table.tolist(), t.context_lens.tolist(), t.indices.tolist(),
-            m.stats()._asdict(), seqs, m.take_pending_copies(), m.take_pending_swaps().swap_out)
+            m.stats()._asdict(), seqs, m.take_pending_copies(),
+            (swaps.swap_out, swaps.demote, swaps.swap_in, swaps.promote, swaps.exchange))
 
 
+@pytest.mark.parametrize("host_cache", [False, True])
 @pytest.mark.parametrize("seed", range(12))
-def test_batched_calls_match_per_sequence_calls(seed):
+def test_batched_calls_match_per_sequence_calls(seed, host_cache):
     rng = random.Random(seed)
     mode = pk.PreemptionMode.SWAP if seed % 2 else pk.PreemptionMode.RECOMPUTE
-    a, a_hooks = make(mode)  # per-sequence calls
-    b, b_hooks = make(mode)  # batched calls
+    a, a_hooks = make(mode, host_cache)  # per-sequence calls
+    b, b_hooks = make(mode, host_cache)  # batched calls
     next_id = 0
     for step in range(60):
         op = rng.random()

@@ -85,3 +85,22 @@ def test_write_kv_and_storage_on_cuda():
     assert torch.equal(k_cache[1, :, 1], k[1]) and torch.equal(k_cache[5, :, 1], k[1])
     with pytest.raises(ValueError, match="cpu"):
         pk.write_kv(k.cpu(), k.cpu(), slots, k_cache, v_cache)  # mixed devices
+
+
+def test_host_tier_copies_on_cuda_round_trip_a_block():
+    spec = pk.KvCacheSpec(num_layers=1, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                          dtype=pk.DType.BFLOAT16, block_size=BLOCK)
+    storage = pk.KvStorage(spec, 8, device=pk.Device.CUDA, num_host_blocks=2)
+    k_cache = torch.from_dlpack(storage.k_cache(0))
+    v_cache = torch.from_dlpack(storage.v_cache(0))
+    k = torch.randn(KV_HEADS, BLOCK, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    k_cache[3] = k
+    v_cache[3] = -k
+    storage.demote([pk.BlockCopy(src=3, dst=1, num_tokens=BLOCK)])  # device 3 -> host 1
+    storage.synchronize()
+    host_k = torch.from_dlpack(storage.host_k_cache(0))
+    assert torch.equal(host_k[1], k.cpu())
+    k_cache[3].zero_()  # the device block is reused
+    storage.promote(np.array([[1, 6, BLOCK]], np.int32))  # host 1 -> device 6
+    storage.synchronize()
+    assert torch.equal(k_cache[6], k) and torch.equal(v_cache[6], -k)

@@ -138,6 +138,10 @@ absl::Status KvCacheManager::check_pending_marks() const {
       ++device[op.dst];
     }
   }
+  for (const BlockCopy& op : pending_swaps_.exchange) {
+    ++device[op.src];
+    ++host[op.dst];
+  }
   if (device != device_pending_) return broken("device pending-copy counts disagree with the ops");
   if (host != host_pending_) return broken("host pending-copy counts disagree with the ops");
   for (const BlockCopy& op : pending_swaps_.promote) {

@@ -252,8 +252,10 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
 
 // Continues `seq`'s claimed device prefix into the host tier: the verified host hits that
 // follow, as many as free device blocks allow, are promoted into new device blocks, which
-// enter the device index with the host blocks' contents keys (so cached children in
-// either tier still verify after them). The host blocks leave the tier.
+// enter the device index with the host blocks' content keys (so cached children in either
+// tier still verify after them). The host blocks leave the tier, except that a host block
+// whose new device block held an evicted cached block takes that block's contents in
+// exchange: a promotion then costs the tier no block, as in one LRU pool of both sizes.
 void KvCacheManager::promote_host_hits(Sequence& seq, int32_t max_blocks) {
   const int32_t bs = options_.block_size;
   const auto first = static_cast<int32_t>(seq.blocks.size());
@@ -273,20 +275,36 @@ void KvCacheManager::promote_host_hits(Sequence& seq, int32_t max_blocks) {
     parent_key = host_index.content_key(hit);
   }
   if (scratch_host_.empty()) return;
-  // Held first, so the demotions the device allocation causes cannot evict them.
+  // Held first, so that nothing this call evicts lands in them.
   for (const BlockId h : scratch_host_) host_pool_.touch_unchecked(h);
   const auto count = static_cast<int32_t>(scratch_host_.size());
   seq.blocks.resize(first + count);
   const std::span<BlockId> promoted = std::span(seq.blocks).subspan(first);
-  allocate_device_blocks(promoted);
+  device_pool_.allocate_unchecked(promoted);
+  // The evicted blocks, in allocation order: a subsequence of `promoted`.
+  const std::vector<BlockPool::EvictedBlock>& evicted = device_pool_.evicted_;
+  size_t next_evicted = 0;
   for (int32_t j = 0; j < count; ++j) {
     const BlockId h = scratch_host_[j];
-    device_pool_.hash_index_->set_content_key(promoted[j], host_index.content_key(h));
-    record_copy(pending_swaps_.promote, {h, promoted[j], bs}, &host_pending_, &device_pending_);
-    block_write_step_[promoted[j]] = step_;
-    host_pool_.uncache_unchecked(h);  // the tier is exclusive: the copy moves to the device
+    const BlockId d = promoted[j];
+    device_pool_.hash_index_->set_content_key(d, host_index.content_key(h));
+    block_write_step_[d] = step_;
+    host_pool_.uncache_unchecked(h);
+    const BlockPool::EvictedBlock* e = nullptr;
+    if (next_evicted < evicted.size() && evicted[next_evicted].block == d) {
+      e = &evicted[next_evicted++];
+    }
+    if (e != nullptr && !refresh_host_copy(*e)) {
+      host_pool_.cache_copy_unchecked(h, device_pool_, *e);
+      host_pool_.set_retention_unchecked(h, e->priority, e->duration_ms);
+      record_copy(pending_swaps_.exchange, {d, h, bs}, &device_pending_, &host_pending_);
+      ++counters_.blocks_demoted;
+    } else {
+      record_copy(pending_swaps_.promote, {h, d, bs}, &host_pending_, &device_pending_);
+    }
     release_host_block(h);
   }
+  device_pool_.evicted_.clear();
   device_pool_.cache_full_blocks_unchecked(
       promoted, std::span<const BlockHash>(seq.block_hashes).subspan(first, count),
       first == 0 ? kNoBlock : seq.blocks[first - 1],
@@ -305,25 +323,45 @@ void KvCacheManager::allocate_device_blocks(std::span<BlockId> out) {
 }
 
 // Copies each cached block the device pool just evicted into a host block of the tier,
-// unless the tier holds its hash already or no host block is free or evictable (then it is
-// dropped, as without a tier). The host block is held until the engine takes the copy.
+// unless the tier holds its hash already (see refresh_host_copy()) or no host block is free
+// or evictable (then it is dropped, as without a tier). The host block is held until the
+// engine takes the copy.
 void KvCacheManager::demote_evicted() {
-  for (const BlockPool::EvictedBlock& e : device_pool_.evicted_) {
-    if (host_pool_.num_free_blocks() == 0 || host_pool_.hash_index_->find(e.hash) != kNoBlock) {
-      continue;
-    }
+  const std::vector<BlockPool::EvictedBlock>& evicted = device_pool_.evicted_;
+  // Host blocks written this step are held until the step ends: with fewer free than
+  // evicted, the least recently used evictions are the ones dropped.
+  const auto dropped =
+      static_cast<size_t>(std::max<int64_t>(0, std::ssize(evicted) - host_pool_.num_free_blocks()));
+  for (size_t i = dropped; i < evicted.size(); ++i) {
+    const BlockPool::EvictedBlock& e = evicted[i];
+    if (refresh_host_copy(e) || host_pool_.num_free_blocks() == 0) continue;
     BlockId h = kNoBlock;
     host_pool_.allocate_unchecked({&h, 1});
-    if (!host_pool_.cache_copy_unchecked(h, device_pool_, e)) {
-      release_host_block(h);
-      continue;
-    }
+    host_pool_.cache_copy_unchecked(h, device_pool_, e);
     host_pool_.set_retention_unchecked(h, e.priority, e.duration_ms);
     record_copy(pending_swaps_.demote, {e.block, h, options_.block_size}, nullptr, &host_pending_);
     release_host_block(h);
     ++counters_.blocks_demoted;
   }
   device_pool_.evicted_.clear();
+}
+
+// Whether the host tier holds the hash of the evicted device block `e` already. A free
+// host copy of the same contents then takes e's place in the tier's LRU order (and its
+// retention), as a standby takes over in one pool; no copy is needed.
+bool KvCacheManager::refresh_host_copy(const BlockPool::EvictedBlock& e) {
+  const HashIndex& host_index = *host_pool_.hash_index_;
+  const BlockId copy = host_index.find(e.hash);
+  if (copy == kNoBlock) return false;
+  const HashIndex& device_index = *device_pool_.hash_index_;
+  if (host_pool_.ref_count_unchecked(copy) == 0 &&
+      host_index.verify(copy, device_index.parent_key(e.block), device_index.tokens(e.block),
+                        device_index.extra_keys(e.block))) {
+    host_pool_.touch_unchecked(copy);
+    host_pool_.set_retention_unchecked(copy, e.priority, e.duration_ms);
+    release_host_block(copy);
+  }
+  return true;
 }
 
 void KvCacheManager::offer_computed_blocks(Sequence& seq) {
@@ -759,6 +797,10 @@ SwapOps KvCacheManager::take_pending_swaps() {
       --host_pending_[op.src];
       --device_pending_[op.dst];
     }
+  }
+  for (const BlockCopy& op : pending_swaps_.exchange) {
+    --device_pending_[op.src];
+    --host_pending_[op.dst];
   }
   SwapOps taken = std::exchange(pending_swaps_, {});
   release_deferred();

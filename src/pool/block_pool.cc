@@ -382,32 +382,26 @@ absl::Status BlockPool::uncache(BlockId block) {
   return absl::OkStatus();
 }
 
-bool BlockPool::cache_copy_unchecked(BlockId block, const BlockPool& source,
+void BlockPool::cache_copy_unchecked(BlockId block, const BlockPool& source,
                                      const EvictedBlock& from) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
   PAGEDKV_DCHECK(enable_caching_ && !hash_index_->is_cached(block) && !stale_[block]);
+  PAGEDKV_DCHECK(hash_index_->find(from.hash) == kNoBlock);
   const HashIndex& src = *source.hash_index_;
   const std::optional<BlockHash>& parent_hash = src.parent_hash(from.block);
+  const auto tokens = src.tokens(from.block);
+  const auto keys = src.extra_keys(from.block);
   hash_index_->set_content_key(block, from.content_key);
-  const HashIndex::Insert inserted = hash_index_->insert(
-      block, from.hash, src.parent_key(from.block), parent_hash ? &*parent_hash : nullptr,
-      src.tokens(from.block), src.extra_keys(from.block));
-  if (inserted != HashIndex::Insert::kIndexed) {
-    if (inserted == HashIndex::Insert::kStandby) uncache_unchecked(block);
-    return false;
-  }
-  if (event_sink_ != nullptr) {
-    const auto tokens = src.tokens(from.block);
-    const auto keys = src.extra_keys(from.block);
-    BlockStored stored{.block_hashes = {from.hash},
-                       .parent_hash = parent_hash,
-                       .token_ids = {tokens.begin(), tokens.end()},
-                       .block_size = block_size_,
-                       .extra_keys = {keys.begin(), keys.end()},
-                       .medium = medium_};
-    event_sink_->on_event(stored);
-  }
-  return true;
+  hash_index_->insert(block, from.hash, src.parent_key(from.block),
+                      parent_hash ? &*parent_hash : nullptr, tokens, keys);
+  if (event_sink_ == nullptr) return;
+  const BlockStored stored{.block_hashes = {from.hash},
+                           .parent_hash = parent_hash,
+                           .token_ids = {tokens.begin(), tokens.end()},
+                           .block_size = block_size_,
+                           .extra_keys = {keys.begin(), keys.end()},
+                           .medium = medium_};
+  event_sink_->on_event(stored);
 }
 
 void BlockPool::uncache_unchecked(BlockId block) {

@@ -250,18 +250,24 @@ absl::Status KvStorage::promote(std::span<const BlockCopy> ops, void* stream) {
   return run_copies("promote", Target::kPromote, ops, stream);
 }
 
+absl::Status KvStorage::exchange(std::span<const BlockCopy> ops, void* stream) {
+  return run_copies("exchange", Target::kExchange, ops, stream);
+}
+
 absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<const BlockCopy> ops,
                                    void* stream) {
   const bool src_host = target == Target::kSwapIn || target == Target::kPromote;
-  const bool dst_host = target == Target::kSwapOut || target == Target::kDemote;
-  const bool whole_blocks = target == Target::kDemote || target == Target::kPromote;
+  const bool exchange = target == Target::kExchange;
+  const bool dst_host = target == Target::kSwapOut || target == Target::kDemote || exchange;
+  const bool whole_blocks = target == Target::kDemote || target == Target::kPromote || exchange;
   const int32_t src_blocks = src_host ? num_host_blocks_ : num_blocks_;
   const int32_t dst_blocks = dst_host ? num_host_blocks_ : num_blocks_;
   const char* src_name = src_host ? "host" : "device";
   const char* dst_name = dst_host ? "host" : "device";
   // Validate the whole batch before copying anything.
   absl::flat_hash_set<BlockId> dsts;
-  std::vector<int32_t> packed;  // [op][src, dst, num_tokens], ops with tokens to copy
+  absl::flat_hash_set<BlockId> srcs;  // exchange: its srcs are written too
+  std::vector<int32_t> packed;        // [op][src, dst, num_tokens], ops with tokens to copy
   packed.reserve(ops.size() * 3);
   for (size_t i = 0; i < ops.size(); ++i) {
     const BlockCopy& op = ops[i];
@@ -289,6 +295,10 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
       return absl::InvalidArgumentError(
           absl::StrCat(fn, ": op ", i, ": dst block ", op.dst, " is written twice in one batch"));
     }
+    if (exchange && !srcs.insert(op.src).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": op ", i, ": src block ", op.src, " is written twice in one batch"));
+    }
     if (op.num_tokens > 0) packed.insert(packed.end(), {op.src, op.dst, op.num_tokens});
   }
   if (target == Target::kCopy) {
@@ -310,7 +320,7 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
   const int64_t segment_bytes = hnd ? int64_t{spec_.block_size} * spec_.head_dim * elem : 0;
   const int64_t token_bytes =
       hnd ? spec_.head_dim * elem : spec_.num_kv_heads * spec_.head_dim * elem;
-  const char* src = src_host ? host_data_device_ : data_;
+  char* src = src_host ? host_data_device_ : data_;
   char* dst = dst_host ? host_data_device_ : data_;
   const int64_t src_pool = src_host ? host_pool_bytes_ : pool_bytes_;
   const int64_t dst_pool = dst_host ? host_pool_bytes_ : pool_bytes_;
@@ -322,6 +332,10 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
       for (int32_t pool = 0; pool < num_pools; ++pool) {
         const char* from = src + pool * src_pool + s * block_bytes;
         char* to = dst + pool * dst_pool + d * block_bytes;
+        if (exchange) {
+          std::swap_ranges(to, to + block_bytes, src + pool * src_pool + s * block_bytes);
+          continue;
+        }
         if (n >= spec_.block_size) {
           std::memcpy(to, from, static_cast<size_t>(block_bytes));
           continue;
@@ -362,6 +376,7 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
   p.segments = segments;
   p.segment_bytes = segment_bytes;
   p.token_bytes = token_bytes;
+  p.exchange = exchange;
   return cuda_status(fn, internal::launch_copy_blocks(p, cuda_stream));
 #else
   (void)stream;

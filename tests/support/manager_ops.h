@@ -18,8 +18,8 @@
 //      events and the preemption hooks;
 //   3. check_invariants() is OK;
 //   4. data flow: a simulated engine keeps one fingerprint per KV slot (device and host).
-//      A step runs swap-out and demote copies, then copy-on-write copies, then swap-in
-//      and promote copies (the order take_pending_swaps() documents), then writes each new
+//      A step runs swap-out, demote and exchange copies, then copy-on-write copies, then
+//      swap-in and promote copies (the order take_pending_swaps() documents), then writes each new
 //      token's fingerprint into its slot. After every step, every token a sequence counts as
 //      computed must read back its own fingerprint (a function of its prefix tokens and extra keys)
 //      through its block table: a block shared with, or reused by, another sequence with different
@@ -461,12 +461,14 @@ class ManagerOpRunner {
       return;
     }
     if (swaps.swap_out != model_swaps.swap_out || swaps.swap_in != model_swaps.swap_in ||
-        swaps.demote != model_swaps.demote || swaps.promote != model_swaps.promote) {
+        swaps.demote != model_swaps.demote || swaps.promote != model_swaps.promote ||
+        swaps.exchange != model_swaps.exchange) {
       fail("take_pending_swaps: got out ", ops_string(swaps.swap_out), " in ",
            ops_string(swaps.swap_in), " demote ", ops_string(swaps.demote), " promote ",
-           ops_string(swaps.promote), ", model expects out ", ops_string(model_swaps.swap_out),
-           " in ", ops_string(model_swaps.swap_in), " demote ", ops_string(model_swaps.demote),
-           " promote ", ops_string(model_swaps.promote));
+           ops_string(swaps.promote), " exchange ", ops_string(swaps.exchange),
+           ", model expects out ", ops_string(model_swaps.swap_out), " in ",
+           ops_string(model_swaps.swap_in), " demote ", ops_string(model_swaps.demote), " promote ",
+           ops_string(model_swaps.promote), " exchange ", ops_string(model_swaps.exchange));
       return;
     }
     auto copy = [&](std::vector<uint64_t>& from, std::vector<uint64_t>& to, const BlockCopy& op) {
@@ -476,6 +478,12 @@ class ManagerOpRunner {
     };
     for (const BlockCopy& op : swaps.swap_out) copy(device_mem_, host_mem_, op);
     for (const BlockCopy& op : swaps.demote) copy(device_mem_, host_mem_, op);
+    for (const BlockCopy& op : swaps.exchange) {
+      for (int32_t i = 0; i < op.num_tokens; ++i) {
+        std::swap(device_mem_[static_cast<size_t>(op.src) * bs_ + i],
+                  host_mem_[static_cast<size_t>(op.dst) * bs_ + i]);
+      }
+    }
     for (const BlockCopy& op : copies) copy(device_mem_, device_mem_, op);
     for (const BlockCopy& op : swaps.swap_in) copy(host_mem_, device_mem_, op);
     for (const BlockCopy& op : swaps.promote) copy(host_mem_, device_mem_, op);

@@ -607,25 +607,51 @@ class ReferenceModel {
     return out;
   }
 
+  // Whether the host tier holds e's hash already; a free host copy of the same contents
+  // then moves to the tier's most recently used end with e's retention, without a copy.
+  bool refresh_host_copy(const Evicted& e) {
+    const auto it = host_.index.find(key(e.hash));
+    if (it == host_.index.end()) return false;
+    const Block& src = device_.blocks[e.block];
+    Block& copy = host_.blocks[it->second];
+    if (copy.ref == 0 && copy.parent_content == src.parent_content && copy.tokens == src.tokens &&
+        copy.extra_keys == src.extra_keys) {
+      touch(host_, it->second);
+      set_retention(copy, e.priority, e.duration);
+      release_host_block(it->second);
+    }
+    return true;
+  }
+
+  // Enters host block h, about to receive the evicted device block e's K/V, into the tier.
+  void cache_host_copy(BlockId h, const Evicted& e) {
+    const Block& src = device_.blocks[e.block];
+    Block& d = host_.blocks[h];
+    d.content = e.content;
+    d.role = Role::kIndexed;
+    d.hash = e.hash;
+    d.parent_content = src.parent_content;
+    d.parent_hash = src.parent_hash;
+    d.tokens = src.tokens;
+    d.extra_keys = src.extra_keys;
+    host_.index[key(e.hash)] = h;
+    events_.push_back(BlockStored{
+        {e.hash}, src.parent_hash, src.tokens, opts_.block_size, src.extra_keys, Medium::kHost});
+    set_retention(d, e.priority, e.duration);
+  }
+
   // Each evicted device block is copied into a host block unless the tier holds its hash
-  // or no host block is free; the host block is held until the copy is taken.
+  // or no host block is free; the host block is held until the copy is taken. With fewer
+  // free host blocks than evictions, the least recently used evictions are dropped.
   void demote_evicted() {
-    for (const Evicted& e : std::exchange(evicted_, {})) {
-      if (queue_size(host_) == 0 || host_.index.count(key(e.hash))) continue;
+    const std::vector<Evicted> evicted = std::exchange(evicted_, {});
+    const size_t free_host = queue_size(host_);
+    const size_t dropped = evicted.size() > free_host ? evicted.size() - free_host : 0;
+    for (size_t i = dropped; i < evicted.size(); ++i) {
+      const Evicted& e = evicted[i];
+      if (refresh_host_copy(e) || queue_size(host_) == 0) continue;
       const BlockId h = allocate(host_, 1)[0];
-      const Block& src = device_.blocks[e.block];
-      Block& d = host_.blocks[h];
-      d.content = e.content;
-      d.role = Role::kIndexed;
-      d.hash = e.hash;
-      d.parent_content = src.parent_content;
-      d.parent_hash = src.parent_hash;
-      d.tokens = src.tokens;
-      d.extra_keys = src.extra_keys;
-      host_.index[key(e.hash)] = h;
-      events_.push_back(BlockStored{
-          {e.hash}, src.parent_hash, src.tokens, opts_.block_size, src.extra_keys, Medium::kHost});
-      set_retention(d, e.priority, e.duration);
+      cache_host_copy(h, e);
       pending_swaps_.demote.push_back({e.block, h, opts_.block_size});
       release_host_block(h);
       ++counters_.blocks_demoted;
@@ -634,7 +660,9 @@ class ReferenceModel {
 
   // The host hits that continue s's device hits, as many as free device blocks allow
   // (less the watermark while another sequence runs), copied into new device blocks that
-  // take their content keys and enter the device index; the host copies leave the tier.
+  // take their content keys and enter the device index; the host copies leave the tier. A
+  // new device block that held an evicted cached block trades places with its host block
+  // (an exchange op) unless the tier holds that block's hash already.
   void promote(Seq& s, const std::vector<BlockHash>& hashes, int32_t max_blocks,
                uint64_t parent_content) {
     const auto first = static_cast<int32_t>(s.table.size());
@@ -652,22 +680,37 @@ class ReferenceModel {
     }
     if (hits.empty()) return;
     for (const BlockId h : hits) touch(host_, h);
-    const std::vector<BlockId> fresh = allocate_device(static_cast<int32_t>(hits.size()));
+    const std::vector<BlockId> fresh = allocate(device_, static_cast<int32_t>(hits.size()));
+    const std::vector<Evicted> evicted = std::exchange(evicted_, {});
+    size_t next_evicted = 0;
+    const int32_t bs = opts_.block_size;
     for (size_t j = 0; j < hits.size(); ++j) {
-      device_.blocks[fresh[j]].content = host_.blocks[hits[j]].content;
-      pending_swaps_.promote.push_back({hits[j], fresh[j], opts_.block_size});
-      device_.blocks[fresh[j]].write_step = step_;
-      if (host_.blocks[hits[j]].cached() && leave_index(host_, hits[j])) {
-        events_.push_back(BlockRemoved{{host_.blocks[hits[j]].hash}, Medium::kHost});
+      const BlockId h = hits[j];
+      const BlockId d = fresh[j];
+      device_.blocks[d].content = host_.blocks[h].content;
+      device_.blocks[d].write_step = step_;
+      if (leave_index(host_, h)) {
+        events_.push_back(BlockRemoved{{host_.blocks[h].hash}, Medium::kHost});
       }
-      release_host_block(hits[j]);
+      const Evicted* e = nullptr;
+      if (next_evicted < evicted.size() && evicted[next_evicted].block == d) {
+        e = &evicted[next_evicted++];
+      }
+      if (e != nullptr && !refresh_host_copy(*e)) {
+        cache_host_copy(h, *e);
+        pending_swaps_.exchange.push_back({d, h, bs});
+        ++counters_.blocks_demoted;
+      } else {
+        pending_swaps_.promote.push_back({h, d, bs});
+      }
+      release_host_block(h);
     }
     s.table.insert(s.table.end(), fresh.begin(), fresh.end());
     s.offered = first;
-    s.computed = static_cast<int32_t>(s.table.size()) * opts_.block_size;
+    s.computed = static_cast<int32_t>(s.table.size()) * bs;
     offer(s);
     counters_.blocks_promoted += static_cast<int64_t>(hits.size());
-    counters_.host_hit_tokens += static_cast<int64_t>(hits.size()) * opts_.block_size;
+    counters_.host_hit_tokens += static_cast<int64_t>(hits.size()) * bs;
   }
 
   void touch(Pool& p, BlockId b) {
@@ -765,11 +808,14 @@ class ReferenceModel {
   }
 
   // Named by a pending op that reads or writes device memory after the release: a CoW copy
-  // (either end), a swap-in or promotion destination. Swap-out and demotion sources are
-  // read first in a step, so they may be reused at once.
+  // (either end), a swap-in or promotion destination, an exchange. Swap-out and demotion
+  // sources are read first in a step, so they may be reused at once.
   bool device_pending(BlockId b) const {
     for (const BlockCopy& op : pending_copies_) {
       if (op.src == b || op.dst == b) return true;
+    }
+    for (const BlockCopy& op : pending_swaps_.exchange) {
+      if (op.src == b) return true;
     }
     for (const auto* ops : {&pending_swaps_.swap_in, &pending_swaps_.promote}) {
       for (const BlockCopy& op : *ops) {
@@ -779,7 +825,8 @@ class ReferenceModel {
     return false;
   }
   bool host_pending(BlockId h) const {
-    for (const auto* ops : {&pending_swaps_.swap_out, &pending_swaps_.demote}) {
+    for (const auto* ops :
+         {&pending_swaps_.swap_out, &pending_swaps_.demote, &pending_swaps_.exchange}) {
       for (const BlockCopy& op : *ops) {
         if (op.dst == h) return true;
       }
