@@ -209,9 +209,9 @@ BENCHMARK(BM_HostTierDemote);
 // (64 full blocks each, 1,024 blocks in all) take turns on a device pool of 256 blocks,
 // so each prompt's blocks have been evicted (demoted) by the time it comes back.
 // match_prefix then promotes its 64 blocks; each promotion takes a device block whose
-// cached contents are demoted in turn, as in a serving steady state. Per admission:
-// add_sequence, match_prefix (64 promotions, 64 demotions), allocate_slots(1), the end of
-// the step, free.
+// cached contents trade places with it (an exchange: a promotion and a demotion), as in a
+// serving steady state. Per admission: add_sequence, match_prefix (64 promotions, 64
+// demotions), allocate_slots(1), the end of the step, free.
 void BM_HostTierPromote(benchmark::State& state) {
   constexpr int kPrompts = 16;
   constexpr int kPrompt = 1025;

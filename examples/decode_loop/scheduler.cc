@@ -245,14 +245,18 @@ absl::Status Engine::execute_kv_ops() {
   std::vector<pagedkv::BlockCopy> copies = manager_->take_pending_copies();
   if (options_.fault == Fault::kSkipCopies) copies.clear();
   if (options_.fault == Fault::kSkipSwapIn) swaps.swap_in.clear();
-  if (options_.fault == Fault::kSkipPromote) swaps.promote.clear();
+  if (options_.fault == Fault::kSkipPromote) {
+    swaps.promote.clear();
+    swaps.exchange.clear();
+  }
   stats_.swap_out_blocks_executed += static_cast<int64_t>(swaps.swap_out.size());
   stats_.swap_in_blocks_executed += static_cast<int64_t>(swaps.swap_in.size());
   stats_.cow_copies_executed += static_cast<int64_t>(copies.size());
   stats_.demote_blocks_executed += static_cast<int64_t>(swaps.demote.size());
   stats_.promote_blocks_executed += static_cast<int64_t>(swaps.promote.size());
+  stats_.exchange_blocks_executed += static_cast<int64_t>(swaps.exchange.size());
   if (swaps.swap_out.empty() && swaps.swap_in.empty() && swaps.demote.empty() &&
-      swaps.promote.empty() && copies.empty()) {
+      swaps.promote.empty() && swaps.exchange.empty() && copies.empty()) {
     return absl::OkStatus();
   }
   absl::Status status = store_->execute(swaps, copies);

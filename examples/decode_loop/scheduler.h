@@ -11,8 +11,8 @@
 //                 match_prefix (device hits, then host-tier hits it promotes),
 //                 allocate_slots for the uncached part
 //   move KV    take_pending_swaps() and take_pending_copies(), executed by the KV store
-//              before any write (both take_* every step), in this order: swap_out and
-//              demote, copy-on-write copies, swap_in and promote
+//              before any write (both take_* every step), in this order: swap_out,
+//              demote and exchange, copy-on-write copies, swap_in and promote
 //   compute    prefill batch: write_kv + paged_extend_attention per layer
 //              decode batch:  write_kv + paged_decode_attention per layer, batched tables
 //   commit     pick tokens (greedy or keyed sampling), fork samples after a prompt's
@@ -56,7 +56,7 @@ enum class Fault {
   kSkipCopies,     // copy-on-write copies are not run
   kSkipSwapIn,     // swap-in copies are not run
   kCorruptSwapIn,  // after each sequence's swap-in, one bit of one of its blocks flips
-  kSkipPromote,    // host-tier promotion copies are not run
+  kSkipPromote,    // host-tier promotion copies (promote and exchange) are not run
 };
 
 struct SequenceRecord;
@@ -138,6 +138,7 @@ struct RunStats {
   int64_t cow_copies_executed = 0;
   int64_t demote_blocks_executed = 0;
   int64_t promote_blocks_executed = 0;
+  int64_t exchange_blocks_executed = 0;    // a promotion and a demotion in one copy
   pagedkv::KvCacheManager::Stats manager;  // at the end
 };
 

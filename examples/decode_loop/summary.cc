@@ -81,11 +81,13 @@ std::string format_text(const Report& r) {
   if (r.engine.enable_host_cache) {
     line(
         fmt::format("host tier      {} hit tokens promoted from host memory ({:.1f}% of hits); "
-                    "{} blocks demoted, {} promoted, {} host evictions; {} cached at the end",
+                    "{} blocks demoted, {} promoted ({} of both by exchange), {} host evictions; "
+                    "{} cached at the end",
                     s.admit_host_hit_tokens,
                     100.0 * ratio(static_cast<double>(s.admit_host_hit_tokens),
                                   static_cast<double>(s.admit_hit_tokens)),
-                    m.blocks_demoted, m.blocks_promoted, m.host_evictions, m.cached_host_blocks));
+                    m.blocks_demoted, m.blocks_promoted, s.exchange_blocks_executed,
+                    m.host_evictions, m.cached_host_blocks));
   }
   line(
       fmt::format("KV blocks      peak {} of {} in use, utilization {:.1f}% (real token slots / "
@@ -185,6 +187,7 @@ std::string format_json(const Report& r) {
   field("blocks_promoted", std::to_string(m.blocks_promoted));
   field("demote_blocks_executed", std::to_string(s.demote_blocks_executed));
   field("promote_blocks_executed", std::to_string(s.promote_blocks_executed));
+  field("exchange_blocks_executed", std::to_string(s.exchange_blocks_executed));
   field("host_evictions", std::to_string(m.host_evictions));
   field("cached_host_blocks", std::to_string(m.cached_host_blocks));
   field("peak_used_blocks", std::to_string(s.peak_used_blocks));
