@@ -187,9 +187,9 @@ class KvCacheManager {
     // Host tier.
     int32_t cached_host_blocks = 0;  // host blocks holding a cached block's K/V
     int64_t host_hit_tokens = 0;     // of prefix_hit_tokens, found in the host tier
-    int64_t blocks_demoted = 0;
-    int64_t blocks_promoted = 0;
-    int64_t host_evictions = 0;  // host-tier blocks dropped to reuse their host block
+    int64_t blocks_demoted = 0;      // device -> host copies of cached blocks (demote, exchange)
+    int64_t blocks_promoted = 0;     // host -> device copies of host hits (promote, exchange)
+    int64_t host_evictions = 0;      // host-tier blocks dropped to reuse their host block
   };
 
   // Returns InvalidArgument for num_blocks or block_size outside BlockPool's limits
