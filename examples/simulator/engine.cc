@@ -128,6 +128,19 @@ class Engine {
     waiting_.push_back(id);
   }
 
+  // The link time of the host-tier promotions the allocator made since the last step that
+  // paid for them (a step that schedules nothing pays for none; the next one does). Each
+  // promoted block, whether a plain promotion or an exchange, moves block_size tokens of
+  // KV host -> device. The device -> host half of an exchange, like a demotion, runs in
+  // the other direction of the full-duplex link at the same time and is not counted.
+  double promotion_time_s() {
+    const int64_t promoted = alloc_.counters().blocks_promoted;
+    const int64_t blocks = promoted - promotions_charged_;
+    promotions_charged_ = promoted;
+    return static_cast<double>(blocks * setup_.config.block_size) *
+           static_cast<double>(opt_.kv_bytes_per_token) / opt_.host_link_bytes_per_s;
+  }
+
   void on_preempted(SeqId id, PreemptionMode mode) {
     Seq& s = seqs_.at(id);
     step_preempted_ = true;
@@ -183,7 +196,6 @@ class Engine {
     }
 
     // 3. Admission in arrival order, when nothing was preempted or is swapped out.
-    const int64_t promoted_before = alloc_.counters().prefix_host_hit_tokens;
     while (!step_preempted_ && swapped_.empty() && !waiting_.empty() &&
            num_running() < opt_.max_num_seqs && prefill_tokens < opt_.max_prefill_tokens) {
       const SeqId id = waiting_.front();
@@ -259,10 +271,7 @@ class Engine {
         ++concurrency;
       }
     }
-    const int64_t promoted_tokens = alloc_.counters().prefix_host_hit_tokens - promoted_before;
-    const double promote_s = static_cast<double>(promoted_tokens) *
-                             static_cast<double>(opt_.kv_bytes_per_token) /
-                             opt_.host_link_bytes_per_s;
+    const double promote_s = promotion_time_s();
     result_.promote_time_s += promote_s;
     const double dt = (opt_.step_ms +
                        opt_.prefill_ms_per_1k_tokens * static_cast<double>(prefill_tokens) / 1000) /
@@ -441,6 +450,7 @@ class Engine {
   SeqId next_id_ = 0;
   bool step_preempted_ = false;
   int64_t alloc_ns_ = 0;
+  int64_t promotions_charged_ = 0;  // blocks promoted whose link time a step has paid
   double latency_sum_ = 0;
   double util_weighted_ = 0, util_time_ = 0, memory_weighted_ = 0, conc_weighted_ = 0,
          busy_time_ = 0;

@@ -10,9 +10,11 @@
 //     fits (paged: leaving the watermark free; contiguous: a first-fit reservation), up to
 //     max_num_seqs running sequences and max_prefill_tokens prompt tokens per step.
 //   - A step takes step_ms plus prefill_ms_per_1k_tokens per 1,000 prompt tokens
-//     computed, plus the time to promote the step's host-tier hits (their KV bytes over
-//     host_link_bytes_per_s), then every scheduled sequence generates one token. A request
-//     completes after output_length tokens (all of its samples / beams).
+//     computed, plus the time to promote the step's host-tier hits (the KV bytes of the
+//     blocks the allocator promoted, over host_link_bytes_per_s; demotions are taken to
+//     overlap them on the link's other direction), then every scheduled sequence
+//     generates one token. A request completes after output_length tokens (all of its
+//     samples / beams).
 //   - Parallel samples fork after the prompt's prefill; beam requests keep beam_width
 //     beams and every beam_interval tokens drop their last beam and fork their first.
 // It measures KV utilization, concurrency, throughput, preemptions, prefix hits,

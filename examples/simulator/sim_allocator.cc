@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <list>
-#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -11,9 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "contiguous_arena.h"
-#include "pagedkv/block_hash.h"
 #include "pagedkv/block_table.h"
-#include "pagedkv/kv_events.h"
 
 namespace pagedkv::sim {
 
@@ -207,66 +203,6 @@ class ContiguousAllocator final : public SimAllocator {
   absl::flat_hash_map<SeqId, Seq> seqs_;
 };
 
-// --- host tier model ------------------------------------------------------------------------
-
-// An LRU set of block hashes fed by the manager's events (see sim_allocator.h).
-class HostTier final : public KvEventSink {
- public:
-  explicit HostTier(int64_t capacity_blocks) : capacity_(capacity_blocks) {}
-
-  void on_event(const KvEvent& event) override {
-    if (const auto* removed = std::get_if<BlockRemoved>(&event)) {
-      for (const BlockHash& h : removed->block_hashes) demote(h);
-    } else if (const auto* stored = std::get_if<BlockStored>(&event)) {
-      for (const BlockHash& h : stored->block_hashes) erase(h);  // on the device again
-    } else if (std::holds_alternative<AllBlocksCleared>(event)) {
-      lru_.clear();  // a flush empties both tiers
-      where_.clear();
-    }
-  }
-
-  bool contains(const BlockHash& h) const { return where_.contains(h); }
-
-  // Counts a promotion of a block found here at admission. The block may already have
-  // left the tier meanwhile (stored on the device again by the admitting allocation);
-  // the real allocator pins a block a pending promotion reads.
-  void promote(const BlockHash& h) {
-    erase(h);
-    ++promoted_;
-  }
-
-  int64_t promoted() const { return promoted_; }
-  int64_t demoted() const { return demoted_; }
-  int64_t dropped() const { return dropped_; }
-
- private:
-  void demote(const BlockHash& h) {
-    if (capacity_ == 0 || contains(h)) return;
-    if (static_cast<int64_t>(lru_.size()) == capacity_) {
-      where_.erase(lru_.front());
-      lru_.pop_front();
-      ++dropped_;
-    }
-    where_.emplace(h, lru_.insert(lru_.end(), h));
-    ++demoted_;
-  }
-
-  bool erase(const BlockHash& h) {
-    auto it = where_.find(h);
-    if (it == where_.end()) return false;
-    lru_.erase(it->second);
-    where_.erase(it);
-    return true;
-  }
-
-  int64_t capacity_;
-  std::list<BlockHash> lru_;  // front: least recently demoted
-  absl::flat_hash_map<BlockHash, std::list<BlockHash>::iterator> where_;
-  int64_t promoted_ = 0;
-  int64_t demoted_ = 0;
-  int64_t dropped_ = 0;
-};
-
 // --- paged: the library's KvCacheManager ---------------------------------------------------
 
 class PagedAllocator final : public SimAllocator, public PreemptionHooks {
@@ -286,22 +222,20 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     KvCacheManager::Options o;
     o.num_blocks = static_cast<int32_t>(blocks);
     o.block_size = bs;
+    // One host budget: swap space first, the host tier caches in the rest.
+    const int64_t swap_blocks =
+        setup.preemption_mode == PreemptionMode::kSwap ? setup.host_budget_tokens / bs : 0;
+    o.enable_prefix_caching = setup.config.kind == AllocatorKind::kPagedPrefix;
+    const int64_t host_cache_blocks = o.enable_prefix_caching ? setup.host_cache_tokens / bs : 0;
     o.num_host_blocks =
-        setup.preemption_mode == PreemptionMode::kSwap
-            ? static_cast<int32_t>(std::min<int64_t>(setup.host_budget_tokens / bs, INT32_MAX))
-            : 0;
+        static_cast<int32_t>(std::min<int64_t>(swap_blocks + host_cache_blocks, INT32_MAX));
+    o.enable_host_cache = host_cache_blocks > 0;
     o.max_model_len = setup.max_model_len;
     o.watermark_blocks = std::min<int32_t>(
         static_cast<int32_t>(std::floor(setup.watermark_fraction * static_cast<double>(blocks))),
         o.num_blocks - 1);
-    o.enable_prefix_caching = setup.config.kind == AllocatorKind::kPagedPrefix;
-    o.preemption_mode = o.num_host_blocks > 0 ? setup.preemption_mode : PreemptionMode::kRecompute;
+    o.preemption_mode = swap_blocks > 0 ? setup.preemption_mode : PreemptionMode::kRecompute;
     o.preemption_hooks = a.get();
-    const int64_t host_cache_blocks = setup.host_cache_tokens / bs;
-    if (o.enable_prefix_caching && host_cache_blocks > 0) {
-      a->host_tier_ = std::make_unique<HostTier>(host_cache_blocks);
-      o.event_sink = a->host_tier_.get();
-    }
     absl::StatusOr<KvCacheManager> manager = KvCacheManager::create(std::move(o));
     if (!manager.ok()) return manager.status();
     a->manager_.emplace(std::move(*manager));
@@ -310,6 +244,8 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
   }
 
   void on_preempt(SeqId victim, PreemptionMode mode) override { notify_preempted(victim, mode); }
+  // allocate_slots_or_preempt() gave back a waiting sequence's claimed prefix to make room.
+  void on_claim_released(SeqId seq) override { matched_.erase(seq); }
 
   absl::Status add(SeqId seq, std::span<const TokenId> prompt, int32_t final_tokens,
                    int32_t /*num_forks*/) override {
@@ -325,38 +261,45 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
   }
 
   absl::StatusOr<int32_t> admit(SeqId seq) override {
-    // A sequence whose admission failed keeps its matched prefix (match_prefix() takes
-    // references) so that retrying next step neither rehashes nor recounts it. Only the
-    // queue head retries; any other holder (the head changed because a preempted sequence
-    // was queued in front) gives its blocks back, or waiting sequences could pin the pool.
-    if (!matched_.empty() && !matched_.contains(seq)) {
+    // A sequence whose admission failed keeps its matched prefix until it retries next
+    // step (match_prefix() takes references), so that its host-tier promotions are
+    // written before the claim is given back. The retry matches again: the claim's blocks
+    // are found again on the device (nothing evicts in between), and the match continues
+    // into hits that were out of reach, such as host blocks that did not fit the device
+    // room last time. Only the queue head retries; any other holder (the head changed
+    // because a preempted sequence was queued in front) gives its blocks back, or waiting
+    // sequences could pin the pool.
+    // Host tokens this sequence's earlier claim promoted: found on the device now, but
+    // host hits of this admission. (A claim that allocate_slots_or_preempt() released
+    // loses this; its blocks count as device hits if they are still there.)
+    int32_t promoted_before = 0;
+    if (!matched_.empty()) {
+      if (auto it = matched_.find(seq); it != matched_.end()) {
+        promoted_before = it->second.host_tokens;
+      }
       std::vector<SeqId> holders;
-      for (const auto& [id, cached] : matched_) holders.push_back(id);
-      for (SeqId other : holders) {
-        if (absl::Status s = release_match(other); !s.ok()) return s;
+      for (const auto& [id, claim] : matched_) holders.push_back(id);
+      for (SeqId holder : holders) {
+        if (absl::Status s = release_match(holder); !s.ok()) return s;
       }
     }
-    if (!matched_.contains(seq)) {
-      absl::StatusOr<int32_t> cached = manager_->match_prefix(seq);
-      if (!cached.ok()) return cached.status();
-      matched_.emplace(seq, *cached);
-    }
+    // match_prefix() promotes the host-tier hits that follow the device prefix.
+    const int64_t host_before = manager_->stats().host_hit_tokens;
+    absl::StatusOr<int32_t> cached = manager_->match_prefix(seq);
+    if (!cached.ok()) return cached.status();
+    const auto promoted = static_cast<int32_t>(manager_->stats().host_hit_tokens - host_before);
+    matched_[seq] = {.cached_tokens = *cached, .host_tokens = promoted_before + promoted};
     absl::StatusOr<int32_t> work = uncomputed(seq);
     if (!work.ok()) return work.status();
-    const int32_t cached = matched_.at(seq);
-    absl::StatusOr<std::vector<BlockHash>> host_hits = host_hit_blocks(seq, cached);
-    if (!host_hits.ok()) return host_hits.status();
     absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, *work);
     if (!slots.ok()) return slots.status();  // ResourceExhausted: keeps its matched prefix
-    // Host hits are promoted: copied into the device blocks just allocated, not computed.
-    for (const BlockHash& h : *host_hits) host_tier_->promote(h);
-    const int32_t promoted = static_cast<int32_t>(host_hits->size()) * block_size_;
     // Prefix statistics count admitted prefills only, not retries.
-    query_tokens_ += cached + *work;
-    hit_tokens_ += cached + promoted;
-    host_hit_tokens_ += promoted;
+    const Claim claim = matched_.at(seq);
+    query_tokens_ += claim.cached_tokens + *work;
+    hit_tokens_ += claim.cached_tokens;
+    host_hit_tokens_ += claim.host_tokens;
     matched_.erase(seq);
-    return *work - promoted;
+    return *work;
   }
 
   absl::StatusOr<int32_t> reserve(SeqId seq, bool may_preempt) override {
@@ -432,9 +375,9 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
             .cow_copies = s.cow_copies,
             .blocks_swapped_out = s.blocks_swapped_out,
             .prefix_host_hit_tokens = host_hit_tokens_,
-            .blocks_promoted = host_tier_ ? host_tier_->promoted() : 0,
-            .blocks_demoted = host_tier_ ? host_tier_->demoted() : 0,
-            .host_evictions = host_tier_ ? host_tier_->dropped() : 0};
+            .blocks_promoted = s.blocks_promoted,
+            .blocks_demoted = s.blocks_demoted,
+            .host_evictions = s.host_evictions};
   }
 
   std::string describe() const override {
@@ -454,46 +397,24 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     return static_cast<int32_t>(v->tokens.size()) - v->num_computed_tokens;
   }
 
-  // The hashes of the full prompt blocks after the first `cached` tokens that the host
-  // tier holds, in order, up to the first absent one. A prompt hits at most len - 1
-  // tokens, as in match_prefix(). Empty without a host tier.
-  absl::StatusOr<std::vector<BlockHash>> host_hit_blocks(SeqId seq, int32_t cached) const {
-    std::vector<BlockHash> hits;
-    if (!host_tier_) return hits;
-    absl::StatusOr<SequenceView> v = manager_->sequence(seq);
-    if (!v.ok()) return v.status();
-    const int32_t bs = block_size_;
-    const int32_t matchable = (static_cast<int32_t>(v->tokens.size()) - 1) / bs;
-    BlockHash parent;
-    for (int32_t i = 0; i < matchable; ++i) {
-      const BlockHash h =
-          hash_block(i == 0 ? nullptr : &parent, v->tokens.subspan(int64_t{i} * bs, bs), {});
-      parent = h;
-      if (i < cached / bs) continue;  // on the device
-      if (!host_tier_->contains(h)) break;
-      hits.push_back(h);
-    }
-    return hits;
-  }
-
-  // Drops the prefix a waiting sequence matched: the manager has no "unmatch", so the
-  // sequence is freed and registered again with the same tokens.
+  // Gives back the prefix a waiting sequence matched (cached blocks stay cached).
   absl::Status release_match(SeqId seq) {
-    absl::StatusOr<SequenceView> v = manager_->sequence(seq);
-    if (!v.ok()) return v.status();
-    const std::vector<TokenId> tokens(v->tokens.begin(), v->tokens.end());
     matched_.erase(seq);
-    if (absl::Status s = manager_->free(seq); !s.ok()) return s;
-    return manager_->add_sequence(seq, tokens);
+    return manager_->release_claim(seq);
   }
 
-  std::unique_ptr<HostTier> host_tier_;  // the manager's event sink: outlives it
+  // The prefix a waiting sequence claimed with match_prefix(), until it is admitted.
+  struct Claim {
+    int32_t cached_tokens = 0;  // device and host hits
+    int32_t host_tokens = 0;    // of those, promoted from the host tier
+  };
+
   std::optional<KvCacheManager> manager_;
   int32_t block_size_ = 16;
-  absl::flat_hash_map<SeqId, int32_t> matched_;  // waiting, holding a matched prefix (tokens)
-  int64_t query_tokens_ = 0;                     // prompt tokens of admitted prefills
-  int64_t hit_tokens_ = 0;                       // of those, served from the prefix cache
-  int64_t host_hit_tokens_ = 0;                  // of those, promoted from the host tier
+  absl::flat_hash_map<SeqId, Claim> matched_;  // waiting sequences holding a matched prefix
+  int64_t query_tokens_ = 0;                   // prompt tokens of admitted prefills
+  int64_t hit_tokens_ = 0;                     // of those, served from the prefix cache
+  int64_t host_hit_tokens_ = 0;                // of those, promoted from the host tier
   mutable absl::flat_hash_set<BlockId> partial_;
 };
 

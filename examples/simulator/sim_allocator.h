@@ -13,14 +13,11 @@
 // engine model's vocabulary. Contiguous sequences never grow past their reservation, so
 // they are never preempted.
 //
-// Host tier (paged+prefix, host_cache_tokens > 0): a model of issue 13's tier until the
-// allocator has its own. It follows the manager's KV events: a cached device block that
-// is evicted (BlockRemoved) is demoted into a host LRU of host_cache_tokens / block_size
-// blocks, dropping the host's least recently used block when full. At admission, past
-// the device prefix that match_prefix() found, the prompt's next full blocks whose
-// chained hashes are in the host tier are host hits: they leave the tier (promoted), are
-// not prefilled, and still take device blocks as the copy would. A block stored on the
-// device again leaves the host tier, so the tiers stay exclusive.
+// Host tier (paged+prefix, host_cache_tokens > 0): the manager's own (issue 13,
+// docs/allocator.md "Host tier"). Swap space and the tier share one host pool of
+// (swap + tier) blocks, swap first and the tier caching in the rest. Evicted cached device
+// blocks are demoted there; match_prefix() continues from the device hits into host hits
+// and promotes them (as far as free device blocks allow), so they are not prefilled.
 #ifndef PAGEDKV_EXAMPLES_SIMULATOR_SIM_ALLOCATOR_H_
 #define PAGEDKV_EXAMPLES_SIMULATOR_SIM_ALLOCATOR_H_
 
@@ -61,16 +58,18 @@ struct AllocatorCounters {
   int64_t cow_copies = 0;
   int64_t blocks_swapped_out = 0;
   int64_t prefix_host_hit_tokens = 0;  // of prefix_hit_tokens, promoted from the host tier
-  int64_t blocks_promoted = 0;         // host tier -> device
-  int64_t blocks_demoted = 0;          // device -> host tier
-  int64_t host_evictions = 0;          // blocks dropped from the host tier
+  // The manager's host-tier counters (KvCacheManager::Stats). An exchange counts in both
+  // blocks_promoted and blocks_demoted.
+  int64_t blocks_promoted = 0;  // host tier -> device
+  int64_t blocks_demoted = 0;   // device -> host tier
+  int64_t host_evictions = 0;   // blocks dropped from the host tier
 };
 
 struct AllocatorSetup {
   AllocatorConfig config;
   int64_t budget_tokens = 0;       // KV slots of the device budget
   int64_t host_budget_tokens = 0;  // KV slots of host swap space (paged, swap mode)
-  int64_t host_cache_tokens = 0;   // KV slots of the host tier (paged+prefix; 0: none)
+  int64_t host_cache_tokens = 0;   // KV slots of the host tier, besides swap (paged+prefix)
   int32_t max_model_len = 8192;
   double watermark_fraction = 0.01;  // paged admission leaves this share of blocks free
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;

@@ -457,9 +457,15 @@ TEST_CASE("engine: parallel samples share the prompt only when paged", "[simulat
 }
 
 TEST_CASE("engine: an evicted prompt comes back from the host tier", "[simulator]") {
-  // Request 0's 1,024-token prompt (64 blocks of 16) is evicted from a 128-block device
-  // by four unrelated prompts; request 5 starts with the same 1,024 tokens. With a host
-  // tier of 512 blocks the evicted blocks are demoted there and promoted for request 5.
+  // 128 device blocks of 16 tokens, requests 10 s apart (each done in two steps: prefill,
+  // then one decode step that takes a 65th block for token 1,025). Request 0's 1,024-token
+  // prompt (64 blocks) is evicted by requests 1-4 (unrelated prompts); request 5's first
+  // 1,024 tokens are the same. A freed sequence's blocks join the LRU tail last block
+  // first, its partial block the clean head.
+  //   request 1: 64 blocks from the clean ones, its 65th evicts 1 of request 0's blocks;
+  //   requests 2-4: each takes the previous partial block and evicts 63 + 1 blocks.
+  //   request 5: 69 blocks (1,100 tokens): the partial block and 68 evictions.
+  // 1 + 3 * 64 + 68 = 261 evictions.
   Trace t;
   t.name = "tier";
   t.requests.push_back(make_request(1024, 2, {1, 2}));
@@ -478,8 +484,14 @@ TEST_CASE("engine: an evicted prompt comes back from the host tier", "[simulator
   REQUIRE(device_only.ok());
   CHECK(device_only->completed == 6);
   CHECK(device_only->prefix_hit_tokens == 0);  // evicted before request 5 arrives
+  CHECK(device_only->evictions == 261);
   CHECK(device_only->blocks_demoted == 0);
 
+  // A host tier of 512 blocks: requests 1-4 demote the 193 blocks they evict, request 0's
+  // 64 among them (no host eviction). Request 5 hits those 64 in the host tier; the
+  // promotion takes 64 device blocks: the partial block (a plain promotion) and 63 evicted
+  // cached blocks, each exchanged with the host block it vacates (a demotion too). Its
+  // last 76 tokens take 5 more blocks, evicting and demoting 5.
   setup.host_cache_tokens = 512 * 16;
   absl::StatusOr<EngineResult> tiered = run_engine(t, setup, engine);
   REQUIRE(tiered.ok());
@@ -488,11 +500,70 @@ TEST_CASE("engine: an evicted prompt comes back from the host tier", "[simulator
   CHECK(tiered->prefix_hit_tokens == 1024);  // the shared 64 blocks, all from the host
   CHECK(tiered->prefix_host_hit_tokens == 1024);
   CHECK(tiered->blocks_promoted == 64);
-  CHECK(tiered->blocks_demoted == device_only->evictions);  // every eviction is demoted
-  CHECK(tiered->host_evictions == 0);                       // 512 blocks hold them all
-  CHECK(tiered->promote_time_s == Approx(1024.0 * 131072 / 55e9));
-  // Request 5 prefills 76 tokens instead of 1,100.
-  CHECK(tiered->sim_time_s < device_only->sim_time_s);
+  CHECK(tiered->evictions == 261);       // the same blocks leave the device
+  CHECK(tiered->blocks_demoted == 261);  // 193 + 63 exchanges + 5: every eviction
+  CHECK(tiered->host_evictions == 0);    // 512 blocks hold them all
+  // 64 blocks of 16 tokens at 128 KiB per token over 55 GB/s, instead of the prefill of
+  // 1,024 tokens at 50 ms per 1,000: request 5 finishes that much earlier.
+  const double promote_s = 64.0 * 16 * 131072 / 55e9;
+  CHECK(tiered->promote_time_s == Approx(promote_s));
+  CHECK(device_only->sim_time_s - tiered->sim_time_s == Approx(0.050 * 1024 / 1000 - promote_s));
+}
+
+TEST_CASE("engine: host hits beyond the device room are promoted when the admission retries",
+          "[simulator]") {
+  // 128 device blocks of 16 tokens, a host tier of 512. Request 0 (1,024 tokens, 64
+  // blocks, freed after two steps) is demoted whole by request 1, whose 2,048-token
+  // prompt takes all 128 blocks (64 clean, 64 evictions) and which finishes in its
+  // prefill step. At t = 20 request 2 (1,590 tokens, 100 blocks, 11 output tokens, so
+  // never a 101st block) evicts and demotes 100 of request 1's blocks, and request 3
+  // (request 0's 1,024 tokens + 76) matches in the same step: the 28 free device blocks
+  // (request 1's first 28, exchanged into the host) are room for 28 of its 64 host hits,
+  // and its admission fails. Each retry gives the claim back and matches again: 28 device
+  // hits, no room for more until request 2 is done (step 11). Step 12 promotes the other
+  // 36 (exchanged with request 2's last blocks) and admits it with 76 tokens to prefill
+  // in 5 more blocks (5 evictions, demoted).
+  Trace t;
+  t.name = "retry";
+  t.requests = {make_request(1024, 2, {1, 2}), make_request(2048, 1, {10, 11, 12, 13}),
+                make_request(1590, 11, {20, 21, 22, 23}), make_request(1100, 2, {1, 2, 99})};
+  t.requests[0].arrival_s = 0;
+  t.requests[1].arrival_s = 10;
+  t.requests[2].arrival_s = 20;
+  t.requests[3].arrival_s = 20;
+  AllocatorSetup setup;
+  setup.config = {.kind = AllocatorKind::kPagedPrefix, .block_size = 16};
+  setup.budget_tokens = 128 * 16;
+  setup.max_model_len = 4096;
+  setup.watermark_fraction = 0;
+  EngineOptions engine;
+  engine.check_invariants = true;
+  absl::StatusOr<EngineResult> device_only = run_engine(t, setup, engine);
+  REQUIRE(device_only.ok());
+  CHECK(device_only->completed == 4);
+  CHECK(device_only->prefix_hit_tokens == 0);
+  // 64 + 100 + request 3's 69 blocks (28 of request 1's, 41 of request 2's).
+  CHECK(device_only->evictions == 233);
+
+  setup.host_cache_tokens = 512 * 16;
+  absl::StatusOr<EngineResult> tiered = run_engine(t, setup, engine);
+  REQUIRE(tiered.ok());
+  CHECK(tiered->completed == 4);
+  CHECK(tiered->prefix_query_tokens == 1024 + 2048 + 1590 + 1100);
+  CHECK(tiered->prefix_hit_tokens == 1024);
+  CHECK(tiered->prefix_host_hit_tokens == 1024);  // 28 blocks at t = 20, 36 at step 12
+  CHECK(tiered->blocks_promoted == 64);
+  CHECK(tiered->evictions == 233);       // 64 + 100 + 28 + 36 + 5
+  CHECK(tiered->blocks_demoted == 233);  // every eviction, 64 of them by exchange
+  CHECK(tiered->host_evictions == 0);
+  const double block_s = 16.0 * 131072 / 55e9;  // promoting one block
+  CHECK(tiered->promote_time_s == Approx(64 * block_s));
+  const double saved_s = 0.050 * 1024 / 1000 - 64 * block_s;
+  CHECK(device_only->sim_time_s - tiered->sim_time_s == Approx(saved_s));
+  // The first 28 promotions lengthen the step at t = 20: request 2 finishes 28 blocks'
+  // time later, request 3 saved_s earlier (means over the 4 requests).
+  CHECK(tiered->mean_latency_s - device_only->mean_latency_s ==
+        Approx((28 * block_s - saved_s) / 4));
 }
 
 // --- quick runs on the shipped traces -------------------------------------------------------

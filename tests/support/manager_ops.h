@@ -290,9 +290,10 @@ class ManagerOpRunner {
       lcg = lcg * 1664525u + 1013904223u;
       base_.push_back(static_cast<TokenId>((lcg >> 16) % alphabet));
     }
-    // The host tier: off, on where valid, or on regardless (create must refuse it then).
+    // The host tier: off, on where valid (twice as likely), or on regardless (create must
+    // refuse it then).
     const int host_mode = h < 250 ? (h / 20) % 4 : 0;
-    opts_.enable_host_cache = host_mode == 3 || (host_mode == 2 && opts_.num_host_blocks > 0 &&
+    opts_.enable_host_cache = host_mode == 3 || (host_mode != 0 && opts_.num_host_blocks > 0 &&
                                                  opts_.enable_prefix_caching);
     opts_.event_sink = &events_;
     opts_.preemption_hooks = &hooks_;
@@ -368,8 +369,12 @@ class ManagerOpRunner {
 
   std::vector<TokenId> make_prompt() {
     std::vector<TokenId> prompt;
-    const uint8_t mode = in_.u8() % 5;
-    if (mode <= 1) {  // a prefix of the shared base text, plus a short tail
+    const uint8_t mode = in_.u8() % 6;
+    if (mode == 5 && !freed_.empty()) {  // a freed prompt again: its blocks may be in the tier
+      const std::vector<TokenId>& t = freed_[in_.u8() % freed_.size()];
+      prompt.assign(t.begin(), t.begin() + 1 + in_.u8() % t.size());
+      for (int i = in_.range(0, 1); i > 0; --i) prompt.push_back(pick_token());
+    } else if (mode <= 1 || mode == 5) {  // a prefix of the shared base text, plus a short tail
       prompt.assign(base_.begin(), base_.begin() + in_.range(1, 64));
       for (int i = in_.range(0, 3); i > 0; --i) prompt.push_back(pick_token());
     } else if (mode == 2) {  // a prefix of a live sequence's tokens, plus a tail
@@ -710,6 +715,10 @@ class ManagerOpRunner {
     if (kProtocolGuards && has_pending_writes(id)) step();
     if (!error_.empty()) return;
     log("free(", id, ")");
+    if (const ReferenceModel::Seq* s = model_->find(id)) {
+      freed_.push_back(s->tokens);
+      if (freed_.size() > 8) freed_.pop_front();
+    }
     const Code expected = model_->free(id);
     expect_code("free", impl_->free(id), expected);
   }
@@ -1128,6 +1137,7 @@ class ManagerOpRunner {
   SeqId next_fresh_id_ = 100;
   bool echo_ = false;   // PAGEDKV_OPS_TRACE set: print each operation as it runs
   int64_t now_ms_ = 0;  // the manager's clock
+  std::deque<std::vector<TokenId>> freed_;  // tokens of the last sequences freed
 };
 
 // Runs the operations the bytes decode to; "" when every check passed.
