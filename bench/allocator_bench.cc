@@ -2,6 +2,10 @@
 //   decode append  <= 50 ns per sequence-token (append_tokens + allocate_slots(1))
 //   admission      <= 10 ns per prompt token, hashing included
 // and, from the hardening issue, BlockPool's argument checks cost under 2% of these.
+// The host tier (issue 13): its bookkeeping per demoted and per promoted block
+// (BM_HostTierDemote against BM_AdmitEvicting, BM_HostTierPromote), and a decode step with
+// the tier configured but idle (BM_DecodeStepHostTierIdle against BM_DecodeStepNoEvict):
+// the tier must not slow the decode path.
 // Run: build/bench/allocator_bench   (Release or RelWithDebInfo build)
 #include <benchmark/benchmark.h>
 
@@ -15,10 +19,28 @@
 namespace pagedkv {
 namespace {
 
-KvCacheManager make_manager(int32_t num_blocks) {
-  auto m = KvCacheManager::create({.num_blocks = num_blocks, .block_size = 16});
+KvCacheManager make_manager(KvCacheManager::Options options) {
+  auto m = KvCacheManager::create(std::move(options));
   if (!m.ok()) std::abort();
   return *std::move(m);
+}
+
+KvCacheManager make_manager(int32_t num_blocks) {
+  return make_manager({.num_blocks = num_blocks, .block_size = 16});
+}
+
+// A manager with a host tier of `host_blocks` blocks.
+KvCacheManager make_tiered_manager(int32_t num_blocks, int32_t host_blocks) {
+  return make_manager({.num_blocks = num_blocks,
+                       .block_size = 16,
+                       .num_host_blocks = host_blocks,
+                       .enable_host_cache = true});
+}
+
+// A benchmark counter of nanoseconds per `count` events over the whole run.
+benchmark::Counter ns_per(int64_t count) {
+  return benchmark::Counter(static_cast<double>(count),
+                            benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 void check(const absl::Status& status) {
@@ -65,12 +87,14 @@ void BM_AdmitSharedPrefix(benchmark::State& state) {
 BENCHMARK(BM_AdmitSharedPrefix);
 
 // One decode step of 256 running sequences, each appending one token and reserving its
-// slot (a new block every 16 tokens, hashed and indexed when full).
-void BM_DecodeStep(benchmark::State& state) {
+// slot (a new block every 16 tokens, hashed and indexed when full). When the sequences
+// reach 4,096 tokens they are freed and the batch restarts (untimed); `flush` empties the
+// prefix cache there, so that later steps allocate clean blocks instead of evicting the
+// cached ones.
+void run_decode_steps(benchmark::State& state, KvCacheManager& m, bool flush) {
   constexpr int kSeqs = 256;
   constexpr int kPrompt = 64;
   constexpr int kMaxLen = 4096;
-  KvCacheManager m = make_manager(kSeqs * kMaxLen / 16 + 64);
   std::vector<TokenId> prompt(kPrompt);
   auto admit_all = [&] {
     for (SeqId s = 0; s < kSeqs; ++s) {
@@ -87,6 +111,7 @@ void BM_DecodeStep(benchmark::State& state) {
     if (length == kMaxLen) {  // restart the batch, untimed
       state.PauseTiming();
       for (SeqId s = 0; s < kSeqs; ++s) check(m.free(s));
+      if (flush) m.reset_prefix_cache();
       admit_all();
       length = kPrompt;
       state.ResumeTiming();
@@ -99,11 +124,128 @@ void BM_DecodeStep(benchmark::State& state) {
     end_step(m);
     ++length;
   }
-  state.counters["ns_per_seq_token"] =
-      benchmark::Counter(static_cast<double>(state.iterations()) * kSeqs,
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_seq_token"] = ns_per(state.iterations() * kSeqs);
+}
+
+constexpr int32_t kDecodeBlocks = 256 * 4096 / 16 + 64;
+
+// After the first batch, each new block evicts a cached block of the previous batch.
+void BM_DecodeStep(benchmark::State& state) {
+  KvCacheManager m = make_manager(kDecodeBlocks);
+  run_decode_steps(state, m, /*flush=*/false);
 }
 BENCHMARK(BM_DecodeStep);
+
+// The A/B pair for the host tier's cost on the decode path: the same steps without
+// evictions, with no host tier and with one that is configured but idle (no eviction, so
+// nothing is demoted, and no prefix match, so nothing is promoted).
+void BM_DecodeStepNoEvict(benchmark::State& state) {
+  KvCacheManager m = make_manager(kDecodeBlocks);
+  run_decode_steps(state, m, /*flush=*/true);
+}
+BENCHMARK(BM_DecodeStepNoEvict);
+
+void BM_DecodeStepHostTierIdle(benchmark::State& state) {
+  KvCacheManager m = make_tiered_manager(kDecodeBlocks, /*host_blocks=*/kDecodeBlocks);
+  run_decode_steps(state, m, /*flush=*/true);
+  if (m.stats().blocks_demoted + m.stats().blocks_promoted != 0) {
+    state.SkipWithError("the host tier was not idle");
+  }
+}
+BENCHMARK(BM_DecodeStepHostTierIdle);
+
+// Admissions of new 1,024-token prompts (64 full blocks, no prefix hit) into a device pool
+// of 1,024 blocks full of the previous prompts' cached blocks: every block allocated evicts
+// one. Per admission: add_sequence, match_prefix (a miss), allocate_slots (64 evictions),
+// the end of the step, free (64 blocks cached).
+void run_evicting_admissions(benchmark::State& state, KvCacheManager& m) {
+  constexpr int kPrompt = 1024;
+  constexpr int kWarmup = 32;  // fills the device pool (and the host tier, if any) first
+  std::vector<TokenId> prompt(kPrompt);
+  SeqId id = 0;
+  auto admit_new_prompt = [&] {
+    std::iota(prompt.begin(), prompt.end(), static_cast<TokenId>(id * kPrompt));
+    check(m.add_sequence(id, prompt));
+    benchmark::DoNotOptimize(m.match_prefix(id));
+    check(m.allocate_slots(id, kPrompt).status());
+    end_step(m);
+    check(m.free(id));
+    ++id;
+  };
+  while (id < kWarmup) admit_new_prompt();
+  const KvCacheManager::Stats before = m.stats();
+  for (auto _ : state) admit_new_prompt();
+  const KvCacheManager::Stats after = m.stats();
+  state.counters["ns_per_evicted_block"] = ns_per(after.evictions - before.evictions);
+  if (after.evictions - before.evictions != int64_t{kPrompt / 16} * state.iterations()) {
+    state.SkipWithError("expected one eviction per allocated block");
+  }
+  if (m.options().enable_host_cache) {
+    state.counters["ns_per_demoted_block"] = ns_per(after.blocks_demoted - before.blocks_demoted);
+    state.counters["host_evictions_per_admission"] =
+        benchmark::Counter(static_cast<double>(after.host_evictions - before.host_evictions) /
+                           static_cast<double>(state.iterations()));
+    if (after.blocks_demoted == before.blocks_demoted) state.SkipWithError("nothing demoted");
+  }
+}
+
+void BM_AdmitEvicting(benchmark::State& state) {
+  KvCacheManager m = make_manager(1024);
+  run_evicting_admissions(state, m);
+}
+BENCHMARK(BM_AdmitEvicting);
+
+// The same with a host tier of 1,024 blocks: every eviction is a demotion, and once the
+// tier is full (after the warmup) every demotion evicts the tier's least recently used
+// block. ns_per_demoted_block minus BM_AdmitEvicting's ns_per_evicted_block is the tier's
+// bookkeeping per demoted block.
+void BM_HostTierDemote(benchmark::State& state) {
+  KvCacheManager m = make_tiered_manager(1024, /*host_blocks=*/1024);
+  run_evicting_admissions(state, m);
+}
+BENCHMARK(BM_HostTierDemote);
+
+// Admissions of prompts whose prefix sits in the host tier: 16 prompts of 1,025 tokens
+// (64 full blocks each, 1,024 blocks in all) take turns on a device pool of 256 blocks,
+// so each prompt's blocks have been evicted (demoted) by the time it comes back.
+// match_prefix then promotes its 64 blocks; each promotion takes a device block whose
+// cached contents trade places with it (an exchange: a promotion and a demotion), as in a
+// serving steady state. Per admission: add_sequence, match_prefix (64 promotions, 64
+// demotions), allocate_slots(1), the end of the step, free.
+void BM_HostTierPromote(benchmark::State& state) {
+  constexpr int kPrompts = 16;
+  constexpr int kPrompt = 1025;
+  KvCacheManager m = make_tiered_manager(256, /*host_blocks=*/2048);
+  std::vector<std::vector<TokenId>> prompts(kPrompts, std::vector<TokenId>(kPrompt));
+  for (int p = 0; p < kPrompts; ++p) {
+    std::iota(prompts[p].begin(), prompts[p].end(), static_cast<TokenId>(p * kPrompt));
+  }
+  SeqId id = 0;
+  auto admit = [&] {
+    const std::vector<TokenId>& prompt = prompts[id % kPrompts];
+    check(m.add_sequence(id, prompt));
+    const int32_t cached = *m.match_prefix(id);
+    check(m.allocate_slots(id, kPrompt - cached).status());
+    end_step(m);
+    check(m.free(id));
+    ++id;
+  };
+  while (id < 2 * kPrompts) admit();  // computes each prompt, then one round of promotions
+  const KvCacheManager::Stats before = m.stats();
+  for (auto _ : state) admit();
+  const KvCacheManager::Stats after = m.stats();
+  const int64_t promoted = after.blocks_promoted - before.blocks_promoted;
+  state.counters["ns_per_promoted_block"] = ns_per(promoted);
+  state.counters["promoted_per_admission"] =
+      benchmark::Counter(static_cast<double>(promoted) / static_cast<double>(state.iterations()));
+  state.counters["demoted_per_admission"] =
+      benchmark::Counter(static_cast<double>(after.blocks_demoted - before.blocks_demoted) /
+                         static_cast<double>(state.iterations()));
+  if (promoted != int64_t{(kPrompt - 1) / 16} * state.iterations()) {
+    state.SkipWithError("expected every prompt's 64 full blocks promoted from the host tier");
+  }
+}
+BENCHMARK(BM_HostTierPromote);
 
 // Fork of a 100-token sequence, then one append to the child: copy-on-write of the shared
 // partial last block; then the copies are taken and the child freed.

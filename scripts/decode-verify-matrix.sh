@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs pagedkv-decode's teacher-forced verification over the decode-loop matrix of
-# docs/decode-loop.md (issue 10's table in bf16, plus fp32, fp16 and fp8 defaults) and
+# docs/decode-loop.md (issue 10's table in bf16, plus fp32, fp16 and fp8 defaults, and a
+# bf16 run whose evicted prefixes are served from the host tier) and
 # prints one line per row: PASS/FAIL, the flags, and the verification summary (sequences
 # identical / near-tie / failed, the largest logit difference and the dtype's bound).
 # Exits 1 if any row fails, 2 on a usage error.
@@ -34,6 +35,7 @@ rows=(
   "--kv-dtype fp16"
   "--kv-dtype fp8"
   "--kv-dtype fp8 --preemption swap"
+  "--kv-dtype bf16 --system-prompts 4 --kv-budget-mb 0.75 --host-cache-mb 1"
 )
 
 failed=0

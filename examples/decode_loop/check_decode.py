@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """CTest checker for pagedkv-decode: runs the binary with --json and checks the summary.
 
-usage: check_decode.py [--full | --expect-mismatch] BINARY [ARGS...]
+usage: check_decode.py [--full | --expect-mismatch | --host-cache-rise MB] BINARY [ARGS...]
 
 Always checks: exit status 0, the JSON parses, every request completed, verification ran
 and passed (teacher-forced: logits within the dtype's bound, tokens equal or near-ties).
 With --full (the default small workload) also: prefix-cache hit rate > 0, at
 least one preemption of each mode, at least one copy-on-write copy, and swapped blocks
 came back. With --expect-mismatch (runs with --fault): the binary must exit 1 and its
-JSON must report a failed verification with at least one failing sequence.
+JSON must report a failed verification with at least one failing sequence. With
+--host-cache-rise MB: runs ARGS without and with --host-cache-mb MB; both must pass the
+checks above, and with the host tier blocks must be demoted and promoted (every one of
+them copied by the store, an exchange counting as both), some admission must hit the host tier, verification must cover
+a sequence served from it, and the prefix-cache hit rate must rise.
 """
 import json
 import subprocess
@@ -36,44 +40,37 @@ def check_mismatch(proc):
     return 0
 
 
-def main(argv):
-    full = False
-    expect_mismatch = False
-    if argv and argv[0] == "--full":
-        full = True
-        argv = argv[1:]
-    elif argv and argv[0] == "--expect-mismatch":
-        expect_mismatch = True
-        argv = argv[1:]
-    if not argv:
-        print(__doc__)
-        return 2
-    cmd = argv + ["--json"]
+def run(cmd):
+    """Runs the binary with --json; returns its summary, or None after printing why not."""
+    cmd = cmd + ["--json"]
     print("running:", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.stderr:
         print(proc.stderr, file=sys.stderr)
-    if expect_mismatch:
-        return check_mismatch(proc)
     if proc.returncode != 0:
         print(proc.stdout)
         print(f"FAIL: exit status {proc.returncode}")
-        return 1
+        return None
     try:
-        summary = json.loads(proc.stdout)
+        return json.loads(proc.stdout)
     except json.JSONDecodeError as e:
         print(proc.stdout)
         print(f"FAIL: --json output does not parse: {e}")
-        return 1
+        return None
 
-    failures = []
 
-    def check(condition, what):
+class Checks:
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, condition, what):
         status = "ok  " if condition else "FAIL"
         print(f"{status} {what}")
         if not condition:
-            failures.append(what)
+            self.failures.append(what)
 
+
+def check_run(summary, check, full):
     check(summary["requests_completed"] == summary["requests"],
           f"all requests complete ({summary['requests_completed']}/{summary['requests']})")
     check(summary["generated_tokens"] > 0, f"tokens generated ({summary['generated_tokens']})")
@@ -99,8 +96,68 @@ def main(argv):
         check(summary["cow_copies"] >= 1, f"copy-on-write copies ({summary['cow_copies']})")
         check(0 < summary["kv_utilization"] <= 1,
               f"KV utilization in (0, 1] ({summary['kv_utilization']:.3f})")
-    if failures:
-        print(f"FAIL: {len(failures)} check(s) failed")
+
+
+def check_host_tier(base, tiered, check):
+    """The same workload without and with the host tier."""
+    check(not base["kv_cache"]["host_cache"] and base["blocks_demoted"] == 0,
+          "without --host-cache-mb: no host tier, nothing demoted")
+    check(tiered["kv_cache"]["host_cache"] and tiered["kv_cache"]["host_cache_blocks"] > 0,
+          f"host tier of {tiered['kv_cache']['host_cache_blocks']} blocks")
+    check(tiered["blocks_demoted"] > 0, f"blocks demoted ({tiered['blocks_demoted']})")
+    check(tiered["blocks_promoted"] > 0, f"blocks promoted ({tiered['blocks_promoted']})")
+    # An exchange is a promotion and a demotion in one copy.
+    exchanged = tiered["exchange_blocks_executed"]
+    check(tiered["demote_blocks_executed"] + exchanged == tiered["blocks_demoted"] and
+          tiered["promote_blocks_executed"] + exchanged == tiered["blocks_promoted"],
+          "the store ran every demotion and promotion the manager counted "
+          f"({tiered['demote_blocks_executed']} demote, {tiered['promote_blocks_executed']} "
+          f"promote, {exchanged} exchange copies)")
+    check(tiered["host_hit_tokens"] > 0,
+          f"admissions hit the host tier ({tiered['host_hit_tokens']} tokens)")
+    picks = [s["why"] for s in tiered["verify"]["sequences"]] if tiered["verify"] else []
+    check("host-tier hit" in picks, "verification covers a sequence served from the host tier")
+    rate, tiered_rate = base["prefix_cache_hit_rate"], tiered["prefix_cache_hit_rate"]
+    check(tiered_rate > rate,
+          f"prefix-cache hit rate rises with the host tier ({rate:.3f} -> {tiered_rate:.3f})")
+
+
+def main(argv):
+    full = False
+    expect_mismatch = False
+    host_cache_mb = None
+    if argv and argv[0] == "--full":
+        full = True
+        argv = argv[1:]
+    elif argv and argv[0] == "--expect-mismatch":
+        expect_mismatch = True
+        argv = argv[1:]
+    elif len(argv) >= 2 and argv[0] == "--host-cache-rise":
+        host_cache_mb = argv[1]
+        argv = argv[2:]
+    if not argv:
+        print(__doc__)
+        return 2
+    if expect_mismatch:
+        cmd = argv + ["--json"]
+        print("running:", " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if proc.stderr:
+            print(proc.stderr, file=sys.stderr)
+        return check_mismatch(proc)
+    check = Checks()
+    summary = run(argv)
+    if summary is None:
+        return 1
+    check_run(summary, check, full)
+    if host_cache_mb is not None:
+        tiered = run(argv + ["--host-cache-mb", host_cache_mb])
+        if tiered is None:
+            return 1
+        check_run(tiered, check, full)
+        check_host_tier(summary, tiered, check)
+    if check.failures:
+        print(f"FAIL: {len(check.failures)} check(s) failed")
         return 1
     print("PASS")
     return 0

@@ -1,8 +1,11 @@
 #include "kv_event_feed.h"
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <set>
+#include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +26,18 @@ class PublisherFeed : public KvEventFeed {
   pagedkv::KvEventSink* sink() override { return publisher_.get(); }
   void end_step() override { publisher_->end_step(); }
   int64_t next_seq() const override { return publisher_->stats().next_seq; }
+  bool wait_until_sent(double timeout_s) override {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    for (;;) {
+      const pagedkv::KvEventPublisher::Stats s = publisher_->stats();
+      if (s.steps_published + s.steps_dropped_hwm + s.steps_dropped_queue == s.next_seq) {
+        return true;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
 
  private:
   std::unique_ptr<pagedkv::KvEventPublisher> publisher_;
@@ -51,21 +66,31 @@ absl::StatusOr<std::unique_ptr<KvEventFeed>> KvEventFeed::start(
 }
 #endif
 
-bool write_prefix_index(const pagedkv::KvCacheManager& manager, const std::string& path) {
-  std::ofstream out(path);
-  const pagedkv::BlockPool& pool = manager.device_pool();
-  // Each hash once: a standby block holds the same hash as the indexed one.
-  std::set<std::pair<uint64_t, uint64_t>> hashes;
+namespace {
+
+// The cached hashes of `pool`, each once: a standby block holds the same hash as the
+// indexed one.
+void add_cached_hashes(const pagedkv::BlockPool& pool, const char* medium,
+                       std::set<std::string>* lines) {
   for (pagedkv::BlockId b = 0; b < pool.num_blocks(); ++b) {
     const absl::StatusOr<pagedkv::BlockHash> h = pool.cached_hash(b);
-    if (h.ok()) hashes.emplace(h->hi, h->lo);  // NotFound: the block holds no hash
+    if (!h.ok()) continue;  // NotFound: the block holds no hash
+    char line[48];
+    std::snprintf(line, sizeof line, "%016llx%016llx %s", static_cast<unsigned long long>(h->hi),
+                  static_cast<unsigned long long>(h->lo), medium);
+    lines->insert(line);
   }
-  for (const auto& [hi, lo] : hashes) {
-    char line[40];
-    std::snprintf(line, sizeof line, "%016llx%016llx\n", static_cast<unsigned long long>(hi),
-                  static_cast<unsigned long long>(lo));
-    out << line;
-  }
+}
+
+}  // namespace
+
+bool write_prefix_index(const pagedkv::KvCacheManager& manager, const std::string& path) {
+  std::set<std::string> lines;
+  add_cached_hashes(manager.device_pool(), "GPU", &lines);
+  // The host pool's cached blocks are the host tier (swapped sequences' blocks hold no hash).
+  add_cached_hashes(manager.host_pool(), "CPU", &lines);
+  std::ofstream out(path);
+  for (const std::string& line : lines) out << line << "\n";
   return static_cast<bool>(out);
 }
 

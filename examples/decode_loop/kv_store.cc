@@ -197,8 +197,11 @@ class PagedKvStore final : public KvStore {
   absl::Status execute(const pagedkv::SwapOps& swaps,
                        std::span<const pagedkv::BlockCopy> copies) override {
     absl::Status status = storage_.swap_out(swaps.swap_out);
+    if (status.ok()) status = storage_.demote(swaps.demote);
+    if (status.ok()) status = storage_.exchange(swaps.exchange);
     if (status.ok()) status = storage_.copy_blocks(copies);
     if (status.ok()) status = storage_.swap_in(swaps.swap_in);
+    if (status.ok()) status = storage_.promote(swaps.promote);
     return status;
   }
 

@@ -1,8 +1,10 @@
 // File: examples/decode_loop/kv_store.h
 //
 // The KV bytes and the kernels that read and write them, as the engine sees them: the
-// paged K/V pools of every layer, the host pool for swapped blocks, and per step
-//   execute()    swap-out, copy-on-write and swap-in copies, in that order
+// paged K/V pools of every layer, the host pool (swapped blocks and the prefix cache's host
+// tier), and per step
+//   execute()    the step's copies in the order the manager documents (SwapOps): swap-out,
+//                demote and exchange, then copy-on-write, then swap-in and promote
 //   set_batch()  the batch's slot mapping and block tables (uploaded once per forward)
 //   attend()     per layer: write_kv of the new tokens, then paged decode attention (one
 //                query per sequence) or paged extend attention (prefill of the uncached
@@ -39,7 +41,10 @@ class KvStore {
                                                          const KvFormat& format, int32_t num_blocks,
                                                          int32_t num_host_blocks);
 
-  // Runs the step's block copies: swaps.swap_out, then copies, then swaps.swap_in.
+  // Runs the step's block copies: swaps.swap_out, swaps.demote and swaps.exchange (they
+  // read device blocks this step may refill), then copies, then swaps.swap_in and
+  // swaps.promote (they write device blocks). An exchange or promotion may read a host
+  // block this step's demotion wrote.
   virtual absl::Status execute(const pagedkv::SwapOps& swaps,
                                std::span<const pagedkv::BlockCopy> copies) = 0;
 

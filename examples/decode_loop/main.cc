@@ -25,6 +25,7 @@
 #include "kv_format.h"
 #include "metrics_server.h"
 #include "model.h"
+#include "pagedkv/block_pool.h"
 #include "pagedkv/device.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "scheduler.h"
@@ -46,6 +47,9 @@ within the KV dtype's bound at every generated position, tokens equal or near-ti
   --device auto|cpu|cuda      where the KV cache and kernels run (auto: CUDA if usable)
   --kv-budget-mb MB           device KV cache budget (default 2)
   --swap-space-mb MB          host pool for swapped blocks (default: the KV budget)
+  --host-cache-mb MB          host memory for the prefix cache's host tier, added to the
+                              host pool (default 0: no host tier): evicted cached blocks
+                              are demoted there and promoted back on a prefix hit
   --block-size N              tokens per block (default 16)
   --kv-dtype fp32|bf16|fp16|fp8   KV cache element type (default fp32; fp8: e4m3 with
                               per-layer K and V scales calibrated on the first prompt,
@@ -54,6 +58,8 @@ within the KV dtype's bound at every generated position, tokens equal or near-ti
   --max-new-tokens N          tokens generated per sample, at most (default 24)
   --samples N                 most samples per multi-sample request, 1 disables forks (default 4)
   --system-prompt-len N       shared prompt tokens of the synthetic workload (default 192)
+  --system-prompts N          distinct system prompts, request i uses prompt i mod N
+                              (default 1)
   --preemption mixed|recompute|swap   victim mode (default mixed: alternate)
   --max-running N             sequences decoding at once (default 256)
   --max-prefill-tokens N      prompt tokens per step (default 2048)
@@ -65,9 +71,10 @@ within the KV dtype's bound at every generated position, tokens equal or near-ti
   --trace-scale F             multiply trace lengths by F (default 0.015625 = 1/64)
   --verify N                  check N sequences against the dense reference (default 4; 0: off)
   --json                      print the summary as JSON on stdout
-  --fault skip-copies|skip-swap-in|corrupt-swap-in   break the KV on purpose, to show that
-                              --verify catches it: drop copy-on-write or swap-in copies, or
-                              flip an exponent bit in each swapped-in sequence's KV
+  --fault skip-copies|skip-swap-in|corrupt-swap-in|skip-promote   break the KV on purpose,
+                              to show that --verify catches it: drop copy-on-write, swap-in
+                              or host-tier promotion copies, or flip an exponent bit in each
+                              swapped-in sequence's KV
   --metrics-port N            serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port)
   --kv-events ENDPOINT        publish KV events for routers (vLLM format), e.g. tcp://127.0.0.1:5557
   --kv-events-replay ENDPOINT replay/snapshot socket for those events, e.g. tcp://127.0.0.1:5558
@@ -80,6 +87,7 @@ struct Flags {
   std::string device = "auto";
   double kv_budget_mb = 2.0;
   double swap_space_mb = -1.0;
+  double host_cache_mb = 0.0;
   int32_t block_size = 16;
   std::string kv_dtype = "fp32";
   std::string preemption = "mixed";
@@ -116,16 +124,20 @@ Flags parse(int argc, char** argv) {
       f.json = true;
       continue;
     }
-    static constexpr const char* kValueFlags[] = {
-        "--device",         "--kv-budget-mb", "--swap-space-mb",
-        "--block-size",     "--kv-dtype",     "--requests",
-        "--max-new-tokens", "--samples",      "--system-prompt-len",
-        "--preemption",     "--max-running",  "--max-prefill-tokens",
-        "--layers",         "--d-model",      "--ffn-dim",
-        "--seed",           "--trace",        "--trace-scale",
-        "--verify",         "--fault",        "--metrics-port",
-        "--kv-events",      "--kv-index-out", "--kv-events-replay",
-        "--hold-s"};
+    static constexpr const char* kValueFlags[] = {"--device",         "--kv-budget-mb",
+                                                  "--swap-space-mb",  "--host-cache-mb",
+                                                  "--block-size",     "--kv-dtype",
+                                                  "--requests",       "--max-new-tokens",
+                                                  "--samples",        "--system-prompt-len",
+                                                  "--system-prompts", "--preemption",
+                                                  "--max-running",    "--max-prefill-tokens",
+                                                  "--layers",         "--d-model",
+                                                  "--ffn-dim",        "--seed",
+                                                  "--trace",          "--trace-scale",
+                                                  "--verify",         "--fault",
+                                                  "--metrics-port",   "--kv-events",
+                                                  "--kv-index-out",   "--kv-events-replay",
+                                                  "--hold-s"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), arg) == std::end(kValueFlags)) {
       fail(absl::StrCat("unknown option ", arg, " (see --help)"));
     }
@@ -143,6 +155,8 @@ Flags parse(int argc, char** argv) {
       as_double(&f.kv_budget_mb);
     } else if (arg == "--swap-space-mb") {
       as_double(&f.swap_space_mb);
+    } else if (arg == "--host-cache-mb") {
+      as_double(&f.host_cache_mb);
     } else if (arg == "--block-size") {
       as_int(&f.block_size);
     } else if (arg == "--kv-dtype") {
@@ -155,6 +169,8 @@ Flags parse(int argc, char** argv) {
       as_int(&f.workload.max_samples);
     } else if (arg == "--system-prompt-len") {
       as_int(&f.workload.system_prompt_len);
+    } else if (arg == "--system-prompts") {
+      as_int(&f.workload.num_system_prompts);
     } else if (arg == "--preemption") {
       f.preemption = value;
     } else if (arg == "--max-running") {
@@ -244,9 +260,11 @@ int run(int argc, char** argv) {
     engine.fault = Fault::kSkipSwapIn;
   } else if (flags.fault == "corrupt-swap-in") {
     engine.fault = Fault::kCorruptSwapIn;
+  } else if (flags.fault == "skip-promote") {
+    engine.fault = Fault::kSkipPromote;
   } else if (flags.fault != "none") {
     fail(absl::StrCat("--fault ", flags.fault,
-                      ": expected skip-copies, skip-swap-in or corrupt-swap-in"));
+                      ": expected skip-copies, skip-swap-in, corrupt-swap-in or skip-promote"));
   }
   if (flags.verify < 0) fail(absl::StrCat("--verify ", flags.verify, ": must be >= 0"));
 
@@ -268,9 +286,30 @@ int run(int argc, char** argv) {
   absl::StatusOr<int32_t> num_blocks = spec.num_blocks_for_budget(budget);
   if (!num_blocks.ok()) fail(absl::StrCat("KV cache: ", num_blocks.status().message()));
   engine.num_blocks = *num_blocks;
+  // One host pool for swapped sequences and the host tier (kv_storage.h: swap first, the
+  // tier caches in the rest): the swap space's blocks plus the host cache's.
   const double swap_mb = flags.swap_space_mb < 0 ? flags.kv_budget_mb : flags.swap_space_mb;
-  engine.num_host_blocks =
-      static_cast<int32_t>(static_cast<int64_t>(swap_mb * (1 << 20)) / spec.bytes_per_block());
+  if (swap_mb < 0 || flags.host_cache_mb < 0) {
+    fail(absl::StrCat("--swap-space-mb ", swap_mb, " and --host-cache-mb ", flags.host_cache_mb,
+                      " must be >= 0"));
+  }
+  auto host_blocks = [&](double mb) {
+    return static_cast<int64_t>(mb * (1 << 20)) / spec.bytes_per_block();
+  };
+  const int64_t cache_blocks = host_blocks(flags.host_cache_mb);
+  if (flags.host_cache_mb > 0 && cache_blocks == 0) {
+    fail(absl::StrCat("--host-cache-mb ", flags.host_cache_mb, ": less than one block of ",
+                      spec.bytes_per_block(), " bytes"));
+  }
+  const int64_t num_host_blocks = host_blocks(swap_mb) + cache_blocks;
+  if (num_host_blocks > pagedkv::BlockPool::kMaxBlocks) {
+    fail(absl::StrCat("--swap-space-mb ", swap_mb, " + --host-cache-mb ", flags.host_cache_mb, ": ",
+                      num_host_blocks, " host blocks, more than the limit ",
+                      pagedkv::BlockPool::kMaxBlocks));
+  }
+  engine.num_host_blocks = static_cast<int32_t>(num_host_blocks);
+  engine.host_cache_blocks = static_cast<int32_t>(cache_blocks);
+  engine.enable_host_cache = engine.host_cache_blocks > 0;
   engine.watermark_blocks = std::max(1, engine.num_blocks / 100);
 
   // Every sequence must fit the pool alone, or it could never run.
@@ -371,6 +410,11 @@ int run(int argc, char** argv) {
     fail(absl::StrCat("--kv-index-out ", flags.kv_index_out, ": cannot write"));
   }
   if (events != nullptr) {
+    // Announce the final seq only once every batch is sent, so that a router that replays
+    // up to it finds them all in the replay buffer.
+    if (!events->wait_until_sent(/*timeout_s=*/10)) {
+      std::fprintf(stderr, "pagedkv-decode: kv events: the publisher did not send every batch\n");
+    }
     std::fprintf(stderr, "pagedkv-decode: kv events: next seq %lld\n",
                  static_cast<long long>(events->next_seq()));
   }

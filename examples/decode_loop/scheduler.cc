@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
       {.num_blocks = options.num_blocks,
        .block_size = options.block_size,
        .num_host_blocks = options.num_host_blocks,
+       .enable_host_cache = options.enable_host_cache,
        .watermark_blocks = options.watermark_blocks,
        .event_sink = options.event_sink,
        .preemption_hooks = self,
@@ -192,8 +193,11 @@ absl::Status Engine::schedule_waiting() {
       if (!status.ok()) return status;
       rec.in_manager = true;
     }
+    // With the host tier, the match continues into host blocks and promotes them.
+    const int64_t host_hits_before = manager_->stats().host_hit_tokens;
     absl::StatusOr<int32_t> cached = manager_->match_prefix(seq);
     if (!cached.ok()) return cached.status();
+    const int64_t host_hits = manager_->stats().host_hit_tokens - host_hits_before;
     const auto len = static_cast<int32_t>(rec.tokens.size());
     const int32_t num_new = len - *cached;
     absl::StatusOr<std::span<const int64_t>> slots =
@@ -213,8 +217,10 @@ absl::Status Engine::schedule_waiting() {
     running_.push_back(seq);
     scheduled_.insert(seq);
     if (rec.first_cached_tokens < 0) rec.first_cached_tokens = *cached;
+    rec.host_hit_tokens += static_cast<int32_t>(host_hits);
     stats_.admit_query_tokens += len;
     stats_.admit_hit_tokens += *cached;
+    stats_.admit_host_hit_tokens += host_hits;
     if (rec.num_generated() > 0) stats_.recompute_tokens += num_new;
     prefill_tokens += num_new;
     prefill_.seqs.push_back(seq);
@@ -239,10 +245,20 @@ absl::Status Engine::execute_kv_ops() {
   std::vector<pagedkv::BlockCopy> copies = manager_->take_pending_copies();
   if (options_.fault == Fault::kSkipCopies) copies.clear();
   if (options_.fault == Fault::kSkipSwapIn) swaps.swap_in.clear();
+  if (options_.fault == Fault::kSkipPromote) {
+    swaps.promote.clear();
+    swaps.exchange.clear();
+  }
   stats_.swap_out_blocks_executed += static_cast<int64_t>(swaps.swap_out.size());
   stats_.swap_in_blocks_executed += static_cast<int64_t>(swaps.swap_in.size());
   stats_.cow_copies_executed += static_cast<int64_t>(copies.size());
-  if (swaps.swap_out.empty() && swaps.swap_in.empty() && copies.empty()) return absl::OkStatus();
+  stats_.demote_blocks_executed += static_cast<int64_t>(swaps.demote.size());
+  stats_.promote_blocks_executed += static_cast<int64_t>(swaps.promote.size());
+  stats_.exchange_blocks_executed += static_cast<int64_t>(swaps.exchange.size());
+  if (swaps.swap_out.empty() && swaps.swap_in.empty() && swaps.demote.empty() &&
+      swaps.promote.empty() && swaps.exchange.empty() && copies.empty()) {
+    return absl::OkStatus();
+  }
   absl::Status status = store_->execute(swaps, copies);
   if (status.ok() && options_.fault == Fault::kCorruptSwapIn) {
     status = corrupt_swapped_in(swaps.swap_in);

@@ -8,9 +8,11 @@
 //                 not yet scheduled this step (recompute or swap), or the requester itself
 //              2. swapped sequences: swap_in() when nothing was preempted this step
 //              3. waiting sequences (new, or preempted by recompute): add_sequence,
-//                 match_prefix, allocate_slots for the uncached part
-//   move KV    take_pending_swaps().swap_out, take_pending_copies(), swap_in: executed by
-//              the KV store before any write (both take_* every step)
+//                 match_prefix (device hits, then host-tier hits it promotes),
+//                 allocate_slots for the uncached part
+//   move KV    take_pending_swaps() and take_pending_copies(), executed by the KV store
+//              before any write (both take_* every step), in this order: swap_out,
+//              demote and exchange, copy-on-write copies, swap_in and promote
 //   compute    prefill batch: write_kv + paged_extend_attention per layer
 //              decode batch:  write_kv + paged_decode_attention per layer, batched tables
 //   commit     pick tokens (greedy or keyed sampling), fork samples after a prompt's
@@ -54,6 +56,7 @@ enum class Fault {
   kSkipCopies,     // copy-on-write copies are not run
   kSkipSwapIn,     // swap-in copies are not run
   kCorruptSwapIn,  // after each sequence's swap-in, one bit of one of its blocks flips
+  kSkipPromote,    // host-tier promotion copies (promote and exchange) are not run
 };
 
 struct SequenceRecord;
@@ -63,7 +66,11 @@ struct EngineOptions {
   KvFormat kv_format;  // cache dtype and fp8 scales
   int32_t block_size = 16;
   int32_t num_blocks = 0;       // device KV blocks (from --kv-budget-mb)
-  int32_t num_host_blocks = 0;  // host blocks for swapping
+  int32_t num_host_blocks = 0;  // host blocks, shared by swapping and the host tier
+  // The prefix cache's host tier (KvCacheManager::Options::enable_host_cache); its share of
+  // num_host_blocks, from --host-cache-mb.
+  bool enable_host_cache = false;
+  int32_t host_cache_blocks = 0;
   int32_t watermark_blocks = 1;
   PreemptionPolicy preemption = PreemptionPolicy::kMixed;
   int32_t max_running = 256;          // sequences decoding at once
@@ -99,6 +106,7 @@ struct SequenceRecord {
   int32_t swap_preemptions = 0;
   bool forked = false;               // created by fork()
   int32_t first_cached_tokens = -1;  // prefix-cache hit at its first admission (-1: none yet)
+  int32_t host_hit_tokens = 0;       // of its admissions' hits, tokens promoted from the host tier
   // [num_generated, vocab_size]: the logits token i was sampled from (record_logits only).
   std::vector<float> logits;
 
@@ -118,8 +126,9 @@ struct RunStats {
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;
   double wall_seconds = 0.0;
-  int64_t admit_query_tokens = 0;  // tokens looked up at successful admissions
-  int64_t admit_hit_tokens = 0;    // of those, found in the prefix cache
+  int64_t admit_query_tokens = 0;     // tokens looked up at successful admissions
+  int64_t admit_hit_tokens = 0;       // of those, found in the prefix cache
+  int64_t admit_host_hit_tokens = 0;  // of those, found in the host tier (promoted)
   int32_t peak_running = 0;
   int32_t peak_used_blocks = 0;
   double real_slot_steps = 0.0;  // sum over steps of token slots holding real tokens
@@ -127,6 +136,9 @@ struct RunStats {
   int64_t swap_out_blocks_executed = 0;
   int64_t swap_in_blocks_executed = 0;
   int64_t cow_copies_executed = 0;
+  int64_t demote_blocks_executed = 0;
+  int64_t promote_blocks_executed = 0;
+  int64_t exchange_blocks_executed = 0;    // a promotion and a demotion in one copy
   pagedkv::KvCacheManager::Stats manager;  // at the end
 };
 

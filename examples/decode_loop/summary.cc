@@ -54,10 +54,13 @@ std::string format_text(const Report& r) {
                   static_cast<double>(macs_per_token(r.model)) * 1e-6));
   line(
       fmt::format("  KV cache     {} blocks x {} tokens ({} KV, {:.2f} MiB budget, {} KiB/block), "
-                  "{} host blocks for swap",
+                  "{} host blocks ({})",
                   r.engine.num_blocks, r.engine.block_size, r.kv_dtype,
                   static_cast<double>(r.kv_budget_bytes) / (1 << 20), r.bytes_per_block / 1024,
-                  r.engine.num_host_blocks));
+                  r.engine.num_host_blocks,
+                  r.engine.enable_host_cache
+                      ? fmt::format("swap, and the host tier's {}", r.engine.host_cache_blocks)
+                      : "swap"));
   line(fmt::format("  workload     {}", r.workload));
   line("");
   line(fmt::format("requests       {} completed of {} ({} sequences incl. forked samples)",
@@ -75,6 +78,17 @@ std::string format_text(const Report& r) {
                    100.0 * ratio(static_cast<double>(s.admit_hit_tokens),
                                  static_cast<double>(s.admit_query_tokens)),
                    s.admit_hit_tokens, s.admit_query_tokens));
+  if (r.engine.enable_host_cache) {
+    line(
+        fmt::format("host tier      {} hit tokens promoted from host memory ({:.1f}% of hits); "
+                    "{} blocks demoted, {} promoted ({} of both by exchange), {} host evictions; "
+                    "{} cached at the end",
+                    s.admit_host_hit_tokens,
+                    100.0 * ratio(static_cast<double>(s.admit_host_hit_tokens),
+                                  static_cast<double>(s.admit_hit_tokens)),
+                    m.blocks_demoted, m.blocks_promoted, s.exchange_blocks_executed,
+                    m.host_evictions, m.cached_host_blocks));
+  }
   line(
       fmt::format("KV blocks      peak {} of {} in use, utilization {:.1f}% (real token slots / "
                   "allocated slots, mean over steps)",
@@ -133,11 +147,13 @@ std::string format_json(const Report& r) {
                     "\"vocab_size\": {}}}",
                     r.model.num_layers, r.model.d_model, r.model.num_q_heads, r.model.num_kv_heads,
                     r.model.head_dim, r.model.ffn_dim, r.model.vocab_size));
-  field("kv_cache", fmt::format("{{\"num_blocks\": {}, \"block_size\": {}, \"dtype\": {}, "
-                                "\"budget_bytes\": {}, \"bytes_per_block\": {}, "
-                                "\"num_host_blocks\": {}}}",
-                                r.engine.num_blocks, r.engine.block_size, json_string(r.kv_dtype),
-                                r.kv_budget_bytes, r.bytes_per_block, r.engine.num_host_blocks));
+  field("kv_cache",
+        fmt::format("{{\"num_blocks\": {}, \"block_size\": {}, \"dtype\": {}, "
+                    "\"budget_bytes\": {}, \"bytes_per_block\": {}, \"num_host_blocks\": {}, "
+                    "\"host_cache\": {}, \"host_cache_blocks\": {}}}",
+                    r.engine.num_blocks, r.engine.block_size, json_string(r.kv_dtype),
+                    r.kv_budget_bytes, r.bytes_per_block, r.engine.num_host_blocks,
+                    r.engine.enable_host_cache ? "true" : "false", r.engine.host_cache_blocks));
   field("preemption_policy", json_string(r.preemption_policy));
   field("requests", std::to_string(s.requests));
   field("requests_completed", std::to_string(s.requests_completed));
@@ -163,6 +179,17 @@ std::string format_json(const Report& r) {
   // The allocator's own counters also count lookups of admissions that were retried.
   field("allocator_prefix_hit_tokens", std::to_string(m.prefix_hit_tokens));
   field("allocator_prefix_query_tokens", std::to_string(m.prefix_query_tokens));
+  // Host tier: hits of admissions found there, and the allocator's tier counters next to
+  // the copies the store ran.
+  field("host_hit_tokens", std::to_string(s.admit_host_hit_tokens));
+  field("allocator_host_hit_tokens", std::to_string(m.host_hit_tokens));
+  field("blocks_demoted", std::to_string(m.blocks_demoted));
+  field("blocks_promoted", std::to_string(m.blocks_promoted));
+  field("demote_blocks_executed", std::to_string(s.demote_blocks_executed));
+  field("promote_blocks_executed", std::to_string(s.promote_blocks_executed));
+  field("exchange_blocks_executed", std::to_string(s.exchange_blocks_executed));
+  field("host_evictions", std::to_string(m.host_evictions));
+  field("cached_host_blocks", std::to_string(m.cached_host_blocks));
   field("peak_used_blocks", std::to_string(s.peak_used_blocks));
   field("kv_utilization", fmt::format("{:.6f}", ratio(s.real_slot_steps, s.used_slot_steps)));
   field("preemptions_recompute", std::to_string(m.preemptions_recompute));

@@ -27,6 +27,7 @@ const std::vector<Category>& categories() {
       {"swap-preempted", [](const SequenceRecord& r) { return r.swap_preemptions > 0; }},
       {"recompute-preempted", [](const SequenceRecord& r) { return r.recompute_preemptions > 0; }},
       {"forked sample", [](const SequenceRecord& r) { return r.forked; }},
+      {"host-tier hit", [](const SequenceRecord& r) { return !r.forked && r.host_hit_tokens > 0; }},
       {"prefix-cache hit",
        [](const SequenceRecord& r) { return !r.forked && r.first_cached_tokens > 0; }},
   };

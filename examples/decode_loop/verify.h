@@ -18,8 +18,9 @@
 //
 // Which sequences: VerifySelection picks them as they finish (the engine keeps logits
 // only for running sequences and for those picked): first one each that was preempted
-// by swap, preempted by recompute, forked (copy-on-write), and served from the prefix
-// cache, then others spread over the finishing order.
+// by swap, preempted by recompute, forked (copy-on-write), served from the prefix cache's
+// host tier (promoted blocks), and served from the prefix cache, then others spread over
+// the finishing order.
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_VERIFY_H_
 #define PAGEDKV_EXAMPLES_DECODE_LOOP_VERIFY_H_
 

@@ -175,6 +175,28 @@ TEST_CASE("VerifySelection: a category pick replaces the latest spread pick when
   CHECK(recs[8].logits.size() == kVocab);  // not picked: left to the engine to release
 }
 
+TEST_CASE("VerifySelection: a sequence served from the host tier gets its own pick") {
+  VerifySelection selection(/*count=*/3, /*total_sequences=*/100);  // spread stride 33
+  std::vector<SequenceRecord> recs = {
+      finished(1, 0, 0, false, 32),  // device hit only: the prefix-cache pick
+      finished(2, 0, 0, false, 32),  // host-tier hit: its own pick, not the prefix-cache one
+      finished(3, 0, 0, false, 32),  // a second host-tier hit: not picked
+      finished(4, 0, 0, true, 32),   // forked child of a host-tier hit: the forked pick
+  };
+  recs[1].host_hit_tokens = 16;
+  recs[2].host_hit_tokens = 16;
+  recs[3].host_hit_tokens = 16;
+  for (SequenceRecord& rec : recs) selection.offer(rec);
+  const std::vector<VerifySelection::Pick> picks = selection.take_picks();
+  REQUIRE(picks.size() == 3);
+  CHECK(picks[0].why == "forked sample");
+  CHECK(picks[0].record.seq == 4);
+  CHECK(picks[1].why == "host-tier hit");
+  CHECK(picks[1].record.seq == 2);
+  CHECK(picks[2].why == "prefix-cache hit");
+  CHECK(picks[2].record.seq == 1);
+}
+
 TEST_CASE("VerifySelection: picks min(count, total) sequences") {
   VerifySelection selection(/*count=*/4, /*total_sequences=*/5);
   std::vector<SequenceRecord> recs;

@@ -55,8 +55,9 @@ Workload synthetic(const WorkloadOptions& o) {
   for (int32_t i = 0; i < o.num_requests; ++i) {
     Request r;
     r.id = i;
+    const auto system = static_cast<uint64_t>(i % o.num_system_prompts);
     for (int32_t t = 0; t < o.system_prompt_len; ++t) {
-      r.prompt.push_back(stream_token(o.seed, kSystemStream, t, o.vocab_size));
+      r.prompt.push_back(stream_token(o.seed, kSystemStream + system, t, o.vocab_size));
     }
     const uint64_t draw = mix(o.seed ^ mix(static_cast<uint64_t>(i) + 77));
     const int32_t suffix_span = std::max(1, o.max_suffix_len - o.min_suffix_len + 1);
@@ -74,9 +75,12 @@ Workload synthetic(const WorkloadOptions& o) {
     fit(r, o.max_total_len, w.truncated_prompts);
     w.requests.push_back(std::move(r));
   }
-  w.description = absl::StrCat("synthetic: ", o.num_requests, " requests, shared system prompt of ",
-                               o.system_prompt_len, " tokens + user suffix ", o.min_suffix_len,
-                               "..", o.max_suffix_len, ", samples up to ", o.max_samples);
+  w.description = absl::StrCat(
+      "synthetic: ", o.num_requests, " requests, ",
+      o.num_system_prompts == 1 ? std::string("shared system prompt")
+                                : absl::StrCat(o.num_system_prompts, " system prompts in turn"),
+      " of ", o.system_prompt_len, " tokens + user suffix ", o.min_suffix_len, "..",
+      o.max_suffix_len, ", samples up to ", o.max_samples);
   return w;
 }
 
@@ -187,6 +191,10 @@ absl::StatusOr<Workload> make_workload(const WorkloadOptions& options) {
   if (options.max_new_tokens <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-new-tokens ", options.max_new_tokens, " must be > 0"));
+  }
+  if (options.num_system_prompts <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--system-prompts ", options.num_system_prompts, " must be > 0"));
   }
   if (options.trace_path.empty()) return synthetic(options);
   if (!(options.trace_scale > 0.0)) {

@@ -1,9 +1,9 @@
 // File: examples/decode_loop/workload.h
 //
 // The requests the decode loop serves: a default synthetic workload (many requests that
-// share a long system prompt, with distinct user suffixes, some asking for several
-// samples), or a replay of a public trace (../shared/traces) with lengths scaled down to
-// the example model.
+// share a long system prompt, or take turns among a few, with distinct user suffixes, some
+// asking for several samples), or a replay of a public trace (../shared/traces) with lengths scaled
+// down to the example model.
 //
 // Trace formats:
 //   Mooncake JSONL  {"timestamp", "input_length", "output_length", "hash_ids"}: hash_ids
@@ -34,7 +34,11 @@ struct Request {
 struct WorkloadOptions {
   int32_t num_requests = 32;
   int32_t system_prompt_len = 192;  // tokens shared by every synthetic request
-  int32_t min_suffix_len = 8;       // distinct user suffix, tokens
+  // Distinct system prompts: request i uses prompt i mod num_system_prompts, so a prompt
+  // comes back every num_system_prompts requests (after being evicted, when the device
+  // cache cannot hold all of them).
+  int32_t num_system_prompts = 1;
+  int32_t min_suffix_len = 8;  // distinct user suffix, tokens
   int32_t max_suffix_len = 40;
   int32_t max_new_tokens = 24;  // per sample; synthetic requests draw [max / 2, max]
   int32_t max_samples = 4;      // every 4th synthetic request asks for 2..max_samples

@@ -33,12 +33,28 @@ import zmq
 import kv_events_schema as schema
 
 
+# The "medium" of a block on the wire: device memory, or the host tier of the prefix cache
+# (an evicted device block demoted to host memory). An event without one is a device event.
+DEVICE_MEDIUM = "GPU"
+HOST_MEDIUM = "CPU"
+# What a host-tier hit is worth against a device hit when routing: it saves the prefill as
+# a device hit does, but the engine first copies the block back to the device. Over PCIe
+# 5.0 that takes about 1/21 of recomputing the block (docs/results.md, tier table).
+HOST_HIT_WEIGHT = 0.95
+
+
 class EngineIndex:
-    """The blocks one engine holds, as its events describe them."""
+    """The blocks one engine holds, per medium, as its events describe them.
+
+    A block lives in one medium or, for a moment, in both: demotion is BlockRemoved on
+    the device and BlockStored on the host, promotion the reverse. It leaves the index
+    only when no medium holds it.
+    """
 
     def __init__(self):
         self.blocks = {}  # hash -> (parent hash, tokens, extra keys)
         self.by_content = {}  # (parent hash, tokens, extra keys) -> hash
+        self.media = {}  # hash -> set of media holding it
 
     def apply(self, batch):
         for event in batch.events:
@@ -46,39 +62,66 @@ class EngineIndex:
                 self._store(event)
             elif isinstance(event, schema.BlockRemoved):
                 for h in event.block_hashes:
-                    self._remove(h)
+                    self._remove(h, event.medium or DEVICE_MEDIUM)
             else:
                 self.blocks.clear()
                 self.by_content.clear()
+                self.media.clear()
 
     def _store(self, event):
         bs = event.block_size
         parent = event.parent_block_hash
+        medium = event.medium or DEVICE_MEDIUM
         for i, h in enumerate(event.block_hashes):
             extra = event.extra_keys[i] if event.extra_keys else None
             key = (parent, tuple(event.token_ids[i * bs:(i + 1) * bs]),
                    tuple(extra) if extra else None)
-            self._remove(h)
+            old = self.blocks.get(h)
+            if old is not None and self.by_content.get(old) == h:
+                del self.by_content[old]
             self.blocks[h] = key
             self.by_content[key] = h
+            self.media.setdefault(h, set()).add(medium)
             parent = h
 
-    def _remove(self, h):
-        key = self.blocks.pop(h, None)
-        if key is not None and self.by_content.get(key) == h:
+    def _remove(self, h, medium):
+        media = self.media.get(h)
+        if media is None:
+            return
+        media.discard(medium)
+        if media:
+            return
+        del self.media[h]
+        key = self.blocks.pop(h)
+        if self.by_content.get(key) == h:
             del self.by_content[key]
 
-    def prefix_blocks(self, tokens, block_size, extra_keys=None):
-        """Number of leading full blocks of `tokens` this engine holds."""
+    def entries(self):
+        """Sorted "HASHHEX MEDIUM" strings, one per block and medium holding it."""
+        return sorted(f"{h.hex()} {m}" for h, media in self.media.items() for m in media)
+
+    def prefix_media(self, tokens, block_size, extra_keys=None):
+        """The media holding each leading full block of `tokens` this engine holds."""
         extra = tuple(extra_keys) if extra_keys else None
-        parent, n = None, 0
+        parent, media = None, []
         for i in range(len(tokens) // block_size):
             h = self.by_content.get(
                 (parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra))
             if h is None:
                 break
-            parent, n = h, n + 1
-        return n
+            parent = h
+            media.append(self.media[h])
+        return media
+
+    def prefix_blocks(self, tokens, block_size, extra_keys=None):
+        """Number of leading full blocks of `tokens` this engine holds, in any medium."""
+        return len(self.prefix_media(tokens, block_size, extra_keys))
+
+    def prefix_score(self, tokens, block_size, extra_keys=None, host_weight=HOST_HIT_WEIGHT):
+        """The cached prefix's worth: 1 per leading block on the device, host_weight per
+        leading block held only by the host tier."""
+        return sum(1.0 if DEVICE_MEDIUM in media else host_weight
+                   for media in self.prefix_media(tokens, block_size, extra_keys))
 
 
 class EngineFeed:
@@ -184,10 +227,11 @@ class KvRouter:
     def poll(self, timeout_ms=10):
         return sum(feed.poll(timeout_ms) for feed in self.feeds)
 
-    def route(self, tokens, block_size, extra_keys=None):
-        """Returns (engine name, cached blocks) for the engine holding the longest prefix."""
-        best = max(self.feeds, key=lambda f: f.index.prefix_blocks(tokens, block_size,
-                                                                   extra_keys))
+    def route(self, tokens, block_size, extra_keys=None, host_weight=HOST_HIT_WEIGHT):
+        """Returns (engine name, cached blocks) for the engine whose cached prefix is worth
+        most (EngineIndex.prefix_score: device blocks 1, host-tier blocks host_weight)."""
+        best = max(self.feeds, key=lambda f: f.index.prefix_score(tokens, block_size,
+                                                                  extra_keys, host_weight))
         return best.name, best.index.prefix_blocks(tokens, block_size, extra_keys)
 
     def close(self):
@@ -198,7 +242,8 @@ class KvRouter:
 # --- the `follow` program ----------------------------------------------------------------
 
 def _save_state(router, path):
-    state = {f.name: (f.index.blocks, f.next_seq, f.counters) for f in router.feeds}
+    state = {f.name: (f.index.blocks, f.index.media, f.next_seq, f.counters)
+             for f in router.feeds}
     with open(path + ".tmp", "wb") as out:
         pickle.dump(state, out)
     os.replace(path + ".tmp", path)
@@ -208,10 +253,11 @@ def _load_state(router, path):
     with open(path, "rb") as f:
         state = pickle.load(f)
     for feed in router.feeds:
-        blocks, feed.next_seq, feed.counters = state[feed.name]
+        blocks, media, feed.next_seq, feed.counters = state[feed.name]
         for h, key in blocks.items():
             feed.index.blocks[h] = key
             feed.index.by_content[key] = h
+            feed.index.media[h] = media[h]
 
 
 def _read_targets(path):
@@ -245,7 +291,7 @@ def follow(args):
         return 1
     for feed in router.feeds:
         with open(f"{args.index_out}{feed.name}.json", "w") as out:
-            json.dump({"hashes": sorted(h.hex() for h in feed.index.blocks),
+            json.dump({"hashes": feed.index.entries(),
                        "next_seq": feed.next_seq, "counters": feed.counters}, out)
     router.close()
     return 0

@@ -5,13 +5,15 @@
 // blocks run out), frees finished sequences, admits waiting ones with a prefix match, ends
 // the step (take_pending_*) and hands the step's events to the publisher. Prompts share a
 // few "system prompts", half of them under a tenant salt (extra keys), so the prefix cache
-// hits, evicts and splits by salt.
+// hits, evicts and splits by salt. With --host-blocks, evicted blocks are demoted to the
+// host tier and promoted back on a hit, so the events carry both media.
 //
 // Protocol on stdin/stdout, so that a test can drive it:
 //   prints "endpoints <pub> <router>" once the sockets are bound, then waits for a line
-//   "go" on stdin; runs the steps; writes the manager's prefix index (one hex hash per
-//   line) to --index-out; prints "done <next seq>"; then keeps serving replay and snapshot
-//   requests until stdin closes or says "quit" (at most --linger-s seconds).
+//   "go" on stdin; runs the steps; writes the manager's prefix index (one "hash medium"
+//   line per cached block, see write_prefix_index()) to --index-out; prints "done <next seq>"; then
+//   keeps serving replay and snapshot requests until stdin closes or says "quit" (at most
+//   --linger-s seconds).
 #include <poll.h>
 #include <unistd.h>
 
@@ -39,6 +41,7 @@ struct Flags {
   int step_us = 2000;  // pause after each step, so a test can kill and restart a router
   int replay_steps = 10000;
   int num_blocks = 96;
+  int host_blocks = 0;  // > 0: a host tier of the prefix cache
   int block_size = 4;
   int reset_at_step = -1;  // reset_prefix_cache() at this step; -1: never
   int linger_s = 60;
@@ -53,11 +56,12 @@ constexpr std::string_view kUsage = R"(usage: pagedkv-mock-engine [options]
   --step-us N          pause after each step, microseconds (default 2000)
   --replay-steps N     replay buffer, in steps (default 10000)
   --num-blocks N       device blocks (default 96)
+  --host-blocks N      host blocks for the prefix cache's host tier (default 0: none)
   --block-size N       tokens per block (default 4)
   --reset-at-step N    reset the prefix cache at step N (default: never)
   --linger-s N         serve replay/snapshot requests after the run, at most N s (default 60)
   --seed N             workload seed (default 1)
-  --index-out PATH     write the final prefix index there, one hex hash per line
+  --index-out PATH     write the final prefix index there, one "hex-hash medium" per line
 )";
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -81,6 +85,8 @@ bool parse_flags(int argc, char** argv, Flags* f) {
       ok = number(&f->replay_steps);
     } else if (flag == "--num-blocks") {
       ok = number(&f->num_blocks);
+    } else if (flag == "--host-blocks") {
+      ok = number(&f->host_blocks);
     } else if (flag == "--block-size") {
       ok = number(&f->block_size);
     } else if (flag == "--reset-at-step") {
@@ -230,6 +236,8 @@ int run(const Flags& flags) {
   }
   auto manager = pagedkv::KvCacheManager::create({.num_blocks = flags.num_blocks,
                                                   .block_size = flags.block_size,
+                                                  .num_host_blocks = flags.host_blocks,
+                                                  .enable_host_cache = flags.host_blocks > 0,
                                                   .event_sink = publisher->get()});
   if (!manager.ok()) {
     std::cerr << manager.status() << "\n";

@@ -52,9 +52,9 @@ class KvEventPublisher : public KvEventSink {
     // ROUTER endpoint for replay and snapshot requests; empty: none (and no replay buffer
     // or snapshot state is kept).
     std::string replay_endpoint = "";
-    std::string topic = "";                   // first frame of every message (vLLM: "")
-    int32_t data_parallel_rank = 0;           // third field of every batch
-    std::string medium = "GPU";               // BlockStored/BlockRemoved "medium"
+    std::string topic = "";          // first frame of every message (vLLM: "")
+    int32_t data_parallel_rank = 0;  // third field of every batch
+    std::string medium = "GPU";      // "medium" of device blocks' events (host-tier ones: "CPU")
     int32_t replay_buffer_steps = 10000;      // batches kept for replay (vLLM's buffer_steps)
     int64_t replay_buffer_bytes = 256 << 20;  // and at most this many payload bytes
     int32_t hwm = 100000;                     // PUB send high-water mark, in messages

@@ -3,6 +3,13 @@
 #include "absl/container/flat_hash_set.h"
 
 namespace pagedkv::internal {
+namespace {
+
+constexpr Medium kMedia[] = {Medium::kDevice, Medium::kHost};
+
+int index_of(Medium medium) { return static_cast<int>(medium); }
+
+}  // namespace
 
 void CacheMirror::apply(const StagedBatch& batch) {
   batch.for_each([this](const StagedEventView& v) {
@@ -11,10 +18,11 @@ void CacheMirror::apply(const StagedBatch& batch) {
         store(v);
         break;
       case EventKind::kRemoved:
-        for (const BlockHash& h : v.hashes) blocks_.erase(h);
+        remove(v);
         break;
       case EventKind::kCleared:
         blocks_.clear();
+        num_entries_ = 0;
         break;
     }
   });
@@ -24,6 +32,9 @@ void CacheMirror::store(const StagedEventView& v) {
   const auto bs = static_cast<size_t>(v.event.block_size);
   for (size_t i = 0; i < v.hashes.size(); ++i) {
     Block& block = blocks_[v.hashes[i]];
+    bool& held = block.in_medium[index_of(v.event.medium)];
+    num_entries_ += held ? 0 : 1;
+    held = true;
     if (i > 0) {
       block.parent = v.hashes[i - 1];
     } else if (v.event.has_parent) {
@@ -38,18 +49,33 @@ void CacheMirror::store(const StagedEventView& v) {
   }
 }
 
+void CacheMirror::remove(const StagedEventView& v) {
+  for (const BlockHash& h : v.hashes) {
+    const auto it = blocks_.find(h);
+    if (it == blocks_.end()) continue;
+    bool* in_medium = it->second.in_medium;
+    bool& held = in_medium[index_of(v.event.medium)];
+    num_entries_ -= held ? 1 : 0;
+    held = false;
+    if (!in_medium[0] && !in_medium[1]) blocks_.erase(it);
+  }
+}
+
 std::vector<StagedBatch> CacheMirror::snapshot(int32_t blocks_per_batch) const {
   std::vector<StagedBatch> batches(1);
   batches.back().add_cleared();
   int32_t in_batch = 0;
   auto emit = [&](const BlockHash& hash, const Block& block) {
-    if (in_batch == blocks_per_batch) {
-      batches.emplace_back();
-      in_batch = 0;
+    for (const Medium medium : kMedia) {
+      if (!block.in_medium[index_of(medium)]) continue;
+      if (in_batch == blocks_per_batch) {
+        batches.emplace_back();
+        in_batch = 0;
+      }
+      batches.back().add_stored(block.parent ? &*block.parent : nullptr, {&hash, 1}, block.tokens,
+                                block.block_size, block.extra_keys, medium);
+      ++in_batch;
     }
-    batches.back().add_stored(block.parent ? &*block.parent : nullptr, {&hash, 1}, block.tokens,
-                              block.block_size, block.extra_keys);
-    ++in_batch;
   };
   // Parents before children: before a block, emit its not yet emitted ancestors, oldest
   // first. A parent that is not cached any more (evicted before its child) ends the walk.

@@ -11,13 +11,9 @@ void StagedBatch::add(const KvEvent& event) {
         using T = std::decay_t<decltype(e)>;
         if constexpr (std::is_same_v<T, BlockStored>) {
           add_stored(e.parent_hash ? &*e.parent_hash : nullptr, e.block_hashes, e.token_ids,
-                     e.block_size, e.extra_keys);
+                     e.block_size, e.extra_keys, e.medium);
         } else if constexpr (std::is_same_v<T, BlockRemoved>) {
-          StagedEvent removed;
-          removed.kind = EventKind::kRemoved;
-          removed.num_hashes = static_cast<uint32_t>(e.block_hashes.size());
-          events.push_back(removed);
-          hashes.insert(hashes.end(), e.block_hashes.begin(), e.block_hashes.end());
+          add_removed(e.block_hashes, e.medium);
         } else {
           add_cleared();
         }
@@ -27,9 +23,10 @@ void StagedBatch::add(const KvEvent& event) {
 
 void StagedBatch::add_stored(const BlockHash* parent, std::span<const BlockHash> block_hashes,
                              std::span<const TokenId> token_ids, int32_t block_size,
-                             std::span<const uint64_t> keys) {
+                             std::span<const uint64_t> keys, Medium medium) {
   StagedEvent stored;
   stored.kind = EventKind::kStored;
+  stored.medium = medium;
   stored.has_parent = parent != nullptr;
   stored.block_size = block_size;
   stored.num_hashes = static_cast<uint32_t>(block_hashes.size());
@@ -40,6 +37,15 @@ void StagedBatch::add_stored(const BlockHash* parent, std::span<const BlockHash>
   hashes.insert(hashes.end(), block_hashes.begin(), block_hashes.end());
   tokens.insert(tokens.end(), token_ids.begin(), token_ids.end());
   extra_keys.insert(extra_keys.end(), keys.begin(), keys.end());
+}
+
+void StagedBatch::add_removed(std::span<const BlockHash> block_hashes, Medium medium) {
+  StagedEvent removed;
+  removed.kind = EventKind::kRemoved;
+  removed.medium = medium;
+  removed.num_hashes = static_cast<uint32_t>(block_hashes.size());
+  events.push_back(removed);
+  hashes.insert(hashes.end(), block_hashes.begin(), block_hashes.end());
 }
 
 void StagedBatch::add_cleared() { events.push_back(StagedEvent{}); }  // kind kCleared

@@ -2,7 +2,7 @@
 // thread hands them to the publisher thread.
 //
 // IMPLEMENTATION DETAILS
-//   events      [e0: Stored, 2 hashes, 32 tokens] [e1: Removed, 1 hash] [e2: Cleared] ...
+//   events      [e0: Stored GPU, 2 hashes, 32 tokens] [e1: Removed CPU, 1 hash] [e2: Cleared] ...
 //   hashes      h(e0) h(e0) h(e1)                    every event's hashes, in order
 //   tokens      t(e0) x 32                            BlockStored token ids, in order
 //   extra_keys  k(e0) ...                             BlockStored extra keys, in order
@@ -24,8 +24,9 @@ enum class EventKind : uint8_t { kStored, kRemoved, kCleared };
 
 struct StagedEvent {
   EventKind kind = EventKind::kCleared;
-  bool has_parent = false;  // BlockStored: parent is set
-  int32_t block_size = 0;   // BlockStored: tokens per block
+  Medium medium = Medium::kDevice;  // BlockStored, BlockRemoved: the tier of the blocks
+  bool has_parent = false;          // BlockStored: parent is set
+  int32_t block_size = 0;           // BlockStored: tokens per block
   uint32_t num_hashes = 0;
   uint32_t num_tokens = 0;
   uint32_t num_extra_keys = 0;
@@ -51,7 +52,8 @@ struct StagedBatch {
   void add(const KvEvent& event);
   void add_stored(const BlockHash* parent, std::span<const BlockHash> block_hashes,
                   std::span<const TokenId> token_ids, int32_t block_size,
-                  std::span<const uint64_t> keys);
+                  std::span<const uint64_t> keys, Medium medium);
+  void add_removed(std::span<const BlockHash> block_hashes, Medium medium);
   void add_cleared();
   void clear();
   // Reserves the sizes of `other`, so that staging a similar step allocates once per array.

@@ -24,6 +24,10 @@ void pack_hash(Packer& p, const BlockHash& hash) {
   p.pack_bin_body(bytes.data(), bytes.size());
 }
 
+void pack_medium(Packer& p, Medium medium, const WireOptions& options) {
+  pack_str(p, medium == Medium::kHost ? std::string_view(kHostMedium) : options.device_medium);
+}
+
 void pack_hashes(Packer& p, std::span<const BlockHash> hashes) {
   p.pack_array(static_cast<uint32_t>(hashes.size()));
   for (const BlockHash& h : hashes) pack_hash(p, h);
@@ -49,7 +53,7 @@ void pack_stored(Packer& p, const StagedEventView& v, const WireOptions& options
   pack_str(p, "lora_id");
   p.pack_nil();
   pack_str(p, "medium");
-  pack_str(p, options.medium);
+  pack_medium(p, v.event.medium, options);
   pack_str(p, "lora_name");
   p.pack_nil();
   // One entry per block, as vLLM sends them: our extra keys go into every block's hash.
@@ -74,7 +78,7 @@ void pack_removed(Packer& p, const StagedEventView& v, const WireOptions& option
   pack_str(p, "block_hashes");
   pack_hashes(p, v.hashes);
   pack_str(p, "medium");
-  pack_str(p, options.medium);
+  pack_medium(p, v.event.medium, options);
   pack_str(p, "group_idx");
   p.pack_int32(0);
 }

@@ -8,6 +8,8 @@
 //      "token_ids": [int...], "block_size": int, "lora_id": nil, "medium": str,
 //      "lora_name": nil, "extra_keys": [nil | [uint...]] (one per block), "group_idx": 0}
 //     {"type": "BlockRemoved", "block_hashes": [bin16...], "medium": str, "group_idx": 0}
+//   medium   = each event's own tier: device blocks WireOptions::device_medium ("GPU"),
+//              host-tier blocks "CPU" (vLLM's MEDIUM_GPU and MEDIUM_CPU)
 //     {"type": "AllBlocksCleared"}
 // A 128-bit BlockHash is sent as 16 bytes: hi then lo, each big-endian (XXH3-128's
 // canonical form, XXH128_canonical_t).
@@ -23,8 +25,11 @@
 
 namespace pagedkv::internal {
 
+// The "medium" string of host-tier blocks (vLLM's offloading connector sends the same).
+inline constexpr char kHostMedium[] = "CPU";
+
 struct WireOptions {
-  std::string medium = "GPU";
+  std::string device_medium = "GPU";  // the "medium" string of device blocks
   int32_t data_parallel_rank = 0;
 };
 

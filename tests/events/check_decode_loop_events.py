@@ -2,7 +2,8 @@
 """Runs the decode loop with --kv-events, follows its KV events with the reference router
 (examples/kv_router/kv_router.py) from its first batch, decodes every batch (live, or by
 replay when the router connected after the loop had started), and checks that the index
-the router rebuilt equals the manager's own prefix index written with --kv-index-out.
+the router rebuilt equals the manager's own prefix index written with --kv-index-out (both
+tiers, per medium, when the options include --host-cache-mb).
 usage: check_decode_loop_events.py ROUTER_DIR PAGEDKV_DECODE [decode loop options...]
 """
 
@@ -73,12 +74,16 @@ try:
         fail("not every batch was decoded")
     with open(index_file) as f:
         mine = sorted(line.strip() for line in f)
-    got = sorted(h.hex() for h in feed.index.blocks)
+    got = feed.index.entries()
     if got != mine:
         fail(f"router holds {len(got)} hashes, the manager {len(mine)}")
     if not mine:
         fail("the run cached nothing")
-    print(f"PASS: router index == manager index ({len(mine)} blocks, {final_seq} batches)")
+    host = sum(1 for entry in mine if entry.endswith(" " + kv_router.HOST_MEDIUM))
+    if "--host-cache-mb" in OPTIONS and host == 0:
+        fail("a host tier, but no block in it at the end")
+    print(f"PASS: router index == manager index ({len(mine)} blocks, {host} in the host tier, "
+          f"{final_seq} batches)")
     router.close()
 finally:
     proc.kill()

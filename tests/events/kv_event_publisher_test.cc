@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -26,8 +27,10 @@ using internal::CacheMirror;
 using internal::StagedBatch;
 
 BlockStored stored(std::vector<BlockHash> hashes, std::optional<BlockHash> parent,
-                   int32_t block_size = 2, std::vector<uint64_t> extra_keys = {}) {
+                   int32_t block_size = 2, std::vector<uint64_t> extra_keys = {},
+                   Medium medium = Medium::kDevice) {
   BlockStored e;
+  e.medium = medium;
   e.block_hashes = std::move(hashes);
   e.parent_hash = parent;
   e.block_size = block_size;
@@ -66,7 +69,7 @@ TEST_CASE("a batch encodes as vLLM's KVEventBatch: [ts, events, dp rank], events
   batch.add(BlockRemoved{{{0x5, 0x6}}});
   batch.add(KvEvent{std::in_place_type<AllBlocksCleared>});
   std::string payload;
-  internal::encode_batch(batch, {.medium = "GPU", .data_parallel_rank = 3}, &payload);
+  internal::encode_batch(batch, {.device_medium = "GPU", .data_parallel_rank = 3}, &payload);
 
   const msgpack::object_handle handle = msgpack::unpack(payload.data(), payload.size());
   const msgpack::object& root = handle.get();
@@ -115,6 +118,114 @@ TEST_CASE("a BlockStored without extra keys or parent sends nil for both") {
   const msgpack::object& keys = field(s, "extra_keys");
   REQUIRE(keys.via.array.size == 1);
   REQUIRE(keys.via.array.ptr[0].is_nil());
+}
+
+TEST_CASE("each event carries its own medium: device blocks the option's string, host ones CPU") {
+  StagedBatch batch;
+  // A demotion (device -> host) and a promotion (host -> device), as the manager emits them.
+  batch.add(BlockRemoved{{{0x1, 0x1}}, Medium::kDevice});
+  batch.add(stored({{0x1, 0x1}}, std::nullopt, 2, {}, Medium::kHost));
+  batch.add(BlockRemoved{{{0x2, 0x2}}, Medium::kHost});
+  batch.add(stored({{0x2, 0x2}}, BlockHash{0x1, 0x1}, 2, {}, Medium::kDevice));
+  std::string payload;
+  internal::encode_batch(batch, {.device_medium = "HBM"}, &payload);
+  const msgpack::object_handle handle = msgpack::unpack(payload.data(), payload.size());
+  const msgpack::object& events = handle.get().via.array.ptr[1];
+  REQUIRE(events.via.array.size == 4);
+  const char* expected_type[] = {"BlockRemoved", "BlockStored", "BlockRemoved", "BlockStored"};
+  const char* expected_medium[] = {"HBM", "CPU", "CPU", "HBM"};
+  const size_t expected_keys[] = {4, 10, 4, 10};  // vLLM's field sets, unchanged
+  for (uint32_t i = 0; i < 4; ++i) {
+    INFO("event " << i);
+    const msgpack::object& e = events.via.array.ptr[i];
+    REQUIRE(field(e, "type").as<std::string>() == expected_type[i]);
+    REQUIRE(field(e, "medium").as<std::string>() == expected_medium[i]);
+    REQUIRE(e.via.map.size == expected_keys[i]);
+  }
+  // The default device medium is vLLM's "GPU".
+  internal::encode_batch(batch, {}, &payload);
+  const msgpack::object_handle defaults = msgpack::unpack(payload.data(), payload.size());
+  REQUIRE(field(defaults.get().via.array.ptr[1].via.array.ptr[0], "medium").as<std::string>() ==
+          "GPU");
+}
+
+// The (hash, medium) pairs a snapshot stores, in order, after its AllBlocksCleared.
+std::vector<std::pair<uint64_t, Medium>> snapshot_entries(const CacheMirror& mirror) {
+  std::vector<std::pair<uint64_t, Medium>> entries;
+  for (const StagedBatch& b : mirror.snapshot(1000)) {
+    b.for_each([&](const internal::StagedEventView& v) {
+      if (v.event.kind != internal::EventKind::kStored) return;
+      for (const BlockHash& h : v.hashes) entries.emplace_back(h.lo, v.event.medium);
+    });
+  }
+  return entries;
+}
+
+TEST_CASE("the mirror tracks a block per medium: demoted, promoted, held by both, dropped") {
+  CacheMirror mirror;
+  StagedBatch batch;
+  const BlockHash a{1, 0}, b{2, 0}, c{3, 0};
+  batch.add(stored({a, b, c}, std::nullopt));  // a chain a <- b <- c on the device
+  mirror.apply(batch);
+  REQUIRE(mirror.size() == 3);
+
+  // c is evicted and demoted: removed from the device, stored on the host.
+  batch.clear();
+  batch.add(BlockRemoved{{c}, Medium::kDevice});
+  batch.add(stored({c}, b, 2, {}, Medium::kHost));
+  mirror.apply(batch);
+  REQUIRE(mirror.size() == 3);
+  using P = std::pair<uint64_t, Medium>;
+  REQUIRE(snapshot_entries(mirror) ==
+          std::vector<P>{{1, Medium::kDevice}, {2, Medium::kDevice}, {3, Medium::kHost}});
+
+  // b also gets a host copy while it is still on the device (stored first, removed later):
+  // both media hold it, and the snapshot stores it in both.
+  batch.clear();
+  batch.add(stored({b}, a, 2, {}, Medium::kHost));
+  mirror.apply(batch);
+  REQUIRE(mirror.size() == 4);
+  std::vector<P> entries = snapshot_entries(mirror);
+  REQUIRE(std::count(entries.begin(), entries.end(), P{2, Medium::kDevice}) == 1);
+  REQUIRE(std::count(entries.begin(), entries.end(), P{2, Medium::kHost}) == 1);
+
+  // Removing from one medium leaves the other; a removal of a block the medium does not
+  // hold changes nothing.
+  batch.clear();
+  batch.add(BlockRemoved{{b}, Medium::kDevice});
+  batch.add(BlockRemoved{{a}, Medium::kHost});
+  mirror.apply(batch);
+  REQUIRE(mirror.size() == 3);
+  REQUIRE(snapshot_entries(mirror) ==
+          std::vector<P>{{1, Medium::kDevice}, {2, Medium::kHost}, {3, Medium::kHost}});
+
+  // c is promoted back (host -> device), then the host tier drops b.
+  batch.clear();
+  batch.add(BlockRemoved{{c}, Medium::kHost});
+  batch.add(stored({c}, b, 2, {}, Medium::kDevice));
+  batch.add(BlockRemoved{{b}, Medium::kHost});
+  mirror.apply(batch);
+  REQUIRE(mirror.size() == 2);
+  // c's parent b is no longer held anywhere: the walk ends there, and c keeps b as parent.
+  entries = snapshot_entries(mirror);
+  std::sort(entries.begin(), entries.end());
+  REQUIRE(entries == std::vector<P>{{1, Medium::kDevice}, {3, Medium::kDevice}});
+  for (const StagedBatch& s : mirror.snapshot(1000)) {
+    s.for_each([&](const internal::StagedEventView& v) {
+      if (v.event.kind == internal::EventKind::kStored && v.hashes[0] == c) {
+        REQUIRE(v.event.has_parent);
+        REQUIRE(v.event.parent == b);
+      }
+    });
+  }
+
+  // The snapshot rebuilds the same per-medium state in an empty mirror.
+  CacheMirror rebuilt;
+  for (const StagedBatch& s : mirror.snapshot(1)) rebuilt.apply(s);
+  REQUIRE(rebuilt.size() == 2);
+  std::vector<P> again = snapshot_entries(rebuilt);
+  std::sort(again.begin(), again.end());
+  REQUIRE(again == entries);
 }
 
 TEST_CASE("the snapshot holds every mirrored block once, parents before children") {

@@ -4,7 +4,8 @@ with KvEventPublisher, the reference router (examples/kv_router/kv_router.py) fo
 and each engine's index as the router rebuilt it must equal the manager's own prefix index
 at the end of the run.
 
-Scenarios:
+Scenarios (engines with --host-blocks have a host tier: their indexes hold GPU and CPU
+blocks, and the router must track both):
   full     two engines, the router in this process from before the first step: every
            batch decoded live or replayed; route() answers from the rebuilt indexes.
   restart  the router (a process that saves its state) is killed with SIGKILL mid-run and
@@ -45,6 +46,7 @@ def endpoints(name):
 class Engine:
     def __init__(self, name, seed, *extra):
         self.name = name
+        self.host_tier = "--host-blocks" in extra
         self.index_file = os.path.join(WORK, f"{name}-index.txt")
         pub, replay = endpoints(name)
         self.proc = subprocess.Popen(
@@ -81,14 +83,18 @@ class Engine:
 
 
 def check_index(name, router_hashes, engine):
+    """router_hashes and the engine's index file: one "HASH MEDIUM" entry per cached block."""
     mine = engine.own_index()
     if router_hashes != mine:
         fail(f"{name}: router holds {len(router_hashes)} hashes, manager {len(mine)}; "
              f"{len(set(router_hashes) ^ set(mine))} differ")
     if not mine:
         fail(f"{name}: empty index, the workload cached nothing")
-    print(f"{name}: router index == manager index ({len(mine)} blocks, "
-          f"{engine.final_seq} batches)")
+    host = sum(1 for entry in mine if entry.endswith(" " + kv_router.HOST_MEDIUM))
+    if engine.host_tier and host == 0:
+        fail(f"{name}: a host tier, but no block in it at the end")
+    print(f"{name}: router index == manager index ({len(mine)} blocks, {host} in the host "
+          f"tier, {engine.final_seq} batches)")
 
 
 def deepest_prefix(index):
@@ -105,7 +111,10 @@ def deepest_prefix(index):
 
 
 def scenario_full():
-    engines = [Engine("e0", 1), Engine("e1", 2, "--reset-at-step", "150")]
+    # e1 has a host tier: its evictions are demotions (GPU -> CPU events) and its host hits
+    # promotions (CPU -> GPU).
+    engines = [Engine("e0", 1),
+               Engine("e1", 2, "--reset-at-step", "150", "--host-blocks", "64")]
     router = kv_router.KvRouter([(e.name, e.pub, e.replay) for e in engines])
     for feed in router.feeds:
         feed.sync()  # first contact: an empty snapshot at seq 0
@@ -123,7 +132,7 @@ def scenario_full():
         c = feed.counters
         if c["live"] + c["replayed"] != e.final_seq or c["snapshots"] != 1:
             fail(f"{e.name}: {c} for {e.final_seq} batches: not every batch was decoded")
-        check_index(e.name, sorted(h.hex() for h in feed.index.blocks), e)
+        check_index(e.name, feed.index.entries(), e)
     # Routing: each engine's longest cached chain routes to an engine holding all of it.
     for feed in router.feeds:
         tokens, extra, depth = deepest_prefix(feed.index)
@@ -151,7 +160,7 @@ def start_follower(engine, state):
 
 
 def scenario_kill_restart(late):
-    extra = ["--steps", "500", "--step-us", "2000"]
+    extra = ["--steps", "500", "--step-us", "2000", "--host-blocks", "64"]
     if late:
         extra += ["--replay-steps", "8"]
     engine = Engine("e0", 3, *extra)
