@@ -268,7 +268,7 @@ class BlockPool {
   void expire_retention();
   int64_t now_ms() const;
   void reset_prefix_cache(bool emit_event);
-  void emit(KvEvent event);
+  void emit_removed(const BlockHash& hash);
   int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
 
   // Invariants (checked by check_invariants()):

@@ -90,7 +90,7 @@ void BlockPool::allocate_unchecked(std::span<BlockId> out) {
       // the hash (its contents stay cached).
       const BlockHash hash = hash_index_->hash(b);
       if (hash_index_->erase(b)) {
-        emit(BlockRemoved{{hash}, medium_});
+        emit_removed(hash);
         if (log_evictions_) {
           evicted_.push_back({b, hash, hash_index_->content_key(b), priority_[b], duration_ms_[b]});
         }
@@ -107,8 +107,9 @@ void BlockPool::allocate_unchecked(std::span<BlockId> out) {
   used_blocks_ += static_cast<int32_t>(out.size());
 }
 
-void BlockPool::emit(KvEvent event) {
-  if (event_sink_ != nullptr) event_sink_->on_event(event);
+// Builds the event only for a sink: an eviction without one allocates nothing.
+void BlockPool::emit_removed(const BlockHash& hash) {
+  if (event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}, medium_});
 }
 
 // --- touch and free --------------------------------------------------------------------
@@ -410,7 +411,7 @@ void BlockPool::uncache_unchecked(BlockId block) {
   const BlockHash hash = hash_index_->hash(block);
   const bool left_index = hash_index_->erase(block);
   cached_free_blocks_ -= ref_count_[block] == 0;
-  if (left_index) emit(BlockRemoved{{hash}, medium_});
+  if (left_index) emit_removed(hash);
 }
 
 void BlockPool::reset_prefix_cache() { reset_prefix_cache(/*emit_event=*/true); }
