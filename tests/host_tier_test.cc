@@ -457,6 +457,35 @@ TEST_CASE("an expired retention returns the block to its LRU place", "[retention
   CHECK(pool->check_invariants().ok());
 }
 
+TEST_CASE("a lower retention priority is evicted first; holders raise a block's priority",
+          "[retention]") {
+  auto pool = BlockPool::create({.num_blocks = 3, .block_size = 1});
+  REQUIRE(pool.ok());
+  BlockId blocks[3];
+  REQUIRE(pool->allocate(blocks).ok());
+  for (BlockId b = 0; b < 3; ++b) {
+    const TokenId token = b;
+    const BlockHash hash{static_cast<uint64_t>(b + 1), 0};
+    REQUIRE(pool->cache_full_block(b, hash, kNoBlock, nullptr, {&token, 1}, {}).value());
+  }
+  // Block 0 is shared by two holders: one gives it 20, the other 90; block 2 gets 20 alone.
+  REQUIRE(pool->touch(0).ok());
+  REQUIRE(pool->set_retention(0, 20, 0).ok());
+  REQUIRE(pool->set_retention(0, 90, 0).ok());
+  REQUIRE(pool->set_retention(2, 20, 0).ok());
+  CHECK(pool->retention_priority(0).value() == 90);
+  CHECK(pool->retention_priority(1).value() == kDefaultRetentionPriority);
+  CHECK(pool->retention_priority(2).value() == 20);
+  const BlockId order[] = {2, 1, 0, 0};  // 0 twice: both of its references
+  REQUIRE(pool->free(order).ok());
+  // Priority 20 first (2), then the default (1), then 90 (0), whatever the release order.
+  CHECK(pool->free_queue_order() == testing::Blocks{2, 1, 0});
+  BlockId out;
+  REQUIRE(pool->allocate({&out, 1}).ok());
+  CHECK(out == 2);
+  CHECK(pool->check_invariants().ok());
+}
+
 TEST_CASE("set_retention validates its arguments and keeps the higher priority", "[retention]") {
   auto pool = BlockPool::create({.num_blocks = 2, .block_size = 1});
   REQUIRE(pool.ok());

@@ -42,6 +42,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "pagedkv/kv_events.h"
@@ -175,10 +176,11 @@ class BlockPool {
   // BlockPool::set_retention()
   //
   // Gives the in-use `block` retention `priority` (in [kMinRetentionPriority,
-  // kMaxRetentionPriority]) for `duration_ms` after it is freed (0: no expiry), unless it
-  // holds a higher priority already; of equal priorities the longer duration wins (0 is
-  // the longest). The priority applies while the block is cached in the free queue; it
-  // returns to kDefaultRetentionPriority whenever the block leaves the free queue.
+  // kMaxRetentionPriority]) for `duration_ms` after it is freed (0: no expiry), unless a
+  // higher priority was set since it left the free queue; of equal priorities the longer
+  // duration wins (0 is the longest). The priority applies while the block is cached in
+  // the free queue; a block given none has kDefaultRetentionPriority, and every block
+  // returns to that when it leaves the free queue.
   // Errors: InvalidArgument for an id out of range, a priority outside the range or a
   // negative duration; FailedPrecondition when `block` is free.
   [[nodiscard]] absl::Status set_retention(BlockId block, int32_t priority, int64_t duration_ms);
@@ -221,6 +223,8 @@ class BlockPool {
 
   explicit BlockPool(const Options& options);
 
+  static constexpr uint8_t kNoPriority = 0xff;  // no retention set: the default applies
+
   // A cached block that allocation evicted and whose hash left the index: the manager
   // demotes it to the host tier. Its parent, tokens and extra keys stay readable in the
   // index until the block is cached again.
@@ -228,7 +232,7 @@ class BlockPool {
     BlockId block = kNoBlock;
     BlockHash hash;
     uint64_t content_key = 0;
-    int32_t priority = kDefaultRetentionPriority;
+    uint8_t priority = kNoPriority;  // its retention, for the copy
     int64_t duration_ms = 0;
   };
   struct Expiry {
@@ -265,6 +269,12 @@ class BlockPool {
   void cache_copy_unchecked(BlockId block, const BlockPool& source, const EvictedBlock& from);
   void uncache_unchecked(BlockId block);
   void set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms);
+  // Gives the in-use `block` the retention of the evicted block it copies, if any.
+  void copy_retention(BlockId block, const EvictedBlock& from);
+  int32_t priority_of(BlockId block) const;
+  int64_t duration_of(BlockId block) const;
+  void clear_retention(BlockId block);
+  void schedule_expiry(BlockId block);
   void expire_retention();
   int64_t now_ms() const;
   void reset_prefix_cache(bool emit_event);
@@ -287,10 +297,10 @@ class BlockPool {
   int32_t used_blocks_ = 0;         // blocks with ref count > 0
   int32_t cached_free_blocks_ = 0;  // blocks with ref count 0 holding a hash
   int64_t evictions_ = 0;
-  // Per block: its retention priority and duration (kDefaultRetentionPriority, 0 unless
-  // set_retention() raised them since it left the free queue).
+  // Per block: the retention priority set since it left the free queue (kNoPriority: none,
+  // the default applies), and, for the blocks given one, its duration.
   std::vector<uint8_t> priority_;
-  std::vector<int64_t> duration_ms_;
+  absl::flat_hash_map<BlockId, int64_t> durations_ms_;
   std::vector<Expiry> expiries_;  // min-heap by time; entries of re-queued blocks are stale
   // With a host tier (set by KvCacheManager), allocate() reports evicted blocks here.
   bool log_evictions_ = false;

@@ -136,8 +136,9 @@ struct SequenceOptions {
   // Retention of the sequence's blocks once freed; a later range overrides an earlier one
   // where they overlap; blocks outside every range keep the default priority. A block
   // shared by several sequences keeps the highest priority (and the longest duration of
-  // it) that its holders gave it since it was last taken from the free queue. E.g. a
-  // system prompt of 512 tokens kept resident for ten minutes:
+  // it) that its holders gave it since it was last taken from the free queue (holders
+  // that give none have no say). E.g. a system prompt of 512 tokens kept resident for
+  // ten minutes:
   //   {.retention = {{.begin = 0, .end = 512, .priority = 90, .duration_ms = 600'000}}}
   std::vector<RetentionRange> retention = {};
 };

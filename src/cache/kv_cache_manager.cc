@@ -119,6 +119,7 @@ KvCacheManager::KvCacheManager(Options options, BlockPool device_pool, BlockPool
       host_pending_(options_.num_host_blocks, 0) {
   if (options_.enable_host_cache) {
     device_pool_.log_evictions_ = true;
+    device_pool_.hash_index_->keep_parent_hashes();  // announced with the demoted copies
     // Host blocks take the content keys of the device blocks they copy: keep the host
     // pool's own keys (blocks renewed for swapping) apart from the device's.
     host_pool_.hash_index_->start_content_keys_at(uint64_t{1} << 63);
@@ -302,7 +303,7 @@ void KvCacheManager::promote_host_hits(Sequence& seq, int32_t max_blocks) {
     const bool written_this_step = host_pending_[h] > 0;
     if (e != nullptr && !written_this_step && !refresh_host_copy(*e)) {
       host_pool_.cache_copy_unchecked(h, device_pool_, *e);
-      host_pool_.set_retention_unchecked(h, e->priority, e->duration_ms);
+      host_pool_.copy_retention(h, *e);
       record_copy(pending_swaps_.exchange, {d, h, bs}, &device_pending_, &host_pending_);
       ++counters_.blocks_demoted;
     } else {
@@ -346,7 +347,7 @@ void KvCacheManager::demote_evicted() {
     BlockId h = kNoBlock;
     host_pool_.allocate_unchecked({&h, 1});
     host_pool_.cache_copy_unchecked(h, device_pool_, e);
-    host_pool_.set_retention_unchecked(h, e.priority, e.duration_ms);
+    host_pool_.copy_retention(h, e);
     record_copy(pending_swaps_.demote, {e.block, h, options_.block_size}, nullptr, &host_pending_);
     release_host_block(h);
     ++counters_.blocks_demoted;
@@ -366,7 +367,7 @@ bool KvCacheManager::refresh_host_copy(const BlockPool::EvictedBlock& e) {
       host_index.verify(copy, device_index.parent_key(e.block), device_index.tokens(e.block),
                         device_index.extra_keys(e.block))) {
     host_pool_.touch_unchecked(copy);
-    host_pool_.set_retention_unchecked(copy, e.priority, e.duration_ms);
+    host_pool_.copy_retention(copy, e);
     release_host_block(copy);
   }
   return true;

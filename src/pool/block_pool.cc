@@ -53,8 +53,7 @@ BlockPool::BlockPool(const Options& options)
       clock_(options.clock),
       ref_count_(options.num_blocks, 0),
       stale_(options.num_blocks, 0),
-      priority_(options.num_blocks, kDefaultRetentionPriority),
-      duration_ms_(options.num_blocks, 0),
+      priority_(options.num_blocks, kNoPriority),
       free_queue_(std::make_unique<FreeQueue>(options.num_blocks)),
       hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)) {}
 
@@ -92,7 +91,7 @@ void BlockPool::allocate_unchecked(std::span<BlockId> out) {
       if (hash_index_->erase(b)) {
         emit_removed(hash);
         if (log_evictions_) {
-          evicted_.push_back({b, hash, hash_index_->content_key(b), priority_[b], duration_ms_[b]});
+          evicted_.push_back({b, hash, hash_index_->content_key(b), priority_[b], duration_of(b)});
         }
       }
       --cached_free_blocks_;
@@ -101,8 +100,9 @@ void BlockPool::allocate_unchecked(std::span<BlockId> out) {
     hash_index_->renew(b);
     stale_[b] = 0;
     ref_count_[b] = 1;
-    priority_[b] = kDefaultRetentionPriority;
-    duration_ms_[b] = 0;
+    if (priority_[b] != kNoPriority) [[unlikely]] {
+      clear_retention(b);
+    }
   }
   used_blocks_ += static_cast<int32_t>(out.size());
 }
@@ -120,8 +120,9 @@ void BlockPool::touch_unchecked(BlockId block) {
     free_queue_->remove(block);
     ++used_blocks_;
     cached_free_blocks_ -= hash_index_->is_cached(block);
-    priority_[block] = kDefaultRetentionPriority;
-    duration_ms_[block] = 0;
+    if (priority_[block] != kNoPriority) [[unlikely]] {
+      clear_retention(block);
+    }
   }
 }
 
@@ -130,16 +131,13 @@ void BlockPool::touch_unchecked(BlockId block) {
 inline void BlockPool::enqueue_freed(BlockId b, BlockId& last_clean) {
   --used_blocks_;
   if (hash_index_->is_cached(b)) {
-    free_queue_->push_back(b, priority_[b]);
-    ++cached_free_blocks_;
-    if (duration_ms_[b] > 0 && priority_[b] != kDefaultRetentionPriority) [[unlikely]] {
-      const int64_t now = now_ms();
-      const int64_t end = duration_ms_[b] > std::numeric_limits<int64_t>::max() - now
-                              ? std::numeric_limits<int64_t>::max()
-                              : now + duration_ms_[b];
-      expiries_.push_back({end, b, free_queue_->stamp(b)});
-      std::push_heap(expiries_.begin(), expiries_.end(), std::greater<>());
+    if (priority_[b] == kNoPriority) [[likely]] {
+      free_queue_->push_back(b, kDefaultRetentionPriority);
+    } else {
+      free_queue_->push_back(b, priority_[b]);
+      schedule_expiry(b);
     }
+    ++cached_free_blocks_;
   } else {
     free_queue_->insert_clean_after(last_clean, b);
     last_clean = b;
@@ -176,6 +174,33 @@ void BlockPool::undo_free(std::span<const BlockId> freed) {
 
 // --- retention -----------------------------------------------------------------------------
 
+// The priority the free queue files `b` under: kNoPriority counts as the default.
+int32_t BlockPool::priority_of(BlockId b) const {
+  return priority_[b] == kNoPriority ? kDefaultRetentionPriority : priority_[b];
+}
+
+int64_t BlockPool::duration_of(BlockId b) const {
+  const auto it = durations_ms_.find(b);
+  return it == durations_ms_.end() ? 0 : it->second;
+}
+
+void BlockPool::clear_retention(BlockId b) {
+  priority_[b] = kNoPriority;
+  durations_ms_.erase(b);
+}
+
+// Out of line: enqueue_freed() stays small enough to inline into the release loops.
+void BlockPool::schedule_expiry(BlockId b) {
+  const int64_t duration = duration_of(b);
+  if (duration == 0) return;
+  const int64_t now = now_ms();
+  const int64_t end = duration > std::numeric_limits<int64_t>::max() - now
+                          ? std::numeric_limits<int64_t>::max()
+                          : now + duration;
+  expiries_.push_back({end, b, free_queue_->stamp(b)});
+  std::push_heap(expiries_.begin(), expiries_.end(), std::greater<>());
+}
+
 absl::Status BlockPool::set_retention(BlockId block, int32_t priority, int64_t duration_ms) {
   if (!valid_id(block)) [[unlikely]] {
     return id_error(block, "set_retention");
@@ -193,14 +218,26 @@ absl::Status BlockPool::set_retention(BlockId block, int32_t priority, int64_t d
   return absl::OkStatus();
 }
 
+// The first holder to set a retention gives it; later ones raise it (holders that set
+// none have no say).
 void BlockPool::set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms) {
   PAGEDKV_DCHECK(ref_count_[block] > 0);
-  if (priority < priority_[block]) return;
-  const bool longer =
-      duration_ms == 0 || (duration_ms_[block] != 0 && duration_ms > duration_ms_[block]);
-  if (priority == priority_[block] && !longer) return;
+  if (priority_[block] != kNoPriority) {
+    if (priority < priority_[block]) return;
+    const int64_t current = duration_of(block);
+    const bool longer = duration_ms == 0 || (current != 0 && duration_ms > current);
+    if (priority == priority_[block] && !longer) return;
+  }
   priority_[block] = static_cast<uint8_t>(priority);
-  duration_ms_[block] = duration_ms;
+  if (duration_ms > 0) {
+    durations_ms_[block] = duration_ms;
+  } else {
+    durations_ms_.erase(block);
+  }
+}
+
+void BlockPool::copy_retention(BlockId block, const EvictedBlock& from) {
+  if (from.priority != kNoPriority) set_retention_unchecked(block, from.priority, from.duration_ms);
 }
 
 // Returns free blocks whose retention expired to the default priority's list, at the
@@ -216,11 +253,10 @@ void BlockPool::expire_retention() {
     expiries_.pop_back();
     const BlockId b = e.block;
     if (!free_queue_->is_queued(b) || free_queue_->stamp(b) != e.stamp ||
-        free_queue_->list_of(b) != FreeQueue::priority_list(priority_[b])) {
+        free_queue_->list_of(b) != FreeQueue::priority_list(priority_of(b))) {
       continue;
     }
-    priority_[b] = kDefaultRetentionPriority;
-    duration_ms_[b] = 0;
+    clear_retention(b);
     free_queue_->move_by_stamp(b, kDefaultRetentionPriority);
   }
 }
@@ -389,7 +425,7 @@ void BlockPool::cache_copy_unchecked(BlockId block, const BlockPool& source,
   PAGEDKV_DCHECK(enable_caching_ && !hash_index_->is_cached(block) && !stale_[block]);
   PAGEDKV_DCHECK(hash_index_->find(from.hash) == kNoBlock);
   const HashIndex& src = *source.hash_index_;
-  const std::optional<BlockHash>& parent_hash = src.parent_hash(from.block);
+  const std::optional<BlockHash> parent_hash = src.parent_hash(from.block);
   const auto tokens = src.tokens(from.block);
   const auto keys = src.extra_keys(from.block);
   hash_index_->set_content_key(block, from.content_key);
@@ -460,7 +496,7 @@ absl::StatusOr<int32_t> BlockPool::retention_priority(BlockId block) const {
   if (!valid_id(block)) [[unlikely]] {
     return id_error(block, "retention_priority");
   }
-  return priority_[block];
+  return priority_of(block);
 }
 
 BlockPool::Stats BlockPool::stats() const {
@@ -504,8 +540,8 @@ absl::Status BlockPool::check_invariants() const {
     }
     if (ref_count_[b] != 0)
       return broken("block ", b, ": in the free queue with ref_count ", ref_count_[b]);
-    if (list != FreeQueue::kCleanList && list != FreeQueue::priority_list(priority_[b])) {
-      return broken("block ", b, ": in list ", list, " but its priority is ", priority_[b]);
+    if (list != FreeQueue::kCleanList && list != FreeQueue::priority_list(priority_of(b))) {
+      return broken("block ", b, ": in list ", list, " but its priority is ", priority_of(b));
     }
     if (list == FreeQueue::kCleanList && hash_index_->is_cached(b)) {
       return broken("cached block ", b, " in the clean list");

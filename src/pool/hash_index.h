@@ -52,7 +52,6 @@ class HashIndex {
         role_(num_blocks, Role::kNone),
         hash_(num_blocks),
         parent_key_(num_blocks, 0),
-        parent_hash_(num_blocks),
         content_key_(num_blocks, 0),
         next_(num_blocks, kNoBlock),
         prev_(num_blocks, kNoBlock),
@@ -97,7 +96,9 @@ class HashIndex {
     role_[b] = inserted ? Role::kIndexed : Role::kStandby;
     hash_[b] = hash;
     parent_key_[b] = parent_key;
-    parent_hash_[b] = parent_hash != nullptr ? std::optional(*parent_hash) : std::nullopt;
+    if (!parent_hash_.empty()) {
+      parent_hash_[b] = parent_hash != nullptr ? std::optional(*parent_hash) : std::nullopt;
+    }
     extra_keys_[b].assign(extra_keys.begin(), extra_keys.end());
     std::copy(tokens.begin(), tokens.end(), block_tokens(b));
     return inserted ? Insert::kIndexed : Insert::kStandby;
@@ -149,7 +150,12 @@ class HashIndex {
   // What a cached block was entered with; still readable after erase() until `b` is
   // cached again (an evicted block's copy is entered into the other tier from it).
   uint64_t parent_key(BlockId b) const { return parent_key_[b]; }
-  const std::optional<BlockHash>& parent_hash(BlockId b) const { return parent_hash_[b]; }
+  // Parent hashes are kept only after keep_parent_hashes() (the device index of a pool with
+  // a host tier, whose demoted copies announce them); nullopt otherwise.
+  void keep_parent_hashes() { parent_hash_.resize(role_.size()); }
+  std::optional<BlockHash> parent_hash(BlockId b) const {
+    return parent_hash_.empty() ? std::nullopt : parent_hash_[b];
+  }
   std::span<const TokenId> tokens(BlockId b) const {
     return {block_tokens(b), size_t(block_size_)};
   }
@@ -204,7 +210,7 @@ class HashIndex {
   std::vector<Role> role_;
   std::vector<BlockHash> hash_;
   std::vector<uint64_t> parent_key_;
-  std::vector<std::optional<BlockHash>> parent_hash_;  // for the other tier's BlockStored
+  std::vector<std::optional<BlockHash>> parent_hash_;  // see keep_parent_hashes()
   std::vector<uint64_t> content_key_;
   std::vector<BlockId> next_;  // standby chain
   std::vector<BlockId> prev_;

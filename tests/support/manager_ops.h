@@ -1034,10 +1034,10 @@ class ManagerOpRunner {
       const bool cached = pool.is_cached(b).value();
       const int32_t priority = pool.retention_priority(b).value();
       if (ref != d.ref || cached != d.cached() || (cached && !(*pool.cached_hash(b) == d.hash)) ||
-          priority != d.priority) {
+          priority != d.effective_priority()) {
         fail(pool_name, " block ", b, ": ref_count ", ref, " cached ", cached, " priority ",
              priority, "; model expects ref_count ", d.ref, " cached ", d.cached(), " priority ",
-             d.priority);
+             d.effective_priority());
         return false;
       }
     }

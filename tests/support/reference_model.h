@@ -83,10 +83,14 @@ class ReferenceModel {
     std::optional<BlockHash> parent_hash;
     std::vector<TokenId> tokens;
     std::vector<uint64_t> extra_keys;
-    int32_t priority = kDefaultRetentionPriority;
+    int32_t priority = kNone;  // set since it left the free queue; kNone: the default applies
     int64_t duration = 0;
     uint64_t stamp = 0;  // when it last joined a priority's list
     bool cached() const { return role != Role::kNone; }
+    int32_t effective_priority() const {
+      return priority == kNone ? kDefaultRetentionPriority : priority;
+    }
+    static constexpr int32_t kNone = -1;
   };
   using DeviceBlock = Block;
 
@@ -514,22 +518,26 @@ class ReferenceModel {
         continue;
       }
       Block& b = p.blocks[e.block];
-      const auto level = p.levels.find(b.priority);
+      const auto level = p.levels.find(b.effective_priority());
       if (level == p.levels.end() || !queued_in(level->second, e.block) || b.stamp != e.stamp) {
         continue;  // taken or freed again since
       }
       std::erase(level->second, e.block);
-      b.priority = kDefaultRetentionPriority;
+      b.priority = Block::kNone;
       b.duration = 0;
       insert_by_stamp(p, e.block, kDefaultRetentionPriority);
     }
     p.expiries = std::move(keep);
   }
 
+  // NOTE (contract): the first holder to set a retention gives it, later ones raise it.
   static void set_retention(Block& b, int32_t priority, int64_t duration) {
-    if (priority < b.priority) return;
-    const bool longer = duration == 0 || (b.duration != 0 && duration > b.duration);
-    if (priority == b.priority && !longer) return;
+    if (priority == Block::kNone) return;  // an evicted block without one
+    if (b.priority != Block::kNone) {
+      if (priority < b.priority) return;
+      const bool longer = duration == 0 || (b.duration != 0 && duration > b.duration);
+      if (priority == b.priority && !longer) return;
+    }
     b.priority = priority;
     b.duration = duration;
   }
@@ -594,7 +602,7 @@ class ReferenceModel {
       }
       d.content = p.next_content++;
       d.ref = 1;
-      d.priority = kDefaultRetentionPriority;
+      d.priority = Block::kNone;
       d.duration = 0;
       out.push_back(b);
     }
@@ -722,7 +730,7 @@ class ReferenceModel {
     Block& d = p.blocks[b];
     if (d.ref++ == 0) {
       queue_erase(p, b);
-      d.priority = kDefaultRetentionPriority;
+      d.priority = Block::kNone;
       d.duration = 0;
     }
   }
@@ -739,8 +747,8 @@ class ReferenceModel {
         continue;
       }
       d.stamp = ++p.last_stamp;
-      p.levels[d.priority].push_back(b);
-      if (d.duration > 0 && d.priority != kDefaultRetentionPriority) {
+      p.levels[d.effective_priority()].push_back(b);
+      if (d.duration > 0 && d.priority != Block::kNone) {
         p.expiries.push_back({now() + d.duration, b, d.stamp});
       }
     }
