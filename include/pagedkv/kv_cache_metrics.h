@@ -8,7 +8,9 @@
 //   pagedkv:prefix_cache_hits_total    counter, of those, tokens found
 //   pagedkv:num_preemptions_total      counter, preempted sequences (label mode)
 //   pagedkv:num_evictions_total        counter, cached blocks evicted to reuse them
-// plus block gauges, copy-on-write and swap counters and the publisher's event counters.
+// plus block gauges, copy-on-write and swap counters, the host tier's (cached host blocks,
+// host hits in tokens, blocks demoted, promoted and evicted from the tier) and the
+// publisher's event counters.
 //
 // Threading: update() on the scheduler thread (once per step is plenty); the HTTP server
 // started by serve() reads the values from its own threads (prometheus-cpp's metrics are

@@ -41,6 +41,8 @@ struct MetricsState {
         cached_free_blocks(
             gauge("kv_cache_cached_free_blocks", "Free device blocks still holding cached KV")),
         host_usage(gauge("kv_cache_host_usage_perc", "Host (swap) blocks used / all, 0..1")),
+        cached_host_blocks(
+            gauge("kv_cache_cached_host_blocks", "Host blocks holding the host tier's cached KV")),
         prefix_queries(
             counter("prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up")),
         prefix_hits(counter("prefix_cache_hits", "Prefix cache hits, in prompt tokens found")),
@@ -51,6 +53,11 @@ struct MetricsState {
         cow_copies(counter("num_cow_copies", "Copy-on-write block copies")),
         swapped_out(counter("num_blocks_swapped_out", "Blocks copied to the host pool")),
         swapped_in(counter("num_blocks_swapped_in", "Blocks copied back from the host pool")),
+        host_hits(counter("prefix_cache_host_hits",
+                          "Prefix cache hits found in the host tier, in prompt tokens")),
+        demoted(counter("num_blocks_demoted", "Evicted cached blocks copied to the host tier")),
+        promoted(counter("num_blocks_promoted", "Host-tier hits copied back to the device")),
+        host_evictions(counter("num_host_evictions", "Host-tier blocks evicted to reuse them")),
         events_published(counter("kv_events_published", "KV events sent to subscribers")),
         events_dropped_hwm(
             counter("kv_events_dropped", "KV events dropped", {{"reason", "subscriber_hwm"}})),
@@ -84,8 +91,9 @@ struct MetricsState {
   prometheus::Gauge& used_blocks;
   prometheus::Gauge& cached_free_blocks;
   prometheus::Gauge& host_usage;
+  prometheus::Gauge& cached_host_blocks;
   MonotonicCounter prefix_queries, prefix_hits, preemptions_recompute, preemptions_swap, evictions,
-      cow_copies, swapped_out, swapped_in;
+      cow_copies, swapped_out, swapped_in, host_hits, demoted, promoted, host_evictions;
   MonotonicCounter events_published, events_dropped_hwm, events_dropped_queue, replay_requests,
       snapshot_requests;
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -146,6 +154,11 @@ void KvCacheMetrics::update(const KvCacheManager::Stats& s) {
   m.cow_copies.advance_to(s.cow_copies);
   m.swapped_out.advance_to(s.blocks_swapped_out);
   m.swapped_in.advance_to(s.blocks_swapped_in);
+  m.cached_host_blocks.Set(s.cached_host_blocks);
+  m.host_hits.advance_to(s.host_hit_tokens);
+  m.demoted.advance_to(s.blocks_demoted);
+  m.promoted.advance_to(s.blocks_promoted);
+  m.host_evictions.advance_to(s.host_evictions);
 }
 
 void KvCacheMetrics::update(const KvEventPublisher::Stats& s) {

@@ -17,6 +17,11 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   s.prefix_hit_tokens = 250;
   s.preemptions_recompute = 3;
   s.evictions = 7;
+  s.cached_host_blocks = 12;
+  s.host_hit_tokens = 96;
+  s.blocks_demoted = 20;
+  s.blocks_promoted = 6;
+  s.host_evictions = 4;
   (*metrics)->update(s);
   s.prefix_query_tokens = 900;  // a smaller total (a new manager): the counter stays
   (*metrics)->update(s);
@@ -34,6 +39,11 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   REQUIRE_THAT(text, Catch::Contains(
                          "pagedkv:num_preemptions_total{mode=\"recompute\",model_name=\"m\"} 3"));
   REQUIRE_THAT(text, Catch::Contains("pagedkv:num_evictions_total{model_name=\"m\"} 7"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:kv_cache_cached_host_blocks{model_name=\"m\"} 12"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:prefix_cache_host_hits_total{model_name=\"m\"} 96"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:num_blocks_demoted_total{model_name=\"m\"} 20"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:num_blocks_promoted_total{model_name=\"m\"} 6"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:num_host_evictions_total{model_name=\"m\"} 4"));
   REQUIRE_THAT(text, Catch::Contains("pagedkv:kv_events_published_total{model_name=\"m\"} 42"));
   REQUIRE_THAT(
       text, Catch::Contains(
