@@ -56,6 +56,26 @@ void prefill(KvCacheManager& m, SeqId seq, const std::vector<TokenId>& prompt) {
   end_step(m);
 }
 
+// Prompt A: 8 tokens, blocks A0 (tokens 100..103) and A1. A plus one token can claim both.
+const std::vector<TokenId> kPromptA = iota_tokens(8, 100);
+std::vector<TokenId> a_plus_one() {
+  std::vector<TokenId> prompt = kPromptA;
+  prompt.push_back(999);
+  return prompt;
+}
+
+// Three device blocks: A0 stays cached in block 0 while A1 is demoted into host block 0;
+// the device queue is [1 (clean), 0, 2].
+KvCacheManager a0_on_device_a1_in_host(int32_t host_blocks, KvEventBuffer* events) {
+  KvCacheManager m = make_tiered(/*device_blocks=*/3, host_blocks, events);
+  prefill(m, 1, kPromptA);
+  REQUIRE(m.free(1).ok());             // device queue [2, 1, 0]: A1 is evicted before A0
+  prefill(m, 2, iota_tokens(5, 200));  // takes 2 and 1: A1 demoted to host 0
+  REQUIRE(m.free(2).ok());             // block 1 (partial) is clean again, block 2 cached
+  REQUIRE(m.device_pool().free_queue_order() == Blocks{1, 0, 2});
+  return m;
+}
+
 std::optional<BlockHash> host_hash(const KvCacheManager& m, BlockId h) {
   auto hash = m.host_pool().cached_hash(h);
   return hash.ok() ? std::optional(*hash) : std::nullopt;
@@ -129,9 +149,7 @@ TEST_CASE("a host hit is promoted with a copy, counts as a hit and leaves the ho
   events.take();
 
   // A + one token: no device hit; A0 in host 1, A1 in host 0 (verified after A0's copy).
-  std::vector<TokenId> a9 = a;
-  a9.push_back(999);
-  admit(m, 3, a9);
+  admit(m, 3, a_plus_one());
   REQUIRE(*m.match_prefix(3) == 8);
   // Two device blocks for the copies: 0 and 1, which held B2 and B1. Each trades places
   // with the host block promoted into it (an exchange): B2 goes to host 1, B1 to host 0,
@@ -179,19 +197,11 @@ TEST_CASE("a host hit is promoted with a copy, counts as a hit and leaves the ho
 
 TEST_CASE("a prefix hit runs from device blocks into host blocks", "[host_tier]") {
   KvEventBuffer events;
-  KvCacheManager m = make_tiered(/*device_blocks=*/3, /*host_blocks=*/2, &events);
-  const std::vector<TokenId> a = iota_tokens(8, 100);
-  const std::vector<BlockHash> ha = chain(a);
-  prefill(m, 1, a);
-  REQUIRE(m.free(1).ok());             // device queue [2, 1, 0]: A1 is evicted before A0
-  prefill(m, 2, iota_tokens(5, 200));  // takes 2 and 1: A1 demoted to host 0
-  REQUIRE(m.free(2).ok());             // block 1 (partial) is clean again, block 2 cached
-  REQUIRE(m.device_pool().free_queue_order() == Blocks{1, 0, 2});
+  KvCacheManager m = a0_on_device_a1_in_host(/*host_blocks=*/2, &events);
+  const std::vector<BlockHash> ha = chain(kPromptA);
   events.take();
 
-  std::vector<TokenId> a9 = a;
-  a9.push_back(999);
-  admit(m, 3, a9);
+  admit(m, 3, a_plus_one());
   REQUIRE(*m.match_prefix(3) == 8);  // A0 on the device, A1 from the host
   CHECK(table(m, 3) == Blocks{0, 1});
   CHECK(m.stats().host_hit_tokens == 4);
@@ -309,14 +319,8 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
   }
 
   SECTION("a host block a promotion reads is not reused until the step's copies are taken") {
-    KvCacheManager m = make_tiered(/*device_blocks=*/3, /*host_blocks=*/1, &events);
-    prefill(m, 1, a);
-    REQUIRE(m.free(1).ok());
-    prefill(m, 2, iota_tokens(5, 200));  // A1 -> host 0
-    REQUIRE(m.free(2).ok());
-    std::vector<TokenId> a9 = a;
-    a9.push_back(999);
-    admit(m, 3, a9);
+    KvCacheManager m = a0_on_device_a1_in_host(/*host_blocks=*/1, &events);
+    admit(m, 3, a_plus_one());
     REQUIRE(*m.match_prefix(3) == 8);  // A1 promoted from host 0 into device 1
     CHECK(m.host_pool().free_queue_order().empty());
     CHECK(m.stats().used_host_blocks == 1);
@@ -328,14 +332,8 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
   }
 
   SECTION("a device block a promotion fills is not reused before the step") {
-    KvCacheManager m = make_tiered(/*device_blocks=*/3, /*host_blocks=*/1, &events);
-    prefill(m, 1, a);
-    REQUIRE(m.free(1).ok());
-    prefill(m, 2, iota_tokens(5, 200));  // A1 -> host 0
-    REQUIRE(m.free(2).ok());
-    std::vector<TokenId> a9 = a;
-    a9.push_back(999);
-    admit(m, 3, a9);
+    KvCacheManager m = a0_on_device_a1_in_host(/*host_blocks=*/1, &events);
+    admit(m, 3, a_plus_one());
     REQUIRE(*m.match_prefix(3) == 8);
     REQUIRE(m.release_claim(3).ok());
     // Block 1 is the promotion's destination: parked, not in the free queue.
