@@ -117,7 +117,8 @@ class FreeQueue {
     prev_[b] = kDetached;
     next_[b] = kDetached;
     --size_;
-    if (--list_size_[list_[b]] == 0) nonempty_[list_[b] / 64] &= ~(uint64_t{1} << (list_[b] % 64));
+    const int32_t l = list_[b];
+    if (next_[head(l)] == tail(l)) nonempty_[l / 64] &= ~(uint64_t{1} << (l % 64));
   }
 
   // Iteration from head to tail across the lists: first(), then next(b) until it returns
@@ -131,7 +132,6 @@ class FreeQueue {
   // The link before b within its list, for the link-agreement check; kNoBlock at the
   // head of the list.
   BlockId prev_in_list(BlockId b) const { return prev_[b] < num_blocks_ ? prev_[b] : kNoBlock; }
-  int32_t list_size(int32_t l) const { return list_size_[l]; }
 
  private:
   static constexpr BlockId kDetached = -2;
@@ -161,7 +161,7 @@ class FreeQueue {
     prev_[after] = b;
     ++size_;
     list_[b] = static_cast<uint8_t>(l);
-    if (list_size_[l]++ == 0) nonempty_[l / 64] |= uint64_t{1} << (l % 64);
+    nonempty_[l / 64] |= uint64_t{1} << (l % 64);
   }
 
   int32_t num_blocks_;
@@ -171,8 +171,7 @@ class FreeQueue {
   std::vector<uint64_t> stamp_;  // per block: when it was last pushed to a priority list
   uint64_t last_stamp_ = 0;
   int32_t size_ = 0;
-  int32_t list_size_[kLists] = {};
-  uint64_t nonempty_[kWords] = {};
+  uint64_t nonempty_[kWords] = {};  // bit l: list l holds a block
 };
 
 }  // namespace pagedkv::internal
