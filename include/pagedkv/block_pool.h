@@ -264,8 +264,8 @@ class BlockPool {
                                       std::span<const uint64_t> extra_keys);
   bool marks_stale(BlockId block, BlockId parent);
   // Indexes the in-use `block`, which receives a copy of the cached block `from` of
-  // `source` (the other tier), under from's hash, contents and content key. The hash must
-  // not be indexed here.
+  // `source` (the other tier), under from's hash, contents, content key and retention. The
+  // hash must not be indexed here.
   void cache_copy_unchecked(BlockId block, const BlockPool& source, const EvictedBlock& from);
   void uncache_unchecked(BlockId block);
   void set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms);

@@ -407,6 +407,7 @@ class KvCacheManager {
   void record_copy(std::vector<BlockCopy>& ops, BlockCopy op, std::vector<uint32_t>* src_marks,
                    std::vector<uint32_t>* dst_marks);
   void release_deferred();
+  void release_hold(bool on_device, BlockId block);
   bool scheduled_this_step(const internal::Sequence& seq) const;
   void mark_scheduled(internal::Sequence& seq, int32_t settled_tokens);
   absl::Status check_pool_balance(const BlockPool& pool, bool host) const;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache/pending_copies.h"
 #include "cache/sequence.h"
 #include "common/status_macros.h"
 #include "pagedkv/kv_cache_manager.h"
@@ -126,22 +127,9 @@ absl::Status KvCacheManager::check_invariants() const {
 absl::Status KvCacheManager::check_pending_marks() const {
   std::vector<uint32_t> device(options_.num_blocks, 0);
   std::vector<uint32_t> host(options_.num_host_blocks, 0);
-  for (const BlockCopy& op : pending_copies_) {
-    ++device[op.src];
-    ++device[op.dst];
-  }
-  for (const BlockCopy& op : pending_swaps_.swap_out) ++host[op.dst];
-  for (const BlockCopy& op : pending_swaps_.demote) ++host[op.dst];
-  for (const auto* ops : {&pending_swaps_.swap_in, &pending_swaps_.promote}) {
-    for (const BlockCopy& op : *ops) {
-      ++host[op.src];
-      ++device[op.dst];
-    }
-  }
-  for (const BlockCopy& op : pending_swaps_.exchange) {
-    ++device[op.src];
-    ++host[op.dst];
-  }
+  const auto count = [&](bool on_device, BlockId b) { ++(on_device ? device : host)[b]; };
+  internal::for_each_held_block(std::span<const BlockCopy>(pending_copies_), count);
+  internal::for_each_held_block(pending_swaps_, count);
   if (device != device_pending_) return broken("device pending-copy counts disagree with the ops");
   if (host != host_pending_) return broken("host pending-copy counts disagree with the ops");
   for (const BlockCopy& op : pending_swaps_.promote) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/pending_copies.h"
 #include "cache/sequence.h"
 #include "common/check.h"
 #include "common/status_macros.h"
@@ -303,7 +304,6 @@ void KvCacheManager::promote_host_hits(Sequence& seq, int32_t max_blocks) {
     const bool written_this_step = host_pending_[h] > 0;
     if (e != nullptr && !written_this_step && !refresh_host_copy(*e)) {
       host_pool_.cache_copy_unchecked(h, device_pool_, *e);
-      host_pool_.copy_retention(h, *e);
       record_copy(pending_swaps_.exchange, {d, h, bs}, &device_pending_, &host_pending_);
       ++counters_.blocks_demoted;
     } else {
@@ -347,7 +347,6 @@ void KvCacheManager::demote_evicted() {
     BlockId h = kNoBlock;
     host_pool_.allocate_unchecked({&h, 1});
     host_pool_.cache_copy_unchecked(h, device_pool_, e);
-    host_pool_.copy_retention(h, e);
     record_copy(pending_swaps_.demote, {e.block, h, options_.block_size}, nullptr, &host_pending_);
     release_host_block(h);
     ++counters_.blocks_demoted;
@@ -788,10 +787,8 @@ void KvCacheManager::release_deferred() {
 }
 
 std::vector<BlockCopy> KvCacheManager::take_pending_copies() {
-  for (const BlockCopy& op : pending_copies_) {
-    --device_pending_[op.src];
-    --device_pending_[op.dst];
-  }
+  internal::for_each_held_block(std::span<const BlockCopy>(pending_copies_),
+                                [this](bool on_device, BlockId b) { release_hold(on_device, b); });
   std::vector<BlockCopy> taken = std::exchange(pending_copies_, {});
   release_deferred();
   ++step_;
@@ -799,22 +796,17 @@ std::vector<BlockCopy> KvCacheManager::take_pending_copies() {
 }
 
 SwapOps KvCacheManager::take_pending_swaps() {
-  for (const BlockCopy& op : pending_swaps_.swap_out) --host_pending_[op.dst];
-  for (const BlockCopy& op : pending_swaps_.demote) --host_pending_[op.dst];
-  for (const auto* ops : {&pending_swaps_.swap_in, &pending_swaps_.promote}) {
-    for (const BlockCopy& op : *ops) {
-      --host_pending_[op.src];
-      --device_pending_[op.dst];
-    }
-  }
-  for (const BlockCopy& op : pending_swaps_.exchange) {
-    --device_pending_[op.src];
-    --host_pending_[op.dst];
-  }
+  internal::for_each_held_block(pending_swaps_,
+                                [this](bool on_device, BlockId b) { release_hold(on_device, b); });
   SwapOps taken = std::exchange(pending_swaps_, {});
   release_deferred();
   ++step_;
   return taken;
+}
+
+// Drops one hold of a block a taken copy named (see cache/pending_copies.h).
+void KvCacheManager::release_hold(bool on_device, BlockId block) {
+  --(on_device ? device_pending_ : host_pending_)[block];
 }
 
 // --- lookups -----------------------------------------------------------------------------

@@ -431,6 +431,7 @@ void BlockPool::cache_copy_unchecked(BlockId block, const BlockPool& source,
   hash_index_->set_content_key(block, from.content_key);
   hash_index_->insert(block, from.hash, src.parent_key(from.block),
                       parent_hash ? &*parent_hash : nullptr, tokens, keys);
+  copy_retention(block, from);
   if (event_sink_ == nullptr) return;
   const BlockStored stored{.block_hashes = {from.hash},
                            .parent_hash = parent_hash,
