@@ -8,6 +8,7 @@ packages=(
   libabsl-dev libxxhash-dev libfmt-dev catch2 libbenchmark-dev
   clang libclang-rt-14-dev python3 python3-dev python3-venv
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev prometheus-cpp-dev curl
+  nlohmann-json3-dev clang-format
 )
 
 missing=()
