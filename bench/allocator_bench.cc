@@ -49,10 +49,7 @@ void check(const absl::Status& status) {
 
 // The engine's end of a scheduling step: it takes the step's copies (and would run them and
 // the step's kernels).
-void end_step(KvCacheManager& m) {
-  benchmark::DoNotOptimize(m.take_pending_swaps());
-  benchmark::DoNotOptimize(m.take_pending_copies());
-}
+void end_step(KvCacheManager& m) { benchmark::DoNotOptimize(m.take_step_ops()); }
 
 // Admission of a 1,024-token prompt whose first 512 tokens are a cached system prompt:
 // add_sequence, match_prefix (hash + verified lookup of 32 hit blocks and one miss),
@@ -91,7 +88,9 @@ BENCHMARK(BM_AdmitSharedPrefix);
 // reach 4,096 tokens they are freed and the batch restarts (untimed); `flush` empties the
 // prefix cache there, so that later steps allocate clean blocks instead of evicting the
 // cached ones.
-void run_decode_steps(benchmark::State& state, KvCacheManager& m, bool flush) {
+// With `batched`, a step is the two batched calls instead of two calls per sequence.
+void run_decode_steps(benchmark::State& state, KvCacheManager& m, bool flush,
+                      bool batched = false) {
   constexpr int kSeqs = 256;
   constexpr int kPrompt = 64;
   constexpr int kMaxLen = 4096;
@@ -107,6 +106,10 @@ void run_decode_steps(benchmark::State& state, KvCacheManager& m, bool flush) {
   admit_all();
   int length = kPrompt;
   const TokenId token[] = {7};
+  std::vector<SeqId> seqs(kSeqs);
+  std::iota(seqs.begin(), seqs.end(), SeqId{0});
+  const std::vector<TokenId> tokens(kSeqs, 7);
+  const int32_t one_token[] = {1};
   for (auto _ : state) {
     if (length == kMaxLen) {  // restart the batch, untimed
       state.PauseTiming();
@@ -116,10 +119,17 @@ void run_decode_steps(benchmark::State& state, KvCacheManager& m, bool flush) {
       length = kPrompt;
       state.ResumeTiming();
     }
-    for (SeqId s = 0; s < kSeqs; ++s) {
-      check(m.append_tokens(s, token));
-      auto slots = m.allocate_slots(s, 1);
-      benchmark::DoNotOptimize(slots);
+    if (batched) {
+      check(m.append_tokens_batch(seqs, tokens).status());
+      auto batch = m.allocate_slots_batch(seqs, one_token);
+      if (!batch.ok() || batch->num_failed != 0) std::abort();
+      benchmark::DoNotOptimize(batch);
+    } else {
+      for (SeqId s = 0; s < kSeqs; ++s) {
+        check(m.append_tokens(s, token));
+        auto slots = m.allocate_slots(s, 1);
+        benchmark::DoNotOptimize(slots);
+      }
     }
     end_step(m);
     ++length;
@@ -135,6 +145,13 @@ void BM_DecodeStep(benchmark::State& state) {
   run_decode_steps(state, m, /*flush=*/false);
 }
 BENCHMARK(BM_DecodeStep);
+
+// The same steps through append_tokens_batch() and allocate_slots_batch().
+void BM_DecodeStepBatched(benchmark::State& state) {
+  KvCacheManager m = make_manager(kDecodeBlocks);
+  run_decode_steps(state, m, /*flush=*/false, /*batched=*/true);
+}
+BENCHMARK(BM_DecodeStepBatched);
 
 // The A/B pair for the host tier's cost on the decode path: the same steps without
 // evictions, with no host tier and with one that is configured but idle (no eviction, so

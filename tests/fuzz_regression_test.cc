@@ -84,7 +84,7 @@ TEST_CASE("allocate_slots rejects a lookahead whose block count overflows int32"
   CHECK(m.sequence(1)->num_computed_tokens == 0);
 }
 
-// The engine runs a step's copies in the order take_pending_swaps() documents: swap-out,
+// The engine runs a step's copies in the order of StepOps (take_step_ops()): swap-out,
 // then copy-on-write copies, then swap-in. A block must therefore not be read by an earlier
 // group of that order before a later group writes it.
 bool intersects(const std::vector<BlockCopy>& readers, const std::vector<BlockCopy>& writers) {
@@ -103,11 +103,9 @@ KvCacheManager swapped_back_in() {
   const TokenId prompt[] = {1, 2, 3};
   REQUIRE(m.add_sequence(1, prompt).ok());
   REQUIRE(m.allocate_slots(1, 3).ok());
-  (void)m.take_pending_copies();  // step: prefill written
-  (void)m.take_pending_swaps();
+  (void)m.take_step_ops();  // step: prefill written
   REQUIRE(m.preempt(1, PreemptionMode::kSwap).ok());
-  (void)m.take_pending_copies();  // step: swap-out runs
-  (void)m.take_pending_swaps();
+  (void)m.take_step_ops();  // step: swap-out runs
   REQUIRE(m.swap_in(1).ok());
   return m;
 }
@@ -122,7 +120,7 @@ TEST_CASE("swap-out in the same step as a swap-in never reads the blocks still b
   KvCacheManager m = swapped_back_in();
   const absl::Status preempted = m.preempt(1, PreemptionMode::kSwap);
   if (!preempted.ok()) CHECK(preempted.code() == absl::StatusCode::kFailedPrecondition);
-  const SwapOps ops = m.take_pending_swaps();
+  const StepOps ops = m.take_step_ops();
   CHECK_FALSE(intersects(ops.swap_out, ops.swap_in));
 }
 
@@ -137,9 +135,8 @@ TEST_CASE("a copy-on-write copy never reads a block whose swap-in is still pendi
   // Fixed by refusing a copy-on-write of tokens this step has not written.
   const auto slots = m.allocate_slots(2, 1);
   if (!slots.ok()) CHECK(slots.status().code() == absl::StatusCode::kFailedPrecondition);
-  const std::vector<BlockCopy> copies = m.take_pending_copies();
-  const SwapOps swaps = m.take_pending_swaps();
-  CHECK_FALSE(intersects(copies, swaps.swap_in));
+  const StepOps ops = m.take_step_ops();
+  CHECK_FALSE(intersects(ops.copy_on_write, ops.swap_in));
 }
 
 TEST_CASE("swap-out in the same step as a copy-on-write never reads the copy's destination",
@@ -153,17 +150,16 @@ TEST_CASE("swap-out in the same step as a copy-on-write never reads the copy's d
   REQUIRE(m.add_sequence(1, prompt).ok());
   REQUIRE(m.allocate_slots(1, 3).ok());
   REQUIRE(m.fork(1, 2).ok());
-  (void)m.take_pending_copies();  // step: prefill written
+  (void)m.take_step_ops();  // step: prefill written
   const TokenId next[] = {9};
   REQUIRE(m.append_tokens(2, next).ok());
   REQUIRE(m.allocate_slots(2, 1).ok());  // CoW of block 1 into a new block
   // Fixed by refusing to preempt a sequence scheduled in this step.
   const absl::Status preempted = m.preempt(2, PreemptionMode::kSwap);
   if (!preempted.ok()) CHECK(preempted.code() == absl::StatusCode::kFailedPrecondition);
-  const SwapOps swaps = m.take_pending_swaps();
-  const std::vector<BlockCopy> copies = m.take_pending_copies();
-  REQUIRE(copies.size() == 1);
-  CHECK_FALSE(intersects(swaps.swap_out, copies));
+  const StepOps ops = m.take_step_ops();
+  REQUIRE(ops.copy_on_write.size() == 1);
+  CHECK_FALSE(intersects(ops.swap_out, ops.copy_on_write));
 }
 
 TEST_CASE("swap-out never reads a prefix-hit block that this step is still writing", "[fuzz]") {
@@ -185,8 +181,8 @@ TEST_CASE("swap-out never reads a prefix-hit block that this step is still writi
   REQUIRE(m.allocate_slots(2, 0).ok());
   const absl::Status preempted = m.preempt(2, PreemptionMode::kSwap);
   if (!preempted.ok()) CHECK(preempted.code() == absl::StatusCode::kFailedPrecondition);
-  const SwapOps swaps = m.take_pending_swaps();
-  for (const BlockCopy& op : swaps.swap_out) {
+  const StepOps ops = m.take_step_ops();
+  for (const BlockCopy& op : ops.swap_out) {
     INFO("swap-out reads block " << op.src);
     CHECK(std::find(written.begin(), written.end(), op.src) == written.end());
   }

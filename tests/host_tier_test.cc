@@ -125,10 +125,9 @@ TEST_CASE("an evicted cached block is demoted to a host block instead of being l
   CHECK(stored(e[4]).medium == Medium::kDevice);
 
   // The demote copies read the evicted device blocks before the step refills them.
-  const SwapOps swaps = m.take_pending_swaps();
+  const StepOps swaps = m.take_step_ops();
   CHECK(swaps.demote == Ops{{1, 0, kBlockSize}, {0, 1, kBlockSize}});
   CHECK(swaps.swap_out.empty());
-  m.take_pending_copies();
   require_valid(m);
   // Released after the step, in demotion order: host LRU order [0, 1].
   CHECK(m.host_pool().free_queue_order() == Blocks{0, 1});
@@ -185,11 +184,10 @@ TEST_CASE("a host hit is promoted with a copy, counts as a hit and leaves the ho
   // The rest of the prompt: one token into a new block, 2, evicting B0, which no host block
   // can take in this step (both are held for the exchanges): dropped.
   CHECK(allocate(m, 3, 1) == testing::Slots{8});
-  const SwapOps swaps = m.take_pending_swaps();
+  const StepOps swaps = m.take_step_ops();
   CHECK(swaps.exchange == Ops{{0, 1, kBlockSize}, {1, 0, kBlockSize}});
   CHECK(swaps.promote.empty());
   CHECK(swaps.demote.empty());
-  m.take_pending_copies();
   require_valid(m);
   // The host blocks return to the tier after the step, in exchange order.
   CHECK(m.host_pool().free_queue_order() == Blocks{1, 0});
@@ -212,8 +210,7 @@ TEST_CASE("a prefix hit runs from device blocks into host blocks", "[host_tier]"
   CHECK(removed(e[0]).medium == Medium::kHost);
   CHECK(stored(e[1]).block_hashes == std::vector{ha[1]});
   CHECK(stored(e[1]).parent_hash == ha[0]);
-  CHECK(m.take_pending_swaps().promote == Ops{{0, 1, kBlockSize}});
-  m.take_pending_copies();
+  CHECK(m.take_step_ops().promote == Ops{{0, 1, kBlockSize}});
   require_valid(m);
 }
 
@@ -260,8 +257,7 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     admit(m, 2, iota_tokens(8, 200));
     allocate(m, 2, 8);  // evicts A1, then A0: one host block, for A0 (more recently used)
     CHECK(m.stats().blocks_demoted == 1);
-    CHECK(m.take_pending_swaps().demote == Ops{{0, 0, kBlockSize}});
-    m.take_pending_copies();
+    CHECK(m.take_step_ops().demote == Ops{{0, 0, kBlockSize}});
     require_valid(m);
   }
 
@@ -281,11 +277,10 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     REQUIRE(*m.match_prefix(3) == 4);
     CHECK(host_hash(m, 0) == std::nullopt);
     CHECK(host_hash(m, 1) == chain(iota_tokens(4, 300))[0]);
-    const SwapOps swaps = m.take_pending_swaps();
+    const StepOps swaps = m.take_step_ops();
     CHECK(swaps.demote == Ops{{0, 0, kBlockSize}, {1, 1, kBlockSize}});
     CHECK(swaps.promote == Ops{{0, 1, kBlockSize}});
     CHECK(swaps.exchange.empty());
-    m.take_pending_copies();
     require_valid(m);
   }
 
@@ -310,11 +305,10 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     CHECK(table(m, 4) == Blocks{2, 0});
     CHECK(table(m, 5) == Blocks{1, 3});
     CHECK(m.stats().host_evictions == 1);
-    const SwapOps swaps = m.take_pending_swaps();
+    const StepOps swaps = m.take_step_ops();
     CHECK(swaps.demote == Ops{{0, 2, 1}, {1, 3, 1}, {3, 0, 1}});
     CHECK(swaps.exchange == Ops{{2, 1, 1}});
     CHECK(swaps.promote == Ops{{1, 1, 1}});
-    m.take_pending_copies();
     require_valid(m);
   }
 
@@ -324,9 +318,9 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     REQUIRE(*m.match_prefix(3) == 8);  // A1 promoted from host 0 into device 1
     CHECK(m.host_pool().free_queue_order().empty());
     CHECK(m.stats().used_host_blocks == 1);
-    REQUIRE(m.take_pending_copies().empty());  // not the promotion: host 0 stays held
-    CHECK(m.host_pool().free_queue_order().empty());
-    CHECK(m.take_pending_swaps().promote == Ops{{0, 1, kBlockSize}});
+    const StepOps ops = m.take_step_ops();
+    CHECK(ops.copy_on_write.empty());
+    CHECK(ops.promote == Ops{{0, 1, kBlockSize}});
     CHECK(m.host_pool().free_queue_order() == Blocks{0});
     require_valid(m);
   }

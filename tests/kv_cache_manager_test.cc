@@ -187,18 +187,18 @@ TEST_CASE("fork shares blocks, and appending to a shared partial block copies it
     REQUIRE(m.append_tokens(2, std::vector<TokenId>{9}).ok());
     REQUIRE(allocate(m, 2, 1) == Slots{2 * 4 + 2});
     REQUIRE(table(m, 2) == Blocks{0, 2});
-    REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{1, 2, 2}});
+    REQUIRE(m.take_step_ops().copy_on_write == std::vector<BlockCopy>{{1, 2, 2}});
     // The parent now owns block 1 alone: no second copy.
     REQUIRE(m.append_tokens(1, std::vector<TokenId>{8}).ok());
     REQUIRE(allocate(m, 1, 1) == Slots{1 * 4 + 2});
-    REQUIRE(m.take_pending_copies().empty());
+    REQUIRE(m.take_step_ops().copy_on_write.empty());
   }
   SECTION("the parent appends") {
     REQUIRE(m.append_tokens(1, std::vector<TokenId>{8}).ok());
     REQUIRE(allocate(m, 1, 1) == Slots{2 * 4 + 2});
     REQUIRE(table(m, 1) == Blocks{0, 2});
     REQUIRE(table(m, 2) == Blocks{0, 1});
-    REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{1, 2, 2}});
+    REQUIRE(m.take_step_ops().copy_on_write == std::vector<BlockCopy>{{1, 2, 2}});
   }
   REQUIRE(m.stats().cow_copies == 1);
   REQUIRE(*m.device_pool().ref_count(0) == 2);  // the full block stays shared
@@ -212,7 +212,7 @@ TEST_CASE("full blocks are never copied") {
   REQUIRE(m.fork(1, 2).ok());
   REQUIRE(m.append_tokens(2, std::vector<TokenId>{1}).ok());
   REQUIRE(allocate(m, 2, 1) == Slots{2 * 4});
-  REQUIRE(m.take_pending_copies().empty());
+  REQUIRE(m.take_step_ops().copy_on_write.empty());
   REQUIRE(m.stats().cow_copies == 0);
   require_valid(m);
 }
@@ -228,7 +228,7 @@ TEST_CASE("a block named by a pending copy is released only after the copies are
   REQUIRE(m.free(1).ok());  // block 0 is the pending copy's source
   require_valid(m);
   REQUIRE(*m.device_pool().ref_count(0) == 1);
-  REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{0, 1, 2}});
+  REQUIRE(m.take_step_ops().copy_on_write == std::vector<BlockCopy>{{0, 1, 2}});
   REQUIRE(*m.device_pool().ref_count(0) == 0);
   require_valid(m);
 }
@@ -324,7 +324,7 @@ TEST_CASE("swap preemption moves blocks to the host pool and swap_in restores th
   REQUIRE(m.stats().used_host_blocks == 3);
   require_error(m.allocate_slots(1, 0).status(), absl::StatusCode::kFailedPrecondition, "swapped");
 
-  SwapOps out = m.take_pending_swaps();
+  StepOps out = m.take_step_ops();
   REQUIRE(out.swap_out == std::vector<BlockCopy>{{device_before[0], 0, 2},
                                                  {device_before[1], 1, 2},
                                                  {device_before[2], 2, 1}});
@@ -339,7 +339,7 @@ TEST_CASE("swap preemption moves blocks to the host pool and swap_in restores th
   REQUIRE(m.swap_in(1).ok());
   require_valid(m);
   const Blocks device_after = table(m, 1);
-  SwapOps in = m.take_pending_swaps();
+  StepOps in = m.take_step_ops();
   REQUIRE(in.swap_in == std::vector<BlockCopy>{{0, device_after[0], 2},
                                                {1, device_after[1], 2},
                                                {2, device_after[2], 1}});
@@ -421,7 +421,7 @@ TEST_CASE("a prefix hit on blocks filled in this step counts as scheduled in thi
                 "scheduled in this step");
   end_step(m);
   REQUIRE(m.preempt(2, PreemptionMode::kSwap).ok());
-  REQUIRE(m.take_pending_swaps().swap_out == std::vector<BlockCopy>{{0, 0, 4}, {1, 1, 4}});
+  REQUIRE(m.take_step_ops().swap_out == std::vector<BlockCopy>{{0, 0, 4}, {1, 1, 4}});
   require_valid(m);
 }
 
@@ -437,7 +437,7 @@ TEST_CASE("copy-on-write never copies tokens this step has not written") {
   REQUIRE(snapshot(m, {1, 2}) == before);
   end_step(m);
   REQUIRE(allocate(m, 2, 1) == Slots{2 * 4 + 2});
-  REQUIRE(m.take_pending_copies() == std::vector<BlockCopy>{{1, 2, 2}});
+  REQUIRE(m.take_step_ops().copy_on_write == std::vector<BlockCopy>{{1, 2, 2}});
 }
 
 TEST_CASE("freeing a sequence in the step that filled its blocks keeps them out of the cache") {

@@ -111,8 +111,7 @@ int64_t replay_hit_tokens(const std::vector<TraceRequest>& requests, int32_t num
     const auto slots = m.allocate_slots(id, static_cast<int32_t>(prompt.size()) - *cached);
     INFO("request " << id << ": " << slots.status());
     REQUIRE(slots.ok());
-    (void)m.take_pending_swaps();
-    (void)m.take_pending_copies();
+    (void)m.take_step_ops();
     REQUIRE(m.free(id).ok());
     ++id;
   }

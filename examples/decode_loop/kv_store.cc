@@ -194,16 +194,7 @@ class PagedKvStore final : public KvStore {
     return absl::OkStatus();
   }
 
-  absl::Status execute(const pagedkv::SwapOps& swaps,
-                       std::span<const pagedkv::BlockCopy> copies) override {
-    absl::Status status = storage_.swap_out(swaps.swap_out);
-    if (status.ok()) status = storage_.demote(swaps.demote);
-    if (status.ok()) status = storage_.exchange(swaps.exchange);
-    if (status.ok()) status = storage_.copy_blocks(copies);
-    if (status.ok()) status = storage_.swap_in(swaps.swap_in);
-    if (status.ok()) status = storage_.promote(swaps.promote);
-    return status;
-  }
+  absl::Status execute(const pagedkv::StepOps& ops) override { return storage_.run_step_ops(ops); }
 
   absl::Status set_batch(std::span<const int64_t> slots, const pagedkv::BlockTables& tables,
                          std::span<const int32_t> qo_indptr, int32_t max_query_len) override {

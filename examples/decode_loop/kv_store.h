@@ -3,8 +3,8 @@
 // The KV bytes and the kernels that read and write them, as the engine sees them: the
 // paged K/V pools of every layer, the host pool (swapped blocks and the prefix cache's host
 // tier), and per step
-//   execute()    the step's copies in the order the manager documents (SwapOps): swap-out,
-//                demote and exchange, then copy-on-write, then swap-in and promote
+//   execute()    the step's copies in the order of pagedkv::StepOps: swap-out, demote and
+//                exchange, then copy-on-write, then swap-in and promote
 //   set_batch()  the batch's slot mapping and block tables (uploaded once per forward)
 //   attend()     per layer: write_kv of the new tokens, then paged decode attention (one
 //                query per sequence) or paged extend attention (prefill of the uncached
@@ -41,12 +41,11 @@ class KvStore {
                                                          const KvFormat& format, int32_t num_blocks,
                                                          int32_t num_host_blocks);
 
-  // Runs the step's block copies: swaps.swap_out, swaps.demote and swaps.exchange (they
-  // read device blocks this step may refill), then copies, then swaps.swap_in and
-  // swaps.promote (they write device blocks). An exchange or promotion may read a host
-  // block this step's demotion wrote.
-  virtual absl::Status execute(const pagedkv::SwapOps& swaps,
-                               std::span<const pagedkv::BlockCopy> copies) = 0;
+  // Runs the step's block copies in StepOps' order: swap_out, demote and exchange (they
+  // read device blocks this step may refill), then copy_on_write, swap_in and promote
+  // (they write device blocks). An exchange or promotion may read a host block this
+  // step's demotion wrote.
+  virtual absl::Status execute(const pagedkv::StepOps& ops) = 0;
 
   // The batch the next attend() calls see. `qo_indptr` empty: a decode batch (one new token
   // per sequence); else [num_seqs + 1] rows of each sequence's new tokens (prefill).

@@ -239,29 +239,23 @@ absl::Status Engine::schedule_waiting() {
 // --- execution -------------------------------------------------------------------------------
 
 absl::Status Engine::execute_kv_ops() {
-  // Both every step: the manager defers releasing blocks named by pending copies until the
-  // engine has taken them.
-  pagedkv::SwapOps swaps = manager_->take_pending_swaps();
-  std::vector<pagedkv::BlockCopy> copies = manager_->take_pending_copies();
-  if (options_.fault == Fault::kSkipCopies) copies.clear();
-  if (options_.fault == Fault::kSkipSwapIn) swaps.swap_in.clear();
+  pagedkv::StepOps ops = manager_->take_step_ops();
+  if (options_.fault == Fault::kSkipCopies) ops.copy_on_write.clear();
+  if (options_.fault == Fault::kSkipSwapIn) ops.swap_in.clear();
   if (options_.fault == Fault::kSkipPromote) {
-    swaps.promote.clear();
-    swaps.exchange.clear();
+    ops.promote.clear();
+    ops.exchange.clear();
   }
-  stats_.swap_out_blocks_executed += static_cast<int64_t>(swaps.swap_out.size());
-  stats_.swap_in_blocks_executed += static_cast<int64_t>(swaps.swap_in.size());
-  stats_.cow_copies_executed += static_cast<int64_t>(copies.size());
-  stats_.demote_blocks_executed += static_cast<int64_t>(swaps.demote.size());
-  stats_.promote_blocks_executed += static_cast<int64_t>(swaps.promote.size());
-  stats_.exchange_blocks_executed += static_cast<int64_t>(swaps.exchange.size());
-  if (swaps.swap_out.empty() && swaps.swap_in.empty() && swaps.demote.empty() &&
-      swaps.promote.empty() && swaps.exchange.empty() && copies.empty()) {
-    return absl::OkStatus();
-  }
-  absl::Status status = store_->execute(swaps, copies);
+  stats_.swap_out_blocks_executed += static_cast<int64_t>(ops.swap_out.size());
+  stats_.swap_in_blocks_executed += static_cast<int64_t>(ops.swap_in.size());
+  stats_.cow_copies_executed += static_cast<int64_t>(ops.copy_on_write.size());
+  stats_.demote_blocks_executed += static_cast<int64_t>(ops.demote.size());
+  stats_.promote_blocks_executed += static_cast<int64_t>(ops.promote.size());
+  stats_.exchange_blocks_executed += static_cast<int64_t>(ops.exchange.size());
+  if (ops.empty()) return absl::OkStatus();
+  absl::Status status = store_->execute(ops);
   if (status.ok() && options_.fault == Fault::kCorruptSwapIn) {
-    status = corrupt_swapped_in(swaps.swap_in);
+    status = corrupt_swapped_in(ops.swap_in);
   }
   return status;
 }

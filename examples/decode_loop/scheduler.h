@@ -10,9 +10,9 @@
 //              3. waiting sequences (new, or preempted by recompute): add_sequence,
 //                 match_prefix (device hits, then host-tier hits it promotes),
 //                 allocate_slots for the uncached part
-//   move KV    take_pending_swaps() and take_pending_copies(), executed by the KV store
-//              before any write (both take_* every step), in this order: swap_out,
-//              demote and exchange, copy-on-write copies, swap_in and promote
+//   move KV    take_step_ops(), executed by the KV store before any write, in StepOps'
+//              order: swap_out, demote and exchange, copy-on-write copies, swap_in and
+//              promote
 //   compute    prefill batch: write_kv + paged_extend_attention per layer
 //              decode batch:  write_kv + paged_decode_attention per layer, batched tables
 //   commit     pick tokens (greedy or keyed sampling), fork samples after a prompt's

@@ -3,7 +3,7 @@
 //
 // Each step decodes one token for every running sequence (preempting by recompute when
 // blocks run out), frees finished sequences, admits waiting ones with a prefix match, ends
-// the step (take_pending_*) and hands the step's events to the publisher. Prompts share a
+// the step (take_step_ops()) and hands the step's events to the publisher. Prompts share a
 // few "system prompts", half of them under a tenant salt (extra keys), so the prefix cache
 // hits, evicts and splits by salt. With --host-blocks, evicted blocks are demoted to the
 // host tier and promoted back on a hit, so the events carry both media.
@@ -137,8 +137,7 @@ class Engine {
     if (step_index == flags_.reset_at_step) manager_.reset_prefix_cache();
     if (!decode()) return false;
     admit();
-    manager_.take_pending_copies();
-    manager_.take_pending_swaps();
+    (void)manager_.take_step_ops();
     return manager_.check_invariants().ok();
   }
 

@@ -325,10 +325,7 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
 
   absl::Status check_invariants() const override { return manager_->check_invariants(); }
 
-  void run_copies() override {
-    (void)manager_->take_pending_swaps();
-    (void)manager_->take_pending_copies();
-  }
+  void run_copies() override { (void)manager_->take_step_ops(); }
 
   absl::Status append(SeqId seq, TokenId token) override {
     return manager_->append_tokens(seq, std::span<const TokenId>(&token, 1));

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -71,6 +72,12 @@ class BlockPool {
     Medium medium = Medium::kDevice;    // what the pool's events say it is
     // Milliseconds for retention durations; empty: std::chrono::steady_clock.
     std::function<int64_t()> clock = nullptr;
+    // For a device pool with a host tier: allocation logs the cached blocks it evicts
+    // (take_evictions()), and the index keeps parent hashes for their demoted copies.
+    bool log_evictions = false;
+    // Content keys are drawn from here on (> 0). Two pools whose blocks are copied into
+    // each other draw from disjoint ranges, so that different contents never share a key.
+    uint64_t first_content_key = 1;
   };
 
   struct Stats {
@@ -103,13 +110,7 @@ class BlockPool {
   //
   // Adds a reference to `block` (a prefix hit). A free block leaves the free queue.
   // Errors: InvalidArgument for an id outside [0, num_blocks).
-  [[nodiscard]] absl::Status touch(BlockId block) {
-    if (!valid_id(block)) [[unlikely]] {
-      return id_error(block, "touch");
-    }
-    touch_unchecked(block);
-    return absl::OkStatus();
-  }
+  [[nodiscard]] absl::Status touch(BlockId block);
 
   // BlockPool::free()
   //
@@ -216,18 +217,16 @@ class BlockPool {
   // the first broken clause and its values.
   [[nodiscard]] absl::Status check_invariants() const;
 
- private:
-  // KvCacheManager validates its own arguments and holds only ids from this pool: it uses
-  // the unchecked versions below on its hot paths.
-  friend class KvCacheManager;
-
-  explicit BlockPool(const Options& options);
+  // --- For the allocator's own parts ------------------------------------------------
+  // KvCacheManager and its parts validate their arguments and hold only ids of this pool,
+  // so their hot paths use these unchecked calls. Preconditions are the checked calls'
+  // (ids in range, blocks in use where those need it), asserted only in debug builds.
 
   static constexpr uint8_t kNoPriority = 0xff;  // no retention set: the default applies
 
-  // A cached block that allocation evicted and whose hash left the index: the manager
-  // demotes it to the host tier. Its parent, tokens and extra keys stay readable in the
-  // index until the block is cached again.
+  // A cached block that allocation evicted and whose hash left the index (logged only
+  // with Options::log_evictions): the host tier demotes it. Its contents stay readable
+  // (cached_contents()) until the block is cached again.
   struct EvictedBlock {
     BlockId block = kNoBlock;
     BlockHash hash;
@@ -235,6 +234,62 @@ class BlockPool {
     uint8_t priority = kNoPriority;  // its retention, for the copy
     int64_t duration_ms = 0;
   };
+  // What verifies a cached (or evicted, see EvictedBlock) block: the content key of its
+  // parent, its tokens and extra keys, and its parent's hash (with log_evictions only).
+  struct CachedContents {
+    uint64_t parent_key = 0;
+    std::span<const TokenId> tokens;
+    std::span<const uint64_t> extra_keys;
+    std::optional<BlockHash> parent_hash;
+  };
+
+  void allocate_unchecked(std::span<BlockId> out);
+  void touch_unchecked(BlockId block);
+  void free_unchecked(std::span<const BlockId> blocks_in_eviction_order);
+  // free_unchecked() of one block, for callers that release blocks one by one as a single
+  // free: `last_clean` (kNoBlock at the start) carries where the next clean block goes.
+  void release_unchecked(BlockId block, BlockId& last_clean);
+  int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
+  BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
+                                std::span<const TokenId> tokens,
+                                std::span<const uint64_t> extra_keys) const;
+  int32_t cache_full_blocks_unchecked(std::span<const BlockId> blocks,
+                                      std::span<const BlockHash> hashes, BlockId parent,
+                                      const BlockHash* parent_hash, std::span<const TokenId> tokens,
+                                      std::span<const uint64_t> extra_keys);
+  void uncache_unchecked(BlockId block);
+  void set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms);
+  // reset_prefix_cache(), emitting AllBlocksCleared only when `emit_event` (one event
+  // for two tiers).
+  void reset_prefix_cache(bool emit_event);
+
+  // The host tier's interface: evictions, lookups by content key, imported copies.
+  bool has_evictions() const { return !evicted_.empty(); }
+  // Moves the evictions logged since the last call into `out` (cleared first).
+  void take_evictions(std::vector<EvictedBlock>& out) {
+    out.clear();
+    out.swap(evicted_);
+  }
+  // The block indexed under `hash`, or kNoBlock; unverified.
+  BlockId indexed_block(const BlockHash& hash) const;
+  // Whether the cached `block` holds `tokens` and `extra_keys` after the contents
+  // `parent_key` names.
+  bool holds_contents(BlockId block, uint64_t parent_key, std::span<const TokenId> tokens,
+                      std::span<const uint64_t> extra_keys) const;
+  CachedContents cached_contents(BlockId block) const;
+  // The key naming `block`'s contents, in this pool and in a tier it is copied to.
+  uint64_t content_key(BlockId block) const;
+  void set_content_key(BlockId block, uint64_t key);
+  // Indexes the in-use `block`, which receives a copy of `from`, a cached block of
+  // `source` (the other tier), under from's hash, contents, content key and retention. The
+  // hash must not be indexed here.
+  void import_copy(BlockId block, const BlockPool& source, const EvictedBlock& from);
+  // Gives the in-use `block` the retention of the evicted block it copies, if any.
+  void copy_retention(BlockId block, const EvictedBlock& from);
+
+ private:
+  explicit BlockPool(const Options& options);
+
   struct Expiry {
     int64_t time_ms = 0;
     BlockId block = kNoBlock;
@@ -246,40 +301,17 @@ class BlockPool {
   absl::Status id_error(BlockId block, const char* caller) const;  // InvalidArgument
   void enqueue_freed(BlockId block, BlockId& last_clean);
   void undo_free(std::span<const BlockId> freed);
-  void allocate_unchecked(std::span<BlockId> out);
-  void touch_unchecked(BlockId block);
-  void free_unchecked(std::span<const BlockId> blocks_in_eviction_order);
-  // free_unchecked() of one block, for callers that release blocks one by one as a single
-  // free: `last_clean` (kNoBlock at the start) carries where the next clean block goes.
-  void release_unchecked(BlockId block, BlockId& last_clean);
-  BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
-                                std::span<const TokenId> tokens,
-                                std::span<const uint64_t> extra_keys) const;
   absl::Status check_cache_request(std::span<const BlockId> blocks, size_t num_hashes,
                                    BlockId parent, std::span<const TokenId> tokens,
                                    const char* caller) const;
-  int32_t cache_full_blocks_unchecked(std::span<const BlockId> blocks,
-                                      std::span<const BlockHash> hashes, BlockId parent,
-                                      const BlockHash* parent_hash, std::span<const TokenId> tokens,
-                                      std::span<const uint64_t> extra_keys);
   bool marks_stale(BlockId block, BlockId parent);
-  // Indexes the in-use `block`, which receives a copy of the cached block `from` of
-  // `source` (the other tier), under from's hash, contents, content key and retention. The
-  // hash must not be indexed here.
-  void cache_copy_unchecked(BlockId block, const BlockPool& source, const EvictedBlock& from);
-  void uncache_unchecked(BlockId block);
-  void set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms);
-  // Gives the in-use `block` the retention of the evicted block it copies, if any.
-  void copy_retention(BlockId block, const EvictedBlock& from);
   int32_t priority_of(BlockId block) const;
   int64_t duration_of(BlockId block) const;
   void clear_retention(BlockId block);
   void schedule_expiry(BlockId block);
   void expire_retention();
   int64_t now_ms() const;
-  void reset_prefix_cache(bool emit_event);
   void emit_removed(const BlockHash& hash);
-  int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
 
   // Invariants (checked by check_invariants()):
   //   used_blocks_ + free_clean + cached_free_blocks_ == num_blocks_
@@ -302,8 +334,7 @@ class BlockPool {
   std::vector<uint8_t> priority_;
   absl::flat_hash_map<BlockId, int64_t> durations_ms_;
   std::vector<Expiry> expiries_;  // min-heap by time; entries of re-queued blocks are stale
-  // With a host tier (set by KvCacheManager), allocate() reports evicted blocks here.
-  bool log_evictions_ = false;
+  bool log_evictions_ = false;    // Options::log_evictions
   std::vector<EvictedBlock> evicted_;
   std::unique_ptr<internal::FreeQueue> free_queue_;
   std::unique_ptr<internal::HashIndex> hash_index_;

@@ -52,11 +52,14 @@
 #include "pagedkv/block_table.h"
 #include "pagedkv/kv_events.h"
 #include "pagedkv/retention.h"
+#include "pagedkv/step_ops.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv {
 namespace internal {
 struct Sequence;
+class StepLedger;
+class HostTier;
 }  // namespace internal
 
 enum class PreemptionMode {
@@ -68,21 +71,6 @@ enum class SequenceState {
   kWaiting,  // holds no blocks: new, or preempted by recompute
   kRunning,  // holds device blocks
   kSwapped,  // holds host blocks only
-};
-
-// The step's copies between device and host blocks. Run them before the step's kernels in
-// this order: swap_out, demote and exchange (they read device blocks the step may refill),
-// then the copy-on-write copies (take_pending_copies()), then swap_in and promote. Copies
-// within one list may run concurrently; a promotion may read a host block that a demotion
-// or exchange of the same step wrote, never one it will write.
-struct SwapOps {
-  std::vector<BlockCopy> swap_out;  // device src -> host dst: a preempted sequence's K/V
-  std::vector<BlockCopy> swap_in;   // host src -> device dst: a swapped sequence resumes
-  std::vector<BlockCopy> demote;    // device src -> host dst: an evicted cached block
-  std::vector<BlockCopy> promote;   // host src -> device dst: a prefix hit in the host tier
-  // device src <-> host dst: a host hit promoted into a device block whose evicted cached
-  // contents are demoted into the host block it vacates (both copies at once).
-  std::vector<BlockCopy> exchange;
 };
 
 // What a victim policy sees of each candidate.
@@ -107,7 +95,7 @@ using VictimPolicy = std::function<std::optional<Preemption>(std::span<const Seq
                                                              SeqId requester)>;
 
 // The engine's side of preemption: called after the victim's blocks are released (recompute)
-// or scheduled for copy to the host (swap, see take_pending_swaps()).
+// or scheduled for copy to the host (swap, see take_step_ops()).
 class PreemptionHooks {
  public:
   virtual ~PreemptionHooks() = default;
@@ -152,8 +140,8 @@ class KvCacheManager {
     // caches in the rest (see kv_storage.h). 0 disables both.
     int32_t num_host_blocks = 0;
     // Host tier of the prefix cache: a cached device block that eviction takes is demoted
-    // to a host block (SwapOps::demote) instead of being lost; match_prefix() continues
-    // from device hits into host hits and promotes them (SwapOps::promote). Needs prefix
+    // to a host block (StepOps::demote) instead of being lost; match_prefix() continues
+    // from device hits into host hits and promotes them (StepOps::promote). Needs prefix
     // caching and num_host_blocks > 0.
     bool enable_host_cache = false;
     int32_t max_model_len = 1 << 20;  // most tokens one sequence may hold
@@ -229,9 +217,9 @@ class KvCacheManager {
   // Returns 0 with prefix caching off. Counts prefix query and hit tokens.
   // With the host tier, the prefix continues past the device hits into host hits, as far
   // as free device blocks allow (leaving watermark_blocks free while others run): each is
-  // promoted into a new device block (a SwapOps::promote copy, so the sequence counts as
+  // promoted into a new device block (a StepOps::promote copy, so the sequence counts as
   // scheduled in this step) and leaves the host tier. When that device block held an
-  // evicted cached block, the two trade places (a SwapOps::exchange copy): promotions never
+  // evicted cached block, the two trade places (a StepOps::exchange copy): promotions never
   // evict host-tier blocks.
   // Errors: NotFound; FailedPrecondition unless the sequence is waiting.
   [[nodiscard]] absl::StatusOr<int32_t> match_prefix(SeqId seq);
@@ -243,7 +231,7 @@ class KvCacheManager {
   // marks the new tokens computed, enters newly filled full blocks into the prefix index,
   // and returns the slot mapping (block * block_size + offset) of the new tokens. A shared
   // partially filled last block is copied first (copy-on-write, see
-  // take_pending_copies()). A waiting sequence's first call is its admission: while
+  // take_step_ops()). A waiting sequence's first call is its admission: while
   // another sequence is running it must leave watermark_blocks free (headroom for the
   // running ones to grow); with none running it may use every block, so a sequence
   // preempted after growing past num_blocks - watermark_blocks can always come back.
@@ -274,7 +262,7 @@ class KvCacheManager {
   // and it is waiting again with all its tokens to recompute. Swap: host blocks are
   // allocated, swap-out copies recorded, device blocks freed; it is swapped. Calls the
   // hooks. Errors: NotFound; FailedPrecondition unless running, or when the sequence was
-  // scheduled in this step (it got slots or was swapped in since the last take_pending_*()):
+  // scheduled in this step (it got slots or was swapped in since the last take_step_ops()):
   // its new K/V is not written yet, so neither a swap-out nor a later prefix hit could
   // read it; ResourceExhausted when the host pool lacks blocks for a swap.
   [[nodiscard]] absl::Status preempt(SeqId seq, PreemptionMode mode);
@@ -315,20 +303,48 @@ class KvCacheManager {
   // Errors: NotFound.
   [[nodiscard]] absl::Status free(SeqId seq);
 
-  // KvCacheManager::take_pending_copies() / take_pending_swaps()
+  // KvCacheManager::allocate_slots_batch()
   //
-  // The copies recorded since the last call: copy-on-write copies, and the swap and host
-  // tier copies. Run them every step, before the step's K/V writes, in this order:
-  // swap_out, demote and exchange, copies, swap_in and promote. Copies within one list may
-  // run concurrently.
-  // Taking the ops ends the step's scheduling: sequences scheduled before it count as
-  // computed from then on (they may be preempted or forked again).
-  // NOTE: a block released while a pending copy still names it (a copy-on-write source
-  // whose sibling finished, a host block a swap-in or promotion reads or a demotion fills)
-  // is held back until the engine has taken the ops. Call both every step, or blocks stay
-  // held.
-  std::vector<BlockCopy> take_pending_copies();
-  SwapOps take_pending_swaps();
+  // allocate_slots() (or allocate_slots_or_preempt() when `preempt`) for every sequence of
+  // `seqs`, in order, in one call: a decode step is append_tokens_batch() and this.
+  // `num_new_tokens` holds one count per sequence, or one count for all (1 for a decode
+  // step). Each sequence succeeds or fails on its own, as the single call would; a
+  // sequence that an earlier entry of the batch preempted fails with FailedPrecondition
+  // instead of being admitted again. The result's spans are valid until the next
+  // non-const call. Errors (nothing changes): InvalidArgument when num_new_tokens has
+  // neither 1 nor seqs.size() entries.
+  struct SlotBatch {
+    // The sequences' slot mappings concatenated, max(count, 0) entries each; -1 in the
+    // entries of a sequence that failed.
+    std::span<const int64_t> slots;
+    std::span<const absl::Status> statuses;  // per sequence
+    int32_t num_failed = 0;
+  };
+  [[nodiscard]] absl::StatusOr<SlotBatch> allocate_slots_batch(
+      std::span<const SeqId> seqs, std::span<const int32_t> num_new_tokens,
+      int32_t num_lookahead = 0, bool preempt = false);
+
+  // KvCacheManager::append_tokens_batch()
+  //
+  // append_tokens() for every sequence of `seqs`: one token each (tokens[i] for sequence
+  // i) when `indptr` is empty, else tokens[indptr[i], indptr[i + 1]). Returns the status
+  // of each, valid until the next non-const call. Errors (nothing changes):
+  // InvalidArgument when tokens (without indptr) or indptr (seqs.size() + 1 entries) has
+  // the wrong size, or an indptr range is not a range of `tokens`.
+  [[nodiscard]] absl::StatusOr<std::span<const absl::Status>> append_tokens_batch(
+      std::span<const SeqId> seqs, std::span<const TokenId> tokens,
+      std::span<const int32_t> indptr = {});
+
+  // KvCacheManager::take_step_ops()
+  //
+  // Ends the step: returns every copy recorded since the last call (swap and host-tier
+  // copies, copy-on-write), in the lists of StepOps. Run them every step, in StepOps'
+  // order, before the step's K/V writes (KvStorage::run_step_ops() does). Sequences
+  // scheduled before the call count as computed from then on (they may be preempted or
+  // forked again), and blocks released while a pending copy still named them (a
+  // copy-on-write source whose sibling finished, a host block a swap-in or promotion
+  // reads or a demotion fills) are free again.
+  [[nodiscard]] StepOps take_step_ops();
 
   // KvCacheManager::build_block_tables()
   //
@@ -389,30 +405,19 @@ class KvCacheManager {
                                                                int32_t num_lookahead);
   void allocate_new_blocks(internal::Sequence& seq, int32_t new_blocks, bool copy_on_write,
                            int32_t write_block, int32_t valid_tokens);
+  void allocate_device_blocks(std::span<BlockId> out);
   std::optional<Preemption> choose_victim(SeqId requester) const;
   bool release_one_claim(SeqId requester);
   void drop_claim(internal::Sequence& seq);
   void unshare_unwritten_blocks(internal::Sequence& seq);
   void set_state(internal::Sequence& seq, SequenceState state);
   void hash_full_blocks(internal::Sequence& seq, int32_t num_full_blocks);
-  void promote_host_hits(internal::Sequence& seq, int32_t max_blocks);
-  void allocate_device_blocks(std::span<BlockId> out);
-  void demote_evicted();
-  bool refresh_host_copy(const BlockPool::EvictedBlock& e);
   void apply_retention(const internal::Sequence& seq);
-  void release_host_block(BlockId block);
   void offer_computed_blocks(internal::Sequence& seq);
   void release_device_blocks(internal::Sequence& seq);
   void release_host_blocks(internal::Sequence& seq);
-  void record_copy(std::vector<BlockCopy>& ops, BlockCopy op, std::vector<uint32_t>* src_marks,
-                   std::vector<uint32_t>* dst_marks);
-  void release_deferred();
-  void release_hold(bool on_device, BlockId block);
-  bool scheduled_this_step(const internal::Sequence& seq) const;
-  void mark_scheduled(internal::Sequence& seq, int32_t settled_tokens);
   absl::Status check_pool_balance(const BlockPool& pool, bool host) const;
-  absl::Status check_pending_marks() const;
-  absl::Status check_host_tier() const;
+  absl::Status check_host_blocks() const;
   absl::StatusOr<const internal::Sequence*> running_sequence(SeqId seq, const char* caller) const;
   absl::Status resolve_running(std::span<const SeqId> seqs, const char* caller) const;
   void fill_padded(int32_t max_blocks, std::span<int32_t> block_table,
@@ -424,28 +429,21 @@ class KvCacheManager {
   BlockPool device_pool_;
   BlockPool host_pool_;
   absl::flat_hash_map<SeqId, std::unique_ptr<internal::Sequence>> sequences_;
+  // Pending copies, holds and write marks of the step (src/cache/step_ledger.h).
+  std::unique_ptr<internal::StepLedger> ledger_;
+  std::unique_ptr<internal::HostTier> host_tier_;  // null without Options::enable_host_cache
   int64_t next_arrival_ = 0;
   int32_t num_running_ = 0;            // sequences in state kRunning; kept by set_state()
   std::vector<int64_t> slot_mapping_;  // returned by allocate_slots()
   std::vector<BlockId> scratch_blocks_;
-  std::vector<BlockId> scratch_host_;
   // The batch of the block-table call in progress, resolved once by resolve_running().
   mutable std::vector<const internal::Sequence*> batch_;
-  std::vector<BlockCopy> pending_copies_;
-  SwapOps pending_swaps_;
-  // Counts steps: each take_pending_*() ends one. Starts at 1 so new sequences are settled.
-  uint64_t step_ = 1;
-  // Per device block, the step whose writes or copies fill it: while it equals step_, its
-  // K/V may not be written yet.
-  std::vector<uint64_t> block_write_step_;
-  // Blocks named by a pending copy, per pool: a block released while it is still to be
-  // read or written by a pending copy is parked in deferred_* until the engine has taken
-  // the ops, so that one batch never reuses a block it also copies.
-  std::vector<uint32_t> device_pending_;
-  std::vector<uint32_t> host_pending_;
-  std::vector<BlockId> deferred_device_;
-  std::vector<BlockId> deferred_host_;
-  Stats counters_;  // the manager's own counters; stats() adds the pools' figures
+  // Results of the batched call in progress; batch_id_ counts batched calls, so that
+  // Sequence::preempted_batch tells which sequences the current one preempted.
+  uint64_t batch_id_ = 0;
+  std::vector<int64_t> batch_slots_;
+  std::vector<absl::Status> batch_statuses_;
+  Stats counters_;  // the manager's own counters; stats() adds the pools' and the tier's
 };
 
 }  // namespace pagedkv

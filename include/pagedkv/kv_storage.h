@@ -33,17 +33,12 @@
 //   absl::StatusOr<KvStorage> storage = KvStorage::create_for_budget(
 //       spec, *budget, {.device = default_device(), .num_host_blocks = 1024});
 //   KvCacheView layer0 = storage->view(0);            // for write_kv / attention
-//   SwapOps swaps = manager.take_pending_swaps();         // every step, in this order:
-//   PAGEDKV_RETURN_IF_ERROR(storage->swap_out(swaps.swap_out));
-//   PAGEDKV_RETURN_IF_ERROR(storage->demote(swaps.demote));
-//   PAGEDKV_RETURN_IF_ERROR(storage->exchange(swaps.exchange));
-//   PAGEDKV_RETURN_IF_ERROR(storage->copy_blocks(manager.take_pending_copies()));
-//   PAGEDKV_RETURN_IF_ERROR(storage->swap_in(swaps.swap_in));
-//   PAGEDKV_RETURN_IF_ERROR(storage->promote(swaps.promote));
+//   PAGEDKV_RETURN_IF_ERROR(storage->run_step_ops(manager.take_step_ops()));  // every step
 //
-// Order within a step: the copies that read device blocks about to be reused (swap_out,
-// then demote, then exchange) before those that write device blocks (copy_blocks, then
-// swap_in and promote), all before the step's K/V writes. An exchange or promotion may
+// Order within a step (run_step_ops() keeps it; StepOps lists it): the copies that read
+// device blocks about to be reused (swap_out, then demote, then exchange) before those that
+// write device blocks (copy_blocks, then swap_in and promote), all before the step's K/V
+// writes. An exchange or promotion may
 // read a host block a demotion of the same step wrote (it runs after it); no host block
 // is written after a copy of the same step read it: the allocator keeps a host block it
 // promotes, exchanges or swaps in out of reuse until the next step.
@@ -59,6 +54,7 @@
 #include "pagedkv/device.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "pagedkv/kv_cache_view.h"
+#include "pagedkv/step_ops.h"
 
 namespace pagedkv {
 
@@ -141,6 +137,13 @@ class KvStorage {
   // the host block it vacates. Whole blocks only. Errors as demote(), plus InvalidArgument
   // for a src named twice in one batch; nothing is copied then.
   [[nodiscard]] absl::Status exchange(std::span<const BlockCopy> ops, void* stream = nullptr);
+
+  // KvStorage::run_step_ops()
+  //
+  // Runs every list of a step's ops in StepOps' order: swap_out, demote, exchange,
+  // copy_on_write (copy_blocks()), swap_in, promote. Errors: the first list's that fails;
+  // the lists before it have run (their copies are queued), the rest have not.
+  [[nodiscard]] absl::Status run_step_ops(const StepOps& ops, void* stream = nullptr);
 
   // Waits for the storage's queued CUDA work (a no-op on CPU).
   [[nodiscard]] absl::Status synchronize();

@@ -1,11 +1,13 @@
 // KvCacheManager::check_invariants(): every clause of DESIGN.md's invariants that spans
-// sequences and pools, one clause at a time.
+// sequences and pools, one clause at a time, then the checks of its parts (pools, step
+// ledger, host tier).
 #include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cache/pending_copies.h"
+#include "cache/host_tier.h"
 #include "cache/sequence.h"
+#include "cache/step_ledger.h"
 #include "common/status_macros.h"
 #include "pagedkv/kv_cache_manager.h"
 
@@ -87,7 +89,7 @@ absl::Status KvCacheManager::check_pool_balance(const BlockPool& pool, bool host
       ++holders[b];
     }
   }
-  for (const BlockId b : host ? deferred_host_ : deferred_device_) ++holders[b];
+  for (const BlockId b : host ? ledger_->deferred_host() : ledger_->deferred_device()) ++holders[b];
   for (BlockId b = 0; b < pool.num_blocks(); ++b) {
     if (pool.ref_count_unchecked(b) != holders[b]) {
       return broken(pool_name, " block ", b, ": ref_count ", pool.ref_count_unchecked(b),
@@ -113,36 +115,15 @@ absl::Status KvCacheManager::check_invariants() const {
   }
   PAGEDKV_RETURN_IF_ERROR(check_pool_balance(device_pool_, /*host=*/false));
   PAGEDKV_RETURN_IF_ERROR(check_pool_balance(host_pool_, /*host=*/true));
-  for (const BlockCopy& op : pending_copies_) {
-    if (device_pool_.ref_count_unchecked(op.dst) == 0) {
-      return broken("pending copy into block ", op.dst, ", which is free");
-    }
-  }
-  PAGEDKV_RETURN_IF_ERROR(check_pending_marks());
-  return check_host_tier();
-}
-
-// The per-block pending counts equal what the pending copies name: a block read or
-// written by a copy the engine has not taken is never reused (see take_pending_swaps()).
-absl::Status KvCacheManager::check_pending_marks() const {
-  std::vector<uint32_t> device(options_.num_blocks, 0);
-  std::vector<uint32_t> host(options_.num_host_blocks, 0);
-  const auto count = [&](bool on_device, BlockId b) { ++(on_device ? device : host)[b]; };
-  internal::for_each_held_block(std::span<const BlockCopy>(pending_copies_), count);
-  internal::for_each_held_block(pending_swaps_, count);
-  if (device != device_pending_) return broken("device pending-copy counts disagree with the ops");
-  if (host != host_pending_) return broken("host pending-copy counts disagree with the ops");
-  for (const BlockCopy& op : pending_swaps_.promote) {
-    if (host_pool_.is_cached(op.src).value()) {
-      return broken("host block ", op.src, " is promoted but still in the host tier");
-    }
-  }
-  return absl::OkStatus();
+  PAGEDKV_RETURN_IF_ERROR(ledger_->check_invariants(device_pool_));
+  if (host_tier_ != nullptr)
+    PAGEDKV_RETURN_IF_ERROR(host_tier_->check_invariants(host_pool_, *ledger_));
+  return check_host_blocks();
 }
 
 // Host-tier blocks belong to no sequence: a swapped sequence's host blocks are its only
 // copy of that K/V and never cached.
-absl::Status KvCacheManager::check_host_tier() const {
+absl::Status KvCacheManager::check_host_blocks() const {
   if (!options_.enable_host_cache && host_pool_.stats().cached_blocks != 0) {
     return broken("host tier off but ", host_pool_.stats().cached_blocks, " host blocks cached");
   }

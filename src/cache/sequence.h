@@ -3,6 +3,7 @@
 #define PAGEDKV_CACHE_SEQUENCE_H_
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -19,7 +20,7 @@ struct Sequence {
   int32_t num_offered_blocks = 0;  // leading blocks already offered to the index
   // Holds K/V computed before the last reset_prefix_cache(): offers nothing to the index.
   bool kv_before_reset = false;
-  // The step (KvCacheManager::step_) in which the sequence last got slots or was swapped
+  // The step (see StepLedger) in which the sequence last got slots or was swapped
   // in, and its computed tokens before that step: while scheduled_step is the manager's
   // step, the K/V of tokens past settled_tokens is not written yet.
   int32_t settled_tokens = 0;
@@ -34,7 +35,27 @@ struct Sequence {
   absl::InlinedVector<uint64_t, 2> extra_keys;
   std::vector<RetentionRange> retention;  // applied to its blocks as it releases them
   std::vector<BlockHash> block_hashes;    // chained hashes of full token blocks, lazily
+  uint64_t preempted_batch = 0;           // the batched call that last preempted it
 };
+
+inline const char* state_name(SequenceState state) {
+  switch (state) {
+    case SequenceState::kWaiting:
+      return "waiting";
+    case SequenceState::kRunning:
+      return "running";
+    case SequenceState::kSwapped:
+      return "swapped";
+  }
+  return "unknown";
+}
+
+// The tokens of `seq`'s block `index`.
+inline std::span<const TokenId> block_tokens(const Sequence& seq, int32_t index,
+                                             int32_t block_size) {
+  return std::span<const TokenId>(seq.tokens)
+      .subspan(static_cast<size_t>(index) * block_size, block_size);
+}
 
 }  // namespace pagedkv::internal
 

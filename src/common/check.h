@@ -1,6 +1,9 @@
 // Internal assertion levels. Each compiles away unless its level is enabled:
 //   PAGEDKV_DCHECK(cond)            O(1) checks; on when NDEBUG is not defined.
-//   PAGEDKV_DCHECK_EXPENSIVE(cond)  O(n) walks; on with -DPAGEDKV_EXPENSIVE_CHECKS=ON.
+//   PAGEDKV_CHECK_INVARIANTS_ON_EXIT()  in a mutating call of BlockPool or KvCacheManager:
+//                                   check_invariants() when the call returns, aborting with
+//                                   its message if broken; on with
+//                                   -DPAGEDKV_EXPENSIVE_CHECKS=ON (an O(n) walk per call).
 // Release builds pay nothing. Recoverable errors never use these: they return a Status.
 #ifndef PAGEDKV_COMMON_CHECK_H_
 #define PAGEDKV_COMMON_CHECK_H_
@@ -27,9 +30,31 @@ namespace pagedkv::internal {
 #endif
 
 #ifdef PAGEDKV_EXPENSIVE_CHECKS
-#define PAGEDKV_DCHECK_EXPENSIVE(cond) PAGEDKV_CHECK(cond)
+namespace pagedkv::internal {
+
+// Checks its owner's invariants when the scope that made it ends, on every return path.
+template <typename Owner>
+class InvariantsOnExit {
+ public:
+  explicit InvariantsOnExit(const Owner& owner) : owner_(owner) {}
+  InvariantsOnExit(const InvariantsOnExit&) = delete;
+  InvariantsOnExit& operator=(const InvariantsOnExit&) = delete;
+  ~InvariantsOnExit() {
+    const auto status = owner_.check_invariants();
+    if (status.ok()) return;
+    std::fprintf(stderr, "pagedkv: invariant broken after a call: %s\n", status.ToString().c_str());
+    std::abort();
+  }
+
+ private:
+  const Owner& owner_;
+};
+
+}  // namespace pagedkv::internal
+#define PAGEDKV_CHECK_INVARIANTS_ON_EXIT() \
+  const ::pagedkv::internal::InvariantsOnExit pagedkv_invariants_on_exit(*this)
 #else
-#define PAGEDKV_DCHECK_EXPENSIVE(cond) static_cast<void>(0)
+#define PAGEDKV_CHECK_INVARIANTS_ON_EXIT() static_cast<void>(0)
 #endif
 
 #endif  // PAGEDKV_COMMON_CHECK_H_

@@ -36,6 +36,10 @@ absl::StatusOr<BlockPool> BlockPool::create(const Options& options) {
         "BlockPool: num_blocks ", options.num_blocks, " x block_size ", options.block_size, " = ",
         slots, " token slots, more than the limit ", kMaxTokenSlots));
   }
+  if (options.first_content_key == 0) {
+    return absl::InvalidArgumentError(
+        "BlockPool: first_content_key must be > 0 (0 means no parent)");
+  }
   try {
     return BlockPool(options);
   } catch (const std::bad_alloc&) {  // no exception leaves the library
@@ -54,8 +58,12 @@ BlockPool::BlockPool(const Options& options)
       ref_count_(options.num_blocks, 0),
       stale_(options.num_blocks, 0),
       priority_(options.num_blocks, kNoPriority),
+      log_evictions_(options.log_evictions),
       free_queue_(std::make_unique<FreeQueue>(options.num_blocks)),
-      hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)) {}
+      hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)) {
+  hash_index_->start_content_keys_at(options.first_content_key);
+  if (log_evictions_) hash_index_->keep_parent_hashes();  // announced with demoted copies
+}
 
 BlockPool::BlockPool(BlockPool&&) noexcept = default;
 BlockPool& BlockPool::operator=(BlockPool&&) noexcept = default;
@@ -69,6 +77,7 @@ absl::Status BlockPool::id_error(BlockId block, const char* caller) const {
 // --- allocate ------------------------------------------------------------------------
 
 absl::Status BlockPool::allocate(std::span<BlockId> out) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   const auto n = static_cast<int64_t>(out.size());
   if (n > free_queue_->size()) {
     return absl::ResourceExhaustedError(absl::StrCat("BlockPool::allocate: need ", n, " blocks, ",
@@ -114,6 +123,15 @@ void BlockPool::emit_removed(const BlockHash& hash) {
 
 // --- touch and free --------------------------------------------------------------------
 
+absl::Status BlockPool::touch(BlockId block) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
+  if (!valid_id(block)) [[unlikely]] {
+    return id_error(block, "touch");
+  }
+  touch_unchecked(block);
+  return absl::OkStatus();
+}
+
 void BlockPool::touch_unchecked(BlockId block) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_);
   if (ref_count_[block]++ == 0) {
@@ -145,6 +163,7 @@ inline void BlockPool::enqueue_freed(BlockId b, BlockId& last_clean) {
 }
 
 absl::Status BlockPool::free(std::span<const BlockId> blocks_in_eviction_order) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   // One pass, as free_unchecked(); a bad entry undoes the entries before it.
   BlockId last_clean = kNoBlock;
   for (size_t i = 0; i < blocks_in_eviction_order.size(); ++i) {
@@ -170,6 +189,16 @@ void BlockPool::undo_free(std::span<const BlockId> freed) {
       cached_free_blocks_ -= hash_index_->is_cached(*it);
     }
   }
+}
+
+void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order) {
+  BlockId last_clean = kNoBlock;
+  for (const BlockId b : blocks_in_eviction_order) release_unchecked(b, last_clean);
+}
+
+void BlockPool::release_unchecked(BlockId block, BlockId& last_clean) {
+  PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
+  if (--ref_count_[block] == 0) enqueue_freed(block, last_clean);
 }
 
 // --- retention -----------------------------------------------------------------------------
@@ -202,6 +231,7 @@ void BlockPool::schedule_expiry(BlockId b) {
 }
 
 absl::Status BlockPool::set_retention(BlockId block, int32_t priority, int64_t duration_ms) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   if (!valid_id(block)) [[unlikely]] {
     return id_error(block, "set_retention");
   }
@@ -268,16 +298,6 @@ int64_t BlockPool::now_ms() const {
       .count();
 }
 
-void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order) {
-  BlockId last_clean = kNoBlock;
-  for (const BlockId b : blocks_in_eviction_order) release_unchecked(b, last_clean);
-}
-
-void BlockPool::release_unchecked(BlockId block, BlockId& last_clean) {
-  PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
-  if (--ref_count_[block] == 0) enqueue_freed(block, last_clean);
-}
-
 // --- prefix cache ------------------------------------------------------------------------
 
 absl::StatusOr<BlockId> BlockPool::find_cached(const BlockHash& hash, BlockId parent,
@@ -306,6 +326,7 @@ absl::StatusOr<bool> BlockPool::cache_full_block(BlockId block, const BlockHash&
                                                  BlockId parent, const BlockHash* parent_hash,
                                                  std::span<const TokenId> tokens,
                                                  std::span<const uint64_t> extra_keys) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   PAGEDKV_RETURN_IF_ERROR(check_cache_request({&block, 1}, 1, parent, tokens, "cache_full_block"));
   return cache_full_blocks_unchecked({&block, 1}, {&hash, 1}, parent, parent_hash, tokens,
                                      extra_keys) == 1;
@@ -316,6 +337,7 @@ absl::StatusOr<int32_t> BlockPool::cache_full_blocks(std::span<const BlockId> bl
                                                      BlockId parent, const BlockHash* parent_hash,
                                                      std::span<const TokenId> tokens,
                                                      std::span<const uint64_t> extra_keys) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   PAGEDKV_RETURN_IF_ERROR(
       check_cache_request(blocks, hashes.size(), parent, tokens, "cache_full_blocks"));
   return cache_full_blocks_unchecked(blocks, hashes, parent, parent_hash, tokens, extra_keys);
@@ -412,6 +434,7 @@ bool BlockPool::marks_stale(BlockId block, BlockId parent) {
 }
 
 absl::Status BlockPool::uncache(BlockId block) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   if (!valid_id(block)) [[unlikely]] {
     return id_error(block, "uncache");
   }
@@ -419,25 +442,41 @@ absl::Status BlockPool::uncache(BlockId block) {
   return absl::OkStatus();
 }
 
-void BlockPool::cache_copy_unchecked(BlockId block, const BlockPool& source,
-                                     const EvictedBlock& from) {
+// --- the host tier's interface ----------------------------------------------------------
+
+BlockId BlockPool::indexed_block(const BlockHash& hash) const { return hash_index_->find(hash); }
+
+bool BlockPool::holds_contents(BlockId block, uint64_t parent_key, std::span<const TokenId> tokens,
+                               std::span<const uint64_t> extra_keys) const {
+  return hash_index_->verify(block, parent_key, tokens, extra_keys);
+}
+
+BlockPool::CachedContents BlockPool::cached_contents(BlockId block) const {
+  return {hash_index_->parent_key(block), hash_index_->tokens(block),
+          hash_index_->extra_keys(block), hash_index_->parent_hash(block)};
+}
+
+uint64_t BlockPool::content_key(BlockId block) const { return hash_index_->content_key(block); }
+
+void BlockPool::set_content_key(BlockId block, uint64_t key) {
+  hash_index_->set_content_key(block, key);
+}
+
+void BlockPool::import_copy(BlockId block, const BlockPool& source, const EvictedBlock& from) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
   PAGEDKV_DCHECK(enable_caching_ && !hash_index_->is_cached(block) && !stale_[block]);
   PAGEDKV_DCHECK(hash_index_->find(from.hash) == kNoBlock);
-  const HashIndex& src = *source.hash_index_;
-  const std::optional<BlockHash> parent_hash = src.parent_hash(from.block);
-  const auto tokens = src.tokens(from.block);
-  const auto keys = src.extra_keys(from.block);
+  const CachedContents c = source.cached_contents(from.block);
   hash_index_->set_content_key(block, from.content_key);
-  hash_index_->insert(block, from.hash, src.parent_key(from.block),
-                      parent_hash ? &*parent_hash : nullptr, tokens, keys);
+  hash_index_->insert(block, from.hash, c.parent_key, c.parent_hash ? &*c.parent_hash : nullptr,
+                      c.tokens, c.extra_keys);
   copy_retention(block, from);
   if (event_sink_ == nullptr) return;
   const BlockStored stored{.block_hashes = {from.hash},
-                           .parent_hash = parent_hash,
-                           .token_ids = {tokens.begin(), tokens.end()},
+                           .parent_hash = c.parent_hash,
+                           .token_ids = {c.tokens.begin(), c.tokens.end()},
                            .block_size = block_size_,
-                           .extra_keys = {keys.begin(), keys.end()},
+                           .extra_keys = {c.extra_keys.begin(), c.extra_keys.end()},
                            .medium = medium_};
   event_sink_->on_event(stored);
 }
@@ -451,7 +490,10 @@ void BlockPool::uncache_unchecked(BlockId block) {
   if (left_index) emit_removed(hash);
 }
 
-void BlockPool::reset_prefix_cache() { reset_prefix_cache(/*emit_event=*/true); }
+void BlockPool::reset_prefix_cache() {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
+  reset_prefix_cache(/*emit_event=*/true);
+}
 
 void BlockPool::reset_prefix_cache(bool emit_event) {
   hash_index_->clear();
@@ -518,108 +560,6 @@ std::vector<BlockId> BlockPool::free_queue_order() const {
     order.push_back(b);
   }
   return order;
-}
-
-// --- checks ------------------------------------------------------------------------------
-
-absl::Status BlockPool::check_invariants() const {
-  auto broken = [](auto&&... parts) {
-    return absl::InternalError(absl::StrCat("BlockPool invariant: ", parts...));
-  };
-  // The queue: links agree both ways, at most num_blocks steps, only ref-0 blocks; a
-  // cached block sits in its priority's list, and each priority's list is in LRU order.
-  int32_t walked = 0;
-  BlockId prev = kNoBlock;
-  for (BlockId b = free_queue_->first(); b != kNoBlock; b = free_queue_->next(b)) {
-    if (b < 0 || b >= num_blocks_) return broken("free queue holds invalid id ", b);
-    if (++walked > num_blocks_) return broken("free queue longer than ", num_blocks_, " blocks");
-    const int32_t list = free_queue_->list_of(b);
-    const bool same_list = prev != kNoBlock && free_queue_->list_of(prev) == list;
-    if (free_queue_->prev_in_list(b) != (same_list ? prev : kNoBlock)) {
-      return broken("block ", b, ": prev link ", free_queue_->prev_in_list(b), " but walked from ",
-                    prev);
-    }
-    if (ref_count_[b] != 0)
-      return broken("block ", b, ": in the free queue with ref_count ", ref_count_[b]);
-    if (list != FreeQueue::kCleanList && list != FreeQueue::priority_list(priority_of(b))) {
-      return broken("block ", b, ": in list ", list, " but its priority is ", priority_of(b));
-    }
-    if (list == FreeQueue::kCleanList && hash_index_->is_cached(b)) {
-      return broken("cached block ", b, " in the clean list");
-    }
-    if (same_list && list != FreeQueue::kCleanList &&
-        free_queue_->stamp(prev) >= free_queue_->stamp(b)) {
-      return broken("block ", b, " after block ", prev, " out of LRU order in list ", list);
-    }
-    prev = b;
-  }
-  if (walked != free_queue_->size()) {
-    return broken("free queue size ", free_queue_->size(), " but ", walked, " blocks linked");
-  }
-  // Every id: ref count 0 <=> queued; counts partition the pool.
-  int32_t used = 0;
-  for (BlockId b = 0; b < num_blocks_; ++b) {
-    if (ref_count_[b] < 0) return broken("block ", b, ": ref_count ", ref_count_[b], " < 0");
-    if ((ref_count_[b] == 0) != free_queue_->is_queued(b)) {
-      return broken("block ", b, ": ref_count ", ref_count_[b],
-                    free_queue_->is_queued(b) ? " but queued" : " but not in the free queue");
-    }
-    used += ref_count_[b] > 0;
-  }
-  if (used != used_blocks_) return broken("used_blocks ", used_blocks_, " but ", used, " counted");
-  if (used + free_queue_->size() != num_blocks_) {
-    return broken("used ", used, " + free ", free_queue_->size(), " != num_blocks ", num_blocks_);
-  }
-  // The index: every entry points at an indexed block that holds that hash; every
-  // standby sits in the chain of the indexed block of its hash.
-  absl::Status status;
-  int32_t entries = 0;
-  hash_index_->for_each([&](const BlockHash& hash, BlockId b) {
-    ++entries;
-    if (!status.ok()) return;
-    if (b < 0 || b >= num_blocks_) {
-      status = broken("index entry points at invalid id ", b);
-    } else if (hash_index_->role(b) != HashIndex::Role::kIndexed ||
-               !(hash_index_->hash(b) == hash)) {
-      status = broken("index entry for block ", b, " does not match the block's hash");
-    } else if (hash_index_->prev_standby(b) != kNoBlock) {
-      status = broken("indexed block ", b, " has a standby link before it");
-    }
-  });
-  if (!status.ok()) return status;
-  int32_t indexed = 0;
-  int32_t standby = 0;
-  int32_t cached_free = 0;
-  for (BlockId b = 0; b < num_blocks_; ++b) {
-    const HashIndex::Role role = hash_index_->role(b);
-    indexed += role == HashIndex::Role::kIndexed;
-    cached_free += role != HashIndex::Role::kNone && ref_count_[b] == 0;
-    if (role != HashIndex::Role::kStandby) continue;
-    ++standby;
-    // Walk back to the indexed block, at most num_blocks steps.
-    BlockId head = b;
-    for (int32_t steps = 0; hash_index_->prev_standby(head) != kNoBlock; ++steps) {
-      if (steps > num_blocks_) return broken("standby chain of block ", b, " loops");
-      head = hash_index_->prev_standby(head);
-    }
-    if (hash_index_->role(head) != HashIndex::Role::kIndexed ||
-        !(hash_index_->hash(head) == hash_index_->hash(b)) ||
-        hash_index_->find(hash_index_->hash(b)) != head) {
-      return broken("standby block ", b, " is not in the chain of the block indexed by its hash");
-    }
-  }
-  if (indexed != entries)
-    return broken(indexed, " blocks marked indexed but ", entries, " entries");
-  if (standby != hash_index_->num_standby()) {
-    return broken("num_standby ", hash_index_->num_standby(), " but ", standby, " counted");
-  }
-  if (cached_free != cached_free_blocks_) {
-    return broken("cached_free_blocks ", cached_free_blocks_, " but ", cached_free, " counted");
-  }
-  if (!enable_caching_ && indexed + standby != 0) {
-    return broken("caching off but ", indexed + standby, " blocks hashed");
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace pagedkv

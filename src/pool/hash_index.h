@@ -167,9 +167,8 @@ class HashIndex {
     for (const auto& [hash, block] : index_) fn(hash, block);
   }
 
-  // Standby chain links, for check_invariants(): the block after `b` (kNoBlock at the
-  // end) and before it (kNoBlock for the indexed block).
-  BlockId next_standby(BlockId b) const { return next_[b]; }
+  // The standby chain link before `b` (kNoBlock for the indexed block), for
+  // check_invariants().
   BlockId prev_standby(BlockId b) const { return prev_[b]; }
 
  private:

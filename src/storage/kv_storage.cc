@@ -234,6 +234,15 @@ absl::Status KvStorage::copy_blocks(std::span<const BlockCopy> ops, void* stream
   return run_copies("copy_blocks", Target::kCopy, ops, stream);
 }
 
+absl::Status KvStorage::run_step_ops(const StepOps& ops, void* stream) {
+  PAGEDKV_RETURN_IF_ERROR(swap_out(ops.swap_out, stream));
+  PAGEDKV_RETURN_IF_ERROR(demote(ops.demote, stream));
+  PAGEDKV_RETURN_IF_ERROR(exchange(ops.exchange, stream));
+  PAGEDKV_RETURN_IF_ERROR(copy_blocks(ops.copy_on_write, stream));
+  PAGEDKV_RETURN_IF_ERROR(swap_in(ops.swap_in, stream));
+  return promote(ops.promote, stream);
+}
+
 absl::Status KvStorage::swap_out(std::span<const BlockCopy> ops, void* stream) {
   return run_copies("swap_out", Target::kSwapOut, ops, stream);
 }

@@ -19,7 +19,7 @@
 //   3. check_invariants() is OK;
 //   4. data flow: a simulated engine keeps one fingerprint per KV slot (device and host).
 //      A step runs swap-out, demote and exchange copies, then copy-on-write copies, then
-//      swap-in and promote copies (the order take_pending_swaps() documents), then writes each new
+//      swap-in and promote copies (the order of StepOps, take_step_ops()), then writes each new
 //      token's fingerprint into its slot. After every step, every token a sequence counts as
 //      computed must read back its own fingerprint (a function of its prefix tokens and extra keys)
 //      through its block table: a block shared with, or reused by, another sequence with different
@@ -442,57 +442,40 @@ class ManagerOpRunner {
   }
 
   // The engine runs the step: takes the pending ops, copies, writes, then checks contents.
-  void step(int order = 0) {
-    log(order ? "step (copies first)" : "step (swaps first)");
+  void step() {
+    log("step");
     ++num_ops_;
-    SwapOps swaps;
-    std::vector<BlockCopy> copies;
-    SwapOps model_swaps;
-    std::vector<BlockCopy> model_copies;
-    if (order) {
-      copies = impl_->take_pending_copies();
-      model_copies = model_->take_pending_copies();
-      swaps = impl_->take_pending_swaps();
-      model_swaps = model_->take_pending_swaps();
-    } else {
-      swaps = impl_->take_pending_swaps();
-      model_swaps = model_->take_pending_swaps();
-      copies = impl_->take_pending_copies();
-      model_copies = model_->take_pending_copies();
-    }
-    if (copies != model_copies) {
-      fail("take_pending_copies: got ", ops_string(copies), ", model expects ",
-           ops_string(model_copies));
+    const StepOps ops = impl_->take_step_ops();
+    const StepOps model_ops = model_->take_step_ops();
+    if (ops.swap_out != model_ops.swap_out || ops.swap_in != model_ops.swap_in ||
+        ops.demote != model_ops.demote || ops.promote != model_ops.promote ||
+        ops.exchange != model_ops.exchange || ops.copy_on_write != model_ops.copy_on_write) {
+      fail("take_step_ops: got out ", ops_string(ops.swap_out), " in ", ops_string(ops.swap_in),
+           " demote ", ops_string(ops.demote), " promote ", ops_string(ops.promote), " exchange ",
+           ops_string(ops.exchange), " copy_on_write ", ops_string(ops.copy_on_write),
+           ", model expects out ", ops_string(model_ops.swap_out), " in ",
+           ops_string(model_ops.swap_in), " demote ", ops_string(model_ops.demote), " promote ",
+           ops_string(model_ops.promote), " exchange ", ops_string(model_ops.exchange),
+           " copy_on_write ", ops_string(model_ops.copy_on_write));
       return;
     }
-    if (swaps.swap_out != model_swaps.swap_out || swaps.swap_in != model_swaps.swap_in ||
-        swaps.demote != model_swaps.demote || swaps.promote != model_swaps.promote ||
-        swaps.exchange != model_swaps.exchange) {
-      fail("take_pending_swaps: got out ", ops_string(swaps.swap_out), " in ",
-           ops_string(swaps.swap_in), " demote ", ops_string(swaps.demote), " promote ",
-           ops_string(swaps.promote), " exchange ", ops_string(swaps.exchange),
-           ", model expects out ", ops_string(model_swaps.swap_out), " in ",
-           ops_string(model_swaps.swap_in), " demote ", ops_string(model_swaps.demote), " promote ",
-           ops_string(model_swaps.promote), " exchange ", ops_string(model_swaps.exchange));
-      return;
-    }
-    if (!valid_batches(copies, swaps)) return;
+    if (!valid_batches(ops)) return;
     auto copy = [&](std::vector<uint64_t>& from, std::vector<uint64_t>& to, const BlockCopy& op) {
       for (int32_t i = 0; i < op.num_tokens; ++i) {
         to[static_cast<size_t>(op.dst) * bs_ + i] = from[static_cast<size_t>(op.src) * bs_ + i];
       }
     };
-    for (const BlockCopy& op : swaps.swap_out) copy(device_mem_, host_mem_, op);
-    for (const BlockCopy& op : swaps.demote) copy(device_mem_, host_mem_, op);
-    for (const BlockCopy& op : swaps.exchange) {
+    for (const BlockCopy& op : ops.swap_out) copy(device_mem_, host_mem_, op);
+    for (const BlockCopy& op : ops.demote) copy(device_mem_, host_mem_, op);
+    for (const BlockCopy& op : ops.exchange) {
       for (int32_t i = 0; i < op.num_tokens; ++i) {
         std::swap(device_mem_[static_cast<size_t>(op.src) * bs_ + i],
                   host_mem_[static_cast<size_t>(op.dst) * bs_ + i]);
       }
     }
-    for (const BlockCopy& op : copies) copy(device_mem_, device_mem_, op);
-    for (const BlockCopy& op : swaps.swap_in) copy(host_mem_, device_mem_, op);
-    for (const BlockCopy& op : swaps.promote) copy(host_mem_, device_mem_, op);
+    for (const BlockCopy& op : ops.copy_on_write) copy(device_mem_, device_mem_, op);
+    for (const BlockCopy& op : ops.swap_in) copy(host_mem_, device_mem_, op);
+    for (const BlockCopy& op : ops.promote) copy(host_mem_, device_mem_, op);
     for (const PendingWrite& w : writes_) device_mem_[w.slot] = w.value;
     writes_.clear();
     ++now_ms_;  // time passes between steps: retention durations expire
@@ -502,7 +485,7 @@ class ManagerOpRunner {
 
   // Each list is one batch whose ops may run concurrently (KvStorage refuses one that
   // breaks these): no block written twice, and no block a copy-on-write reads is written.
-  bool valid_batches(const std::vector<BlockCopy>& copies, const SwapOps& swaps) {
+  bool valid_batches(const StepOps& ops) {
     auto unique = [](const std::vector<BlockCopy>& ops, auto side) {
       std::vector<BlockId> ids;
       for (const BlockCopy& op : ops) ids.push_back(op.*side);
@@ -510,20 +493,24 @@ class ManagerOpRunner {
       return std::adjacent_find(ids.begin(), ids.end()) == ids.end();
     };
     const std::pair<const char*, const std::vector<BlockCopy>*> lists[] = {
-        {"copies", &copies},       {"swap_out", &swaps.swap_out}, {"swap_in", &swaps.swap_in},
-        {"demote", &swaps.demote}, {"promote", &swaps.promote},   {"exchange", &swaps.exchange}};
+        {"copy_on_write", &ops.copy_on_write},
+        {"swap_out", &ops.swap_out},
+        {"swap_in", &ops.swap_in},
+        {"demote", &ops.demote},
+        {"promote", &ops.promote},
+        {"exchange", &ops.exchange}};
     for (const auto& [name, ops] : lists) {
       if (!unique(*ops, &BlockCopy::dst)) {
         fail("step: the ", name, " batch writes a block twice: ", ops_string(*ops));
         return false;
       }
     }
-    if (!unique(swaps.exchange, &BlockCopy::src)) {
-      fail("step: the exchange batch names a device block twice: ", ops_string(swaps.exchange));
+    if (!unique(ops.exchange, &BlockCopy::src)) {
+      fail("step: the exchange batch names a device block twice: ", ops_string(ops.exchange));
       return false;
     }
-    for (const BlockCopy& op : copies) {
-      for (const BlockCopy& other : copies) {
+    for (const BlockCopy& op : ops.copy_on_write) {
+      for (const BlockCopy& other : ops.copy_on_write) {
         if (op.src == other.dst) {
           fail("step: copy-on-write reads block ", op.src, ", which the batch writes");
           return false;
@@ -577,7 +564,10 @@ class ManagerOpRunner {
     if (op < 20) return op_free();
     if (op < 22) return op_preempt();
     if (op < 24) return op_swap_in();
-    if (op < 27) return step(in_.u8() & 1);
+    if (op < 27) {
+      in_.u8();  // chose the order of the two old take calls; read so saved inputs decode alike
+      return step();
+    }
     if (op < 28) {
       log("reset_prefix_cache");
       impl_->reset_prefix_cache();

@@ -54,10 +54,7 @@ inline Blocks table(const KvCacheManager& m, SeqId seq) {
 
 // Ends a scheduling step as an engine does: it takes the pending copies, runs them and the
 // step's kernels. Sequences scheduled before count as written from here on.
-inline void end_step(KvCacheManager& m) {
-  m.take_pending_swaps();
-  m.take_pending_copies();
-}
+inline void end_step(KvCacheManager& m) { (void)m.take_step_ops(); }
 
 inline void admit(KvCacheManager& m, SeqId seq, const std::vector<TokenId>& prompt,
                   SequenceOptions options = {}) {

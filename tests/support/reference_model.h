@@ -272,8 +272,7 @@ class ReferenceModel {
       if (needed > static_cast<int32_t>(queue_size(host_))) return Code::kResourceExhausted;
       s->host = allocate(host_, needed);
       for (int32_t i = 0; i < needed; ++i) {
-        pending_swaps_.swap_out.push_back(
-            {s->table[i], s->host[i], std::min(bs, s->computed - i * bs)});
+        pending_.swap_out.push_back({s->table[i], s->host[i], std::min(bs, s->computed - i * bs)});
       }
       counters_.blocks_swapped_out += needed;
       ++counters_.preemptions_swap;
@@ -300,8 +299,7 @@ class ReferenceModel {
     s->table = allocate_device(needed);
     const int32_t bs = opts_.block_size;
     for (int32_t i = 0; i < needed; ++i) {
-      pending_swaps_.swap_in.push_back(
-          {s->host[i], s->table[i], std::min(bs, s->computed - i * bs)});
+      pending_.swap_in.push_back({s->host[i], s->table[i], std::min(bs, s->computed - i * bs)});
       device_.blocks[s->table[i]].write_step = step_;
     }
     counters_.blocks_swapped_in += needed;
@@ -345,17 +343,10 @@ class ReferenceModel {
     return Code::kOk;
   }
 
-  std::vector<BlockCopy> take_pending_copies() {
-    std::vector<BlockCopy> out = std::exchange(pending_copies_, {});
+  StepOps take_step_ops() {
+    StepOps out = std::exchange(pending_, {});
     release_deferred();
     ++step_;  // taking the ops ends the step's scheduling
-    return out;
-  }
-
-  SwapOps take_pending_swaps() {
-    SwapOps out = std::exchange(pending_swaps_, {});
-    release_deferred();
-    ++step_;
     return out;
   }
 
@@ -389,8 +380,7 @@ class ReferenceModel {
   int64_t evictions() const { return device_.evictions; }
   int64_t host_evictions() const { return host_.evictions; }
   const Counters& counters() const { return counters_; }
-  const std::vector<BlockCopy>& pending_copies() const { return pending_copies_; }
-  const SwapOps& pending_swaps() const { return pending_swaps_; }
+  const StepOps& pending_ops() const { return pending_; }
   const KvCacheManager::Options& options() const { return opts_; }
   int32_t used_host_blocks() const {
     return static_cast<int32_t>(std::count_if(host_.blocks.begin(), host_.blocks.end(),
@@ -660,7 +650,7 @@ class ReferenceModel {
       if (refresh_host_copy(e) || queue_size(host_) == 0) continue;
       const BlockId h = allocate(host_, 1)[0];
       cache_host_copy(h, e);
-      pending_swaps_.demote.push_back({e.block, h, opts_.block_size});
+      pending_.demote.push_back({e.block, h, opts_.block_size});
       release_host_block(h);
       ++counters_.blocks_demoted;
     }
@@ -709,11 +699,11 @@ class ReferenceModel {
       const bool written_this_step = host_pending(h);
       if (e != nullptr && !written_this_step && !refresh_host_copy(*e)) {
         cache_host_copy(h, *e);
-        pending_swaps_.exchange.push_back({d, h, bs});
+        pending_.exchange.push_back({d, h, bs});
         ++counters_.blocks_demoted;
       } else {
         if (e != nullptr && written_this_step) evicted_.push_back(*e);
-        pending_swaps_.promote.push_back({h, d, bs});
+        pending_.promote.push_back({h, d, bs});
       }
       release_host_block(h);
     }
@@ -824,13 +814,13 @@ class ReferenceModel {
   // (either end), a swap-in or promotion destination, an exchange. Swap-out and demotion
   // sources are read first in a step, so they may be reused at once.
   bool device_pending(BlockId b) const {
-    for (const BlockCopy& op : pending_copies_) {
+    for (const BlockCopy& op : pending_.copy_on_write) {
       if (op.src == b || op.dst == b) return true;
     }
-    for (const BlockCopy& op : pending_swaps_.exchange) {
+    for (const BlockCopy& op : pending_.exchange) {
       if (op.src == b) return true;
     }
-    for (const auto* ops : {&pending_swaps_.swap_in, &pending_swaps_.promote}) {
+    for (const auto* ops : {&pending_.swap_in, &pending_.promote}) {
       for (const BlockCopy& op : *ops) {
         if (op.dst == b) return true;
       }
@@ -838,13 +828,12 @@ class ReferenceModel {
     return false;
   }
   bool host_pending(BlockId h) const {
-    for (const auto* ops :
-         {&pending_swaps_.swap_out, &pending_swaps_.demote, &pending_swaps_.exchange}) {
+    for (const auto* ops : {&pending_.swap_out, &pending_.demote, &pending_.exchange}) {
       for (const BlockCopy& op : *ops) {
         if (op.dst == h) return true;
       }
     }
-    for (const auto* ops : {&pending_swaps_.swap_in, &pending_swaps_.promote}) {
+    for (const auto* ops : {&pending_.swap_in, &pending_.promote}) {
       for (const BlockCopy& op : *ops) {
         if (op.src == h) return true;
       }
@@ -941,7 +930,7 @@ class ReferenceModel {
       // NOTE (contract): the copy's destination is the first block allocated.
       const BlockId src = s.table[write_block];
       const BlockId dst = fresh[next++];
-      pending_copies_.push_back({src, dst, partial});
+      pending_.copy_on_write.push_back({src, dst, partial});
       --device_.blocks[src].ref;  // other sharers still hold it
       s.table[write_block] = dst;
       ++counters_.cow_copies;
@@ -1024,12 +1013,11 @@ class ReferenceModel {
   KvCacheManager::Options opts_;
   std::map<SeqId, Seq> seqs_;
   int64_t next_arrival_ = 0;
-  uint64_t step_ = 1;  // each take_pending_*() ends a step
+  uint64_t step_ = 1;  // each take_step_ops() ends a step
   Pool device_;
   Pool host_;
   std::vector<Evicted> evicted_;  // by the device allocation in progress
-  std::vector<BlockCopy> pending_copies_;
-  SwapOps pending_swaps_;
+  StepOps pending_;
   std::vector<BlockId> deferred_device_;
   std::vector<BlockId> deferred_host_;
   Counters counters_;

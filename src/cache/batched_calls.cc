@@ -1,0 +1,88 @@
+// KvCacheManager's batched step calls: one call per step for every running sequence,
+// each sequence succeeding or failing on its own as the single call would.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "cache/sequence.h"
+#include "common/check.h"
+#include "pagedkv/kv_cache_manager.h"
+
+namespace pagedkv {
+
+absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_slots_batch(
+    std::span<const SeqId> seqs, std::span<const int32_t> num_new_tokens, int32_t num_lookahead,
+    bool preempt) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
+  const size_t n = seqs.size();
+  if (num_new_tokens.size() != 1 && num_new_tokens.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocate_slots_batch: ", num_new_tokens.size(), " num_new_tokens for ", n,
+                     " sequences; give one per sequence or one for all"));
+  }
+  const auto count_of = [&](size_t i) {
+    return num_new_tokens[num_new_tokens.size() == 1 ? 0 : i];
+  };
+  int64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += std::max(count_of(i), 0);
+  batch_slots_.resize(total);
+  batch_statuses_.assign(n, absl::OkStatus());
+  ++batch_id_;  // sequences preempted from here on carry this id
+  int32_t num_failed = 0;
+  int64_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t count = count_of(i);
+    const internal::Sequence* s = find(seqs[i]);
+    absl::StatusOr<std::span<const int64_t>> slots =
+        s != nullptr && s->preempted_batch == batch_id_
+            ? absl::FailedPreconditionError(
+                  absl::StrCat("allocate_slots_batch(seq ", seqs[i],
+                               "): preempted by an earlier sequence of this batch"))
+        : preempt ? allocate_slots_or_preempt(seqs[i], count, num_lookahead)
+                  : allocate_slots(seqs[i], count, num_lookahead);
+    const auto out = batch_slots_.begin() + offset;
+    if (slots.ok()) {
+      std::copy(slots->begin(), slots->end(), out);
+    } else {
+      std::fill_n(out, std::max(count, 0), int64_t{-1});
+      batch_statuses_[i] = std::move(slots).status();
+      ++num_failed;
+    }
+    offset += std::max(count, 0);
+  }
+  return SlotBatch{batch_slots_, batch_statuses_, num_failed};
+}
+
+absl::StatusOr<std::span<const absl::Status>> KvCacheManager::append_tokens_batch(
+    std::span<const SeqId> seqs, std::span<const TokenId> tokens, std::span<const int32_t> indptr) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
+  const size_t n = seqs.size();
+  if (indptr.empty() && tokens.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("append_tokens_batch: ", tokens.size(),
+                                                   " tokens for ", n,
+                                                   " sequences (one each without indptr)"));
+  }
+  if (!indptr.empty()) {
+    if (indptr.size() != n + 1) {
+      return absl::InvalidArgumentError(absl::StrCat("append_tokens_batch: ", indptr.size(),
+                                                     " indptr entries for ", n, " sequences"));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (indptr[i] < 0 || indptr[i] > indptr[i + 1] ||
+          static_cast<size_t>(indptr[i + 1]) > tokens.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("append_tokens_batch: indptr[", i, ":", i + 2, "] = [", indptr[i], ", ",
+                         indptr[i + 1], "] is not a range of the ", tokens.size(), " tokens"));
+      }
+    }
+  }
+  batch_statuses_.assign(n, absl::OkStatus());
+  for (size_t i = 0; i < n; ++i) {
+    const std::span<const TokenId> mine =
+        indptr.empty() ? tokens.subspan(i, 1)
+                       : tokens.subspan(indptr[i], indptr[i + 1] - indptr[i]);
+    batch_statuses_[i] = append_tokens(seqs[i], mine);
+  }
+  return std::span<const absl::Status>(batch_statuses_);
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,53 @@
+// Preemption policy: which claim to release, which running sequence to preempt.
+#include "cache/preemption_policy.h"
+
+#include <algorithm>
+
+namespace pagedkv::internal {
+
+namespace {
+
+// Lowest priority first, then latest arrival.
+template <typename T>
+bool preempt_before(const T& a, const T& b) {
+  if (a.priority != b.priority) return a.priority < b.priority;
+  return a.arrival > b.arrival;
+}
+
+}  // namespace
+
+Sequence* claim_to_release(const SequenceMap& sequences, SeqId requester, const BlockPool& device) {
+  Sequence* chosen = nullptr;
+  for (const auto& [id, s] : sequences) {
+    if (id == requester || s->state != SequenceState::kWaiting) continue;
+    const bool frees_a_block = std::any_of(s->blocks.begin(), s->blocks.end(), [&](BlockId b) {
+      return device.ref_count_unchecked(b) == 1;
+    });
+    if (frees_a_block && (chosen == nullptr || preempt_before(*s, *chosen))) chosen = s.get();
+  }
+  return chosen;
+}
+
+std::optional<Preemption> choose_victim(std::span<const SequenceInfo> candidates, SeqId requester,
+                                        const VictimPolicy& policy, PreemptionMode mode,
+                                        int32_t host_free_blocks, int32_t block_size) {
+  if (candidates.empty()) return std::nullopt;
+  std::optional<Preemption> choice;
+  if (policy) {
+    choice = policy(candidates, requester);
+  } else {
+    const SequenceInfo& victim =
+        *std::min_element(candidates.begin(), candidates.end(), preempt_before<SequenceInfo>);
+    const bool fits_host =
+        num_blocks_for_tokens(victim.num_computed_tokens, block_size) <= host_free_blocks;
+    choice = Preemption{
+        victim.id, mode == PreemptionMode::kSwap && !fits_host ? PreemptionMode::kRecompute : mode};
+  }
+  if (!choice.has_value()) return std::nullopt;
+  const bool is_candidate =
+      std::any_of(candidates.begin(), candidates.end(),
+                  [&](const SequenceInfo& info) { return info.id == choice->victim; });
+  return is_candidate ? choice : std::nullopt;
+}
+
+}  // namespace pagedkv::internal

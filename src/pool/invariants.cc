@@ -1,0 +1,113 @@
+// BlockPool::check_invariants(): the free queue, the ref counts and the hash index, one
+// clause at a time.
+#include "absl/strings/str_cat.h"
+#include "pagedkv/block_pool.h"
+#include "pool/free_queue.h"
+#include "pool/hash_index.h"
+
+namespace pagedkv {
+
+using internal::FreeQueue;
+using internal::HashIndex;
+
+absl::Status BlockPool::check_invariants() const {
+  auto broken = [](auto&&... parts) {
+    return absl::InternalError(absl::StrCat("BlockPool invariant: ", parts...));
+  };
+  // The queue: links agree both ways, at most num_blocks steps, only ref-0 blocks; a
+  // cached block sits in its priority's list, and each priority's list is in LRU order.
+  int32_t walked = 0;
+  BlockId prev = kNoBlock;
+  for (BlockId b = free_queue_->first(); b != kNoBlock; b = free_queue_->next(b)) {
+    if (b < 0 || b >= num_blocks_) return broken("free queue holds invalid id ", b);
+    if (++walked > num_blocks_) return broken("free queue longer than ", num_blocks_, " blocks");
+    const int32_t list = free_queue_->list_of(b);
+    const bool same_list = prev != kNoBlock && free_queue_->list_of(prev) == list;
+    if (free_queue_->prev_in_list(b) != (same_list ? prev : kNoBlock)) {
+      return broken("block ", b, ": prev link ", free_queue_->prev_in_list(b), " but walked from ",
+                    prev);
+    }
+    if (ref_count_[b] != 0)
+      return broken("block ", b, ": in the free queue with ref_count ", ref_count_[b]);
+    if (list != FreeQueue::kCleanList && list != FreeQueue::priority_list(priority_of(b))) {
+      return broken("block ", b, ": in list ", list, " but its priority is ", priority_of(b));
+    }
+    if (list == FreeQueue::kCleanList && hash_index_->is_cached(b)) {
+      return broken("cached block ", b, " in the clean list");
+    }
+    if (same_list && list != FreeQueue::kCleanList &&
+        free_queue_->stamp(prev) >= free_queue_->stamp(b)) {
+      return broken("block ", b, " after block ", prev, " out of LRU order in list ", list);
+    }
+    prev = b;
+  }
+  if (walked != free_queue_->size()) {
+    return broken("free queue size ", free_queue_->size(), " but ", walked, " blocks linked");
+  }
+  // Every id: ref count 0 <=> queued; counts partition the pool.
+  int32_t used = 0;
+  for (BlockId b = 0; b < num_blocks_; ++b) {
+    if (ref_count_[b] < 0) return broken("block ", b, ": ref_count ", ref_count_[b], " < 0");
+    if ((ref_count_[b] == 0) != free_queue_->is_queued(b)) {
+      return broken("block ", b, ": ref_count ", ref_count_[b],
+                    free_queue_->is_queued(b) ? " but queued" : " but not in the free queue");
+    }
+    used += ref_count_[b] > 0;
+  }
+  if (used != used_blocks_) return broken("used_blocks ", used_blocks_, " but ", used, " counted");
+  if (used + free_queue_->size() != num_blocks_) {
+    return broken("used ", used, " + free ", free_queue_->size(), " != num_blocks ", num_blocks_);
+  }
+  // The index: every entry points at an indexed block that holds that hash; every
+  // standby sits in the chain of the indexed block of its hash.
+  absl::Status status;
+  int32_t entries = 0;
+  hash_index_->for_each([&](const BlockHash& hash, BlockId b) {
+    ++entries;
+    if (!status.ok()) return;
+    if (b < 0 || b >= num_blocks_) {
+      status = broken("index entry points at invalid id ", b);
+    } else if (hash_index_->role(b) != HashIndex::Role::kIndexed ||
+               !(hash_index_->hash(b) == hash)) {
+      status = broken("index entry for block ", b, " does not match the block's hash");
+    } else if (hash_index_->prev_standby(b) != kNoBlock) {
+      status = broken("indexed block ", b, " has a standby link before it");
+    }
+  });
+  if (!status.ok()) return status;
+  int32_t indexed = 0;
+  int32_t standby = 0;
+  int32_t cached_free = 0;
+  for (BlockId b = 0; b < num_blocks_; ++b) {
+    const HashIndex::Role role = hash_index_->role(b);
+    indexed += role == HashIndex::Role::kIndexed;
+    cached_free += role != HashIndex::Role::kNone && ref_count_[b] == 0;
+    if (role != HashIndex::Role::kStandby) continue;
+    ++standby;
+    // Walk back to the indexed block, at most num_blocks steps.
+    BlockId head = b;
+    for (int32_t steps = 0; hash_index_->prev_standby(head) != kNoBlock; ++steps) {
+      if (steps > num_blocks_) return broken("standby chain of block ", b, " loops");
+      head = hash_index_->prev_standby(head);
+    }
+    if (hash_index_->role(head) != HashIndex::Role::kIndexed ||
+        !(hash_index_->hash(head) == hash_index_->hash(b)) ||
+        hash_index_->find(hash_index_->hash(b)) != head) {
+      return broken("standby block ", b, " is not in the chain of the block indexed by its hash");
+    }
+  }
+  if (indexed != entries)
+    return broken(indexed, " blocks marked indexed but ", entries, " entries");
+  if (standby != hash_index_->num_standby()) {
+    return broken("num_standby ", hash_index_->num_standby(), " but ", standby, " counted");
+  }
+  if (cached_free != cached_free_blocks_) {
+    return broken("cached_free_blocks ", cached_free_blocks_, " but ", cached_free, " counted");
+  }
+  if (!enable_caching_ && indexed + standby != 0) {
+    return broken("caching off but ", indexed + standby, " blocks hashed");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pagedkv
