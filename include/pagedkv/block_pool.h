@@ -249,6 +249,9 @@ class BlockPool {
   // free_unchecked() of one block, for callers that release blocks one by one as a single
   // free: `last_clean` (kNoBlock at the start) carries where the next clean block goes.
   void release_unchecked(BlockId block, BlockId& last_clean);
+  // free_unchecked() of a block table in reverse, as one free: its last block is evicted
+  // first. One call per table, so the loop runs inline.
+  void free_tail_first_unchecked(std::span<const BlockId> table);
   int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
   BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
                                 std::span<const TokenId> tokens,

@@ -422,9 +422,13 @@ void KvCacheManager::release_device_blocks(Sequence& seq) {
   }
   // Tail first, as one free: a prompt's later blocks are evicted before its shared
   // beginning, and its clean blocks are reused in the same order.
-  BlockId last_clean = kNoBlock;
-  for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) {
-    ledger_->release(device_pool_, Hold::kDevice, *it, last_clean);
+  if (!ledger_->holds_any_device()) [[likely]] {
+    device_pool_.free_tail_first_unchecked(seq.blocks);
+  } else {
+    BlockId last_clean = kNoBlock;
+    for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) {
+      ledger_->release(device_pool_, Hold::kDevice, *it, last_clean);
+    }
   }
   seq.blocks.clear();
 }

@@ -39,6 +39,11 @@ absl::Status StepLedger::check_invariants(const BlockPool& device) const {
     ++(side == Hold::kDevice ? device_count : host_count)[block];
   });
   if (device_count != device_holds_) return broken("device holds disagree with the pending ops");
+  int64_t total = 0;
+  for (const int32_t n : device_holds_) total += n;
+  if (total != num_device_holds_) {
+    return broken("num_device_holds ", num_device_holds_, " but the holds add up to ", total);
+  }
   if (host_count != host_holds_) return broken("host holds disagree with the pending ops");
   for (const BlockId b : deferred_device_) {
     if (!holds_device(b)) return broken("device block ", b, " parked but held by no pending copy");

@@ -76,6 +76,8 @@ class StepLedger {
   }
   bool holds_device(BlockId block) const { return device_holds_[block] > 0; }
   bool holds_host(BlockId block) const { return host_holds_[block] > 0; }
+  // Whether any pending copy holds a device block: when none does, a release never parks.
+  bool holds_any_device() const { return num_device_holds_ > 0; }
 
   // Drops one reference to `block` of `pool` (the device pool when `side` is kDevice, the
   // host pool for kHost) as BlockPool::release_unchecked() does, except while a pending
@@ -114,7 +116,12 @@ class StepLedger {
  private:
   void hold(Hold side, BlockId block, int32_t delta) {
     if (side == Hold::kNone) return;
-    (side == Hold::kDevice ? device_holds_ : host_holds_)[block] += delta;
+    if (side == Hold::kDevice) {
+      device_holds_[block] += delta;
+      num_device_holds_ += delta;
+    } else {
+      host_holds_[block] += delta;
+    }
   }
   // Calls fn(side, block) for each held end of every pending copy.
   template <typename Fn>
@@ -132,6 +139,7 @@ class StepLedger {
   uint64_t step_ = 1;
   std::vector<uint64_t> write_step_;  // per device block, see mark_written()
   std::vector<int32_t> device_holds_;
+  int64_t num_device_holds_ = 0;  // sum of device_holds_
   std::vector<int32_t> host_holds_;
   std::vector<BlockId> deferred_device_;
   std::vector<BlockId> deferred_host_;

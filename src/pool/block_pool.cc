@@ -201,6 +201,14 @@ void BlockPool::release_unchecked(BlockId block, BlockId& last_clean) {
   if (--ref_count_[block] == 0) enqueue_freed(block, last_clean);
 }
 
+void BlockPool::free_tail_first_unchecked(std::span<const BlockId> table) {
+  BlockId last_clean = kNoBlock;
+  for (auto it = table.rbegin(); it != table.rend(); ++it) {
+    PAGEDKV_DCHECK(*it >= 0 && *it < num_blocks_ && ref_count_[*it] > 0);
+    if (--ref_count_[*it] == 0) enqueue_freed(*it, last_clean);
+  }
+}
+
 // --- retention -----------------------------------------------------------------------------
 
 // The priority the free queue files `b` under: kNoPriority counts as the default.
