@@ -107,11 +107,11 @@ void require_reached_everything(const Totals& t) {
 
 TEST_CASE("random operation sequences agree with the reference model and keep invariants",
           "[property]") {
-  require_reached_everything(run_random(OpProfile::kManager, /*default_seed=*/20261129, 800));
+  require_reached_everything(run_random(OpProfile::kManager, /*default_seed=*/20261129, 1000));
 }
 
 TEST_CASE("with weak injected hashes no sequence ever reads another prefix's KV", "[property]") {
-  require_reached_everything(run_random(OpProfile::kHash, /*default_seed=*/5, 800));
+  require_reached_everything(run_random(OpProfile::kHash, /*default_seed=*/5, 1000));
 }
 
 TEST_CASE("an empty or truncated input decodes to a valid, checked run", "[property]") {
