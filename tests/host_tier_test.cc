@@ -4,6 +4,7 @@
 // ops, priorities and their expiry. Every expected value is worked out in the comments.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <optional>
 #include <variant>
 #include <vector>
@@ -410,8 +411,9 @@ TEST_CASE("a higher retention priority outlives LRU order; equal priorities stay
   require_valid(m);
 }
 
-TEST_CASE("an expired retention returns the block to its LRU place", "[retention]") {
-  int64_t now = 0;
+// Four cached blocks of one token, 0 <- 1 <- 2 <- 3, freed in id order; block 1 retained at
+// priority 90 for 10 ms on the clock `now`: the free queue is 0, 2, 3 (default list), 1.
+BlockPool four_cached_blocks_one_retained(const int64_t& now) {
   auto pool = BlockPool::create({.num_blocks = 4, .block_size = 1, .clock = [&] { return now; }});
   REQUIRE(pool.ok());
   BlockId blocks[4];
@@ -430,6 +432,13 @@ TEST_CASE("an expired retention returns the block to its LRU place", "[retention
   // Freed one by one in id order: 0, 2, 3 in the default list, 1 in priority 90's.
   for (const BlockId b : blocks) REQUIRE(pool->free({&b, 1}).ok());
   REQUIRE(pool->free_queue_order() == Blocks{0, 2, 3, 1});
+  return *std::move(pool);
+}
+
+TEST_CASE("an expired retention returns the block to its LRU place", "[retention]") {
+  int64_t now = 0;
+  BlockPool pool_value = four_cached_blocks_one_retained(now);
+  BlockPool* pool = &pool_value;
 
   BlockId out;
   SECTION("before the duration passes, block 1 keeps its priority") {
@@ -447,6 +456,28 @@ TEST_CASE("an expired retention returns the block to its LRU place", "[retention
     CHECK(pool->retention_priority(1).value() == kDefaultRetentionPriority);
   }
   CHECK(pool->check_invariants().ok());
+}
+
+TEST_CASE("retention expiry holds for any clock value, saturating at the end of time",
+          "[retention]") {
+  // Freed at `start` with 10 ms to go: kept at start + 9, expired at start + 10; a clock
+  // 5 ms from INT64_MAX saturates the expiry to INT64_MAX instead of wrapping below now.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const int64_t start : {std::numeric_limits<int64_t>::min(), int64_t{-1}, int64_t{0}, kMax - 5}) {
+    INFO("clock starts at " << start);
+    int64_t now = start;
+    BlockPool pool = four_cached_blocks_one_retained(now);
+    const bool saturated = start > kMax - 10;
+    BlockId out = kNoBlock;
+    now = saturated ? kMax - 1 : start + 9;
+    REQUIRE(pool.allocate({&out, 1}).ok());
+    CHECK(out == 0);
+    CHECK(pool.retention_priority(1).value() == 90);
+    now = saturated ? kMax : start + 10;
+    REQUIRE(pool.allocate({&out, 1}).ok());
+    CHECK(out == 1);  // expired: back at its LRU place, before 2 (kept, 2 would come first)
+    CHECK(pool.check_invariants().ok());
+  }
 }
 
 TEST_CASE("a lower retention priority is evicted first; holders raise a block's priority",

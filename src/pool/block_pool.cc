@@ -230,8 +230,10 @@ void BlockPool::clear_retention(BlockId b) {
 void BlockPool::schedule_expiry(BlockId b) {
   const int64_t duration = duration_of(b);
   if (duration == 0) return;
+  // Saturating: any clock value (negative, another epoch) and any duration give an end
+  // at or after now, INT64_MAX at the latest.
   const int64_t now = now_ms();
-  const int64_t end = duration > std::numeric_limits<int64_t>::max() - now
+  const int64_t end = now > 0 && duration > std::numeric_limits<int64_t>::max() - now
                           ? std::numeric_limits<int64_t>::max()
                           : now + duration;
   expiries_.push_back({end, b, free_queue_->stamp(b)});
