@@ -335,7 +335,14 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     CHECK(m.device_pool().free_queue_order() == Blocks{2, 0});
     require_valid(m);
     end_step(m);
-    CHECK(m.device_pool().free_queue_order() == Blocks{1, 2, 0});
+    // The promotion ran with the step, so A1 stays cached on the device (its host copy
+    // left the tier): released after the step at the tail, and hit again from there.
+    CHECK(m.device_pool().free_queue_order() == Blocks{2, 0, 1});
+    CHECK(*m.device_pool().is_cached(1));
+    admit(m, 4, a_plus_one());
+    CHECK(*m.match_prefix(4) == 8);
+    CHECK(table(m, 4) == Blocks{0, 1});
+    CHECK(m.stats().host_hit_tokens == 4);  // the first promotion's only
     require_valid(m);
   }
 }

@@ -40,7 +40,7 @@ void HostTier::promote_hits(Sequence& seq, int32_t max_blocks, int32_t room, con
     const BlockId h = hits_[j];
     const BlockId d = promoted[j];
     device.set_content_key(d, host.content_key(h));
-    ledger.mark_written(d);
+    ledger.mark_filled_by_copy(d);
     host.uncache_unchecked(h);
     const BlockPool::EvictedBlock* e = nullptr;
     if (next_evicted < evicted_.size() && evicted_[next_evicted].block == d) {

@@ -401,10 +401,12 @@ absl::Status KvCacheManager::free(SeqId seq) {
 
 void KvCacheManager::unshare_unwritten_blocks(Sequence& seq) {
   if (!ledger_->scheduled(seq)) return;
-  // Blocks filled in this step that it holds alone may never be written.
+  // Blocks that this step's K/V writes fill and it holds alone may never be written. A
+  // block a swap-in or promotion fills stays cached: its copy runs with the step's ops.
   for (int32_t i = seq.settled_tokens / options_.block_size; i < seq.num_offered_blocks; ++i) {
-    if (device_pool_.ref_count_unchecked(seq.blocks[i]) == 1) {
-      device_pool_.uncache_unchecked(seq.blocks[i]);
+    const BlockId b = seq.blocks[i];
+    if (device_pool_.ref_count_unchecked(b) == 1 && !ledger_->filled_by_copy(b)) {
+      device_pool_.uncache_unchecked(b);
     }
   }
 }

@@ -115,7 +115,7 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
   for (int32_t i = 0; i < needed; ++i) {
     const int32_t valid = std::min(bs, s->num_computed - i * bs);
     ledger_->record(internal::kSwapIn, {s->host_blocks[i], s->blocks[i], valid});
-    ledger_->mark_written(s->blocks[i]);
+    ledger_->mark_filled_by_copy(s->blocks[i]);
   }
   counters_.blocks_swapped_in += needed;
   release_host_blocks(*s);

@@ -8,7 +8,7 @@
 namespace pagedkv::internal {
 
 StepLedger::StepLedger(int32_t num_device_blocks, int32_t num_host_blocks)
-    : write_step_(num_device_blocks, 0),
+    : write_mark_(num_device_blocks, 0),
       device_holds_(num_device_blocks, 0),
       host_holds_(num_host_blocks, 0) {}
 

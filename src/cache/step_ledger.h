@@ -64,9 +64,16 @@ class StepLedger {
   // Forgets that `seq` was scheduled: it holds nothing this step still writes.
   static void unschedule(Sequence& seq) { seq.scheduled_step = 0; }
 
-  // Device blocks that this step's writes or copies fill.
-  void mark_written(BlockId device_block) { write_step_[device_block] = step_; }
-  bool written(BlockId device_block) const { return write_step_[device_block] == step_; }
+  // Device blocks that this step's K/V writes (mark_written()) or copies alone (swap-in,
+  // promotion, exchange: mark_filled_by_copy()) fill; the last mark of a step wins. A
+  // block filled by a copy alone holds the right K/V once the step's ops run, whatever
+  // happens to the sequence that asked for it.
+  void mark_written(BlockId device_block) { write_mark_[device_block] = step_ << 1; }
+  void mark_filled_by_copy(BlockId device_block) { write_mark_[device_block] = step_ << 1 | 1; }
+  bool written(BlockId device_block) const { return write_mark_[device_block] >> 1 == step_; }
+  bool filled_by_copy(BlockId device_block) const {
+    return write_mark_[device_block] == (step_ << 1 | 1);
+  }
 
   // Records `op` in `list`, holding the blocks the list holds.
   void record(const OpList& list, BlockCopy op) {
@@ -137,7 +144,7 @@ class StepLedger {
   StepOps pending_;
   // Counts steps: each take() ends one. Starts at 1 so that new sequences are settled.
   uint64_t step_ = 1;
-  std::vector<uint64_t> write_step_;  // per device block, see mark_written()
+  std::vector<uint64_t> write_mark_;  // per device block: step << 1 | filled by a copy alone
   std::vector<int32_t> device_holds_;
   int64_t num_device_holds_ = 0;  // sum of device_holds_
   std::vector<int32_t> host_holds_;

@@ -77,6 +77,7 @@ class ReferenceModel {
     Role role = Role::kNone;  // holds a hash: indexed, or standby of the indexed block
     uint64_t content = 0;     // new on every allocation; a standby or copy shares its original's
     uint64_t write_step = 0;  // device: the step whose writes, swap-in or promotion fill it
+    bool copy_only = false;   // ... and whether a swap-in or promotion alone fills it
     // Valid while cached (and, for the copy eviction makes, after): what a hit must match.
     BlockHash hash;
     uint64_t parent_content = 0;  // 0: first block
@@ -301,6 +302,7 @@ class ReferenceModel {
     for (int32_t i = 0; i < needed; ++i) {
       pending_.swap_in.push_back({s->host[i], s->table[i], std::min(bs, s->computed - i * bs)});
       device_.blocks[s->table[i]].write_step = step_;
+      device_.blocks[s->table[i]].copy_only = true;
     }
     counters_.blocks_swapped_in += needed;
     release_host(*s);
@@ -687,6 +689,7 @@ class ReferenceModel {
       const BlockId d = fresh[j];
       device_.blocks[d].content = host_.blocks[h].content;
       device_.blocks[d].write_step = step_;
+      device_.blocks[d].copy_only = true;
       if (leave_index(host_, h)) {
         events_.push_back(BlockRemoved{{host_.blocks[h].hash}, Medium::kHost});
       }
@@ -766,14 +769,16 @@ class ReferenceModel {
     s.settled = settled;
   }
 
-  // Blocks it filled in this step and holds alone may never be written: unshare them.
+  // Blocks its K/V writes fill in this step and it holds alone may never be written:
+  // unshare them. A swap-in or promotion fills its blocks whatever happens to it.
   void unshare_unwritten(Seq& s) {
     if (!scheduled(s)) return;
     const int32_t end = std::min<int32_t>(s.offered, static_cast<int32_t>(s.table.size()));
     for (int32_t i = s.settled / opts_.block_size; i < end; ++i) {
       const BlockId b = s.table[i];
       Block& d = device_.blocks[b];
-      if (d.ref == 1 && d.cached() && leave_index(device_, b)) {
+      const bool copy_filled = d.write_step == step_ && d.copy_only;
+      if (d.ref == 1 && d.cached() && !copy_filled && leave_index(device_, b)) {
         events_.push_back(BlockRemoved{{d.hash}, Medium::kDevice});
       }
     }
@@ -940,6 +945,7 @@ class ReferenceModel {
     for (int64_t t = s.computed; t < new_total; ++t) {
       slots.push_back(int64_t{s.table[t / bs]} * bs + t % bs);
       device_.blocks[s.table[t / bs]].write_step = step_;
+      device_.blocks[s.table[t / bs]].copy_only = false;
     }
     if (n > 0) mark_scheduled(s, s.computed);
     s.computed = static_cast<int32_t>(new_total);
