@@ -520,7 +520,7 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
           "seq"_a,
           "Claims the longest verified cached prefix of a waiting sequence (full blocks, at\n"
           "most len - 1 tokens); returns its length in tokens. With the host tier the prefix\n"
-          "continues into host hits, each promoted into a new device block (SwapOps.promote).")
+          "continues into host hits, each promoted into a new device block (StepOps.promote).")
       .def(
           "allocate_slots",
           [](M& self, SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
@@ -576,18 +576,11 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
           "computed count returns to 0 (call match_prefix() again before admitting it). "
           "Raises FailedPrecondition unless the sequence is waiting.")
       .def(
-          "take_pending_copies",
-          [](M& self) {
-            return self.mutate([](KvCacheManager& m) { return m.take_pending_copies(); });
-          },
-          "Copy-on-write copies recorded since the last call. Run every step, before K/V writes.")
-      .def(
-          "take_pending_swaps",
-          [](M& self) {
-            return self.mutate([](KvCacheManager& m) { return m.take_pending_swaps(); });
-          },
-          "Swap and host-tier copies since the last call: run swap_out and demote, then the\n"
-          "copy-on-write copies, then swap_in and promote.")
+          "take_step_ops",
+          [](M& self) { return self.mutate([](KvCacheManager& m) { return m.take_step_ops(); }); },
+          "Ends the step: every copy recorded since the last call, as a StepOps. Take it every\n"
+          "step and run its lists in order (KvStorage.run_step_ops) before the step's K/V\n"
+          "writes; sequences scheduled before it count as computed from then on.")
       .def(
           "reset_prefix_cache",
           [](M& self) { self.mutate([](KvCacheManager& m) { m.reset_prefix_cache(); }); },
@@ -729,8 +722,8 @@ void bind_kv_cache_manager(nb::module_& m) {
       "num_host_blocks: host blocks, shared by swapped sequences and the host tier (swap\n"
       "first, the tier caches in the rest).\n"
       "enable_host_cache: the host tier of the prefix cache: an evicted cached device block is\n"
-      "demoted to a host block (SwapOps.demote), and match_prefix() continues into host hits\n"
-      "(SwapOps.promote). Needs enable_prefix_caching and num_host_blocks > 0.\n"
+      "demoted to a host block (StepOps.demote), and match_prefix() continues into host hits\n"
+      "(StepOps.promote). Needs enable_prefix_caching and num_host_blocks > 0.\n"
       "event_sink: a KvEventBuffer or any object with on_event(event).\n"
       "preemption_hooks: any object with on_preempt(victim, mode), and optionally\n"
       "on_claim_released(seq) (allocate_slots_or_preempt gave a waiting sequence's claim back).\n"

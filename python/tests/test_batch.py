@@ -68,10 +68,10 @@ def snapshot(m):
             v = m.sequence(seq)
             seqs[seq] = (v.state, v.tokens.tolist(), v.block_table.tolist(),
                          v.host_blocks.tolist(), v.num_computed_tokens)
-    swaps = m.take_pending_swaps()
+    ops = m.take_step_ops()
     return (running, t.block_table.tolist(), t.context_lens.tolist(), t.indices.tolist(),
-            m.stats()._asdict(), seqs, m.take_pending_copies(),
-            (swaps.swap_out, swaps.demote, swaps.swap_in, swaps.promote, swaps.exchange))
+            m.stats()._asdict(), seqs, ops.copy_on_write,
+            (ops.swap_out, ops.demote, ops.swap_in, ops.promote, ops.exchange))
 
 
 @pytest.mark.parametrize("host_cache", [False, True])
