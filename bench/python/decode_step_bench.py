@@ -29,13 +29,8 @@ def admitted_manager():
     for s in range(NUM_SEQS):
         m.add_sequence(s, np.arange(s * PROMPT, (s + 1) * PROMPT, dtype=np.int32))
         m.allocate_slots(s, PROMPT)
-    end_step(m)
+    m.take_step_ops()  # the step ends
     return m
-
-
-def end_step(m):
-    m.take_pending_copies()
-    m.take_pending_swaps()
 
 
 def per_sequence(m, steps):
@@ -44,7 +39,7 @@ def per_sequence(m, steps):
         for s in range(NUM_SEQS):
             m.append_tokens(s, token)
             m.allocate_slots(s, 1)
-        end_step(m)
+        m.take_step_ops()  # the step ends
 
 
 def batched(m, steps, tables=False):
@@ -59,7 +54,7 @@ def batched(m, steps, tables=False):
             raise RuntimeError(f"decode step failed: {batch.errors}")
         if tables:
             m.write_block_tables(seqs, block_table, context_lens)
-        end_step(m)
+        m.take_step_ops()  # the step ends
 
 
 def measure(run, steps, repeats):

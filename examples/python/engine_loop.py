@@ -176,14 +176,7 @@ class Engine:
     def run_copies(self):
         """The step's copies, before its K/V writes: those that read device blocks the step
         refills first, then those that write device blocks."""
-        swaps = self.manager.take_pending_swaps()  # swap_out / swap_in: empty in recompute mode
-        copies = self.manager.take_pending_copies()
-        self.storage.swap_out(swaps.swap_out)
-        self.storage.demote(swaps.demote)
-        self.storage.exchange(swaps.exchange)
-        self.storage.copy_blocks(copies)
-        self.storage.swap_in(swaps.swap_in)
-        self.storage.promote(swaps.promote)
+        self.storage.run_step_ops(self.manager.take_step_ops())
 
     def run_prefill(self, admitted):
         tokens, indptr, slots = [], [0], []

@@ -39,7 +39,7 @@ from ._pagedkv import (
     SequenceView,
     SlotBatch,
     StatusCode,
-    SwapOps,
+    StepOps,
     bytes_per_element,
     cuda_device_available,
     cuda_unavailable_reason,
@@ -76,7 +76,7 @@ __all__ = [
     "InternalError", "KvCacheManager", "KvCacheSpec", "KvEvent", "KvEventBuffer", "KvEventSink",
     "KvLayout", "KvStorage", "Medium", "Preemption", "PreemptionHooks", "PreemptionMode",
     "ResourceExhausted", "RetentionRange", "SequenceInfo", "SequenceState", "SequenceView", "SlotBatch",
-    "StatusCode", "SwapOps", "bytes_per_element", "cuda_device_available",
+    "StatusCode", "StepOps", "bytes_per_element", "cuda_device_available",
     "cuda_unavailable_reason", "decode_workspace_bytes", "default_device", "hash_block",
     "paged_decode_attention", "paged_extend_attention", "write_kv",
 ]

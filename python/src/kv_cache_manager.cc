@@ -22,8 +22,6 @@ using namespace nb::literals;
 
 // What the manager calls back: the Python preemption hooks, victim policy, event sink and
 // clock.
-// Always installed as the manager's PreemptionHooks, so that a batched call can tell which
-// sequences an earlier entry of the batch preempted.
 class ManagerCallbacks : public PreemptionHooks {
  public:
   ManagerCallbacks(nb::object event_sink, nb::object hooks, nb::object policy, nb::object clock,
@@ -42,7 +40,6 @@ class ManagerCallbacks : public PreemptionHooks {
   CallbackErrors& errors() { return errors_; }
 
   void on_preempt(SeqId victim, PreemptionMode mode) override {
-    if (recording_) victims_.push_back(victim);
     if (hooks_.is_none()) return;
     errors_.guard([&] { hooks_.attr("on_preempt")(victim, mode); });
   }
@@ -90,16 +87,6 @@ class ManagerCallbacks : public PreemptionHooks {
     policy_ = nb::none();
   }
 
-  // Victims of the batched call in progress.
-  void begin_batch() {
-    victims_.clear();
-    recording_ = true;
-  }
-  void end_batch() { recording_ = false; }
-  bool preempted_in_batch(SeqId seq) const {
-    return std::find(victims_.begin(), victims_.end(), seq) != victims_.end();
-  }
-
  private:
   CallbackErrors errors_;
   std::unique_ptr<PythonEventSink> sink_;
@@ -107,8 +94,6 @@ class ManagerCallbacks : public PreemptionHooks {
   nb::object hooks_;
   nb::object policy_;
   PreemptionMode default_mode_;
-  bool recording_ = false;
-  std::vector<SeqId> victims_;
 };
 
 // --- block tables -----------------------------------------------------------------------
@@ -256,71 +241,48 @@ class PyKvCacheManager {
   bool busy_ = false;  // a mutating call is in progress
 };
 
-void check_batch_sizes(size_t num_seqs, size_t num_values, const char* fn, const char* what) {
-  if (num_values != num_seqs) {
-    raise_status(absl::InvalidArgumentError(
-        absl::StrCat(fn, ": ", num_values, " ", what, " for ", num_seqs, " sequences")));
+// Per-sequence results as Python sees them: a StatusCode per sequence and, for each failed
+// one, the exception its per-sequence call would raise.
+BatchStatus batch_status(std::span<const SeqId> seqs, std::span<const absl::Status> statuses) {
+  BatchStatus result{new_numpy_array<int32_t>(seqs.size()), nb::dict()};
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    result.status.data[i] = static_cast<int32_t>(statuses[i].code());
+    if (!statuses[i].ok()) result.errors[nb::int_(seqs[i])] = exception_for(statuses[i]);
   }
+  return result;
 }
 
 SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
                                                  const IntValues<int32_t, true>& num_new_tokens,
                                                  int32_t num_lookahead, bool preempt,
                                                  std::optional<Array1D<int64_t>> out) {
-  const size_t n = seqs.size();
-  if (!num_new_tokens.scalar) {
-    check_batch_sizes(n, num_new_tokens.size(), "allocate_slots_batch", "num_new_tokens");
-  }
-  int64_t total = 0;
-  for (size_t i = 0; i < n; ++i) total += std::max(num_new_tokens.at(i), 0);
-  NumpyArray<int64_t> owned;
-  int64_t* slots = nullptr;
-  if (out.has_value()) {
-    if (static_cast<int64_t>(out->shape(0)) < total) {
-      raise_status(absl::InvalidArgumentError(absl::StrCat(
-          "allocate_slots_batch: out holds ", out->shape(0), " slots, the batch needs ", total)));
-    }
-    slots = out->data();
-  } else {
-    owned = new_numpy_array<int64_t>(total);
-    slots = owned.data;
-  }
-  NumpyArray<int32_t> codes = new_numpy_array<int32_t>(n);
-  std::fill_n(codes.data, n, 0);
-  nb::dict errors;
   const std::span<const SeqId> ids = seqs.span();
-  ReentryGuard guard(busy_, "KvCacheManager");
-  callbacks_->begin_batch();
-  int64_t offset = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const SeqId seq = ids[i];
-    const int32_t count = num_new_tokens.at(i);
-    absl::StatusOr<std::span<const int64_t>> result =
-        callbacks_->preempted_in_batch(seq)
-            ? absl::FailedPreconditionError(absl::StrCat("allocate_slots_batch(seq ", seq,
-                                                         "): preempted by an earlier sequence of "
-                                                         "this batch"))
-        : preempt ? manager_.allocate_slots_or_preempt(seq, count, num_lookahead)
-                  : manager_.allocate_slots(seq, count, num_lookahead);
-    const int64_t width = std::max(count, 0);
-    if (result.ok()) {
-      std::copy(result->begin(), result->end(), slots + offset);
-    } else {
-      std::fill(slots + offset, slots + offset + width, int64_t{-1});
-      codes.data[i] = static_cast<int32_t>(result.status().code());
-      errors[nb::int_(seq)] = exception_for(result.status());
-    }
-    offset += width;
+  const std::span<const int32_t> counts = num_new_tokens.span();
+  // Python gives "one count for all" as an int: a one-entry sequence is one count per
+  // sequence, and the C++ call would take it for all.
+  if (!num_new_tokens.scalar && counts.size() == 1 && ids.size() != 1) {
+    raise_status(absl::InvalidArgumentError(
+        absl::StrCat("allocate_slots_batch: 1 num_new_tokens for ", ids.size(),
+                     " sequences; give one per sequence or one int for all")));
   }
-  callbacks_->end_batch();
-  callbacks_->errors().raise_pending();
-  SlotBatch batch;
-  batch.status = std::move(codes);
-  batch.errors = std::move(errors);
+  // out is checked before the call, so that a call refused for it changes nothing.
+  if (out.has_value() && (counts.size() == 1 || counts.size() == ids.size())) {
+    int64_t needed = 0;
+    for (size_t i = 0; i < ids.size(); ++i) needed += std::max(num_new_tokens.at(i), 0);
+    if (static_cast<int64_t>(out->shape(0)) < needed) {
+      raise_status(absl::InvalidArgumentError(absl::StrCat(
+          "allocate_slots_batch: out holds ", out->shape(0), " slots, the batch needs ", needed)));
+    }
+  }
+  const KvCacheManager::SlotBatch result = value_or_raise(mutate([&](KvCacheManager& m) {
+    return m.allocate_slots_batch(ids, counts, num_lookahead, preempt);
+  }));
+  SlotBatch batch{batch_status(ids, result.statuses), {}};
   if (out.has_value()) {
+    std::copy(result.slots.begin(), result.slots.end(), out->data());
     batch.slots = {nb::cast(*out), out->data(), out->shape(0)};
   } else {
-    batch.slots = std::move(owned);
+    batch.slots = to_numpy(result.slots);
   }
   return batch;
 }
@@ -328,40 +290,17 @@ SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
 BatchStatus PyKvCacheManager::append_tokens_batch(const IntValues<SeqId>& seqs,
                                                   const IntValues<TokenId>& tokens,
                                                   std::optional<IntValues<int32_t>> indptr) {
-  const size_t n = seqs.size();
-  const std::span<const TokenId> all = tokens.span();
-  std::span<const int32_t> offsets;
-  if (indptr.has_value()) {
-    offsets = indptr->span();
-    check_batch_sizes(n + 1, offsets.size(), "append_tokens_batch", "indptr entries");
-    for (size_t i = 0; i < n; ++i) {
-      if (offsets[i] < 0 || offsets[i] > offsets[i + 1] ||
-          static_cast<size_t>(offsets[i + 1]) > all.size()) {
-        raise_status(absl::InvalidArgumentError(
-            absl::StrCat("append_tokens_batch: indptr[", i, ":", i + 2, "] = [", offsets[i], ", ",
-                         offsets[i + 1], "] is not a range of the ", all.size(), " tokens")));
-      }
-    }
-  } else {
-    check_batch_sizes(n, all.size(), "append_tokens_batch", "tokens (one per sequence)");
-  }
-  NumpyArray<int32_t> codes = new_numpy_array<int32_t>(n);
-  std::fill_n(codes.data, n, 0);
-  nb::dict errors;
   const std::span<const SeqId> ids = seqs.span();
-  ReentryGuard guard(busy_, "KvCacheManager");
-  for (size_t i = 0; i < n; ++i) {
-    const std::span<const TokenId> mine = indptr.has_value()
-                                              ? all.subspan(offsets[i], offsets[i + 1] - offsets[i])
-                                              : all.subspan(i, 1);
-    const absl::Status status = manager_.append_tokens(ids[i], mine);
-    if (!status.ok()) {
-      codes.data[i] = static_cast<int32_t>(status.code());
-      errors[nb::int_(ids[i])] = exception_for(status);
-    }
+  // The C++ call reads an empty indptr as none (one token each); a given one is refused.
+  if (indptr.has_value() && indptr->size() == 0) {
+    raise_status(absl::InvalidArgumentError(
+        absl::StrCat("append_tokens_batch: 0 indptr entries for ", ids.size(), " sequences")));
   }
-  callbacks_->errors().raise_pending();
-  return {std::move(codes), std::move(errors)};
+  const std::span<const absl::Status> statuses = value_or_raise(mutate([&](KvCacheManager& m) {
+    return m.append_tokens_batch(ids, tokens.span(),
+                                 indptr.has_value() ? indptr->span() : std::span<const int32_t>());
+  }));
+  return batch_status(ids, statuses);
 }
 
 NumpyArray<int64_t> slots_array(absl::StatusOr<std::span<const int64_t>> slots) {
@@ -520,7 +459,7 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
           "seq"_a,
           "Claims the longest verified cached prefix of a waiting sequence (full blocks, at\n"
           "most len - 1 tokens); returns its length in tokens. With the host tier the prefix\n"
-          "continues into host hits, each promoted into a new device block (SwapOps.promote).")
+          "continues into host hits, each promoted into a new device block (StepOps.promote).")
       .def(
           "allocate_slots",
           [](M& self, SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
@@ -576,18 +515,11 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
           "computed count returns to 0 (call match_prefix() again before admitting it). "
           "Raises FailedPrecondition unless the sequence is waiting.")
       .def(
-          "take_pending_copies",
-          [](M& self) {
-            return self.mutate([](KvCacheManager& m) { return m.take_pending_copies(); });
-          },
-          "Copy-on-write copies recorded since the last call. Run every step, before K/V writes.")
-      .def(
-          "take_pending_swaps",
-          [](M& self) {
-            return self.mutate([](KvCacheManager& m) { return m.take_pending_swaps(); });
-          },
-          "Swap and host-tier copies since the last call: run swap_out and demote, then the\n"
-          "copy-on-write copies, then swap_in and promote.")
+          "take_step_ops",
+          [](M& self) { return self.mutate([](KvCacheManager& m) { return m.take_step_ops(); }); },
+          "Ends the step: every copy recorded since the last call, as a StepOps. Take it every\n"
+          "step and run its lists in order (KvStorage.run_step_ops) before the step's K/V\n"
+          "writes; sequences scheduled before it count as computed from then on.")
       .def(
           "reset_prefix_cache",
           [](M& self) { self.mutate([](KvCacheManager& m) { m.reset_prefix_cache(); }); },
@@ -729,8 +661,8 @@ void bind_kv_cache_manager(nb::module_& m) {
       "num_host_blocks: host blocks, shared by swapped sequences and the host tier (swap\n"
       "first, the tier caches in the rest).\n"
       "enable_host_cache: the host tier of the prefix cache: an evicted cached device block is\n"
-      "demoted to a host block (SwapOps.demote), and match_prefix() continues into host hits\n"
-      "(SwapOps.promote). Needs enable_prefix_caching and num_host_blocks > 0.\n"
+      "demoted to a host block (StepOps.demote), and match_prefix() continues into host hits\n"
+      "(StepOps.promote). Needs enable_prefix_caching and num_host_blocks > 0.\n"
       "event_sink: a KvEventBuffer or any object with on_event(event).\n"
       "preemption_hooks: any object with on_preempt(victim, mode), and optionally\n"
       "on_claim_released(seq) (allocate_slots_or_preempt gave a waiting sequence's claim back).\n"

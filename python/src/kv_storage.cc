@@ -1,5 +1,6 @@
 // KvCacheSpec and KvStorage: the KV bytes of a model, each layer's pools exported as DLPack
-// tensors, and the batched copy-on-write, swap and host-tier copies.
+// tensors, and the batched copy-on-write, swap and host-tier copies (one step's at once:
+// run_step_ops).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -179,7 +180,7 @@ void bind_kv_storage(nb::module_& m) {
       .def("host_k_cache", pool(true, false), "layer"_a, "Layer's K pool in the host pool.")
       .def("host_v_cache", pool(true, true), "layer"_a, "Layer's V pool in the host pool.");
   bind_copy(cls, "copy_blocks", &KvStorage::copy_blocks,
-            "Copy-on-write copies (take_pending_copies()) in the main pool, one batch.");
+            "Copy-on-write copies (StepOps.copy_on_write) in the main pool, one batch.");
   bind_copy(cls, "swap_out", &KvStorage::swap_out, "Main-pool src -> host-pool dst copies.");
   bind_copy(cls, "swap_in", &KvStorage::swap_in, "Host-pool src -> main-pool dst copies.");
   bind_copy(cls, "demote", &KvStorage::demote,
@@ -191,8 +192,17 @@ void bind_kv_storage(nb::module_& m) {
   bind_copy(cls, "exchange", &KvStorage::exchange,
             "Host tier: swaps main-pool block src and host-pool block dst, whole blocks.");
   cls.def(
-      "synchronize", [](PyKvStorage& self) { raise_if_error(self.storage.synchronize()); },
-      "Waits for the storage's queued CUDA work (no-op on CPU).");
+         "run_step_ops",
+         [](PyKvStorage& self, const StepOps& ops, uintptr_t stream) {
+           raise_if_error(self.storage.run_step_ops(ops, stream_ptr(stream)));
+         },
+         "ops"_a, "stream"_a = 0,
+         "Runs a step's copies (KvCacheManager.take_step_ops()) in StepOps' order: swap_out,\n"
+         "demote, exchange, copy_on_write, swap_in, promote. On an error the lists before the\n"
+         "failing one have run, the rest have not.")
+      .def(
+          "synchronize", [](PyKvStorage& self) { raise_if_error(self.storage.synchronize()); },
+          "Waits for the storage's queued CUDA work (no-op on CPU).");
 }
 
 }  // namespace pagedkv::python

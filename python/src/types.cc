@@ -1,4 +1,4 @@
-// Enums, value types (BlockHash, BlockCopy, SwapOps, RetentionRange), KV events and their
+// Enums, value types (BlockHash, BlockCopy, StepOps, RetentionRange), KV events and their
 // sinks, clocks, hashing, and device queries.
 #include <nanobind/operators.h>
 #include <nanobind/stl/optional.h>
@@ -16,6 +16,7 @@
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_cache_view.h"
 #include "pagedkv/retention.h"
+#include "pagedkv/step_ops.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv::python {
@@ -168,16 +169,22 @@ void bind_values(nb::module_& m) {
                ", num_tokens=" + std::to_string(c.num_tokens) + ")";
       });
 
-  nb::class_<SwapOps>(m, "SwapOps",
-                      "The step's copies between device and host blocks. Run swap_out, demote and\n"
-                      "exchange, then the copy-on-write copies, then swap_in and promote.")
-      .def_ro("swap_out", &SwapOps::swap_out, "device src -> host dst: a preempted sequence")
-      .def_ro("swap_in", &SwapOps::swap_in, "host src -> device dst: a swapped sequence resumes")
-      .def_ro("demote", &SwapOps::demote, "device src -> host dst: an evicted cached block")
-      .def_ro("promote", &SwapOps::promote, "host src -> device dst: a host-tier prefix hit")
-      .def_ro("exchange", &SwapOps::exchange,
+  nb::class_<StepOps>(
+      m, "StepOps",
+      "Every block copy of one step (KvCacheManager.take_step_ops()), one list of\n"
+      "BlockCopy per kind, in the order to run them before the step's K/V writes\n"
+      "(KvStorage.run_step_ops() does): swap_out, demote, exchange, copy_on_write,\n"
+      "swap_in, promote. Copies within one list may run concurrently.")
+      .def_ro("swap_out", &StepOps::swap_out, "device src -> host dst: a preempted sequence")
+      .def_ro("demote", &StepOps::demote, "device src -> host dst: an evicted cached block")
+      .def_ro("exchange", &StepOps::exchange,
               "device src <-> host dst: a host-tier hit trades places with the evicted cached "
-              "block of its new device block");
+              "block of its new device block")
+      .def_ro("copy_on_write", &StepOps::copy_on_write,
+              "device src -> device dst: a shared partially filled block about to be appended to")
+      .def_ro("swap_in", &StepOps::swap_in, "host src -> device dst: a swapped sequence resumes")
+      .def_ro("promote", &StepOps::promote, "host src -> device dst: a host-tier prefix hit")
+      .def("empty", &StepOps::empty, "True when the step has no copy to run.");
 
   nb::class_<RetentionRange>(m, "RetentionRange",
                              "The retention of the blocks of a sequence whose first token lies in\n"

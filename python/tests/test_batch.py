@@ -68,10 +68,10 @@ def snapshot(m):
             v = m.sequence(seq)
             seqs[seq] = (v.state, v.tokens.tolist(), v.block_table.tolist(),
                          v.host_blocks.tolist(), v.num_computed_tokens)
-    swaps = m.take_pending_swaps()
+    ops = m.take_step_ops()
     return (running, t.block_table.tolist(), t.context_lens.tolist(), t.indices.tolist(),
-            m.stats()._asdict(), seqs, m.take_pending_copies(),
-            (swaps.swap_out, swaps.demote, swaps.swap_in, swaps.promote, swaps.exchange))
+            m.stats()._asdict(), seqs, ops.copy_on_write,
+            (ops.swap_out, ops.demote, ops.swap_in, ops.promote, ops.exchange))
 
 
 @pytest.mark.parametrize("host_cache", [False, True])
@@ -163,3 +163,40 @@ def test_append_tokens_batch_with_indptr():
     assert m.sequence(2).tokens.tolist() == [0, 8]
     with pytest.raises(ValueError, match="indptr"):
         m.append_tokens_batch([1], [5], indptr=[0, 2])
+
+
+def test_batch_arguments_are_checked_before_anything_changes():
+    m, _ = make()
+    m.add_sequence(1, [0])
+    m.add_sequence(2, [0])
+    with pytest.raises(ValueError, match="1 num_new_tokens for 2 sequences"):
+        m.allocate_slots_batch([1, 2], [1])  # one count for all is an int
+    with pytest.raises(ValueError, match="1 tokens for 2 sequences"):
+        m.append_tokens_batch([1, 2], [5])
+    with pytest.raises(ValueError, match="0 indptr entries for 2 sequences"):
+        m.append_tokens_batch([1, 2], [5, 6], indptr=[])  # not "one token each"
+    assert [m.sequence(s).tokens.tolist() for s in (1, 2)] == [[0], [0]]
+    assert m.stats().used_blocks == 0
+    m.check_invariants()
+
+
+def test_a_hook_that_raises_in_a_batch_surfaces_after_the_call():
+    class Boom(Exception):
+        pass
+
+    class Hooks:
+        def on_preempt(self, victim, mode):
+            raise Boom(victim)
+
+    m = pk.KvCacheManager(num_blocks=4, block_size=BLOCK, preemption_hooks=Hooks())
+    for seq in (1, 2):
+        m.add_sequence(seq, list(range(10 * seq, 10 * seq + 8)))
+    assert m.allocate_slots_batch([1, 2], 8).ok
+    m.take_step_ops()
+    m.add_sequence(3, [9] * 4)
+    with pytest.raises(Boom, match="2"):  # the latest arrival of the lowest priority
+        m.allocate_slots_batch([3, 2], [4, 0], preempt=True)
+    # The batch ran to its end: 3 admitted, 2 preempted (and not re-admitted by its entry).
+    assert m.sequence(3).state == pk.SequenceState.RUNNING
+    assert m.sequence(2).state == pk.SequenceState.WAITING
+    m.check_invariants()

@@ -25,7 +25,7 @@ def fill(m, seqs, n=8):
     for seq in seqs:
         m.add_sequence(seq, list(range(seq * 100, seq * 100 + n)))
         m.allocate_slots(seq, n)
-    m.take_pending_copies()
+    m.take_step_ops()
 
 
 def test_hooks_and_policy_decide_the_victim():
@@ -54,8 +54,7 @@ def test_policy_can_choose_swap_or_give_up():
     m.add_sequence(3, list(range(8)))
     m.allocate_slots_or_preempt(3, 8)
     assert m.sequence(1).state == pk.SequenceState.SWAPPED
-    m.take_pending_swaps()
-    m.take_pending_copies()
+    m.take_step_ops()
     m.add_sequence(4, list(range(8)))
     with pytest.raises(pk.ResourceExhausted):
         m.allocate_slots_or_preempt(4, 8)  # the policy gave up

@@ -32,8 +32,7 @@ def prefill(m, seq, prompt, **options):
     """Prefills prompt as one step (taking its copies) and leaves the sequence running."""
     m.add_sequence(seq, prompt, **options)
     m.allocate_slots(seq, len(prompt) - m.match_prefix(seq))
-    m.take_pending_swaps()
-    m.take_pending_copies()
+    m.take_step_ops()
 
 
 def table(m, seq):
@@ -75,10 +74,10 @@ def test_an_evicted_cached_block_is_demoted_to_a_host_block():
     assert e[3].parent_hash is None and e[3].token_ids == tokens(4, 100)
 
     # The demote copies read the evicted device blocks before the step refills them.
-    swaps = m.take_pending_swaps()
-    assert copies(swaps.demote) == [(1, 0, BLOCK_SIZE), (0, 1, BLOCK_SIZE)]
-    assert swaps.swap_out == [] and swaps.promote == []
-    assert m.take_pending_copies() == []
+    ops = m.take_step_ops()
+    assert copies(ops.demote) == [(1, 0, BLOCK_SIZE), (0, 1, BLOCK_SIZE)]
+    assert ops.swap_out == [] and ops.promote == []
+    assert ops.copy_on_write == []
     assert m.stats().used_host_blocks == 0  # released once the engine took the copies
     m.check_invariants()
 
@@ -111,10 +110,9 @@ def test_a_host_hit_is_promoted_with_a_copy_and_counts_as_a_hit():
         ("BlockStored", [ha[0], ha[1]], D)]  # one event for the run
 
     assert m.allocate_slots(3, 1).tolist() == [8]  # block 2; B0 dropped (no free host block)
-    swaps = m.take_pending_swaps()
-    assert copies(swaps.exchange) == [(0, 1, BLOCK_SIZE), (1, 0, BLOCK_SIZE)]
-    assert swaps.promote == [] and swaps.demote == []
-    m.take_pending_copies()
+    ops = m.take_step_ops()
+    assert copies(ops.exchange) == [(0, 1, BLOCK_SIZE), (1, 0, BLOCK_SIZE)]
+    assert ops.promote == [] and ops.demote == []
     m.check_invariants()
 
 
@@ -145,13 +143,7 @@ def test_storage_runs_the_step_copies_in_order_and_a_promotion_restores_the_kv()
 
     def step(kv_writes):
         """One engine step: the copies in the documented order, then the step's K/V."""
-        swaps = m.take_pending_swaps()
-        storage.swap_out(swaps.swap_out)
-        storage.demote(swaps.demote)
-        storage.exchange(swaps.exchange)
-        storage.copy_blocks(m.take_pending_copies())
-        storage.swap_in(swaps.swap_in)
-        storage.promote(swaps.promote)
+        storage.run_step_ops(m.take_step_ops())
         for block, value in kv_writes.items():
             k[block] = value
 
@@ -339,7 +331,7 @@ def freed_with_duration(clock):
     m.add_sequence(1, tokens(5, 0),
                    retention=[pk.RetentionRange(priority=90, duration_ms=5)])
     m.allocate_slots(1, 5)
-    m.take_pending_copies()
+    m.take_step_ops()
     return m
 
 

@@ -38,7 +38,7 @@ def test_prefill_decode_and_free():
 def test_prefix_hit_and_stats():
     m = make()
     prefill(m, 1, list(range(9)))
-    m.take_pending_copies()  # the step ends: its K/V counts as written
+    m.take_step_ops()  # the step ends: its K/V counts as written
     m.free(1)
     m.add_sequence(2, np.arange(9, dtype=np.int32))
     assert m.match_prefix(2) == 8  # two full blocks; never the last token
@@ -66,12 +66,12 @@ def test_tokens_accepted_as_lists_and_arrays_of_any_int_dtype():
 def test_fork_and_copy_on_write():
     m = make()
     prefill(m, 1, list(range(6)))  # block 1 half full
-    m.take_pending_copies()  # end the step
+    m.take_step_ops()  # end the step
     m.fork(1, 2)
     assert m.sequence(2).block_table.tolist() == m.sequence(1).block_table.tolist()
     m.append_tokens(2, [50])
     m.allocate_slots(2, 1)
-    copies = m.take_pending_copies()
+    copies = m.take_step_ops().copy_on_write
     assert len(copies) == 1
     op = copies[0]
     assert isinstance(op, pk.BlockCopy)
@@ -83,15 +83,15 @@ def test_fork_and_copy_on_write():
 def test_preempt_swap_and_swap_in():
     m = make(num_host_blocks=8)
     prefill(m, 1, list(range(8)))
-    m.take_pending_copies()
-    m.take_pending_swaps()
+    m.take_step_ops()
     m.preempt(1, pk.PreemptionMode.SWAP)
     assert m.sequence(1).state == pk.SequenceState.SWAPPED
-    swaps = m.take_pending_swaps()
-    assert len(swaps.swap_out) == 2 and swaps.swap_in == []
+    ops = m.take_step_ops()
+    assert len(ops.swap_out) == 2 and ops.swap_in == [] and not ops.empty()
+    assert m.take_step_ops().empty()  # a step's ops are taken once
     m.swap_in(1)
     assert m.sequence(1).state == pk.SequenceState.RUNNING
-    assert len(m.take_pending_swaps().swap_in) == 2
+    assert len(m.take_step_ops().swap_in) == 2
     assert m.stats().preemptions_swap == 1
     m.check_invariants()
 
@@ -99,7 +99,7 @@ def test_preempt_swap_and_swap_in():
 def test_allocate_slots_or_preempt_uses_the_default_policy():
     m = make(num_blocks=3)
     prefill(m, 1, list(range(8)))
-    m.take_pending_copies()
+    m.take_step_ops()
     m.add_sequence(2, list(range(100, 108)))
     with pytest.raises(pk.ResourceExhausted):
         m.allocate_slots(2, 8)
@@ -199,7 +199,7 @@ def test_hash_block_matches_the_pool_index():
 def test_release_claim_gives_a_waiting_sequences_prefix_back():
     m = make(num_blocks=4, block_size=2)
     prefill(m, 1, list(range(5)))  # blocks 0 1 2
-    m.take_pending_copies()  # the step ends
+    m.take_step_ops()  # the step ends
     m.free(1)
     m.add_sequence(2, list(range(5)))
     assert m.match_prefix(2) == 4
@@ -234,12 +234,12 @@ def test_a_claim_is_released_before_a_running_sequence_is_preempted():
     hooks = Hooks()
     m = make(num_blocks=4, block_size=2, preemption_hooks=hooks)
     prefill(m, 1, list(range(6)))  # blocks 0 1 2, full and cached
-    m.take_pending_copies()
+    m.take_step_ops()
     m.free(1)
     m.add_sequence(2, list(range(7)))
     assert m.match_prefix(2) == 6  # claims 0 1 2, waiting
     prefill(m, 3, [50, 51])  # block 3
-    m.take_pending_copies()
+    m.take_step_ops()
     m.append_tokens(3, [0])
     with pytest.raises(pk.ResourceExhausted):
         m.allocate_slots(3, 1)
