@@ -575,7 +575,8 @@ class ManagerOpRunner {
       return;
     }
     if (op < 29) return op_tables();
-    if (op < 31) return op_decode_round();
+    if (op < 30) return op_decode_round();
+    if (op < 31) return op_batched_decode_round();
     return op_release_claim();
   }
 
@@ -782,6 +783,87 @@ class ManagerOpRunner {
       const ReferenceModel::Seq* now = model_->find(id);
       const int32_t n = std::min(1, static_cast<int32_t>(now->tokens.size()) - now->computed);
       allocate(id, n, 0, /*or_preempt=*/true);
+    }
+    if (error_.empty()) step();
+  }
+
+  // op_decode_round() through append_tokens_batch() and allocate_slots_batch(): every
+  // running sequence's token first, then every allocation. The model runs the same calls one
+  // by one; a sequence that an earlier allocation of the batch preempted fails with
+  // FailedPrecondition there, without a call.
+  void op_batched_decode_round() {
+    log("batched decode round");
+    std::vector<SeqId> running;
+    for (const SequenceInfo& info : impl_->running_sequences()) running.push_back(info.id);
+    std::vector<SeqId> appending;
+    std::vector<TokenId> tokens;
+    for (const SeqId id : running) {
+      const ReferenceModel::Seq* s = model_->find(id);
+      if (s == nullptr) {
+        fail("batched decode round: seq ", id, " runs only in the manager");
+        return;
+      }
+      if (s->tokens.size() == static_cast<size_t>(s->computed) &&
+          static_cast<int32_t>(s->tokens.size()) < kMaxTokensPerSeq) {
+        appending.push_back(id);
+        tokens.push_back(pick_token());
+      }
+    }
+    log("append_tokens_batch(", list(appending), ", ", list(tokens), ")");
+    const auto appended = impl_->append_tokens_batch(appending, tokens);
+    if (!expect_code("append_tokens_batch", appended.status(), Code::kOk)) return;
+    for (size_t i = 0; i < appending.size(); ++i) {
+      const Code expected = model_->append_tokens(appending[i], {&tokens[i], 1});
+      if (!expect_code("append_tokens_batch entry", (*appended)[i], expected)) return;
+    }
+    std::vector<int32_t> counts;
+    for (const SeqId id : running) {
+      const ReferenceModel::Seq* s = model_->find(id);
+      counts.push_back(std::min(1, static_cast<int32_t>(s->tokens.size()) - s->computed));
+    }
+    log("allocate_slots_batch(", list(running), ", ", list(counts), ", preempt)");
+    // The model's side first: its states before each call tell who a call preempted.
+    std::vector<Code> expected_codes;
+    std::vector<int64_t> expected_slots;
+    std::vector<std::vector<int64_t>> per_seq_slots;
+    std::vector<ReferenceModel::Seq> before;
+    std::vector<SeqId> victims;
+    for (size_t i = 0; i < running.size(); ++i) {
+      const SeqId id = running[i];
+      before.push_back(*model_->find(id));
+      if (std::find(victims.begin(), victims.end(), id) != victims.end()) {
+        expected_codes.push_back(Code::kFailedPrecondition);
+        per_seq_slots.emplace_back();
+        expected_slots.insert(expected_slots.end(), counts[i], -1);
+        continue;
+      }
+      auto [code, slots] = model_->allocate_slots_or_preempt(id, counts[i], 0);
+      for (const SeqId other : running) {
+        const ReferenceModel::Seq* o = model_->find(other);
+        if (other != id && o != nullptr && o->state != SequenceState::kRunning) {
+          victims.push_back(other);
+        }
+      }
+      expected_codes.push_back(code);
+      if (code != Code::kOk) slots.assign(counts[i], -1);
+      expected_slots.insert(expected_slots.end(), slots.begin(), slots.end());
+      per_seq_slots.push_back(code == Code::kOk ? slots : std::vector<int64_t>{});
+    }
+    const auto got = impl_->allocate_slots_batch(running, counts, 0, /*preempt=*/true);
+    if (!expect_code("allocate_slots_batch", got.status(), Code::kOk)) return;
+    for (size_t i = 0; i < running.size(); ++i) {
+      if (!expect_code("allocate_slots_batch entry", got->statuses[i], expected_codes[i])) return;
+    }
+    const std::vector<int64_t> got_slots(got->slots.begin(), got->slots.end());
+    if (got_slots != expected_slots) {
+      fail("allocate_slots_batch: slots ", list(got_slots), ", model expects ",
+           list(expected_slots));
+      return;
+    }
+    for (size_t i = 0; i < running.size(); ++i) {
+      if (!per_seq_slots[i].empty()) {
+        record_writes(running[i], before[i], before[i].computed, per_seq_slots[i]);
+      }
     }
     if (error_.empty()) step();
   }
