@@ -17,7 +17,8 @@ using Args = std::vector<std::string>;
 
 constexpr absl::string_view kRepeatable[] = {"command_line_test_list"};
 
-TEST_CASE("dashed flag names become Abseil's; values and unknown names stay", "[command_line]") {
+TEST_CASE("dashed flag names become Abseil's, values and unknown names stay as they are",
+          "[command_line]") {
   CHECK(to_abseil_spelling({"--command-line-test-dir", "a-b", "--command-line-test-dir=c-d",
                             "--command_line_test_dir=e", "--no-such-flag", "-1", "x-y"},
                            kRepeatable) ==
