@@ -11,28 +11,25 @@
 // around one CUDA-graph launch of the call (no host overhead inside the interval), median
 // of at least 100 runs after warm-up.
 //
-// Usage: decode_kernel_bench [--json=PATH] [--runs=N] [--peak_gbps=G] [--sdpa=PATH]
-//   Peak bandwidth: 4800 GB/s (H200) unless --peak_gbps says otherwise.
-//   --sdpa: lines "batch context group microseconds" of the contiguous baseline.
+// This file is the measurement; main(), its flags (--json, --runs, --peak_gbps, --sdpa;
+// see --help), the targets and the JSON file are in decode_kernel_bench_main.cc.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <map>
 #include <numeric>
 #include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
+#include "decode_kernel_bench.h"
 #include "pagedkv/attention.h"
 #include "pagedkv/decode_plan.h"
 #include "pagedkv/numeric.h"
 
+namespace pagedkv::bench {
 namespace {
 
 using pagedkv::DType;
@@ -67,46 +64,11 @@ void fill(void* p, int64_t bytes, uint32_t seed) {
   CHECK_CUDA(cudaGetLastError());
 }
 
-struct Result {
-  int32_t batch, context, group, block_size;
-  std::string kv;
-  int32_t num_splits;
-  double us, bytes, pct;
-  bool graph;
-  double sdpa_us;  // 0 when no baseline was given
-};
-
-using Shape = std::tuple<int32_t, int32_t, int32_t>;  // batch, context, group
-
-// Baseline timings: lines "batch context group us"; empty when the file is absent.
-std::map<Shape, double> read_sdpa(const std::string& path) {
-  std::map<Shape, double> sdpa;
-  std::ifstream in(path);
-  int32_t b, c, g;
-  double us;
-  while (in >> b >> c >> g >> us) sdpa[{b, c, g}] = us;
-  return sdpa;
-}
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::string json_path = "decode_kernel_bench.json";
-  std::string sdpa_path;
-  int runs = 100;
-  double peak_gbps = 4800.0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--json=", 0) == 0) json_path = a.substr(7);
-    if (a.rfind("--runs=", 0) == 0) runs = std::max(100, std::atoi(a.c_str() + 7));
-    if (a.rfind("--peak_gbps=", 0) == 0) peak_gbps = std::atof(a.c_str() + 12);
-    if (a.rfind("--sdpa=", 0) == 0) sdpa_path = a.substr(7);
-  }
-  const std::map<Shape, double> sdpa = read_sdpa(sdpa_path);
-  if (!pagedkv::cuda_device_available()) {
-    std::printf("decode_kernel_bench: skipped, %s\n", pagedkv::cuda_unavailable_reason().c_str());
-    return 0;
-  }
+DecodeBenchRun run_decode_kernel_bench(const DecodeBenchConfig& config) {
+  const int32_t runs = config.runs;
+  const double peak_gbps = config.peak_gbps;
   int device = 0;
   CHECK_CUDA(cudaGetDevice(&device));
   cudaDeviceProp prop{};
@@ -147,7 +109,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
   std::mt19937 rng(7);
-  std::vector<Result> results;
+  DecodeBenchRun run{.device = prop.name, .results = {}};
 
   std::printf("%-5s %-7s %-5s %-5s %-3s %-6s %10s %12s %7s %10s %7s\n", "batch", "context", "group",
               "kv", "bs", "splits", "us", "MB moved", "% peak", "SDPA us", "ratio");
@@ -248,10 +210,10 @@ int main(int argc, char** argv) {
       const double us = 1000.0 * times[times.size() / 2];
       const double bytes = static_cast<double>(kv_bytes) + 2.0 * batch * hq * kHeadDim * 2;
       const double pct = 100.0 * bytes / (us * 1e-6) / (peak_gbps * 1e9);
-      const auto base = sdpa.find({batch, context, group});
-      const double sdpa_us = base == sdpa.end() ? 0.0 : base->second;
-      results.push_back({batch, context, group, block_size, pagedkv::dtype_name(kv_dtype),
-                         plan.num_splits, us, bytes, pct, use_graph, sdpa_us});
+      const auto base = config.sdpa_us.find({batch, context, group});
+      const double sdpa_us = base == config.sdpa_us.end() ? 0.0 : base->second;
+      run.results.push_back({batch, context, group, block_size, pagedkv::dtype_name(kv_dtype),
+                             plan.num_splits, us, bytes, pct, use_graph, sdpa_us});
       char ratio[48] = "-";
       if (sdpa_us > 0) std::snprintf(ratio, sizeof(ratio), "%10.2f %6.2fx", sdpa_us, us / sdpa_us);
       std::printf("%-5d %-7d %-5d %-5s %-3d %-6d %10.2f %12.2f %6.1f%% %s%s\n", batch, context,
@@ -271,76 +233,11 @@ int main(int argc, char** argv) {
   }
   for (int32_t block_size : {8, 32}) measure(DType::kBFloat16, block_size, 64, 8192, groups);
 
-  // Targets of the issue.
-  auto find = [&](int32_t b, int32_t c, int32_t g, const char* kv,
-                  int32_t bs = 16) -> const Result* {
-    for (const Result& r : results) {
-      if (r.batch == b && r.context == c && r.group == g && r.kv == kv && r.block_size == bs) {
-        return &r;
-      }
-    }
-    return nullptr;
-  };
-  std::printf("\ntargets:\n");
-  bool all = true;
-  auto report = [&](bool ok, const char* format, auto... values) {
-    char line[200];
-    std::snprintf(line, sizeof(line), format, values...);
-    all = all && ok;
-    std::printf("  [%s] %s\n", ok ? "met" : "MISSED", line);
-  };
-  for (int32_t g : groups) {
-    for (int32_t b : {16, 64, 256}) {
-      for (int32_t c : {8192, 32768}) {
-        const Result* r = find(b, c, g, "bf16");
-        report(r->pct >= 85.0, "bf16 batch %d context %d group %d: %.1f%% >= 85%%", b, c, g,
-               r->pct);
-        if (r->sdpa_us > 0) {
-          report(r->us <= 1.05 * r->sdpa_us,
-                 "bf16 batch %d context %d group %d: %.2fx SDPA <= 1.05x", b, c, g,
-                 r->us / r->sdpa_us);
-        }
-        const Result* f8 = find(b, c, g, "fp8_e4m3");
-        report(r->us >= 1.7 * f8->us, "fp8 vs bf16 batch %d context %d group %d: %.2fx >= 1.7x", b,
-               c, g, r->us / f8->us);
-      }
-    }
-  }
-  for (int32_t g : groups) {
-    const Result* r = find(1, 32768, g, "bf16");
-    report(r->pct >= 65.0, "bf16 batch 1 context 32768 group %d (%d splits): %.1f%% >= 65%%", g,
-           r->num_splits, r->pct);
-  }
-  for (int32_t bs : {8, 32}) {
-    for (int32_t g : groups) {
-      const Result* r = find(64, 8192, g, "bf16", bs);
-      const Result* ref = find(64, 8192, g, "bf16");
-      report(r->us <= 1.1 * ref->us,
-             "bf16 batch 64 context 8192 group %d block %d: %.2fx block 16 <= 1.1x", g, bs,
-             r->us / ref->us);
-    }
-  }
-
-  FILE* json = std::fopen(json_path.c_str(), "w");
-  if (json != nullptr) {
-    std::fprintf(json,
-                 "{\"device\": \"%s\", \"peak_gbps\": %.0f, \"runs\": %d, \"all_targets_met\": "
-                 "%s,\n \"results\": [\n",
-                 prop.name, peak_gbps, runs, all ? "true" : "false");
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      std::fprintf(json,
-                   "  {\"batch\": %d, \"context\": %d, \"group\": %d, \"kv\": \"%s\", "
-                   "\"block_size\": %d, \"num_splits\": %d, \"us\": %.3f, \"bytes\": %.0f, "
-                   "\"pct_peak\": %.2f, \"sdpa_us\": %.3f, \"ratio_to_sdpa\": %.4f, "
-                   "\"graph\": %s}%s\n",
-                   r.batch, r.context, r.group, r.kv.c_str(), r.block_size, r.num_splits, r.us,
-                   r.bytes, r.pct, r.sdpa_us, r.sdpa_us > 0 ? r.us / r.sdpa_us : 0.0,
-                   r.graph ? "true" : "false", i + 1 < results.size() ? "," : "");
-    }
-    std::fprintf(json, "]}\n");
-    std::fclose(json);
-    std::printf("\nwrote %s\n", json_path.c_str());
-  }
-  return 0;
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  for (void* p : {k_pool, v_pool, q, out, static_cast<void*>(d_scales)}) CHECK_CUDA(cudaFree(p));
+  return run;
 }
+
+}  // namespace pagedkv::bench

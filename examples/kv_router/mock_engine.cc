@@ -27,84 +27,63 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
+#include "command_line.h"
 #include "kv_event_feed.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_event_publisher.h"
 
+ABSL_FLAG(std::string, endpoint, "tcp://127.0.0.1:*",
+          "PUB endpoint; the default picks a free port");
+ABSL_FLAG(std::string, replay_endpoint, "tcp://127.0.0.1:*", "ROUTER endpoint");
+ABSL_FLAG(int, steps, 300, "engine steps");
+ABSL_FLAG(int, step_us, 2000,
+          "pause after each step, microseconds, so a test can kill and restart a router");
+ABSL_FLAG(int, replay_steps, 10000, "replay buffer, in steps");
+ABSL_FLAG(int, num_blocks, 96, "device blocks");
+ABSL_FLAG(int, host_blocks, 0, "host blocks for the prefix cache's host tier; 0: none");
+ABSL_FLAG(int, block_size, 4, "tokens per block");
+ABSL_FLAG(int, reset_at_step, -1, "reset the prefix cache at step N; -1: never");
+ABSL_FLAG(int, linger_s, 60, "serve replay/snapshot requests after the run, at most N s");
+ABSL_FLAG(uint64_t, seed, 1, "workload seed");
+ABSL_FLAG(std::string, index_out, "",
+          "write the final prefix index there, one \"hex-hash medium\" per line");
+
 namespace {
 
-struct Flags {
-  std::string endpoint = "tcp://127.0.0.1:*";
-  std::string replay_endpoint = "tcp://127.0.0.1:*";
-  int steps = 300;
-  int step_us = 2000;  // pause after each step, so a test can kill and restart a router
-  int replay_steps = 10000;
-  int num_blocks = 96;
-  int host_blocks = 0;  // > 0: a host tier of the prefix cache
-  int block_size = 4;
-  int reset_at_step = -1;  // reset_prefix_cache() at this step; -1: never
-  int linger_s = 60;
-  uint64_t seed = 1;
+struct Flags {  // the values of the flags above
+  std::string endpoint;
+  std::string replay_endpoint;
+  int steps;
+  int step_us;
+  int replay_steps;
+  int num_blocks;
+  int host_blocks;  // > 0: a host tier of the prefix cache
+  int block_size;
+  int reset_at_step;  // -1: never
+  int linger_s;
+  uint64_t seed;
   std::string index_out;
 };
 
-constexpr std::string_view kUsage = R"(usage: pagedkv-mock-engine [options]
-  --endpoint E         PUB endpoint (default tcp://127.0.0.1:*, a free port)
-  --replay-endpoint E  ROUTER endpoint (default tcp://127.0.0.1:*)
-  --steps N            engine steps (default 300)
-  --step-us N          pause after each step, microseconds (default 2000)
-  --replay-steps N     replay buffer, in steps (default 10000)
-  --num-blocks N       device blocks (default 96)
-  --host-blocks N      host blocks for the prefix cache's host tier (default 0: none)
-  --block-size N       tokens per block (default 4)
-  --reset-at-step N    reset the prefix cache at step N (default: never)
-  --linger-s N         serve replay/snapshot requests after the run, at most N s (default 60)
-  --seed N             workload seed (default 1)
-  --index-out PATH     write the final prefix index there, one "hex-hash medium" per line
-)";
-
-bool parse_flags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (i + 1 >= argc) return false;
-    const std::string value = argv[++i];
-    auto number = [&](auto* out) { return absl::SimpleAtoi(value, out); };
-    bool ok = true;
-    if (flag == "--endpoint") {
-      f->endpoint = value;
-    } else if (flag == "--replay-endpoint") {
-      f->replay_endpoint = value;
-    } else if (flag == "--index-out") {
-      f->index_out = value;
-    } else if (flag == "--steps") {
-      ok = number(&f->steps);
-    } else if (flag == "--step-us") {
-      ok = number(&f->step_us);
-    } else if (flag == "--replay-steps") {
-      ok = number(&f->replay_steps);
-    } else if (flag == "--num-blocks") {
-      ok = number(&f->num_blocks);
-    } else if (flag == "--host-blocks") {
-      ok = number(&f->host_blocks);
-    } else if (flag == "--block-size") {
-      ok = number(&f->block_size);
-    } else if (flag == "--reset-at-step") {
-      ok = number(&f->reset_at_step);
-    } else if (flag == "--linger-s") {
-      ok = number(&f->linger_s);
-    } else if (flag == "--seed") {
-      ok = number(&f->seed);
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::cerr << "bad flag or value: " << flag << " " << value << "\n";
-      return false;
-    }
-  }
-  return true;
+Flags read_flags() {
+  using absl::GetFlag;
+  return {.endpoint = GetFlag(FLAGS_endpoint),
+          .replay_endpoint = GetFlag(FLAGS_replay_endpoint),
+          .steps = GetFlag(FLAGS_steps),
+          .step_us = GetFlag(FLAGS_step_us),
+          .replay_steps = GetFlag(FLAGS_replay_steps),
+          .num_blocks = GetFlag(FLAGS_num_blocks),
+          .host_blocks = GetFlag(FLAGS_host_blocks),
+          .block_size = GetFlag(FLAGS_block_size),
+          .reset_at_step = GetFlag(FLAGS_reset_at_step),
+          .linger_s = GetFlag(FLAGS_linger_s),
+          .seed = GetFlag(FLAGS_seed),
+          .index_out = GetFlag(FLAGS_index_out)};
 }
+
+constexpr const char* kUsage = R"(usage: pagedkv-mock-engine [options]
+Prints "endpoints <pub> <router>", then waits for a line "go" on stdin before it runs.)";
 
 // Waits for a line on stdin for at most `timeout_s` seconds; false on EOF or timeout.
 bool read_line(std::string* line, int timeout_s) {
@@ -278,10 +257,11 @@ int run(const Flags& flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags;
-  if (!parse_flags(argc, argv, &flags)) {
-    std::cerr << kUsage;
+  const std::vector<std::string> positional =
+      pagedkv::examples::parse_command_line(argc, argv, kUsage, __FILE__, {});
+  if (!positional.empty()) {
+    std::cerr << "pagedkv-mock-engine: unexpected argument '" << positional[0] << "'; see --help\n";
     return 2;
   }
-  return run(flags);
+  return run(read_flags());
 }

@@ -6,12 +6,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
-#include "absl/strings/string_view.h"
 
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "command_line.h"
 #include "fmt/format.h"
 #include "simulate.h"
 
@@ -19,139 +25,172 @@ namespace {
 
 using pagedkv::sim::SimOptions;
 
+// --block_sizes: a comma-separated list of positive integers.
+struct BlockSizes {
+  std::vector<int32_t> sizes;
+};
+
+bool AbslParseFlag(absl::string_view text, BlockSizes* out, std::string* error) {
+  out->sizes.clear();
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int32_t size;
+    if (!absl::SimpleAtoi(part, &size) || size <= 0) {
+      *error = absl::StrCat("'", part, "' is not a positive integer");
+      return false;
+    }
+    out->sizes.push_back(size);
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(const BlockSizes& value) { return absl::StrJoin(value.sizes, ","); }
+
+}  // namespace
+
+ABSL_FLAG(std::string, traces_dir, "",
+          "the shipped traces; default $PAGEDKV_TRACES_DIR, else ../shared/traces next to "
+          "the source tree");
+ABSL_FLAG(std::vector<std::string>, trace,
+          std::vector<std::string>({"AzureLLMInferenceTrace_code.csv",
+                                    "AzureLLMInferenceTrace_conv.csv", "synthetic_trace.jsonl"}),
+          "a trace to replay, repeatable or comma-separated: a file name in --traces_dir or a "
+          "path (.csv Azure, .jsonl Mooncake), or \"generated\" for the generator");
+ABSL_FLAG(bool, synthetic, false,
+          "also replay the generated workload: shared system prompts, parallel samples, beams; "
+          "trace name \"generated\"");
+ABSL_FLAG(int32_t, gen_requests, pagedkv::sim::SyntheticOptions{}.num_requests,
+          "generated workload: requests");
+ABSL_FLAG(double, gen_rate, pagedkv::sim::SyntheticOptions{}.rate_per_s,
+          "generated workload: Poisson arrivals per second");
+ABSL_FLAG(uint64_t, gen_seed, pagedkv::sim::SyntheticOptions{}.seed,
+          "generated workload: random seed");
+ABSL_FLAG(bool, no_eviction, false, "skip the eviction and tier studies");
+ABSL_FLAG(bool, quick, false, "first 400 requests of each trace, for tests");
+ABSL_FLAG(std::optional<int64_t>, max_requests, std::nullopt,
+          "first N requests of each trace; default all");
+ABSL_FLAG(BlockSizes, block_sizes, BlockSizes{SimOptions{}.block_sizes},
+          "paged block sizes, comma-separated");
+ABSL_FLAG(std::optional<double>, budget_gib, std::nullopt,
+          "device KV budget in GiB for every trace; default per trace: Azure 8, Mooncake 64, "
+          "synthetic 8");
+ABSL_FLAG(std::optional<double>, time_scale, std::nullopt,
+          "divide arrival times by X; default per trace: Azure code 16, conv 8, others 1");
+ABSL_FLAG(std::optional<int32_t>, max_model_len, std::nullopt,
+          "context limit in tokens; default per trace: Azure 8192, Mooncake 131072");
+ABSL_FLAG(std::string, preemption, "recompute", "preemption mode: recompute or swap");
+ABSL_FLAG(double, swap_gib, SimOptions{}.host_swap_gib,
+          "host swap space in GiB for --preemption swap");
+ABSL_FLAG(double, host_cache_gib, SimOptions{}.host_cache_gib,
+          "host tier in GiB behind paged+prefix: evicted cached blocks are demoted there and "
+          "promoted on a hit; 0: none");
+ABSL_FLAG(double, host_link_gbps, pagedkv::sim::EngineOptions{}.host_link_bytes_per_s / 1e9,
+          "host tier promotion bandwidth in GB/s; 55: PCIe 5.0 x16");
+ABSL_FLAG(double, step_ms, pagedkv::sim::EngineOptions{}.step_ms, "decode step time in ms");
+ABSL_FLAG(double, prefill_ms_per_1k, pagedkv::sim::EngineOptions{}.prefill_ms_per_1k_tokens,
+          "prefill time in ms per 1,000 prompt tokens");
+ABSL_FLAG(int32_t, max_num_seqs, pagedkv::sim::EngineOptions{}.max_num_seqs,
+          "running sequences at most");
+ABSL_FLAG(std::string, out_dir, "out/sim", "where results.json and results-utilization.svg go");
+ABSL_FLAG(bool, no_progress, false, "no progress line");
+
+namespace {
+
 constexpr const char* kUsage = R"(Usage: pagedkv-sim [options]
 
 Replays traces in simulated time with an engine model and compares allocators:
 contiguous-max (reserve max_model_len per request, first fit), contiguous-oracle
 (reserve prompt + output), paged and paged+prefix (pagedkv's KvCacheManager) at each
 block size. Runs the eviction study (LRU on BlockPool vs Belady) and the tier study
-(device + host LRU tiers) on the Mooncake trace.
-
-  --traces-dir DIR      shipped traces (default: $PAGEDKV_TRACES_DIR, else ../shared/traces
-                        next to the source tree)
-  --trace NAME|PATH     a trace to replay (repeatable; .csv Azure, .jsonl Mooncake,
-                        "generated" the generator). Default: the three shipped traces.
-  --synthetic           also replay the generated workload (shared system prompts,
-                        parallel samples, beams; trace name "generated")
-  --gen-requests N      generated workload: requests (default 2000)
-  --gen-rate X          generated workload: Poisson arrivals per second (default 20)
-  --gen-seed N          generated workload: random seed (default 1)
-  --no-eviction         skip the eviction and tier studies
-  --quick               first 400 requests of each trace (for tests)
-  --max-requests N      first N requests of each trace
-  --block-sizes LIST    paged block sizes (default 8,16,32)
-  --budget-gib X        device KV budget for every trace (default per trace: Azure 8,
-                        Mooncake 64, synthetic 8)
-  --time-scale X        divide arrival times by X (default per trace: Azure code 16,
-                        conv 8, others 1)
-  --max-model-len N     context limit (default per trace: Azure 8192, Mooncake 131072)
-  --preemption MODE     recompute (default) or swap
-  --swap-gib X          host swap space for --preemption swap (default 4)
-  --host-cache-gib X    host tier behind paged+prefix: evicted cached blocks are demoted
-                        there and promoted on a hit (default 0: none)
-  --host-link-gbps X    host tier promotion bandwidth in GB/s (default 55, PCIe 5.0 x16)
-  --step-ms X           decode step time (default 20)
-  --prefill-ms-per-1k X prefill time per 1,000 prompt tokens (default 50)
-  --max-num-seqs N      running sequences at most (default 512)
-  --out-dir DIR         where results.json and results-utilization.svg go (default out/sim)
-  --no-progress         no progress line
-)";
-
-bool parse_double(absl::string_view s, double* out) { return absl::SimpleAtod(s, out); }
+(device + host LRU tiers) on the Mooncake trace. Flags take --flag=value or --flag value;
+dashes may stand for the underscores (--traces-dir).)";
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "pagedkv-sim: %s\n", message.c_str());
   return 2;
 }
 
+// The checks the flags' types cannot make. Errors: InvalidArgument naming the first flag
+// out of range.
+absl::Status validate_flags() {
+  using absl::GetFlag;
+  using pagedkv::examples::check_flag;
+  constexpr int64_t kMaxCount = 1 << 30;  // requests, tokens, sequences
+  const auto count_in = [](int64_t n, int64_t min) { return n >= min && n <= kMaxCount; };
+  const auto count_range = [](int64_t min) {
+    return absl::StrCat("in [", min, ", ", kMaxCount, "]");
+  };
+  const std::string preemption = GetFlag(FLAGS_preemption);
+  for (const absl::Status& status : {
+           check_flag(FLAGS_gen_requests, count_in(GetFlag(FLAGS_gen_requests), 0), count_range(0)),
+           check_flag(FLAGS_gen_rate, GetFlag(FLAGS_gen_rate) > 0, "> 0"),
+           check_flag(FLAGS_max_requests, GetFlag(FLAGS_max_requests).value_or(1) > 0, "> 0"),
+           check_flag(FLAGS_budget_gib, GetFlag(FLAGS_budget_gib).value_or(1) > 0, "> 0"),
+           check_flag(FLAGS_time_scale, GetFlag(FLAGS_time_scale).value_or(1) > 0, "> 0"),
+           check_flag(FLAGS_max_model_len, count_in(GetFlag(FLAGS_max_model_len).value_or(2), 2),
+                      count_range(2)),
+           check_flag(FLAGS_preemption, preemption == "recompute" || preemption == "swap",
+                      "recompute or swap"),
+           check_flag(FLAGS_swap_gib, GetFlag(FLAGS_swap_gib) >= 0, ">= 0"),
+           check_flag(FLAGS_host_cache_gib, GetFlag(FLAGS_host_cache_gib) >= 0, ">= 0"),
+           check_flag(FLAGS_host_link_gbps, GetFlag(FLAGS_host_link_gbps) > 0, "> 0"),
+           check_flag(FLAGS_step_ms, GetFlag(FLAGS_step_ms) > 0, "> 0"),
+           check_flag(FLAGS_prefill_ms_per_1k, GetFlag(FLAGS_prefill_ms_per_1k) >= 0, ">= 0"),
+           check_flag(FLAGS_max_num_seqs, count_in(GetFlag(FLAGS_max_num_seqs), 1), count_range(1)),
+       }) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+// The options the flags give (after validate_flags()).
+SimOptions options_from_flags() {
+  using absl::GetFlag;
+  SimOptions options;
+  options.traces_dir = GetFlag(FLAGS_traces_dir);
+  if (options.traces_dir.empty()) {
+    const char* dir = std::getenv("PAGEDKV_TRACES_DIR");
+    options.traces_dir =
+        dir != nullptr ? dir : std::string(PAGEDKV_SOURCE_DIR) + "/../shared/traces";
+  }
+  options.traces = GetFlag(FLAGS_trace);
+  options.synthetic = GetFlag(FLAGS_synthetic);
+  options.synthetic_options.num_requests = GetFlag(FLAGS_gen_requests);
+  options.synthetic_options.rate_per_s = GetFlag(FLAGS_gen_rate);
+  options.synthetic_options.seed = GetFlag(FLAGS_gen_seed);
+  options.eviction = !GetFlag(FLAGS_no_eviction);
+  options.quick = GetFlag(FLAGS_quick);
+  options.max_requests = GetFlag(FLAGS_max_requests).value_or(-1);
+  options.block_sizes = GetFlag(FLAGS_block_sizes).sizes;
+  options.budget_gib = GetFlag(FLAGS_budget_gib);
+  options.time_scale = GetFlag(FLAGS_time_scale);
+  options.max_model_len = GetFlag(FLAGS_max_model_len);
+  options.preemption_mode = GetFlag(FLAGS_preemption) == "swap"
+                                ? pagedkv::PreemptionMode::kSwap
+                                : pagedkv::PreemptionMode::kRecompute;
+  options.host_swap_gib = GetFlag(FLAGS_swap_gib);
+  options.host_cache_gib = GetFlag(FLAGS_host_cache_gib);
+  options.engine.host_link_bytes_per_s = GetFlag(FLAGS_host_link_gbps) * 1e9;
+  options.engine.step_ms = GetFlag(FLAGS_step_ms);
+  options.engine.prefill_ms_per_1k_tokens = GetFlag(FLAGS_prefill_ms_per_1k);
+  options.engine.max_num_seqs = GetFlag(FLAGS_max_num_seqs);
+  options.engine.measure_allocator_time = true;
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  SimOptions options;
-  std::string out_dir = "out/sim";
-  bool progress = isatty(STDERR_FILENO) != 0;
-  bool quiet_progress = false;
-  if (const char* dir = std::getenv("PAGEDKV_TRACES_DIR")) {
-    options.traces_dir = dir;
-  } else {
-    options.traces_dir = std::string(PAGEDKV_SOURCE_DIR) + "/../shared/traces";
+  constexpr absl::string_view kRepeatableFlags[] = {"trace"};
+  const std::vector<std::string> positional =
+      pagedkv::examples::parse_command_line(argc, argv, kUsage, __FILE__, kRepeatableFlags);
+  if (!positional.empty()) return fail("unexpected argument '" + positional[0] + "'; see --help");
+  if (absl::Status status = validate_flags(); !status.ok()) {
+    return fail(std::string(status.message()));
   }
-  options.engine.measure_allocator_time = true;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= args.size()) return false;
-      *out = args[++i];
-      return true;
-    };
-    std::string v;
-    double d;
-    int64_t n;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--traces-dir" && value(&v)) {
-      options.traces_dir = v;
-    } else if (a == "--trace" && value(&v)) {
-      options.traces.push_back(v);
-    } else if (a == "--synthetic") {
-      options.synthetic = true;
-    } else if (a == "--gen-requests" && value(&v) && absl::SimpleAtoi(v, &n) && n >= 0 &&
-               n <= (1 << 30)) {
-      options.synthetic_options.num_requests = static_cast<int32_t>(n);
-    } else if (a == "--gen-rate" && value(&v) && parse_double(v, &d) && d > 0) {
-      options.synthetic_options.rate_per_s = d;
-    } else if (a == "--gen-seed" && value(&v) && absl::SimpleAtoi(v, &n)) {
-      options.synthetic_options.seed = static_cast<uint64_t>(n);
-    } else if (a == "--no-eviction") {
-      options.eviction = false;
-    } else if (a == "--quick") {
-      options.quick = true;
-    } else if (a == "--max-requests" && value(&v) && absl::SimpleAtoi(v, &n) && n > 0) {
-      options.max_requests = n;
-    } else if (a == "--block-sizes" && value(&v)) {
-      options.block_sizes.clear();
-      for (absl::string_view part : absl::StrSplit(v, ',')) {
-        int32_t bs;
-        if (!absl::SimpleAtoi(part, &bs) || bs <= 0) return fail("bad --block-sizes " + v);
-        options.block_sizes.push_back(bs);
-      }
-    } else if (a == "--budget-gib" && value(&v) && parse_double(v, &d) && d > 0) {
-      options.budget_gib = d;
-    } else if (a == "--time-scale" && value(&v) && parse_double(v, &d) && d > 0) {
-      options.time_scale = d;
-    } else if (a == "--max-model-len" && value(&v) && absl::SimpleAtoi(v, &n) && n >= 2 &&
-               n <= (1 << 30)) {
-      options.max_model_len = static_cast<int32_t>(n);
-    } else if (a == "--preemption" && value(&v) && (v == "recompute" || v == "swap")) {
-      options.preemption_mode =
-          v == "swap" ? pagedkv::PreemptionMode::kSwap : pagedkv::PreemptionMode::kRecompute;
-    } else if (a == "--swap-gib" && value(&v) && parse_double(v, &d) && d >= 0) {
-      options.host_swap_gib = d;
-    } else if (a == "--host-cache-gib" && value(&v) && parse_double(v, &d) && d >= 0) {
-      options.host_cache_gib = d;
-    } else if (a == "--host-link-gbps" && value(&v) && parse_double(v, &d) && d > 0) {
-      options.engine.host_link_bytes_per_s = d * 1e9;
-    } else if (a == "--step-ms" && value(&v) && parse_double(v, &d) && d > 0) {
-      options.engine.step_ms = d;
-    } else if (a == "--prefill-ms-per-1k" && value(&v) && parse_double(v, &d) && d >= 0) {
-      options.engine.prefill_ms_per_1k_tokens = d;
-    } else if (a == "--max-num-seqs" && value(&v) && absl::SimpleAtoi(v, &n) && n > 0 &&
-               n <= (1 << 30)) {
-      options.engine.max_num_seqs = static_cast<int32_t>(n);
-    } else if (a == "--out-dir" && value(&v)) {
-      out_dir = v;
-    } else if (a == "--no-progress") {
-      quiet_progress = true;
-    } else {
-      return fail("bad argument '" + a + "' (or a missing/invalid value); see --help");
-    }
-  }
-  if (options.traces.empty()) {
-    options.traces = {"AzureLLMInferenceTrace_code.csv", "AzureLLMInferenceTrace_conv.csv",
-                      "synthetic_trace.jsonl"};
-  }
+  SimOptions options = options_from_flags();
+  const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
+  const bool progress = isatty(STDERR_FILENO) != 0;
+  const bool quiet_progress = absl::GetFlag(FLAGS_no_progress);
   const auto start = std::chrono::steady_clock::now();
   auto last = start;
   if (!quiet_progress) {

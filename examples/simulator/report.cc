@@ -2,35 +2,32 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 
 namespace pagedkv::sim {
 namespace {
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
+using OrderedJson = nlohmann::ordered_json;  // members in the order they are set
+
+// `x` to 6 significant digits, as the report has always printed its figures: nlohmann
+// prints the shortest text that reads back as the double, so the file keeps 6 digits, not
+// 17. NaN and infinities are not JSON: null.
+OrderedJson figure(double x) {
+  if (!std::isfinite(x)) return nullptr;
+  return std::strtod(fmt::format("{:.6g}", x).c_str(), nullptr);
 }
 
-// A finite number for JSON (NaN and infinities are not JSON).
-std::string num(double x) {
-  if (!std::isfinite(x)) return "null";
-  return fmt::format("{:.6g}", x);
+// `x` to `decimals` decimals (the series: time to 10 ms, utilization to 1e-4).
+double to_decimals(double x, int decimals) {
+  return std::strtod(fmt::format("{:.{}f}", x, decimals).c_str(), nullptr);
 }
 
 std::string xml_escape(std::string_view s) {
@@ -142,100 +139,126 @@ std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostMo
   return out + "\n";
 }
 
+namespace {
+
+// One allocator's figures and its series over time.
+OrderedJson allocator_json(const EngineResult& r) {
+  OrderedJson time_s = OrderedJson::array(), utilization = OrderedJson::array(),
+              concurrency = OrderedJson::array();
+  for (const SeriesPoint& p : r.series) {
+    time_s.push_back(to_decimals(p.time_s, 2));
+    utilization.push_back(to_decimals(p.utilization, 4));
+    concurrency.push_back(p.concurrency);
+  }
+  return {
+      {"name", r.allocator},
+      {"requests", r.requests},
+      {"completed", r.completed},
+      {"rejected", r.rejected},
+      {"steps", r.steps},
+      {"sim_time_s", figure(r.sim_time_s)},
+      {"mean_utilization", figure(r.mean_utilization)},
+      {"mean_memory_use", figure(r.mean_memory_use)},
+      {"peak_concurrency", r.peak_concurrency},
+      {"mean_concurrency", figure(r.mean_concurrency)},
+      {"throughput_rps", figure(r.throughput_rps)},
+      {"mean_latency_s", figure(r.mean_latency_s)},
+      {"preemptions", r.preemptions},
+      {"preemptions_swap", r.preemptions_swap},
+      {"prefix_query_tokens", r.prefix_query_tokens},
+      {"prefix_hit_tokens", r.prefix_hit_tokens},
+      {"prefix_hit_rate", figure(r.prefix_hit_rate())},
+      {"evictions", r.evictions},
+      {"cow_copies", r.cow_copies},
+      {"generated_tokens", r.generated_tokens},
+      {"prefix_host_hit_tokens", r.prefix_host_hit_tokens},
+      {"blocks_promoted", r.blocks_promoted},
+      {"blocks_demoted", r.blocks_demoted},
+      {"host_evictions", r.host_evictions},
+      {"promote_time_s", figure(r.promote_time_s)},
+      {"allocator_ns_per_step", figure(r.allocator_ns_per_step)},
+      {"series", {{"time_s", time_s}, {"utilization", utilization}, {"concurrency", concurrency}}}};
+}
+
+OrderedJson run_json(const TraceRun& run) {
+  OrderedJson allocators = OrderedJson::array();
+  for (const EngineResult& r : run.results) allocators.push_back(allocator_json(r));
+  return {{"trace", run.trace},
+          {"requests", run.requests},
+          {"time_scale", figure(run.time_scale)},
+          {"budget_tokens", run.budget_tokens},
+          {"budget_gib", figure(run.budget_gib)},
+          {"max_model_len", run.max_model_len},
+          {"host_cache_gib", figure(run.host_cache_gib)},
+          {"prompts_truncated", run.clamp.prompts_truncated},
+          {"outputs_clamped", run.clamp.outputs_clamped},
+          {"allocators", allocators}};
+}
+
+OrderedJson eviction_json(const SimReport& report) {
+  OrderedJson rows = OrderedJson::array();
+  for (const EvictionRow& row : report.eviction) {
+    rows.push_back({{"capacity", row.capacity},
+                    {"infinite", row.infinite},
+                    {"total_blocks", row.lru.total_blocks},
+                    {"lru_hit_blocks", row.lru.hit_blocks},
+                    {"lru_hit_rate", figure(row.lru.hit_rate())},
+                    {"lru_evictions", row.lru.evictions},
+                    {"belady_hit_blocks", row.belady.hit_blocks},
+                    {"belady_hit_rate", figure(row.belady.hit_rate())},
+                    {"belady_evictions", row.belady.evictions}});
+  }
+  return {{"trace", report.eviction_trace}, {"block_tokens", 512}, {"rows", rows}};
+}
+
+OrderedJson tiers_json(const SimReport& report) {
+  const TierCostModel& c = report.tier_costs;
+  OrderedJson links = OrderedJson::array();
+  for (const TierCostModel::Link& link : c.links) {
+    links.push_back({{"name", link.name},
+                     {"bytes_per_s", figure(link.bytes_per_s)},
+                     {"promote_ms", figure(1e3 * c.copy_s(link))}});
+  }
+  OrderedJson rows = OrderedJson::array();
+  for (const TierRow& row : report.tiers) {
+    const TieredReplayResult& t = row.tiered;
+    rows.push_back({{"device_blocks", t.device_capacity},
+                    {"host_blocks", t.host_capacity},
+                    {"retained_head_blocks", t.retained_head_blocks},
+                    {"total_blocks", t.total_blocks},
+                    {"device_hit_blocks", t.device_hit_blocks},
+                    {"host_hit_blocks", t.host_hit_blocks},
+                    {"hit_rate", figure(t.hit_rate())},
+                    {"single_pool_hit_rate", figure(row.single.hit_rate())},
+                    {"promotions", t.promotions()},
+                    {"demotions", t.demotions},
+                    {"host_evictions", t.host_evictions},
+                    {"promoted_bytes_per_s", figure(c.bytes_per_s(t.promotions()))},
+                    {"demoted_bytes_per_s", figure(c.bytes_per_s(t.demotions))}});
+  }
+  return {{"trace", report.eviction_trace},
+          {"block_tokens", c.block_tokens},
+          {"block_bytes", c.block_bytes},
+          {"trace_seconds", figure(c.trace_seconds)},
+          {"prefill_tokens_per_s", figure(c.prefill_tokens_per_s)},
+          {"recompute_ms", figure(1e3 * c.recompute_s())},
+          {"links", links},
+          {"rows", rows}};
+}
+
+}  // namespace
+
 std::string to_json(const SimReport& report) {
-  std::string out = "{\n";
-  out += fmt::format("  \"model\": {},\n  \"bytes_per_token\": {},\n  \"quick\": {},\n",
-                     json_string(report.model), report.bytes_per_token,
-                     report.quick ? "true" : "false");
-  out += "  \"runs\": [";
-  for (size_t i = 0; i < report.runs.size(); ++i) {
-    const TraceRun& run = report.runs[i];
-    out += i == 0 ? "\n" : ",\n";
-    out += fmt::format(
-        "    {{\"trace\": {}, \"requests\": {}, \"time_scale\": {}, \"budget_tokens\": {}, "
-        "\"budget_gib\": {}, \"max_model_len\": {}, \"host_cache_gib\": {}, "
-        "\"prompts_truncated\": {}, "
-        "\"outputs_clamped\": {},\n     \"allocators\": [",
-        json_string(run.trace), run.requests, num(run.time_scale), run.budget_tokens,
-        num(run.budget_gib), run.max_model_len, num(run.host_cache_gib),
-        run.clamp.prompts_truncated, run.clamp.outputs_clamped);
-    for (size_t j = 0; j < run.results.size(); ++j) {
-      const EngineResult& r = run.results[j];
-      out += j == 0 ? "\n" : ",\n";
-      out += fmt::format(
-          "      {{\"name\": {}, \"requests\": {}, \"completed\": {}, \"rejected\": {}, "
-          "\"steps\": {}, \"sim_time_s\": {}, \"mean_utilization\": {}, \"mean_memory_use\": {}, "
-          "\"peak_concurrency\": {}, \"mean_concurrency\": {}, \"throughput_rps\": {}, "
-          "\"mean_latency_s\": {}, \"preemptions\": {}, \"preemptions_swap\": {}, "
-          "\"prefix_query_tokens\": {}, \"prefix_hit_tokens\": {}, \"prefix_hit_rate\": {}, "
-          "\"evictions\": {}, \"cow_copies\": {}, \"generated_tokens\": {}, "
-          "\"prefix_host_hit_tokens\": {}, \"blocks_promoted\": {}, \"blocks_demoted\": {}, "
-          "\"host_evictions\": {}, \"promote_time_s\": {}, "
-          "\"allocator_ns_per_step\": {},\n       \"series\": {{\"time_s\": [",
-          json_string(r.allocator), r.requests, r.completed, r.rejected, r.steps, num(r.sim_time_s),
-          num(r.mean_utilization), num(r.mean_memory_use), r.peak_concurrency,
-          num(r.mean_concurrency), num(r.throughput_rps), num(r.mean_latency_s), r.preemptions,
-          r.preemptions_swap, r.prefix_query_tokens, r.prefix_hit_tokens, num(r.prefix_hit_rate()),
-          r.evictions, r.cow_copies, r.generated_tokens, r.prefix_host_hit_tokens,
-          r.blocks_promoted, r.blocks_demoted, r.host_evictions, num(r.promote_time_s),
-          num(r.allocator_ns_per_step));
-      std::string util, conc;
-      for (size_t k = 0; k < r.series.size(); ++k) {
-        const char* sep = k == 0 ? "" : ",";
-        out += fmt::format("{}{:.2f}", sep, r.series[k].time_s);
-        util += fmt::format("{}{:.4f}", sep, r.series[k].utilization);
-        conc += fmt::format("{}{}", sep, r.series[k].concurrency);
-      }
-      out += fmt::format("], \"utilization\": [{}], \"concurrency\": [{}]}}}}", util, conc);
-    }
-    out += "]}";
-  }
-  out += "\n  ]";
-  if (!report.eviction_trace.empty()) {
-    out += fmt::format(",\n  \"eviction\": {{\"trace\": {}, \"block_tokens\": 512, \"rows\": [",
-                       json_string(report.eviction_trace));
-    for (size_t i = 0; i < report.eviction.size(); ++i) {
-      const EvictionRow& row = report.eviction[i];
-      out += fmt::format(
-          "{}\n    {{\"capacity\": {}, \"infinite\": {}, \"total_blocks\": {}, "
-          "\"lru_hit_blocks\": {}, \"lru_hit_rate\": {}, \"lru_evictions\": {}, "
-          "\"belady_hit_blocks\": {}, \"belady_hit_rate\": {}, \"belady_evictions\": {}}}",
-          i == 0 ? "" : ",", row.capacity, row.infinite ? "true" : "false", row.lru.total_blocks,
-          row.lru.hit_blocks, num(row.lru.hit_rate()), row.lru.evictions, row.belady.hit_blocks,
-          num(row.belady.hit_rate()), row.belady.evictions);
-    }
-    out += "\n  ]}";
-  }
-  if (!report.tiers.empty()) {
-    const TierCostModel& c = report.tier_costs;
-    out += fmt::format(
-        ",\n  \"tiers\": {{\"trace\": {}, \"block_tokens\": {}, \"block_bytes\": {}, "
-        "\"trace_seconds\": {}, \"prefill_tokens_per_s\": {}, \"recompute_ms\": {}, \"links\": [",
-        json_string(report.eviction_trace), c.block_tokens, c.block_bytes, num(c.trace_seconds),
-        num(c.prefill_tokens_per_s), num(1e3 * c.recompute_s()));
-    for (size_t i = 0; i < c.links.size(); ++i) {
-      out += fmt::format("{}{{\"name\": {}, \"bytes_per_s\": {}, \"promote_ms\": {}}}",
-                         i == 0 ? "" : ", ", json_string(c.links[i].name),
-                         num(c.links[i].bytes_per_s), num(1e3 * c.copy_s(c.links[i])));
-    }
-    out += "], \"rows\": [";
-    for (size_t i = 0; i < report.tiers.size(); ++i) {
-      const TieredReplayResult& t = report.tiers[i].tiered;
-      out += fmt::format(
-          "{}\n    {{\"device_blocks\": {}, \"host_blocks\": {}, \"retained_head_blocks\": {}, "
-          "\"total_blocks\": {}, "
-          "\"device_hit_blocks\": {}, \"host_hit_blocks\": {}, \"hit_rate\": {}, "
-          "\"single_pool_hit_rate\": {}, \"promotions\": {}, \"demotions\": {}, "
-          "\"host_evictions\": {}, \"promoted_bytes_per_s\": {}, \"demoted_bytes_per_s\": {}}}",
-          i == 0 ? "" : ",", t.device_capacity, t.host_capacity, t.retained_head_blocks,
-          t.total_blocks, t.device_hit_blocks, t.host_hit_blocks, num(t.hit_rate()),
-          num(report.tiers[i].single.hit_rate()), t.promotions(), t.demotions, t.host_evictions,
-          num(c.bytes_per_s(t.promotions())), num(c.bytes_per_s(t.demotions)));
-    }
-    out += "\n  ]}";
-  }
-  out += "\n}\n";
-  return out;
+  OrderedJson runs = OrderedJson::array();
+  for (const TraceRun& run : report.runs) runs.push_back(run_json(run));
+  OrderedJson json = {{"model", report.model},
+                      {"bytes_per_token", report.bytes_per_token},
+                      {"quick", report.quick},
+                      {"runs", runs}};
+  if (!report.eviction_trace.empty()) json["eviction"] = eviction_json(report);
+  if (!report.tiers.empty()) json["tiers"] = tiers_json(report);
+  // A trace named by a file whose name is not UTF-8 gets U+FFFD rather than an exception.
+  return json.dump(2, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::string to_svg(const SimReport& report) {

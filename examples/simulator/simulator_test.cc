@@ -105,6 +105,58 @@ TEST_CASE("Mooncake JSONL rows parse, and bad rows name the line", "[simulator]"
   CHECK(std::string(broken.status().message()).find("mc:1:") != std::string::npos);
 }
 
+// The error for a trace whose first line is good and whose second is `bad_row`.
+std::string second_row_error(const std::string& bad_row) {
+  absl::StatusOr<Trace> t = parse_mooncake_jsonl(
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 6, \"hash_ids\": [0]}\n" +
+          bad_row + "\n",
+      "mc");
+  REQUIRE(absl::IsInvalidArgument(t.status()));
+  return std::string(t.status().message());
+}
+
+TEST_CASE("malformed Mooncake rows name the line and what is wrong", "[simulator]") {
+  SECTION("bad JSON: the column and the syntax error") {
+    CHECK(second_row_error("{\"timestamp\": 5,, \"input_length\": 10}") ==
+          "mc:2: invalid JSON at column 17: syntax error while parsing object key - unexpected "
+          "','; expected string literal");
+  }
+  SECTION("not an object") {
+    CHECK(second_row_error("[1, 2]") == "mc:2: expected a JSON object, got [1,2]");
+  }
+  SECTION("missing field") {
+    CHECK(second_row_error("{\"timestamp\": 5, \"input_length\": 10, \"hash_ids\": [0]}") ==
+          "mc:2: missing \"output_length\" (a positive int32, in tokens)");
+    CHECK(second_row_error("{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 6}") ==
+          "mc:2: missing \"hash_ids\" (an array of integers)");
+  }
+  SECTION("wrong type") {
+    CHECK(second_row_error(
+              "{\"timestamp\": \"5\", \"input_length\": 10, \"output_length\": 6, \"hash_ids\": "
+              "[0]}") == "mc:2: \"timestamp\" must be an integer >= 0, in ms, got \"5\"");
+    CHECK(second_row_error(
+              "{\"timestamp\": 5, \"input_length\": 10.5, \"output_length\": 6, \"hash_ids\": "
+              "[0]}") == "mc:2: \"input_length\" must be a positive int32, in tokens, got 10.5");
+    CHECK(second_row_error(
+              "{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 6, \"hash_ids\": 0}") ==
+          "mc:2: \"hash_ids\" must be an array of integers, got 0");
+    CHECK(second_row_error("{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 6, "
+                           "\"hash_ids\": [null]}") ==
+          "mc:2: \"hash_ids\"[0] must be an int64, got null");
+  }
+  SECTION("out of range") {
+    CHECK(second_row_error(
+              "{\"timestamp\": -1, \"input_length\": 10, \"output_length\": 6, \"hash_ids\": "
+              "[0]}") == "mc:2: \"timestamp\" must be an integer >= 0, in ms, got -1");
+    CHECK(second_row_error("{\"timestamp\": 5, \"input_length\": 2147483648, \"output_length\": "
+                           "6, \"hash_ids\": [0]}") ==
+          "mc:2: \"input_length\" must be a positive int32, in tokens, got 2147483648");
+    CHECK(second_row_error("{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 6, "
+                           "\"hash_ids\": [9223372036854775808]}") ==
+          "mc:2: \"hash_ids\"[0] must be an int64, got 9223372036854775808");
+  }
+}
+
 TEST_CASE("a missing trace file is NotFound naming the path", "[simulator]") {
   absl::StatusOr<Trace> t = read_trace("/nonexistent/trace.csv");
   REQUIRE(absl::IsNotFound(t.status()));

@@ -1,19 +1,22 @@
 #include "trace.h"
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
-#include <climits>
-#include <cmath>
-#include <cstdlib>
+#include <cstdint>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "nlohmann/json.hpp"
 
 namespace pagedkv::sim {
 namespace {
@@ -88,167 +91,113 @@ absl::Status row_error(absl::string_view name, int64_t line, absl::string_view w
   return absl::InvalidArgumentError(absl::StrCat(name, ":", line, ": ", what));
 }
 
-// A minimal JSON reader for one Mooncake row: an object whose values we need are integers
-// and an array of integers; other values are skipped.
-class JsonRow {
- public:
-  explicit JsonRow(absl::string_view text) : text_(text) {}
+// A trace value in an error message: its JSON text, cut short (hash_ids run to thousands).
+std::string excerpt(const nlohmann::json& value) {
+  constexpr size_t kMaxChars = 40;
+  std::string text = value.dump();
+  if (text.size() > kMaxChars) text = absl::StrCat(text.substr(0, kMaxChars), "...");
+  return text;
+}
 
-  // Calls on_int(key, value) / on_int_array(key, values) for the top-level members.
-  template <typename OnInt, typename OnArray>
-  absl::Status parse(OnInt on_int, OnArray on_int_array) {
-    skip_ws();
-    if (!consume('{')) return error("expected '{'");
-    skip_ws();
-    if (consume('}')) return trailing();
-    while (true) {
-      skip_ws();
-      std::string key;
-      if (absl::Status s = parse_string(&key); !s.ok()) return s;
-      skip_ws();
-      if (!consume(':')) return error(absl::StrCat("expected ':' after \"", key, "\""));
-      skip_ws();
-      if (peek() == '[') {
-        std::vector<int64_t> values;
-        bool all_ints = true;
-        if (absl::Status s = parse_array(&values, &all_ints); !s.ok()) return s;
-        if (all_ints) on_int_array(key, std::move(values));
-      } else if (peek() == '-' || (peek() >= '0' && peek() <= '9')) {
-        absl::string_view number = take_number();
-        int64_t value;
-        if (parse_int(number, &value)) {
-          on_int(key, value);
-        } else if (double d; parse_double(number, &d)) {
-          // Non-integer numbers are reported as "not an integer" by the caller's checks.
-          on_int(key,
-                 std::isfinite(d) && d == std::floor(d) ? static_cast<int64_t>(d) : kNotInteger);
-        } else {
-          return error(absl::StrCat("bad number '", number, "' for \"", key, "\""));
-        }
-      } else {
-        if (absl::Status s = skip_value(); !s.ok()) return s;
-      }
-      skip_ws();
-      if (consume(',')) continue;
-      if (consume('}')) return trailing();
-      return error("expected ',' or '}'");
-    }
+// One line of JSON text as an object. Errors: InvalidArgument with nlohmann's account of
+// the first syntax error and its column.
+absl::StatusOr<nlohmann::json> parse_object(absl::string_view line) {
+  nlohmann::json row;
+  try {
+    row = nlohmann::json::parse(line.begin(), line.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what() is "[json.exception.parse_error.N] parse error at line 1, column C: detail".
+    const absl::string_view what = e.what();
+    const size_t detail = what.find(": ");
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid JSON at column ", e.byte, ": ",
+                     detail == absl::string_view::npos ? what : what.substr(detail + 2)));
   }
+  if (!row.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("expected a JSON object, got ", excerpt(row)));
+  }
+  return row;
+}
 
-  static constexpr int64_t kNotInteger = INT64_MIN;
+// `value` when it is a JSON integer that fits an int64.
+std::optional<int64_t> as_int64(const nlohmann::json& value) {
+  if (!value.is_number_integer()) return std::nullopt;
+  // Non-negative integers parse as unsigned; get<int64_t> would wrap those above INT64_MAX.
+  if (value.is_number_unsigned() &&
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return std::nullopt;
+  }
+  return value.get<int64_t>();
+}
 
- private:
-  char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
-  bool consume(char c) {
-    if (peek() != c) return false;
-    ++pos_;
-    return true;
+// The member `key` of a row: an integer in [min, max], which `requirement` says in words.
+absl::StatusOr<int64_t> integer_member(const nlohmann::json& row, const char* key, int64_t min,
+                                       int64_t max, absl::string_view requirement) {
+  const auto member = row.find(key);
+  if (member == row.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("missing \"", key, "\" (", requirement, ")"));
   }
-  void skip_ws() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
-                                   text_[pos_] == '\r' || text_[pos_] == '\n')) {
-      ++pos_;
-    }
+  const std::optional<int64_t> value = as_int64(*member);
+  if (!value || *value < min || *value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", key, "\" must be ", requirement, ", got ", excerpt(*member)));
   }
-  absl::Status error(absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(what, " at column ", pos_ + 1));
-  }
-  absl::Status trailing() {
-    skip_ws();
-    if (pos_ != text_.size()) return error("unexpected text after the object");
-    return absl::OkStatus();
-  }
-  static bool parse_double(absl::string_view text, double* out) {
-    std::string copy(text);
-    char* end = nullptr;
-    *out = std::strtod(copy.c_str(), &end);
-    return end == copy.c_str() + copy.size();
-  }
-  absl::string_view take_number() {
-    size_t start = pos_;
-    while (pos_ < text_.size() &&
-           (std::isdigit(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '-' ||
-            text_[pos_] == '+' || text_[pos_] == '.' || text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      ++pos_;
-    }
-    return text_.substr(start, pos_ - start);
-  }
-  absl::Status parse_string(std::string* out) {
-    if (!consume('"')) return error("expected a string");
-    while (pos_ < text_.size() && text_[pos_] != '"') {
-      if (text_[pos_] == '\\') {
-        ++pos_;
-        if (pos_ >= text_.size()) break;
-      }
-      out->push_back(text_[pos_++]);
-    }
-    if (!consume('"')) return error("unterminated string");
-    return absl::OkStatus();
-  }
-  absl::Status parse_array(std::vector<int64_t>* values, bool* all_ints) {
-    consume('[');
-    skip_ws();
-    if (consume(']')) return absl::OkStatus();
-    while (true) {
-      skip_ws();
-      if (peek() == '-' || (peek() >= '0' && peek() <= '9')) {
-        absl::string_view number = take_number();
-        int64_t value;
-        if (parse_int(number, &value)) {
-          values->push_back(value);
-        } else {
-          *all_ints = false;
-        }
-      } else {
-        *all_ints = false;
-        if (absl::Status s = skip_value(); !s.ok()) return s;
-      }
-      skip_ws();
-      if (consume(',')) continue;
-      if (consume(']')) return absl::OkStatus();
-      return error("expected ',' or ']' in an array");
-    }
-  }
-  absl::Status skip_value() {
-    skip_ws();
-    char c = peek();
-    if (c == '"') {
-      std::string ignored;
-      return parse_string(&ignored);
-    }
-    if (c == '[' || c == '{') {
-      // Skips a nested value by bracket depth, honouring strings.
-      int depth = 0;
-      do {
-        char d = peek();
-        if (d == '\0') return error("unterminated array or object");
-        if (d == '"') {
-          std::string ignored;
-          if (absl::Status s = parse_string(&ignored); !s.ok()) return s;
-          continue;
-        }
-        if (d == '[' || d == '{') ++depth;
-        if (d == ']' || d == '}') --depth;
-        ++pos_;
-      } while (depth > 0);
-      return absl::OkStatus();
-    }
-    for (absl::string_view word : {"true", "false", "null"}) {
-      if (text_.substr(pos_, word.size()) == word) {
-        pos_ += word.size();
-        return absl::OkStatus();
-      }
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-      take_number();
-      return absl::OkStatus();
-    }
-    return error("unexpected character");
-  }
+  return *value;
+}
 
-  absl::string_view text_;
-  size_t pos_ = 0;
-};
+// The member "hash_ids" of a row: an array of int64.
+absl::StatusOr<std::vector<int64_t>> hash_ids_member(const nlohmann::json& row) {
+  const auto member = row.find("hash_ids");
+  if (member == row.end()) {
+    return absl::InvalidArgumentError("missing \"hash_ids\" (an array of integers)");
+  }
+  if (!member->is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"hash_ids\" must be an array of integers, got ", excerpt(*member)));
+  }
+  std::vector<int64_t> ids;
+  ids.reserve(member->size());
+  for (const nlohmann::json& id : *member) {
+    const std::optional<int64_t> value = as_int64(id);
+    if (!value) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"hash_ids\"[", ids.size(), "] must be an int64, got ", excerpt(id)));
+    }
+    ids.push_back(*value);
+  }
+  return ids;
+}
+
+// One Mooncake row; errors say what is wrong, the caller adds the file and line.
+absl::StatusOr<Request> parse_mooncake_row(absl::string_view line) {
+  constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+  constexpr absl::string_view kPositiveInt32 = "a positive int32, in tokens";
+  const absl::StatusOr<nlohmann::json> row = parse_object(line);
+  if (!row.ok()) return row.status();
+  const absl::StatusOr<int64_t> timestamp = integer_member(
+      *row, "timestamp", 0, std::numeric_limits<int64_t>::max(), "an integer >= 0, in ms");
+  if (!timestamp.ok()) return timestamp.status();
+  const absl::StatusOr<int64_t> input =
+      integer_member(*row, "input_length", 1, kMaxInt32, kPositiveInt32);
+  if (!input.ok()) return input.status();
+  const absl::StatusOr<int64_t> output =
+      integer_member(*row, "output_length", 1, kMaxInt32, kPositiveInt32);
+  if (!output.ok()) return output.status();
+  absl::StatusOr<std::vector<int64_t>> hash_ids = hash_ids_member(*row);
+  if (!hash_ids.ok()) return hash_ids.status();
+  const int64_t expected = (*input + kMooncakeBlockTokens - 1) / kMooncakeBlockTokens;
+  if (static_cast<int64_t>(hash_ids->size()) != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("hash_ids has ", hash_ids->size(),
+                                                   " ids, input_length ", *input, " needs ceil(",
+                                                   *input, " / 512) = ", expected));
+  }
+  Request request;
+  request.arrival_s = static_cast<double>(*timestamp) / 1000.0;
+  request.input_length = static_cast<int32_t>(*input);
+  request.output_length = static_cast<int32_t>(*output);
+  request.hash_ids = *std::move(hash_ids);
+  return request;
+}
 
 }  // namespace
 
@@ -316,47 +265,12 @@ absl::StatusOr<Trace> parse_mooncake_jsonl(absl::string_view text, absl::string_
     ++line_number;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
-    int64_t timestamp = -1, input = -1, output = -1;
-    bool has_hash_ids = false;
-    Request request;
-    absl::Status s = JsonRow(line).parse(
-        [&](const std::string& key, int64_t value) {
-          if (key == "timestamp") timestamp = value;
-          if (key == "input_length") input = value;
-          if (key == "output_length") output = value;
-        },
-        [&](const std::string& key, std::vector<int64_t> values) {
-          if (key == "hash_ids") {
-            has_hash_ids = true;
-            request.hash_ids = std::move(values);
-          }
-        });
-    if (!s.ok()) return row_error(name, line_number, s.message());
-    if (timestamp < 0) {
-      return row_error(name, line_number, "missing or negative integer \"timestamp\" (ms)");
-    }
-    if (input <= 0 || input > INT32_MAX) {
-      return row_error(name, line_number, "\"input_length\" must be a positive int32");
-    }
-    if (output <= 0 || output > INT32_MAX) {
-      return row_error(name, line_number, "\"output_length\" must be a positive int32");
-    }
-    if (!has_hash_ids) {
-      return row_error(name, line_number, "missing integer array \"hash_ids\"");
-    }
-    const int64_t expected = (input + kMooncakeBlockTokens - 1) / kMooncakeBlockTokens;
-    if (static_cast<int64_t>(request.hash_ids.size()) != expected) {
-      return row_error(name, line_number,
-                       absl::StrCat("hash_ids has ", request.hash_ids.size(), " ids, input_length ",
-                                    input, " needs ceil(", input, " / 512) = ", expected));
-    }
-    request.arrival_s = static_cast<double>(timestamp) / 1000.0;
-    request.input_length = static_cast<int32_t>(input);
-    request.output_length = static_cast<int32_t>(output);
-    if (!trace.requests.empty() && request.arrival_s < trace.requests.back().arrival_s) {
+    absl::StatusOr<Request> request = parse_mooncake_row(line);
+    if (!request.ok()) return row_error(name, line_number, request.status().message());
+    if (!trace.requests.empty() && request->arrival_s < trace.requests.back().arrival_s) {
       return row_error(name, line_number, "timestamp goes backwards");
     }
-    trace.requests.push_back(std::move(request));
+    trace.requests.push_back(*std::move(request));
   }
   return trace;
 }
