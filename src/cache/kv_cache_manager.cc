@@ -327,13 +327,17 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   // Validated; from here on nothing fails. A decode step inside its last block skips this.
   if (new_blocks > 0) allocate_new_blocks(seq, new_blocks, copy_on_write, write_block, partial);
 
-  // Slots walk (block, offset) from the first new token; no division per token.
+  // The blocks the new tokens' K/V goes into, once each; then the slots walk (block,
+  // offset) from the first new token, with no division per token.
+  if (num_new_tokens > 0) {
+    const int32_t last_block = static_cast<int32_t>((new_total - 1) / bs);
+    for (int32_t i = write_block; i <= last_block; ++i) ledger_->mark_written(seq.blocks[i]);
+  }
   slot_mapping_.resize(num_new_tokens);
   int32_t block = write_block;
   int32_t offset = partial;
   for (int64_t& slot : slot_mapping_) {
     slot = int64_t{seq.blocks[block]} * bs + offset;
-    ledger_->mark_written(seq.blocks[block]);
     if (++offset == bs) {
       offset = 0;
       ++block;
