@@ -65,15 +65,16 @@ TEST_CASE("allocate_slots_batch reports failures per sequence and fills their sl
   REQUIRE(batch.ok());
   // 8 + 4 + 1 + 0 slots: seq 1's, then -1 for seqs 2 and 3, nothing for the negative count.
   CHECK(slots(*batch) == Slots{0, 1, 2, 3, 4, 5, 6, 7, -1, -1, -1, -1, -1});
-  CHECK(codes(batch->statuses) ==
-        Codes{absl::StatusCode::kOk, absl::StatusCode::kResourceExhausted,
-              absl::StatusCode::kNotFound, absl::StatusCode::kInvalidArgument});
+  CHECK(codes(batch->statuses) == Codes{absl::StatusCode::kOk, absl::StatusCode::kResourceExhausted,
+                                        absl::StatusCode::kNotFound,
+                                        absl::StatusCode::kInvalidArgument});
   CHECK(batch->num_failed == 3);
   CHECK(m.sequence(2)->state == SequenceState::kWaiting);
   require_valid(m);
 }
 
-TEST_CASE("allocate_slots_batch with preempt never re-admits a sequence an earlier entry preempted") {
+TEST_CASE(
+    "allocate_slots_batch with preempt never re-admits a sequence an earlier entry preempted") {
   // 3 blocks of 4. Seqs 1 and 2 run with 4 tokens each (blocks 0 and 1), seq 3 (8 tokens)
   // waits. In one batch, seq 3 needs 2 blocks: 1 free, so the default policy preempts the
   // latest arrival among the others, seq 2 (recompute), freeing block 1. Seq 2 is next in

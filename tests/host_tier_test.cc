@@ -470,7 +470,8 @@ TEST_CASE("retention expiry holds for any clock value, saturating at the end of 
   // Freed at `start` with 10 ms to go: kept at start + 9, expired at start + 10; a clock
   // 5 ms from INT64_MAX saturates the expiry to INT64_MAX instead of wrapping below now.
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  for (const int64_t start : {std::numeric_limits<int64_t>::min(), int64_t{-1}, int64_t{0}, kMax - 5}) {
+  for (const int64_t start :
+       {std::numeric_limits<int64_t>::min(), int64_t{-1}, int64_t{0}, kMax - 5}) {
     INFO("clock starts at " << start);
     int64_t now = start;
     BlockPool pool = four_cached_blocks_one_retained(now);
