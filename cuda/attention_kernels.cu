@@ -35,8 +35,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/dispatch.h"
-#include "launch.h"
+#include "kernels/dispatch.h"
+#include "kernels/launch.h"
 #include "mma.h"
 #include "pagedkv/merge_state.h"
 #include "pagedkv/numeric.h"

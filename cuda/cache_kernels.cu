@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "attention/dispatch.h"
-#include "launch.h"
+#include "kernels/dispatch.h"
+#include "kernels/launch.h"
 #include "pagedkv/kv_cache_view.h"
 #include "pagedkv/numeric.h"
 

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "attention/cpu_kernels.h"
-#include "attention/dispatch.h"
+#include "kernels/dispatch.h"
 #include "common/status_macros.h"
 #include "pagedkv/attention_params.h"
 #include "pagedkv/decode_plan.h"
@@ -21,7 +21,7 @@
 #if PAGEDKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "launch.h"
+#include "kernels/launch.h"
 #endif
 
 namespace pagedkv {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "attention/cpu_kernels.h"
-#include "attention/dispatch.h"
+#include "kernels/dispatch.h"
 #include "pagedkv/merge_state.h"
 #include "pagedkv/numeric.h"
 

@@ -18,7 +18,7 @@
 #if PAGEDKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "launch.h"
+#include "kernels/launch.h"
 #endif
 
 namespace pagedkv {

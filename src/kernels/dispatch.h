@@ -1,8 +1,9 @@
 // Runtime dtype / head_dim values to compile-time types, shared by the CPU reference and
 // the CUDA launchers so both accept exactly the same set. Each dispatcher returns false for
-// an unsupported value, before any work starts. No Abseil (cuda/ includes it).
-#ifndef PAGEDKV_ATTENTION_DISPATCH_H_
-#define PAGEDKV_ATTENTION_DISPATCH_H_
+// an unsupported value, before any work starts. No Abseil (cuda/ includes it). Internal,
+// kernel side (src/kernels: included by src/attention and cuda/ alike).
+#ifndef PAGEDKV_KERNELS_DISPATCH_H_
+#define PAGEDKV_KERNELS_DISPATCH_H_
 
 #include <cstdint>
 #include <type_traits>
@@ -86,4 +87,4 @@ bool dispatch_write_kv(DType src_dtype, DType cache_dtype, F&& f) {
 
 }  // namespace pagedkv::internal
 
-#endif  // PAGEDKV_ATTENTION_DISPATCH_H_
+#endif  // PAGEDKV_KERNELS_DISPATCH_H_

@@ -1,8 +1,9 @@
-// Launchers of the CUDA kernels, called by the host wrappers (src/attention,
-// src/storage) after validation. Each returns the first CUDA error (cudaSuccess when the
+// Internal, kernel side (src/kernels: what both src/attention and cuda/ include, so that
+// folders depend one way). Launchers of the CUDA kernels, called by the host wrappers
+// (src/attention, src/storage) after validation. Each returns the first CUDA error (cudaSuccess when the
 // launch was queued). No Abseil: compiled by nvcc and g++ alike.
-#ifndef PAGEDKV_CUDA_LAUNCH_H_
-#define PAGEDKV_CUDA_LAUNCH_H_
+#ifndef PAGEDKV_KERNELS_LAUNCH_H_
+#define PAGEDKV_KERNELS_LAUNCH_H_
 
 #include <cuda_runtime_api.h>
 
@@ -58,4 +59,4 @@ cudaError_t launch_copy_blocks(const CopyBlocksParams& p, cudaStream_t stream);
 
 }  // namespace pagedkv::internal
 
-#endif  // PAGEDKV_CUDA_LAUNCH_H_
+#endif  // PAGEDKV_KERNELS_LAUNCH_H_
