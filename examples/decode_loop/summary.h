@@ -1,7 +1,7 @@
 // File: examples/decode_loop/summary.h
 //
-// The end-of-run report: a human-readable summary, or with --json one JSON object (written
-// with fmt; the CTest test parses it with python3's json module).
+// The end-of-run report: a human-readable summary, or with --json one JSON object (built
+// with nlohmann::json; the CTest tests parse it with python3's json module).
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_SUMMARY_H_
 #define PAGEDKV_EXAMPLES_DECODE_LOOP_SUMMARY_H_
 
