@@ -80,8 +80,8 @@ ABSL_FLAG(bool, json, false, "print the summary as JSON on stdout");
 ABSL_FLAG(std::string, fault, "none",
           "break the KV on purpose, to show that --verify catches it: "
           "none|skip-copies|skip-swap-in|corrupt-swap-in|skip-promote (drop copy-on-write, "
-          "swap-in or host-tier promotion copies, or flip an exponent bit in each swapped-in "
-          "sequence's KV)");
+          "swap-in or host-tier promotion copies, or flip an exponent bit in every block a "
+          "swap-in fills)");
 ABSL_FLAG(int32_t, metrics_port, -1,
           "serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port; -1: off)");
 ABSL_FLAG(std::string, kv_events, "",

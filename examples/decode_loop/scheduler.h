@@ -55,7 +55,7 @@ enum class Fault {
   kNone,
   kSkipCopies,     // copy-on-write copies are not run
   kSkipSwapIn,     // swap-in copies are not run
-  kCorruptSwapIn,  // after each sequence's swap-in, one bit of one of its blocks flips
+  kCorruptSwapIn,  // one bit flips in every block a swap-in copy fills
   kSkipPromote,    // host-tier promotion copies (promote and exchange) are not run
 };
 
@@ -176,7 +176,7 @@ class Engine : private pagedkv::PreemptionHooks {
   absl::Status schedule_swapped();
   absl::Status schedule_waiting();
   absl::Status execute_kv_ops();
-  absl::Status corrupt_swapped_in(std::span<const pagedkv::BlockCopy> swap_ins);
+  absl::Status corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_ins);
   absl::Status finish(SequenceRecord& rec);
   absl::Status run_batch(Batch& batch, bool prefill);
   absl::Status commit(const Batch& batch);
@@ -199,8 +199,7 @@ class Engine : private pagedkv::PreemptionHooks {
   absl::flat_hash_map<SeqId, SequenceRecord> records_;
   std::deque<SeqId> waiting_;
   std::deque<SeqId> swapped_;
-  std::vector<SeqId> running_;     // in admission order
-  std::vector<SeqId> swapped_in_;  // this step, for Fault::kCorruptSwapIn
+  std::vector<SeqId> running_;  // in admission order
   absl::flat_hash_set<SeqId> scheduled_;
   bool preempted_this_step_ = false;
   int64_t preemption_count_ = 0;
