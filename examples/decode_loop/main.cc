@@ -4,7 +4,8 @@
 // KvCacheManager (prefix caching, copy-on-write forks, preemption by recompute and swap),
 // with the KV cache in paged storage read by the library's attention kernels. --verify N
 // checks N sequences against a dense no-cache reference fed the engine's tokens (teacher
-// forcing): logits within the cache dtype's bound, tokens equal or near-ties.
+// forcing): logits within the cache dtype's bound, tokens equal or near-ties; it picks
+// first, for every mechanism the run exercised, a sequence whose K/V went through it.
 // See docs/decode-loop.md.
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -37,6 +39,34 @@
 #include "summary.h"
 #include "verify.h"
 #include "workload.h"
+
+namespace decode_loop {
+
+// --verify: a number of sequences, or all of them.
+struct VerifyCount {
+  bool all = false;
+  int32_t count = 0;  // when not all
+};
+
+bool AbslParseFlag(absl::string_view text, VerifyCount* verify, std::string* error) {
+  if (text == "all") {
+    *verify = {.all = true};
+    return true;
+  }
+  int32_t count = 0;
+  if (!absl::ParseFlag(text, &count, error) || count < 0) {
+    *error = "expected a number of sequences >= 0, or all";
+    return false;
+  }
+  *verify = {.count = count};
+  return true;
+}
+
+std::string AbslUnparseFlag(VerifyCount verify) {
+  return verify.all ? "all" : absl::UnparseFlag(verify.count);
+}
+
+}  // namespace decode_loop
 
 // The flags; defaults that the option structs have come from them. Names take '-' or '_'
 // alike (normalize_names()), and --help lists them spelled with '-' (print_help()).
@@ -75,7 +105,11 @@ ABSL_FLAG(uint64_t, seed, decode_loop::WorkloadOptions{}.seed, "weights, prompts
 ABSL_FLAG(std::string, trace, "", "replay a trace (Mooncake .jsonl or Azure .csv)");
 ABSL_FLAG(double, trace_scale, decode_loop::WorkloadOptions{}.trace_scale,
           "multiply trace lengths by this factor");
-ABSL_FLAG(int32_t, verify, 4, "check N sequences against the dense reference (0: off)");
+ABSL_FLAG(decode_loop::VerifyCount, verify, decode_loop::VerifyCount{.count = 4},
+          "check N sequences against the dense reference (0: off; all: every sequence); "
+          "first one per mechanism the run exercised (cow-copy, swap-in, recompute, fork, "
+          "promote, exchange, demote, prefix-hit), then spread: N >= the number exercised (8 "
+          "at most) covers every one");
 ABSL_FLAG(bool, json, false, "print the summary as JSON on stdout");
 ABSL_FLAG(std::string, fault, "none",
           "break the KV on purpose, to show that --verify catches it: "
@@ -105,8 +139,8 @@ verification of 4 sequences against a dense no-cache reference (teacher-forced: 
 within the KV dtype's bound at every generated position, tokens equal or near-ties).
 
 Flag names take '-' or '_' alike (--kv-budget-mb 4 or --kv_budget_mb=4). Exit status:
-0 done and verified; 1 verification failed, a request did not complete, or a flag did
-not parse; 2 a flag value out of range.
+0 done and verified; 1 verification failed, a request did not complete, a --fault went
+unverified, or a flag did not parse; 2 a flag value out of range.
 See docs/decode-loop.md.)";
 
 [[noreturn]] void fail(const std::string& message) {
@@ -304,6 +338,29 @@ void compare_with_contiguous(const Workload& workload, const EngineOptions& engi
       static_cast<double>(real_tokens) / static_cast<double>(num_seqs * report->contiguous_max_len);
 }
 
+// A --fault run shows the fault only if a verified sequence went through what it breaks.
+// Returns false (after saying why) when the run exercised it but verified none.
+bool check_fault_coverage(const Report& report) {
+  if (report.engine.fault == Fault::kNone) return true;
+  const MechanismSet broken = faulted_mechanisms(report.engine.fault);
+  const MechanismSet exercised = report.fault_exercised();
+  if (exercised.empty()) {
+    std::fprintf(stderr,
+                 "pagedkv-decode: --fault %s: no sequence went through %s, so the run cannot "
+                 "show the fault (docs/decode-loop.md lists flags that exercise it)\n",
+                 report.fault.c_str(), mechanism_names(broken).c_str());
+    return true;
+  }
+  if (report.fault_covered()) return true;
+  std::fprintf(stderr,
+               "pagedkv-decode: --fault %s: the run exercised %s but no verified sequence went "
+               "through %s; --verify %d or more covers every mechanism it exercised\n",
+               report.fault.c_str(), mechanism_names(exercised).c_str(),
+               mechanism_names(exercised.minus(report.covered())).c_str(),
+               report.run.exercised().size());
+  return false;
+}
+
 int run(int argc, char** argv) {
   parse_flags(argc, argv);
   const pagedkv::Device device = choose_device();
@@ -318,7 +375,8 @@ int run(int argc, char** argv) {
   engine.progress = isatty(STDERR_FILENO) != 0;
   const std::string preemption = absl::GetFlag(FLAGS_preemption);
   engine.preemption = choose("preemption", preemption, kPreemptionPolicies);
-  engine.fault = choose("fault", absl::GetFlag(FLAGS_fault), kFaults);
+  const std::string fault = absl::GetFlag(FLAGS_fault);
+  engine.fault = choose("fault", fault, kFaults);
 
   ModelConfig config;
   config.num_layers = absl::GetFlag(FLAGS_layers);
@@ -373,8 +431,8 @@ int run(int argc, char** argv) {
   // only when the selection picks them.
   int64_t num_sequences = 0;
   for (const Request& r : workload->requests) num_sequences += r.num_samples;
-  const int32_t num_verify = absl::GetFlag(FLAGS_verify);
-  if (num_verify < 0) fail(absl::StrCat("--verify ", num_verify, ": must be >= 0"));
+  const VerifyCount verify_flag = absl::GetFlag(FLAGS_verify);
+  const auto num_verify = static_cast<int32_t>(verify_flag.all ? num_sequences : verify_flag.count);
   VerifySelection selection(num_verify, num_sequences);
   if (num_verify > 0) {
     engine.record_logits = true;
@@ -396,6 +454,7 @@ int run(int argc, char** argv) {
   }
   report.kv_dtype = pagedkv::dtype_name(kv_dtype);
   report.preemption_policy = preemption;
+  report.fault = fault;
   report.model = config;
   report.engine = eng.options();
   report.kv_budget_bytes = kv_budget_bytes();
@@ -438,11 +497,12 @@ int run(int argc, char** argv) {
   }
   const bool complete = report.run.requests_completed == report.run.requests;
   if (!complete) std::fprintf(stderr, "pagedkv-decode: not every request completed\n");
+  const bool fault_shown = check_fault_coverage(report);
   if (report.verify.has_value() && !report.verify->passed()) {
     std::fprintf(stderr, "pagedkv-decode: verification FAILED\n");
     return 1;
   }
-  return complete ? 0 : 1;
+  return complete && fault_shown ? 0 : 1;
 }
 
 }  // namespace

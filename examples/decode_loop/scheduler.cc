@@ -24,6 +24,29 @@ int64_t now_ns() {
 
 }  // namespace
 
+MechanismSet faulted_mechanisms(Fault fault) {
+  switch (fault) {
+    case Fault::kNone:
+      return {};
+    case Fault::kSkipCopies:
+      return {Mechanism::kCowCopy};
+    case Fault::kSkipSwapIn:
+    case Fault::kCorruptSwapIn:
+      return {Mechanism::kSwapIn};
+    case Fault::kSkipPromote:
+      return {Mechanism::kPromote, Mechanism::kExchange};
+  }
+  return {};
+}
+
+MechanismSet RunStats::exercised() const {
+  MechanismSet set;
+  for (size_t i = 0; i < kMechanisms.size(); ++i) {
+    if (mechanism_sequences[i] > 0) set.add(kMechanisms[i]);
+  }
+  return set;
+}
+
 void Engine::Batch::clear() {
   seqs.clear();
   tokens.clear();
@@ -112,11 +135,9 @@ void Engine::on_preempt(SeqId victim, PreemptionMode mode) {
   preempted_this_step_ = true;
   ++preemption_count_;
   if (mode == PreemptionMode::kRecompute) {
-    ++rec.recompute_preemptions;
     rec.where = Where::kWaiting;
     waiting_.push_front(victim);  // resumes first, with all its tokens to recompute
   } else {
-    ++rec.swap_preemptions;
     rec.where = Where::kSwapped;
     swapped_.push_back(victim);
   }
@@ -215,12 +236,15 @@ absl::Status Engine::schedule_waiting() {
     rec.where = Where::kRunning;
     running_.push_back(seq);
     scheduled_.insert(seq);
-    if (rec.first_cached_tokens < 0) rec.first_cached_tokens = *cached;
-    rec.host_hit_tokens += static_cast<int32_t>(host_hits);
+    // Host hits are marked by their promote and exchange ops (record_mechanisms).
+    if (*cached > host_hits) rec.mechanisms.add(Mechanism::kPrefixHit);
     stats_.admit_query_tokens += len;
     stats_.admit_hit_tokens += *cached;
     stats_.admit_host_hit_tokens += host_hits;
-    if (rec.num_generated() > 0) stats_.recompute_tokens += num_new;
+    if (rec.num_generated() > 0) {  // preempted by recompute, now recomputed
+      rec.mechanisms.add(Mechanism::kRecompute);
+      stats_.recompute_tokens += num_new;
+    }
     prefill_tokens += num_new;
     prefill_.seqs.push_back(seq);
     prefill_.slots.insert(prefill_.slots.end(), slots->begin(), slots->end());
@@ -242,6 +266,7 @@ absl::Status Engine::execute_kv_ops() {
   // engine has taken them.
   pagedkv::SwapOps swaps = manager_->take_pending_swaps();
   std::vector<pagedkv::BlockCopy> copies = manager_->take_pending_copies();
+  record_mechanisms(swaps, copies);  // before a fault drops any: whom they were meant for
   if (options_.fault == Fault::kSkipCopies) copies.clear();
   if (options_.fault == Fault::kSkipSwapIn) swaps.swap_in.clear();
   if (options_.fault == Fault::kSkipPromote) {
@@ -263,6 +288,39 @@ absl::Status Engine::execute_kv_ops() {
     status = corrupt_swap_ins(swaps.swap_in);
   }
   return status;
+}
+
+// Marks each op's mechanism on the running sequences whose block tables hold the device
+// block it fills, in the order the store runs them (a promotion may read a host block this
+// step's demotion wrote).
+void Engine::record_mechanisms(const pagedkv::SwapOps& swaps,
+                               std::span<const pagedkv::BlockCopy> copies) {
+  absl::flat_hash_map<pagedkv::BlockId, MechanismSet> filled;  // device block -> what filled it
+  const auto host_hit = [&](Mechanism mechanism, pagedkv::BlockId host_block) {
+    MechanismSet set = {mechanism};
+    if (demoted_host_blocks_.contains(host_block)) set.add(Mechanism::kDemote);
+    return set;
+  };
+  for (const pagedkv::BlockCopy& op : swaps.swap_out) demoted_host_blocks_.erase(op.dst);
+  for (const pagedkv::BlockCopy& op : swaps.demote) demoted_host_blocks_.insert(op.dst);
+  for (const pagedkv::BlockCopy& op : swaps.exchange) {  // reads host dst, then demotes into it
+    filled[op.src] |= host_hit(Mechanism::kExchange, op.dst);
+    demoted_host_blocks_.insert(op.dst);
+  }
+  for (const pagedkv::BlockCopy& op : copies) filled[op.dst].add(Mechanism::kCowCopy);
+  for (const pagedkv::BlockCopy& op : swaps.swap_in) filled[op.dst].add(Mechanism::kSwapIn);
+  for (const pagedkv::BlockCopy& op : swaps.promote) {
+    filled[op.dst] |= host_hit(Mechanism::kPromote, op.src);
+  }
+  if (filled.empty()) return;
+  for (const SeqId seq : running_) {
+    absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
+    if (!view.ok()) continue;
+    MechanismSet& mechanisms = records_.at(seq).mechanisms;
+    for (const pagedkv::BlockId block : view->block_table) {
+      if (const auto it = filled.find(block); it != filled.end()) mechanisms |= it->second;
+    }
+  }
 }
 
 // Fault::kCorruptSwapIn: every block a swap-in copy filled gets one flipped bit, as from
@@ -326,9 +384,7 @@ absl::Status Engine::commit(const Batch& batch) {
       rec.sample = s;
       rec.sampling.sample = s;
       rec.pending_forks = 0;
-      rec.forked = true;
-      rec.recompute_preemptions = 0;
-      rec.swap_preemptions = 0;
+      rec.mechanisms.add(Mechanism::kFork);  // and what reached the blocks it shares
       records_[child] = std::move(rec);
       running_.push_back(child);
       family.push_back(child);
@@ -471,6 +527,9 @@ absl::Status Engine::run(const std::vector<Request>& requests) {
   for (const auto& [seq, rec] : records_) {
     auto [it, inserted] = complete.try_emplace(rec.request, true);
     it->second = it->second && rec.where == Where::kDone;
+    for (size_t i = 0; i < kMechanisms.size(); ++i) {
+      stats_.mechanism_sequences[i] += rec.mechanisms.contains(kMechanisms[i]) ? 1 : 0;
+    }
   }
   for (const auto& [request, ok] : complete) stats_.requests_completed += ok ? 1 : 0;
   return manager_->check_invariants();

@@ -3,16 +3,75 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 
 namespace decode_loop {
+
+MechanismSet Report::covered() const {
+  return verify.has_value() ? verify->covered() : MechanismSet{};
+}
+
+MechanismSet Report::fault_exercised() const {
+  return faulted_mechanisms(engine.fault) & run.exercised();
+}
+
+bool Report::fault_covered() const {
+  const MechanismSet exercised = fault_exercised();
+  return !exercised.empty() && exercised.minus(covered()).empty();
+}
+
 namespace {
 
 using Json = nlohmann::ordered_json;  // fields in the order written, as the text has them
 
 double ratio(double num, double den) { return den > 0.0 ? num / den : 0.0; }
+
+// "cow-copy 3, fork 12": the exercised mechanisms with their sequence counts.
+std::string mechanism_counts(const RunStats& s) {
+  std::string out;
+  for (size_t i = 0; i < kMechanisms.size(); ++i) {
+    if (s.mechanism_sequences[i] == 0) continue;
+    out += fmt::format("{}{} {}", out.empty() ? "" : ", ", mechanism_name(kMechanisms[i]),
+                       s.mechanism_sequences[i]);
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::string fault_line(const Report& r) {
+  const MechanismSet broken = faulted_mechanisms(r.engine.fault);
+  const MechanismSet exercised = r.fault_exercised();
+  if (exercised.empty()) {
+    return fmt::format("fault          {} breaks {}: no sequence went through it, nothing to catch",
+                       r.fault, mechanism_names(broken));
+  }
+  return fmt::format("fault          {} breaks {}: exercised ({}), {} by a verified sequence",
+                     r.fault, mechanism_names(broken), mechanism_names(exercised),
+                     r.fault_covered() ? "covered" : "NOT covered");
+}
+
+std::string coverage_line(const Report& r) {
+  const MechanismSet exercised = r.run.exercised();
+  const MechanismSet uncovered = exercised.minus(r.covered());
+  if (uncovered.empty()) {
+    return fmt::format("               covers every mechanism exercised ({})",
+                       mechanism_names(exercised));
+  }
+  return fmt::format(
+      "               covers {}; NOT covered: {} (--verify {} or more covers every one)",
+      mechanism_names(r.covered()), mechanism_names(uncovered), exercised.size());
+}
+
+// JSON array of the set's mechanism names.
+Json names_json(MechanismSet set) {
+  Json names = Json::array();
+  for (const Mechanism m : kMechanisms) {
+    if (set.contains(m)) names.push_back(mechanism_name(m));
+  }
+  return names;
+}
 
 // A float as the shortest decimal that reads back as it ("0.8", not 0.800000011920929);
 // JSON has no infinity: a non-finite value (non-finite logits) is null.
@@ -20,12 +79,13 @@ Json float_json(float x) {
   return std::isfinite(x) ? Json(std::stod(fmt::format("{}", x))) : Json(nullptr);
 }
 
-Json verify_json(const VerifyResult& v) {
+Json verify_json(const VerifyResult& v, MechanismSet exercised) {
   Json sequences = Json::array();
   for (const VerifiedSequence& seq : v.sequences) {
     sequences.push_back({{"request", seq.request},
                          {"sample", seq.sample},
                          {"why", seq.why},
+                         {"mechanisms", names_json(seq.mechanisms)},
                          {"temperature", float_json(seq.temperature)},
                          {"tokens", seq.num_tokens},
                          {"identical_tokens", seq.identical_tokens},
@@ -40,7 +100,17 @@ Json verify_json(const VerifyResult& v) {
           {"bound", float_json(v.bound)},
           {"max_logit_diff", float_json(v.max_logit_diff())},
           {"seconds", v.seconds},
+          {"mechanisms_covered", names_json(v.covered())},
+          {"mechanisms_uncovered", names_json(exercised.minus(v.covered()))},
           {"sequences", std::move(sequences)}};
+}
+
+Json fault_json(const Report& r) {
+  if (r.engine.fault == Fault::kNone) return nullptr;
+  return {{"name", r.fault},
+          {"mechanisms", names_json(faulted_mechanisms(r.engine.fault))},
+          {"exercised", !r.fault_exercised().empty()},
+          {"covered", r.fault_covered()}};
 }
 
 }  // namespace
@@ -104,6 +174,8 @@ std::string format_text(const Report& r) {
                    m.blocks_swapped_in));
   line(fmt::format("copy-on-write  {} block copies", m.cow_copies));
   line(fmt::format("evictions      {} cached blocks reallocated", m.evictions));
+  line(fmt::format("mechanisms     sequences through each: {}", mechanism_counts(s)));
+  if (r.engine.fault != Fault::kNone) line(fault_line(r));
   line(
       fmt::format("concurrency    peak {} sequences paged vs {} with a contiguous reservation "
                   "of {} tokens each (utilization {:.1f}%)",
@@ -123,12 +195,13 @@ std::string format_text(const Report& r) {
         "{:.3g}",
         counts[0], counts[1], counts[2], v.max_logit_diff(), pagedkv::dtype_name(v.cache_dtype),
         v.bound));
+    line(coverage_line(r));
     for (const VerifiedSequence& seq : v.sequences) {
-      line(
-          fmt::format("  request {:>3} sample {} ({}): {} tokens, identical up to {}, max logit "
-                      "diff {:.3g}: {}",
-                      seq.request, seq.sample, seq.why, seq.num_tokens, seq.identical_tokens,
-                      seq.max_logit_diff, verdict_name(seq.verdict)));
+      line(fmt::format(
+          "  request {:>3} sample {} ({}) [{}]: {} tokens, identical up to {}, max "
+          "logit diff {:.3g}: {}",
+          seq.request, seq.sample, seq.why, mechanism_names(seq.mechanisms), seq.num_tokens,
+          seq.identical_tokens, seq.max_logit_diff, verdict_name(seq.verdict)));
       if (!seq.detail.empty()) line(fmt::format("      {}", seq.detail));
     }
   } else {
@@ -140,6 +213,10 @@ std::string format_text(const Report& r) {
 std::string format_json(const Report& r) {
   const RunStats& s = r.run;
   const auto& m = s.manager;
+  Json mechanism_sequences = Json::object();
+  for (size_t i = 0; i < kMechanisms.size(); ++i) {
+    mechanism_sequences[mechanism_name(kMechanisms[i])] = s.mechanism_sequences[i];
+  }
   const Json out = {
       {"device", r.device},
       {"workload", r.workload},
@@ -207,7 +284,11 @@ std::string format_json(const Report& r) {
        {{"reserved_tokens_per_sequence", r.contiguous_max_len},
         {"peak_concurrency", r.contiguous_peak_concurrency},
         {"utilization", r.contiguous_utilization}}},
-      {"verify", r.verify.has_value() ? verify_json(*r.verify) : Json(nullptr)},
+      // Sequences whose K/V went through each mechanism (mechanism.h).
+      {"mechanism_sequences", std::move(mechanism_sequences)},
+      {"mechanisms_exercised", names_json(s.exercised())},
+      {"fault", fault_json(r)},
+      {"verify", r.verify.has_value() ? verify_json(*r.verify, s.exercised()) : Json(nullptr)},
   };
   return out.dump(2) + "\n";
 }
