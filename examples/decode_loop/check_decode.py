@@ -4,15 +4,18 @@
 usage: check_decode.py [--full | --expect-mismatch | --host-cache-rise MB] BINARY [ARGS...]
 
 Always checks: exit status 0, the JSON parses, every request completed, verification ran
-and passed (teacher-forced: logits within the dtype's bound, tokens equal or near-ties).
-With --full (the default small workload) also: prefix-cache hit rate > 0, at
+and passed (teacher-forced: logits within the dtype's bound, tokens equal or near-ties),
+and when --verify is at least the number of mechanisms the run exercised, a verified
+sequence went through each of them. With --full (the default small workload) also: prefix-cache hit rate > 0, at
 least one preemption of each mode, at least one copy-on-write copy, and swapped blocks
-came back. With --expect-mismatch (runs with --fault): the binary must exit 1 and its
-JSON must report a failed verification with at least one failing sequence. With
+came back. With --expect-mismatch (runs with --fault): the run must have exercised what
+the fault breaks and verified a sequence that went through it, and the binary must exit 1
+and its JSON report a failed verification with at least one failing sequence. With
 --host-cache-rise MB: runs ARGS without and with --host-cache-mb MB; both must pass the
 checks above, and with the host tier blocks must be demoted and promoted (every one of
-them copied by the store, an exchange counting as both), some admission must hit the host tier, verification must cover
-a sequence served from it, and the prefix-cache hit rate must rise.
+them copied by the store, an exchange counting as both), some admission must hit the
+host tier, verification must cover a sequence served from it, and the prefix-cache hit
+rate must rise.
 """
 import json
 import subprocess
@@ -28,13 +31,22 @@ def check_mismatch(proc):
         print(f"FAIL: --json output does not parse: {e}")
         return 1
     verify = summary["verify"]
+    fault = summary["fault"]
+    covered = bool(fault and fault["exercised"] and fault["covered"])
+    print(f"{'ok  ' if covered else 'FAIL'} fault {fault}: mechanisms exercised "
+          f"{summary['mechanisms_exercised']}, covered "
+          f"{verify['mechanisms_covered'] if verify else []}")
     mismatches = [s for s in verify["sequences"] if s["verdict"] == "FAIL"] if verify else []
     for s in mismatches:
-        print(f"ok   fault caught: request {s['request']} sample {s['sample']} ({s['why']}): "
-              f"max logit diff {s['max_logit_diff']}, bound {verify['bound']}: {s['detail']}")
+        print(f"ok   fault caught: request {s['request']} sample {s['sample']} ({s['why']}) "
+              f"{s['mechanisms']}: max logit diff {s['max_logit_diff']}, bound "
+              f"{verify['bound']}: {s['detail']}")
     if proc.returncode != 1 or not verify or verify["passed"] or not mismatches:
         print(f"FAIL: expected exit 1 and a failed verification, got exit {proc.returncode}, "
               f"verify {verify}")
+        return 1
+    if not covered:
+        print("FAIL: no verified sequence went through what the fault breaks")
         return 1
     print("PASS")
     return 0
@@ -82,9 +94,16 @@ def check_run(summary, check, full):
              if verify else ""))
     if verify:
         for s in verify["sequences"]:
-            print(f"     request {s['request']} sample {s['sample']} ({s['why']}): "
-                  f"{s['verdict']}, identical up to {s['identical_tokens']}/{s['tokens']}, "
-                  f"max logit diff {s['max_logit_diff']} {s['detail']}")
+            print(f"     request {s['request']} sample {s['sample']} ({s['why']}) "
+                  f"{s['mechanisms']}: {s['verdict']}, identical up to "
+                  f"{s['identical_tokens']}/{s['tokens']}, max logit diff "
+                  f"{s['max_logit_diff']} {s['detail']}")
+        # Coverage by construction: one pick per mechanism exercised fits.
+        if verify["requested"] >= len(summary["mechanisms_exercised"]):
+            check(not verify["mechanisms_uncovered"],
+                  f"verification covers every mechanism exercised "
+                  f"({summary['mechanisms_exercised']}; uncovered "
+                  f"{verify['mechanisms_uncovered']})")
     if full:
         check(summary["prefix_cache_hit_rate"] > 0,
               f"prefix-cache hit rate > 0 ({summary['prefix_cache_hit_rate']:.3f})")
@@ -115,8 +134,9 @@ def check_host_tier(base, tiered, check):
           f"promote, {exchanged} exchange copies)")
     check(tiered["host_hit_tokens"] > 0,
           f"admissions hit the host tier ({tiered['host_hit_tokens']} tokens)")
-    picks = [s["why"] for s in tiered["verify"]["sequences"]] if tiered["verify"] else []
-    check("host-tier hit" in picks, "verification covers a sequence served from the host tier")
+    covered = tiered["verify"]["mechanisms_covered"] if tiered["verify"] else []
+    check("promote" in covered or "exchange" in covered,
+          f"verification covers a sequence served from the host tier ({covered})")
     rate, tiered_rate = base["prefix_cache_hit_rate"], tiered["prefix_cache_hit_rate"]
     check(tiered_rate > rate,
           f"prefix-cache hit rate rises with the host tier ({rate:.3f} -> {tiered_rate:.3f})")

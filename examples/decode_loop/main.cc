@@ -4,7 +4,8 @@
 // KvCacheManager (prefix caching, copy-on-write forks, preemption by recompute and swap),
 // with the KV cache in paged storage read by the library's attention kernels. --verify N
 // checks N sequences against a dense no-cache reference fed the engine's tokens (teacher
-// forcing): logits within the cache dtype's bound, tokens equal or near-ties.
+// forcing): logits within the cache dtype's bound, tokens equal or near-ties; it picks
+// first, for every mechanism the run exercised, a sequence whose K/V went through it.
 // See docs/decode-loop.md.
 #include <unistd.h>
 
@@ -12,15 +13,21 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "dense_reference.h"
-#include "fmt/format.h"
 #include "kv_event_feed.h"
 #include "kv_format.h"
 #include "metrics_server.h"
@@ -34,300 +41,374 @@
 #include "workload.h"
 
 namespace decode_loop {
+
+// --verify: a number of sequences, or all of them.
+struct VerifyCount {
+  bool all = false;
+  int32_t count = 0;  // when not all
+};
+
+bool AbslParseFlag(absl::string_view text, VerifyCount* verify, std::string* error) {
+  if (text == "all") {
+    *verify = {.all = true};
+    return true;
+  }
+  int32_t count = 0;
+  if (!absl::ParseFlag(text, &count, error) || count < 0) {
+    *error = "expected a number of sequences >= 0, or all";
+    return false;
+  }
+  *verify = {.count = count};
+  return true;
+}
+
+std::string AbslUnparseFlag(VerifyCount verify) {
+  return verify.all ? "all" : absl::UnparseFlag(verify.count);
+}
+
+}  // namespace decode_loop
+
+// The flags; defaults that the option structs have come from them. Names take '-' or '_'
+// alike (normalize_names()), and --help lists them spelled with '-' (print_help()).
+ABSL_FLAG(std::string, device, "auto",
+          "where the KV cache and kernels run: auto|cpu|cuda (auto: CUDA if usable)");
+ABSL_FLAG(double, kv_budget_mb, 2.0, "device KV cache budget, MiB");
+ABSL_FLAG(double, swap_space_mb, -1.0,
+          "host pool for swapped blocks, MiB (negative: the KV budget)");
+ABSL_FLAG(double, host_cache_mb, 0.0,
+          "host memory for the prefix cache's host tier, MiB, added to the host pool (0: no "
+          "host tier): evicted cached blocks are demoted there and promoted back on a prefix "
+          "hit");
+ABSL_FLAG(int32_t, block_size, decode_loop::EngineOptions{}.block_size, "tokens per block");
+ABSL_FLAG(std::string, kv_dtype, "fp32",
+          "KV cache element type: fp32|bf16|fp16|fp8 (fp8: e4m3 with per-layer K and V scales "
+          "calibrated on the first prompt, attention in bf16)");
+ABSL_FLAG(int32_t, requests, decode_loop::WorkloadOptions{}.num_requests, "requests to serve");
+ABSL_FLAG(int32_t, max_new_tokens, decode_loop::WorkloadOptions{}.max_new_tokens,
+          "tokens generated per sample, at most");
+ABSL_FLAG(int32_t, samples, decode_loop::WorkloadOptions{}.max_samples,
+          "most samples per multi-sample request; 1 disables forks");
+ABSL_FLAG(int32_t, system_prompt_len, decode_loop::WorkloadOptions{}.system_prompt_len,
+          "shared prompt tokens of the synthetic workload");
+ABSL_FLAG(int32_t, system_prompts, decode_loop::WorkloadOptions{}.num_system_prompts,
+          "distinct system prompts; request i uses prompt i mod N");
+ABSL_FLAG(std::string, preemption, "mixed",
+          "victim mode: mixed|recompute|swap (mixed: alternate swap and recompute)");
+ABSL_FLAG(int32_t, max_running, decode_loop::EngineOptions{}.max_running,
+          "sequences decoding at once");
+ABSL_FLAG(int32_t, max_prefill_tokens, decode_loop::EngineOptions{}.max_prefill_tokens,
+          "prompt tokens per step");
+ABSL_FLAG(int32_t, layers, decode_loop::ModelConfig{}.num_layers, "transformer layers");
+ABSL_FLAG(int32_t, d_model, decode_loop::ModelConfig{}.d_model, "model width");
+ABSL_FLAG(int32_t, ffn_dim, decode_loop::ModelConfig{}.ffn_dim, "SwiGLU hidden width");
+ABSL_FLAG(uint64_t, seed, decode_loop::WorkloadOptions{}.seed, "weights, prompts and sampling");
+ABSL_FLAG(std::string, trace, "", "replay a trace (Mooncake .jsonl or Azure .csv)");
+ABSL_FLAG(double, trace_scale, decode_loop::WorkloadOptions{}.trace_scale,
+          "multiply trace lengths by this factor");
+ABSL_FLAG(decode_loop::VerifyCount, verify, decode_loop::VerifyCount{.count = 4},
+          "check N sequences against the dense reference (0: off; all: every sequence); "
+          "first one per mechanism the run exercised (cow-copy, swap-in, recompute, fork, "
+          "promote, exchange, demote, prefix-hit), then spread: N >= the number exercised (8 "
+          "at most) covers every one");
+ABSL_FLAG(bool, json, false, "print the summary as JSON on stdout");
+ABSL_FLAG(std::string, fault, "none",
+          "break the KV on purpose, to show that --verify catches it: "
+          "none|skip-copies|skip-swap-in|corrupt-swap-in|skip-promote (drop copy-on-write, "
+          "swap-in or host-tier promotion copies, or flip an exponent bit in every block a "
+          "swap-in fills)");
+ABSL_FLAG(int32_t, metrics_port, -1,
+          "serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port; -1: off)");
+ABSL_FLAG(std::string, kv_events, "",
+          "publish KV events for routers (vLLM format), e.g. tcp://127.0.0.1:5557");
+ABSL_FLAG(std::string, kv_events_replay, "",
+          "replay/snapshot socket for those events, e.g. tcp://127.0.0.1:5558");
+ABSL_FLAG(std::string, kv_index_out, "",
+          "write the final prefix index there (one hex block hash per line)");
+ABSL_FLAG(double, hold_s, 0.0,
+          "keep serving metrics and replay this many seconds after the summary");
+
+namespace decode_loop {
 namespace {
 
-constexpr std::string_view kUsage = R"(usage: pagedkv-decode [options]
+constexpr const char* kUsage = R"(usage: pagedkv-decode [flags]
 
-Generates text for a workload with a small seeded transformer whose KV cache is managed by
-pagedkv, then prints a summary. Defaults: 32 requests sharing a 192-token system prompt,
-some with 2..4 forked samples, a KV budget small enough to force preemption, and
+Generates text for a workload with a small seeded transformer whose KV cache is managed
+by pagedkv, then prints a summary. Defaults: 32 requests sharing a 192-token system
+prompt, some with 2..4 forked samples, a KV budget small enough to force preemption, and
 verification of 4 sequences against a dense no-cache reference (teacher-forced: logits
 within the KV dtype's bound at every generated position, tokens equal or near-ties).
 
-  --device auto|cpu|cuda      where the KV cache and kernels run (auto: CUDA if usable)
-  --kv-budget-mb MB           device KV cache budget (default 2)
-  --swap-space-mb MB          host pool for swapped blocks (default: the KV budget)
-  --host-cache-mb MB          host memory for the prefix cache's host tier, added to the
-                              host pool (default 0: no host tier): evicted cached blocks
-                              are demoted there and promoted back on a prefix hit
-  --block-size N              tokens per block (default 16)
-  --kv-dtype fp32|bf16|fp16|fp8   KV cache element type (default fp32; fp8: e4m3 with
-                              per-layer K and V scales calibrated on the first prompt,
-                              attention in bf16)
-  --requests N                requests to serve (default 32)
-  --max-new-tokens N          tokens generated per sample, at most (default 24)
-  --samples N                 most samples per multi-sample request, 1 disables forks (default 4)
-  --system-prompt-len N       shared prompt tokens of the synthetic workload (default 192)
-  --system-prompts N          distinct system prompts, request i uses prompt i mod N
-                              (default 1)
-  --preemption mixed|recompute|swap   victim mode (default mixed: alternate)
-  --max-running N             sequences decoding at once (default 256)
-  --max-prefill-tokens N      prompt tokens per step (default 2048)
-  --layers N                  transformer layers (default 2)
-  --d-model N                 model width (default 256)
-  --ffn-dim N                 SwiGLU hidden width (default 768)
-  --seed N                    weights, prompts and sampling (default 1)
-  --trace PATH                replay a trace (Mooncake .jsonl or Azure .csv)
-  --trace-scale F             multiply trace lengths by F (default 0.015625 = 1/64)
-  --verify N                  check N sequences against the dense reference (default 4; 0: off)
-  --json                      print the summary as JSON on stdout
-  --fault skip-copies|skip-swap-in|corrupt-swap-in|skip-promote   break the KV on purpose,
-                              to show that --verify catches it: drop copy-on-write, swap-in
-                              or host-tier promotion copies, or flip an exponent bit in each
-                              swapped-in sequence's KV
-  --metrics-port N            serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port)
-  --kv-events ENDPOINT        publish KV events for routers (vLLM format), e.g. tcp://127.0.0.1:5557
-  --kv-events-replay ENDPOINT replay/snapshot socket for those events, e.g. tcp://127.0.0.1:5558
-  --kv-index-out PATH         write the final prefix index there (one hex block hash per line)
-  --hold-s S                  keep serving metrics and replay S seconds after the summary (default 0)
-  --help
-)";
-
-struct Flags {
-  std::string device = "auto";
-  double kv_budget_mb = 2.0;
-  double swap_space_mb = -1.0;
-  double host_cache_mb = 0.0;
-  int32_t block_size = 16;
-  std::string kv_dtype = "fp32";
-  std::string preemption = "mixed";
-  int32_t layers = 2;
-  int32_t d_model = ModelConfig{}.d_model;
-  int32_t ffn_dim = ModelConfig{}.ffn_dim;
-  int32_t verify = 4;
-  bool json = false;
-  int32_t max_running = 256;
-  int32_t max_prefill_tokens = 2048;
-  std::string fault = "none";
-  int32_t metrics_port = -1;  // -1: no metrics server
-  std::string kv_events;      // empty: no KV event publisher
-  std::string kv_events_replay;
-  std::string kv_index_out;
-  double hold_s = 0.0;
-  WorkloadOptions workload;
-};
+Flag names take '-' or '_' alike (--kv-budget-mb 4 or --kv_budget_mb=4). Exit status:
+0 done and verified; 1 verification failed, a request did not complete, a --fault went
+unverified, or a flag did not parse; 2 a flag value out of range.
+See docs/decode-loop.md.)";
 
 [[noreturn]] void fail(const std::string& message) {
   std::fprintf(stderr, "pagedkv-decode: %s\n", message.c_str());
   std::exit(2);
 }
 
-Flags parse(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage.data(), stdout);
-      std::exit(0);
-    }
-    if (arg == "--json") {
-      f.json = true;
-      continue;
-    }
-    static constexpr const char* kValueFlags[] = {"--device",         "--kv-budget-mb",
-                                                  "--swap-space-mb",  "--host-cache-mb",
-                                                  "--block-size",     "--kv-dtype",
-                                                  "--requests",       "--max-new-tokens",
-                                                  "--samples",        "--system-prompt-len",
-                                                  "--system-prompts", "--preemption",
-                                                  "--max-running",    "--max-prefill-tokens",
-                                                  "--layers",         "--d-model",
-                                                  "--ffn-dim",        "--seed",
-                                                  "--trace",          "--trace-scale",
-                                                  "--verify",         "--fault",
-                                                  "--metrics-port",   "--kv-events",
-                                                  "--kv-index-out",   "--kv-events-replay",
-                                                  "--hold-s"};
-    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), arg) == std::end(kValueFlags)) {
-      fail(absl::StrCat("unknown option ", arg, " (see --help)"));
-    }
-    if (i + 1 >= argc) fail(absl::StrCat(arg, " needs a value (see --help)"));
-    const std::string value = argv[++i];
-    auto as_int = [&](int32_t* out) {
-      if (!absl::SimpleAtoi(value, out)) fail(absl::StrCat(arg, ": not an integer: ", value));
-    };
-    auto as_double = [&](double* out) {
-      if (!absl::SimpleAtod(value, out)) fail(absl::StrCat(arg, ": not a number: ", value));
-    };
-    if (arg == "--device") {
-      f.device = value;
-    } else if (arg == "--kv-budget-mb") {
-      as_double(&f.kv_budget_mb);
-    } else if (arg == "--swap-space-mb") {
-      as_double(&f.swap_space_mb);
-    } else if (arg == "--host-cache-mb") {
-      as_double(&f.host_cache_mb);
-    } else if (arg == "--block-size") {
-      as_int(&f.block_size);
-    } else if (arg == "--kv-dtype") {
-      f.kv_dtype = value;
-    } else if (arg == "--requests") {
-      as_int(&f.workload.num_requests);
-    } else if (arg == "--max-new-tokens") {
-      as_int(&f.workload.max_new_tokens);
-    } else if (arg == "--samples") {
-      as_int(&f.workload.max_samples);
-    } else if (arg == "--system-prompt-len") {
-      as_int(&f.workload.system_prompt_len);
-    } else if (arg == "--system-prompts") {
-      as_int(&f.workload.num_system_prompts);
-    } else if (arg == "--preemption") {
-      f.preemption = value;
-    } else if (arg == "--max-running") {
-      as_int(&f.max_running);
-    } else if (arg == "--max-prefill-tokens") {
-      as_int(&f.max_prefill_tokens);
-    } else if (arg == "--layers") {
-      as_int(&f.layers);
-    } else if (arg == "--d-model") {
-      as_int(&f.d_model);
-    } else if (arg == "--ffn-dim") {
-      as_int(&f.ffn_dim);
-    } else if (arg == "--seed") {
-      int64_t seed = 0;
-      if (!absl::SimpleAtoi(value, &seed)) fail(absl::StrCat(arg, ": not an integer: ", value));
-      f.workload.seed = static_cast<uint64_t>(seed);
-    } else if (arg == "--trace") {
-      f.workload.trace_path = value;
-    } else if (arg == "--trace-scale") {
-      as_double(&f.workload.trace_scale);
-    } else if (arg == "--fault") {
-      f.fault = value;
-    } else if (arg == "--verify") {
-      as_int(&f.verify);
-    } else if (arg == "--metrics-port") {
-      as_int(&f.metrics_port);
-    } else if (arg == "--kv-events") {
-      f.kv_events = value;
-    } else if (arg == "--kv-events-replay") {
-      f.kv_events_replay = value;
-    } else if (arg == "--kv-index-out") {
-      f.kv_index_out = value;
-    } else if (arg == "--hold-s") {
-      as_double(&f.hold_s);
-    } else {
-      fail(absl::StrCat("unknown option ", arg, " (see --help)"));
-    }
+// absl flag names are identifiers; ours were always written with hyphens. Rewrites
+// "--kv-budget-mb" (and "--kv-budget-mb=2") to "--kv_budget_mb", and -h to --help; values
+// and everything after "--" are left alone.
+std::vector<std::string> normalize_names(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--") break;
+    if (arg == "-h") arg = "--help";
+    if (!absl::StartsWith(arg, "--")) continue;
+    const size_t name_end = std::min(arg.find('='), arg.size());
+    std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(name_end), '-', '_');
   }
-  return f;
+  return args;
 }
 
-int run(int argc, char** argv) {
-  Flags flags = parse(argc, argv);
-
-  // Device: auto picks CUDA when the library was built with it and a GPU is usable.
-  pagedkv::Device device = pagedkv::Device::kCpu;
-  if (flags.device == "auto") {
-    device = pagedkv::default_device();
-  } else if (flags.device == "cuda") {
-    if (!pagedkv::cuda_device_available()) {
-      fail(absl::StrCat("--device cuda: ", pagedkv::cuda_unavailable_reason()));
+// `text` broken into lines of at most `width` characters, all but the first indented by
+// `indent` spaces.
+std::string wrap(const std::string& text, size_t indent, size_t width) {
+  std::string out;
+  size_t line_len = indent;
+  for (const absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (line_len > indent && line_len + 1 + word.size() > width) {
+      absl::StrAppend(&out, "\n", std::string(indent, ' '));
+      line_len = indent;
+    } else if (line_len > indent) {
+      out += ' ';
+      ++line_len;
     }
-    device = pagedkv::Device::kCuda;
-  } else if (flags.device != "cpu") {
-    fail(absl::StrCat("--device ", flags.device, ": expected auto, cpu or cuda"));
+    absl::StrAppend(&out, word);
+    line_len += word.size();
   }
+  return out;
+}
 
-  pagedkv::DType kv_dtype = pagedkv::DType::kFloat32;
-  if (flags.kv_dtype == "bf16") {
-    kv_dtype = pagedkv::DType::kBFloat16;
-  } else if (flags.kv_dtype == "fp16") {
-    kv_dtype = pagedkv::DType::kFloat16;
-  } else if (flags.kv_dtype == "fp8") {
-    kv_dtype = pagedkv::DType::kFloat8E4M3;
-  } else if (flags.kv_dtype != "fp32") {
-    fail(absl::StrCat("--kv-dtype ", flags.kv_dtype, ": expected fp32, bf16, fp16 or fp8"));
+// --help: the usage message and this file's flags, spelled with hyphens, with their
+// defaults. (Abseil's own --help spells them with underscores and exits 1.)
+[[noreturn]] void print_help() {
+  constexpr size_t kHelpColumn = 30;
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::EndsWith(flag->Filename(), "decode_loop/main.cc")) flags.push_back(flag);
   }
-
-  EngineOptions engine;
-  engine.device = device;
-  engine.block_size = flags.block_size;
-  engine.seed = flags.workload.seed;
-  engine.max_running = flags.max_running;
-  engine.max_prefill_tokens = flags.max_prefill_tokens;
-  engine.progress = isatty(STDERR_FILENO) != 0;
-  if (flags.preemption == "recompute") {
-    engine.preemption = PreemptionPolicy::kRecompute;
-  } else if (flags.preemption == "swap") {
-    engine.preemption = PreemptionPolicy::kSwap;
-  } else if (flags.preemption != "mixed") {
-    fail(absl::StrCat("--preemption ", flags.preemption, ": expected mixed, recompute or swap"));
+  std::sort(flags.begin(), flags.end(),
+            [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
+  std::string out = absl::StrCat(absl::ProgramUsageMessage(), "\n\nflags (default after =):\n");
+  for (const absl::CommandLineFlag* flag : flags) {
+    std::string name = absl::StrCat("  --", flag->Name(), "=", flag->DefaultValue());
+    std::replace(name.begin(), name.end(), '_', '-');
+    name.resize(std::max(name.size() + 2, kHelpColumn), ' ');
+    if (name.size() > kHelpColumn) absl::StrAppend(&name, "\n", std::string(kHelpColumn, ' '));
+    absl::StrAppend(&out, name, wrap(flag->Help(), kHelpColumn, 92), "\n");
   }
+  std::fputs(out.c_str(), stdout);
+  std::exit(0);
+}
 
-  if (flags.fault == "skip-copies") {
-    engine.fault = Fault::kSkipCopies;
-  } else if (flags.fault == "skip-swap-in") {
-    engine.fault = Fault::kSkipSwapIn;
-  } else if (flags.fault == "corrupt-swap-in") {
-    engine.fault = Fault::kCorruptSwapIn;
-  } else if (flags.fault == "skip-promote") {
-    engine.fault = Fault::kSkipPromote;
-  } else if (flags.fault != "none") {
-    fail(absl::StrCat("--fault ", flags.fault,
-                      ": expected skip-copies, skip-swap-in, corrupt-swap-in or skip-promote"));
+void parse_flags(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<std::string> args = normalize_names(argc, argv);
+  if (std::find(args.begin() + 1, args.end(), "--help") != args.end()) print_help();
+  std::vector<char*> arg_ptrs;
+  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
+  const std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (positional.size() > 1) {
+    fail(absl::StrCat("unexpected argument ", positional[1], " (flags start with --; see --help)"));
   }
-  if (flags.verify < 0) fail(absl::StrCat("--verify ", flags.verify, ": must be >= 0"));
+}
 
-  ModelConfig config;
-  config.num_layers = flags.layers;
-  config.d_model = flags.d_model;
-  config.ffn_dim = flags.ffn_dim;
-  config.seed = flags.workload.seed;
-  if (absl::Status s = validate(config); !s.ok()) fail(std::string(s.message()));
-  flags.workload.vocab_size = config.vocab_size;
+// A flag value among named choices.
+template <typename T>
+struct Choice {
+  const char* name;
+  T value;
+};
 
-  // Size the pools from the budget.
-  const pagedkv::KvCacheSpec spec{.num_layers = config.num_layers,
-                                  .num_kv_heads = config.num_kv_heads,
-                                  .head_dim = config.head_dim,
-                                  .dtype = kv_dtype,
-                                  .block_size = flags.block_size};
-  const auto budget = static_cast<int64_t>(flags.kv_budget_mb * (1 << 20));
-  absl::StatusOr<int32_t> num_blocks = spec.num_blocks_for_budget(budget);
+// The value named `value`; exits with the flag and its choices when there is none.
+template <typename T, size_t N>
+T choose(const char* flag, const std::string& value, const Choice<T> (&choices)[N]) {
+  std::vector<std::string> names;
+  for (const Choice<T>& choice : choices) {
+    if (value == choice.name) return choice.value;
+    names.push_back(choice.name);
+  }
+  const std::string last = names.back();
+  names.pop_back();
+  fail(absl::StrCat("--", flag, " ", value, ": expected ", absl::StrJoin(names, ", "), " or ",
+                    last));
+}
+
+constexpr Choice<std::optional<pagedkv::Device>> kDevices[] = {
+    {"auto", std::nullopt}, {"cpu", pagedkv::Device::kCpu}, {"cuda", pagedkv::Device::kCuda}};
+constexpr Choice<pagedkv::DType> kKvDtypes[] = {{"fp32", pagedkv::DType::kFloat32},
+                                                {"bf16", pagedkv::DType::kBFloat16},
+                                                {"fp16", pagedkv::DType::kFloat16},
+                                                {"fp8", pagedkv::DType::kFloat8E4M3}};
+constexpr Choice<PreemptionPolicy> kPreemptionPolicies[] = {
+    {"mixed", PreemptionPolicy::kMixed},
+    {"recompute", PreemptionPolicy::kRecompute},
+    {"swap", PreemptionPolicy::kSwap}};
+constexpr Choice<Fault> kFaults[] = {{"none", Fault::kNone},
+                                     {"skip-copies", Fault::kSkipCopies},
+                                     {"skip-swap-in", Fault::kSkipSwapIn},
+                                     {"corrupt-swap-in", Fault::kCorruptSwapIn},
+                                     {"skip-promote", Fault::kSkipPromote}};
+
+// Auto picks CUDA when the library was built with it and a GPU is usable.
+pagedkv::Device choose_device() {
+  const std::optional<pagedkv::Device> device =
+      choose("device", absl::GetFlag(FLAGS_device), kDevices);
+  if (!device.has_value()) return pagedkv::default_device();
+  if (*device == pagedkv::Device::kCuda && !pagedkv::cuda_device_available()) {
+    fail(absl::StrCat("--device cuda: ", pagedkv::cuda_unavailable_reason()));
+  }
+  return *device;
+}
+
+WorkloadOptions workload_options() {
+  WorkloadOptions w;
+  w.num_requests = absl::GetFlag(FLAGS_requests);
+  w.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  w.max_samples = absl::GetFlag(FLAGS_samples);
+  w.system_prompt_len = absl::GetFlag(FLAGS_system_prompt_len);
+  w.num_system_prompts = absl::GetFlag(FLAGS_system_prompts);
+  w.seed = absl::GetFlag(FLAGS_seed);
+  w.trace_path = absl::GetFlag(FLAGS_trace);
+  w.trace_scale = absl::GetFlag(FLAGS_trace_scale);
+  return w;
+}
+
+int64_t kv_budget_bytes() {
+  return static_cast<int64_t>(absl::GetFlag(FLAGS_kv_budget_mb) * (1 << 20));
+}
+
+// Device blocks from --kv-budget-mb; host blocks for swapping and the host tier.
+void size_pools(const pagedkv::KvCacheSpec& spec, EngineOptions* engine) {
+  const double kv_budget_mb = absl::GetFlag(FLAGS_kv_budget_mb);
+  absl::StatusOr<int32_t> num_blocks = spec.num_blocks_for_budget(kv_budget_bytes());
   if (!num_blocks.ok()) fail(absl::StrCat("KV cache: ", num_blocks.status().message()));
-  engine.num_blocks = *num_blocks;
+  engine->num_blocks = *num_blocks;
   // One host pool for swapped sequences and the host tier (kv_storage.h: swap first, the
   // tier caches in the rest): the swap space's blocks plus the host cache's.
-  const double swap_mb = flags.swap_space_mb < 0 ? flags.kv_budget_mb : flags.swap_space_mb;
-  if (swap_mb < 0 || flags.host_cache_mb < 0) {
-    fail(absl::StrCat("--swap-space-mb ", swap_mb, " and --host-cache-mb ", flags.host_cache_mb,
+  const double swap_space_mb = absl::GetFlag(FLAGS_swap_space_mb);
+  const double swap_mb = swap_space_mb < 0 ? kv_budget_mb : swap_space_mb;
+  const double host_cache_mb = absl::GetFlag(FLAGS_host_cache_mb);
+  if (swap_mb < 0 || host_cache_mb < 0) {
+    fail(absl::StrCat("--swap-space-mb ", swap_mb, " and --host-cache-mb ", host_cache_mb,
                       " must be >= 0"));
   }
   auto host_blocks = [&](double mb) {
     return static_cast<int64_t>(mb * (1 << 20)) / spec.bytes_per_block();
   };
-  const int64_t cache_blocks = host_blocks(flags.host_cache_mb);
-  if (flags.host_cache_mb > 0 && cache_blocks == 0) {
-    fail(absl::StrCat("--host-cache-mb ", flags.host_cache_mb, ": less than one block of ",
+  const int64_t cache_blocks = host_blocks(host_cache_mb);
+  if (host_cache_mb > 0 && cache_blocks == 0) {
+    fail(absl::StrCat("--host-cache-mb ", host_cache_mb, ": less than one block of ",
                       spec.bytes_per_block(), " bytes"));
   }
   const int64_t num_host_blocks = host_blocks(swap_mb) + cache_blocks;
   if (num_host_blocks > pagedkv::BlockPool::kMaxBlocks) {
-    fail(absl::StrCat("--swap-space-mb ", swap_mb, " + --host-cache-mb ", flags.host_cache_mb, ": ",
+    fail(absl::StrCat("--swap-space-mb ", swap_mb, " + --host-cache-mb ", host_cache_mb, ": ",
                       num_host_blocks, " host blocks, more than the limit ",
                       pagedkv::BlockPool::kMaxBlocks));
   }
-  engine.num_host_blocks = static_cast<int32_t>(num_host_blocks);
-  engine.host_cache_blocks = static_cast<int32_t>(cache_blocks);
-  engine.enable_host_cache = engine.host_cache_blocks > 0;
-  engine.watermark_blocks = std::max(1, engine.num_blocks / 100);
+  engine->num_host_blocks = static_cast<int32_t>(num_host_blocks);
+  engine->host_cache_blocks = static_cast<int32_t>(cache_blocks);
+  engine->enable_host_cache = engine->host_cache_blocks > 0;
+  engine->watermark_blocks = std::max(1, engine->num_blocks / 100);
+}
 
+// The same workload under contiguous max-length reservation: every sequence reserves the
+// longest prompt + output of the workload, up front.
+void compare_with_contiguous(const Workload& workload, const EngineOptions& engine,
+                             Report* report) {
+  int64_t real_tokens = 0;
+  int64_t num_seqs = 0;
+  for (const Request& r : workload.requests) {
+    const auto len = static_cast<int32_t>(r.prompt.size()) + r.max_new_tokens;
+    report->contiguous_max_len = std::max(report->contiguous_max_len, len);
+    real_tokens += int64_t{len} * r.num_samples;
+    num_seqs += r.num_samples;
+  }
+  const int64_t slots = int64_t{engine.num_blocks} * engine.block_size;
+  // Capacity-bound, and never more than the workload's sequences.
+  report->contiguous_peak_concurrency =
+      static_cast<int32_t>(std::min(slots / report->contiguous_max_len, num_seqs));
+  report->contiguous_utilization =
+      static_cast<double>(real_tokens) / static_cast<double>(num_seqs * report->contiguous_max_len);
+}
+
+// A --fault run shows the fault only if a verified sequence went through what it breaks.
+// Returns false (after saying why) when the run exercised it but verified none.
+bool check_fault_coverage(const Report& report) {
+  if (report.engine.fault == Fault::kNone) return true;
+  const MechanismSet broken = faulted_mechanisms(report.engine.fault);
+  const MechanismSet exercised = report.fault_exercised();
+  if (exercised.empty()) {
+    std::fprintf(stderr,
+                 "pagedkv-decode: --fault %s: no sequence went through %s, so the run cannot "
+                 "show the fault (docs/decode-loop.md lists flags that exercise it)\n",
+                 report.fault.c_str(), mechanism_names(broken).c_str());
+    return true;
+  }
+  if (report.fault_covered()) return true;
+  std::fprintf(stderr,
+               "pagedkv-decode: --fault %s: the run exercised %s but no verified sequence went "
+               "through %s; --verify %d or more covers every mechanism it exercised\n",
+               report.fault.c_str(), mechanism_names(exercised).c_str(),
+               mechanism_names(exercised.minus(report.covered())).c_str(),
+               report.run.exercised().size());
+  return false;
+}
+
+int run(int argc, char** argv) {
+  parse_flags(argc, argv);
+  const pagedkv::Device device = choose_device();
+  const pagedkv::DType kv_dtype = choose("kv-dtype", absl::GetFlag(FLAGS_kv_dtype), kKvDtypes);
+
+  EngineOptions engine;
+  engine.device = device;
+  engine.block_size = absl::GetFlag(FLAGS_block_size);
+  engine.seed = absl::GetFlag(FLAGS_seed);
+  engine.max_running = absl::GetFlag(FLAGS_max_running);
+  engine.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
+  engine.progress = isatty(STDERR_FILENO) != 0;
+  const std::string preemption = absl::GetFlag(FLAGS_preemption);
+  engine.preemption = choose("preemption", preemption, kPreemptionPolicies);
+  const std::string fault = absl::GetFlag(FLAGS_fault);
+  engine.fault = choose("fault", fault, kFaults);
+
+  ModelConfig config;
+  config.num_layers = absl::GetFlag(FLAGS_layers);
+  config.d_model = absl::GetFlag(FLAGS_d_model);
+  config.ffn_dim = absl::GetFlag(FLAGS_ffn_dim);
+  config.seed = engine.seed;
+  if (absl::Status s = validate(config); !s.ok()) fail(std::string(s.message()));
+
+  const pagedkv::KvCacheSpec spec{.num_layers = config.num_layers,
+                                  .num_kv_heads = config.num_kv_heads,
+                                  .head_dim = config.head_dim,
+                                  .dtype = kv_dtype,
+                                  .block_size = engine.block_size};
+  size_pools(spec, &engine);
+
+  WorkloadOptions workload_opts = workload_options();
+  workload_opts.vocab_size = config.vocab_size;
   // Every sequence must fit the pool alone, or it could never run.
-  flags.workload.max_total_len = (engine.num_blocks - engine.watermark_blocks) * flags.block_size;
-  absl::StatusOr<Workload> workload = make_workload(flags.workload);
+  workload_opts.max_total_len = (engine.num_blocks - engine.watermark_blocks) * engine.block_size;
+  absl::StatusOr<Workload> workload = make_workload(workload_opts);
   if (!workload.ok()) fail(std::string(workload.status().message()));
 
   std::unique_ptr<MetricsServer> metrics;
-  if (flags.metrics_port >= 0) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
-        MetricsServer::start(flags.metrics_port);
+  if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started = MetricsServer::start(port);
     if (!started.ok()) fail(std::string(started.status().message()));
     metrics = *std::move(started);
   }
   std::unique_ptr<KvEventFeed> events;
-  if (!flags.kv_events.empty()) {
+  if (const std::string endpoint = absl::GetFlag(FLAGS_kv_events); !endpoint.empty()) {
     absl::StatusOr<std::unique_ptr<KvEventFeed>> started =
-        KvEventFeed::start(flags.kv_events, flags.kv_events_replay);
+        KvEventFeed::start(endpoint, absl::GetFlag(FLAGS_kv_events_replay));
     if (!started.ok()) fail(std::string(started.status().message()));
     events = *std::move(started);
     engine.event_sink = events->sink();
@@ -350,8 +431,10 @@ int run(int argc, char** argv) {
   // only when the selection picks them.
   int64_t num_sequences = 0;
   for (const Request& r : workload->requests) num_sequences += r.num_samples;
-  VerifySelection selection(flags.verify, num_sequences);
-  if (flags.verify > 0) {
+  const VerifyCount verify_flag = absl::GetFlag(FLAGS_verify);
+  const auto num_verify = static_cast<int32_t>(verify_flag.all ? num_sequences : verify_flag.count);
+  VerifySelection selection(num_verify, num_sequences);
+  if (num_verify > 0) {
     engine.record_logits = true;
     engine.on_finish = [&selection](SequenceRecord& rec) { selection.offer(rec); };
   }
@@ -370,44 +453,31 @@ int run(int argc, char** argv) {
                     " prompts cut to fit the pool)");
   }
   report.kv_dtype = pagedkv::dtype_name(kv_dtype);
-  report.preemption_policy = flags.preemption;
+  report.preemption_policy = preemption;
+  report.fault = fault;
   report.model = config;
   report.engine = eng.options();
-  report.kv_budget_bytes = budget;
+  report.kv_budget_bytes = kv_budget_bytes();
   report.bytes_per_block = spec.bytes_per_block();
   report.run = eng.stats();
-  // The same workload under contiguous max-length reservation: every sequence reserves the
-  // longest prompt + output of the workload, up front.
-  int64_t real_tokens = 0;
-  int64_t num_seqs = 0;
-  for (const Request& r : workload->requests) {
-    const auto len = static_cast<int32_t>(r.prompt.size()) + r.max_new_tokens;
-    report.contiguous_max_len = std::max(report.contiguous_max_len, len);
-    real_tokens += int64_t{len} * r.num_samples;
-    num_seqs += r.num_samples;
-  }
-  const int64_t slots = int64_t{engine.num_blocks} * engine.block_size;
-  // Capacity-bound, and never more than the workload's sequences.
-  report.contiguous_peak_concurrency =
-      static_cast<int32_t>(std::min(slots / report.contiguous_max_len, num_seqs));
-  report.contiguous_utilization =
-      static_cast<double>(real_tokens) / static_cast<double>(num_seqs * report.contiguous_max_len);
+  compare_with_contiguous(*workload, engine, &report);
 
-  if (flags.verify > 0) {
+  if (num_verify > 0) {
     if (engine.progress) {
       std::fprintf(stderr, "verifying %d sequences against the dense no-cache reference...",
-                   flags.verify);
+                   num_verify);
       std::fflush(stderr);
     }
     absl::StatusOr<VerifyResult> result =
-        verify(model, selection.take_picks(), flags.verify, engine.kv_format);
+        verify(model, selection.take_picks(), num_verify, engine.kv_format);
     if (engine.progress) std::fprintf(stderr, "\r\033[K");
     if (!result.ok()) fail(absl::StrCat("verify failed: ", result.status().ToString()));
     report.verify = *std::move(result);
   }
-  const std::string text = flags.json ? format_json(report) : format_text(report);
-  if (!flags.kv_index_out.empty() && !write_prefix_index(eng.manager(), flags.kv_index_out)) {
-    fail(absl::StrCat("--kv-index-out ", flags.kv_index_out, ": cannot write"));
+  const std::string text = absl::GetFlag(FLAGS_json) ? format_json(report) : format_text(report);
+  const std::string kv_index_out = absl::GetFlag(FLAGS_kv_index_out);
+  if (!kv_index_out.empty() && !write_prefix_index(eng.manager(), kv_index_out)) {
+    fail(absl::StrCat("--kv-index-out ", kv_index_out, ": cannot write"));
   }
   if (events != nullptr) {
     // Announce the final seq only once every batch is sent, so that a router that replays
@@ -419,18 +489,20 @@ int run(int argc, char** argv) {
                  static_cast<long long>(events->next_seq()));
   }
   std::fputs(text.c_str(), stdout);
-  if (flags.hold_s > 0) {  // let scrapers and routers read the final state
+  if (const double hold_s = absl::GetFlag(FLAGS_hold_s); hold_s > 0) {
+    // Let scrapers and routers read the final state.
     std::fflush(stdout);
     std::fflush(stderr);
-    std::this_thread::sleep_for(std::chrono::duration<double>(flags.hold_s));
+    std::this_thread::sleep_for(std::chrono::duration<double>(hold_s));
   }
   const bool complete = report.run.requests_completed == report.run.requests;
   if (!complete) std::fprintf(stderr, "pagedkv-decode: not every request completed\n");
+  const bool fault_shown = check_fault_coverage(report);
   if (report.verify.has_value() && !report.verify->passed()) {
     std::fprintf(stderr, "pagedkv-decode: verification FAILED\n");
     return 1;
   }
-  return complete ? 0 : 1;
+  return complete && fault_shown ? 0 : 1;
 }
 
 }  // namespace

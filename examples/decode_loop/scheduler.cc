@@ -24,6 +24,29 @@ int64_t now_ns() {
 
 }  // namespace
 
+MechanismSet faulted_mechanisms(Fault fault) {
+  switch (fault) {
+    case Fault::kNone:
+      return {};
+    case Fault::kSkipCopies:
+      return {Mechanism::kCowCopy};
+    case Fault::kSkipSwapIn:
+    case Fault::kCorruptSwapIn:
+      return {Mechanism::kSwapIn};
+    case Fault::kSkipPromote:
+      return {Mechanism::kPromote, Mechanism::kExchange};
+  }
+  return {};
+}
+
+MechanismSet RunStats::exercised() const {
+  MechanismSet set;
+  for (size_t i = 0; i < kMechanisms.size(); ++i) {
+    if (mechanism_sequences[i] > 0) set.add(kMechanisms[i]);
+  }
+  return set;
+}
+
 void Engine::Batch::clear() {
   seqs.clear();
   tokens.clear();
@@ -112,11 +135,9 @@ void Engine::on_preempt(SeqId victim, PreemptionMode mode) {
   preempted_this_step_ = true;
   ++preemption_count_;
   if (mode == PreemptionMode::kRecompute) {
-    ++rec.recompute_preemptions;
     rec.where = Where::kWaiting;
     waiting_.push_front(victim);  // resumes first, with all its tokens to recompute
   } else {
-    ++rec.swap_preemptions;
     rec.where = Where::kSwapped;
     swapped_.push_back(victim);
   }
@@ -168,7 +189,6 @@ absl::Status Engine::schedule_swapped() {
     SequenceRecord& rec = records_.at(seq);
     rec.where = Where::kRunning;
     running_.push_back(seq);
-    swapped_in_.push_back(seq);
     scheduled_.insert(seq);
     absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, 1);
     if (!slots.ok()) return slots.status();  // room was checked above
@@ -216,12 +236,15 @@ absl::Status Engine::schedule_waiting() {
     rec.where = Where::kRunning;
     running_.push_back(seq);
     scheduled_.insert(seq);
-    if (rec.first_cached_tokens < 0) rec.first_cached_tokens = *cached;
-    rec.host_hit_tokens += static_cast<int32_t>(host_hits);
+    // Host hits are marked by their promote and exchange ops (record_mechanisms).
+    if (*cached > host_hits) rec.mechanisms.add(Mechanism::kPrefixHit);
     stats_.admit_query_tokens += len;
     stats_.admit_hit_tokens += *cached;
     stats_.admit_host_hit_tokens += host_hits;
-    if (rec.num_generated() > 0) stats_.recompute_tokens += num_new;
+    if (rec.num_generated() > 0) {  // preempted by recompute, now recomputed
+      rec.mechanisms.add(Mechanism::kRecompute);
+      stats_.recompute_tokens += num_new;
+    }
     prefill_tokens += num_new;
     prefill_.seqs.push_back(seq);
     prefill_.slots.insert(prefill_.slots.end(), slots->begin(), slots->end());
@@ -240,6 +263,7 @@ absl::Status Engine::schedule_waiting() {
 
 absl::Status Engine::execute_kv_ops() {
   pagedkv::StepOps ops = manager_->take_step_ops();
+  record_mechanisms(ops);  // before a fault drops any: whom they were meant for
   if (options_.fault == Fault::kSkipCopies) ops.copy_on_write.clear();
   if (options_.fault == Fault::kSkipSwapIn) ops.swap_in.clear();
   if (options_.fault == Fault::kSkipPromote) {
@@ -255,25 +279,52 @@ absl::Status Engine::execute_kv_ops() {
   if (ops.empty()) return absl::OkStatus();
   absl::Status status = store_->execute(ops);
   if (status.ok() && options_.fault == Fault::kCorruptSwapIn) {
-    status = corrupt_swapped_in(ops.swap_in);
+    status = corrupt_swap_ins(ops.swap_in);
   }
   return status;
 }
 
-// Fault::kCorruptSwapIn: in each sequence swapped in this step, the first of its blocks
-// that a swap-in copy filled gets one flipped bit.
-absl::Status Engine::corrupt_swapped_in(std::span<const pagedkv::BlockCopy> swap_ins) {
-  absl::flat_hash_set<pagedkv::BlockId> filled;
-  for (const pagedkv::BlockCopy& op : swap_ins) filled.insert(op.dst);
-  for (const SeqId seq : swapped_in_) {
+// Marks each op's mechanism on the running sequences whose block tables hold the device
+// block it fills, in the order the store runs them (a promotion may read a host block this
+// step's demotion wrote).
+void Engine::record_mechanisms(const pagedkv::StepOps& ops) {
+  absl::flat_hash_map<pagedkv::BlockId, MechanismSet> filled;  // device block -> what filled it
+  const auto host_hit = [&](Mechanism mechanism, pagedkv::BlockId host_block) {
+    MechanismSet set = {mechanism};
+    if (demoted_host_blocks_.contains(host_block)) set.add(Mechanism::kDemote);
+    return set;
+  };
+  for (const pagedkv::BlockCopy& op : ops.swap_out) demoted_host_blocks_.erase(op.dst);
+  for (const pagedkv::BlockCopy& op : ops.demote) demoted_host_blocks_.insert(op.dst);
+  for (const pagedkv::BlockCopy& op : ops.exchange) {  // reads host dst, then demotes into it
+    filled[op.src] |= host_hit(Mechanism::kExchange, op.dst);
+    demoted_host_blocks_.insert(op.dst);
+  }
+  for (const pagedkv::BlockCopy& op : ops.copy_on_write) filled[op.dst].add(Mechanism::kCowCopy);
+  for (const pagedkv::BlockCopy& op : ops.swap_in) filled[op.dst].add(Mechanism::kSwapIn);
+  for (const pagedkv::BlockCopy& op : ops.promote) {
+    filled[op.dst] |= host_hit(Mechanism::kPromote, op.src);
+  }
+  if (filled.empty()) return;
+  for (const SeqId seq : running_) {
     absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
-    if (!view.ok()) return view.status();
+    if (!view.ok()) continue;
+    MechanismSet& mechanisms = records_.at(seq).mechanisms;
     for (const pagedkv::BlockId block : view->block_table) {
-      if (!filled.contains(block)) continue;
-      absl::Status status = store_->flip_exponent_bit(block);
-      if (!status.ok()) return status;
-      break;
+      if (const auto it = filled.find(block); it != filled.end()) mechanisms |= it->second;
     }
+  }
+}
+
+// Fault::kCorruptSwapIn: every block a swap-in copy filled gets one flipped bit, as from
+// a faulty transfer path. One bit per block rather than per sequence: in fp8, one flipped
+// element stays within the format's range and can move the logits less than the bound.
+absl::Status Engine::corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_ins) {
+  for (const pagedkv::BlockCopy& op : swap_ins) {
+    // A block with no element below 1 (fp8's scales make most stored values larger; a
+    // last block may hold a single token) stays as it is.
+    absl::Status status = store_->flip_exponent_bit(op.dst);
+    if (!status.ok() && !absl::IsNotFound(status)) return status;
   }
   return absl::OkStatus();
 }
@@ -326,9 +377,7 @@ absl::Status Engine::commit(const Batch& batch) {
       rec.sample = s;
       rec.sampling.sample = s;
       rec.pending_forks = 0;
-      rec.forked = true;
-      rec.recompute_preemptions = 0;
-      rec.swap_preemptions = 0;
+      rec.mechanisms.add(Mechanism::kFork);  // and what reached the blocks it shares
       records_[child] = std::move(rec);
       running_.push_back(child);
       family.push_back(child);
@@ -390,7 +439,6 @@ void Engine::record_utilization() {
 absl::Status Engine::step() {
   preempted_this_step_ = false;
   scheduled_.clear();
-  swapped_in_.clear();
   prefill_.clear();
   decode_.clear();
   absl::Status status = schedule_running();
@@ -472,6 +520,9 @@ absl::Status Engine::run(const std::vector<Request>& requests) {
   for (const auto& [seq, rec] : records_) {
     auto [it, inserted] = complete.try_emplace(rec.request, true);
     it->second = it->second && rec.where == Where::kDone;
+    for (size_t i = 0; i < kMechanisms.size(); ++i) {
+      stats_.mechanism_sequences[i] += rec.mechanisms.contains(kMechanisms[i]) ? 1 : 0;
+    }
   }
   for (const auto& [request, ok] : complete) stats_.requests_completed += ok ? 1 : 0;
   return manager_->check_invariants();

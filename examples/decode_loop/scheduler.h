@@ -12,7 +12,8 @@
 //                 allocate_slots for the uncached part
 //   move KV    take_step_ops(), executed by the KV store before any write, in StepOps'
 //              order: swap_out, demote and exchange, copy-on-write copies, swap_in and
-//              promote
+//              promote; each op marks its mechanism on the sequences whose blocks it fills
+//              (mechanism.h)
 //   compute    prefill batch: write_kv + paged_extend_attention per layer
 //              decode batch:  write_kv + paged_decode_attention per layer, batched tables
 //   commit     pick tokens (greedy or keyed sampling), fork samples after a prompt's
@@ -20,6 +21,7 @@
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_SCHEDULER_H_
 #define PAGEDKV_EXAMPLES_DECODE_LOOP_SCHEDULER_H_
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -32,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "kv_format.h"
 #include "kv_store.h"
+#include "mechanism.h"
 #include "model.h"
 #include "pagedkv/block_table.h"
 #include "pagedkv/device.h"
@@ -55,9 +58,13 @@ enum class Fault {
   kNone,
   kSkipCopies,     // copy-on-write copies are not run
   kSkipSwapIn,     // swap-in copies are not run
-  kCorruptSwapIn,  // after each sequence's swap-in, one bit of one of its blocks flips
+  kCorruptSwapIn,  // one bit flips in every block a swap-in copy fills
   kSkipPromote,    // host-tier promotion copies (promote and exchange) are not run
 };
+
+// The mechanisms whose K/V `fault` breaks: a run with the fault must verify a sequence
+// that went through each of them (that one exercised).
+MechanismSet faulted_mechanisms(Fault fault);
 
 struct SequenceRecord;
 
@@ -102,11 +109,7 @@ struct SequenceRecord {
   SamplingParams sampling;
   Where where = Where::kWaiting;
   bool in_manager = false;
-  int32_t recompute_preemptions = 0;
-  int32_t swap_preemptions = 0;
-  bool forked = false;               // created by fork()
-  int32_t first_cached_tokens = -1;  // prefix-cache hit at its first admission (-1: none yet)
-  int32_t host_hit_tokens = 0;       // of its admissions' hits, tokens promoted from the host tier
+  MechanismSet mechanisms;  // what reached its K/V besides its own writes (mechanism.h)
   // [num_generated, vocab_size]: the logits token i was sampled from (record_logits only).
   std::vector<float> logits;
 
@@ -138,8 +141,12 @@ struct RunStats {
   int64_t cow_copies_executed = 0;
   int64_t demote_blocks_executed = 0;
   int64_t promote_blocks_executed = 0;
-  int64_t exchange_blocks_executed = 0;    // a promotion and a demotion in one copy
+  int64_t exchange_blocks_executed = 0;  // a promotion and a demotion in one copy
+  // Per mechanism, in kMechanisms order: sequences whose K/V went through it.
+  std::array<int64_t, kMechanisms.size()> mechanism_sequences{};
   pagedkv::KvCacheManager::Stats manager;  // at the end
+
+  MechanismSet exercised() const;  // the mechanisms some sequence went through
 };
 
 class Engine : private pagedkv::PreemptionHooks {
@@ -176,7 +183,8 @@ class Engine : private pagedkv::PreemptionHooks {
   absl::Status schedule_swapped();
   absl::Status schedule_waiting();
   absl::Status execute_kv_ops();
-  absl::Status corrupt_swapped_in(std::span<const pagedkv::BlockCopy> swap_ins);
+  void record_mechanisms(const pagedkv::StepOps& ops);
+  absl::Status corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_ins);
   absl::Status finish(SequenceRecord& rec);
   absl::Status run_batch(Batch& batch, bool prefill);
   absl::Status commit(const Batch& batch);
@@ -199,8 +207,9 @@ class Engine : private pagedkv::PreemptionHooks {
   absl::flat_hash_map<SeqId, SequenceRecord> records_;
   std::deque<SeqId> waiting_;
   std::deque<SeqId> swapped_;
-  std::vector<SeqId> running_;     // in admission order
-  std::vector<SeqId> swapped_in_;  // this step, for Fault::kCorruptSwapIn
+  std::vector<SeqId> running_;  // in admission order
+  // Host blocks whose K/V a demotion wrote (Mechanism::kDemote when one is promoted).
+  absl::flat_hash_set<pagedkv::BlockId> demoted_host_blocks_;
   absl::flat_hash_set<SeqId> scheduled_;
   bool preempted_this_step_ = false;
   int64_t preemption_count_ = 0;

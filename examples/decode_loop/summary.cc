@@ -2,41 +2,116 @@
 #include "summary.h"
 
 #include <cmath>
-#include <string_view>
+#include <string>
+#include <vector>
 
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 
 namespace decode_loop {
+
+MechanismSet Report::covered() const {
+  return verify.has_value() ? verify->covered() : MechanismSet{};
+}
+
+MechanismSet Report::fault_exercised() const {
+  return faulted_mechanisms(engine.fault) & run.exercised();
+}
+
+bool Report::fault_covered() const {
+  const MechanismSet exercised = fault_exercised();
+  return !exercised.empty() && exercised.minus(covered()).empty();
+}
+
 namespace {
+
+using Json = nlohmann::ordered_json;  // fields in the order written, as the text has them
 
 double ratio(double num, double den) { return den > 0.0 ? num / den : 0.0; }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<int>(ch));
-        } else {
-          out += ch;
-        }
-    }
+// "cow-copy 3, fork 12": the exercised mechanisms with their sequence counts.
+std::string mechanism_counts(const RunStats& s) {
+  std::string out;
+  for (size_t i = 0; i < kMechanisms.size(); ++i) {
+    if (s.mechanism_sequences[i] == 0) continue;
+    out += fmt::format("{}{} {}", out.empty() ? "" : ", ", mechanism_name(kMechanisms[i]),
+                       s.mechanism_sequences[i]);
   }
-  return out + "\"";
+  return out.empty() ? "none" : out;
 }
 
+std::string fault_line(const Report& r) {
+  const MechanismSet broken = faulted_mechanisms(r.engine.fault);
+  const MechanismSet exercised = r.fault_exercised();
+  if (exercised.empty()) {
+    return fmt::format("fault          {} breaks {}: no sequence went through it, nothing to catch",
+                       r.fault, mechanism_names(broken));
+  }
+  return fmt::format("fault          {} breaks {}: exercised ({}), {} by a verified sequence",
+                     r.fault, mechanism_names(broken), mechanism_names(exercised),
+                     r.fault_covered() ? "covered" : "NOT covered");
+}
+
+std::string coverage_line(const Report& r) {
+  const MechanismSet exercised = r.run.exercised();
+  const MechanismSet uncovered = exercised.minus(r.covered());
+  if (uncovered.empty()) {
+    return fmt::format("               covers every mechanism exercised ({})",
+                       mechanism_names(exercised));
+  }
+  return fmt::format(
+      "               covers {}; NOT covered: {} (--verify {} or more covers every one)",
+      mechanism_names(r.covered()), mechanism_names(uncovered), exercised.size());
+}
+
+// JSON array of the set's mechanism names.
+Json names_json(MechanismSet set) {
+  Json names = Json::array();
+  for (const Mechanism m : kMechanisms) {
+    if (set.contains(m)) names.push_back(mechanism_name(m));
+  }
+  return names;
+}
+
+// A float as the shortest decimal that reads back as it ("0.8", not 0.800000011920929);
 // JSON has no infinity: a non-finite value (non-finite logits) is null.
-std::string json_number(float x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; }
+Json float_json(float x) {
+  return std::isfinite(x) ? Json(std::stod(fmt::format("{}", x))) : Json(nullptr);
+}
+
+Json verify_json(const VerifyResult& v, MechanismSet exercised) {
+  Json sequences = Json::array();
+  for (const VerifiedSequence& seq : v.sequences) {
+    sequences.push_back({{"request", seq.request},
+                         {"sample", seq.sample},
+                         {"why", seq.why},
+                         {"mechanisms", names_json(seq.mechanisms)},
+                         {"temperature", float_json(seq.temperature)},
+                         {"tokens", seq.num_tokens},
+                         {"identical_tokens", seq.identical_tokens},
+                         {"differing_tokens", seq.differing_tokens},
+                         {"max_logit_diff", float_json(seq.max_logit_diff)},
+                         {"verdict", verdict_name(seq.verdict)},
+                         {"detail", seq.detail}});
+  }
+  return {{"requested", v.requested},
+          {"passed", v.passed()},
+          {"dtype", pagedkv::dtype_name(v.cache_dtype)},
+          {"bound", float_json(v.bound)},
+          {"max_logit_diff", float_json(v.max_logit_diff())},
+          {"seconds", v.seconds},
+          {"mechanisms_covered", names_json(v.covered())},
+          {"mechanisms_uncovered", names_json(exercised.minus(v.covered()))},
+          {"sequences", std::move(sequences)}};
+}
+
+Json fault_json(const Report& r) {
+  if (r.engine.fault == Fault::kNone) return nullptr;
+  return {{"name", r.fault},
+          {"mechanisms", names_json(faulted_mechanisms(r.engine.fault))},
+          {"exercised", !r.fault_exercised().empty()},
+          {"covered", r.fault_covered()}};
+}
 
 }  // namespace
 
@@ -99,6 +174,8 @@ std::string format_text(const Report& r) {
                    m.blocks_swapped_in));
   line(fmt::format("copy-on-write  {} block copies", m.cow_copies));
   line(fmt::format("evictions      {} cached blocks reallocated", m.evictions));
+  line(fmt::format("mechanisms     sequences through each: {}", mechanism_counts(s)));
+  if (r.engine.fault != Fault::kNone) line(fault_line(r));
   line(
       fmt::format("concurrency    peak {} sequences paged vs {} with a contiguous reservation "
                   "of {} tokens each (utilization {:.1f}%)",
@@ -118,12 +195,13 @@ std::string format_text(const Report& r) {
         "{:.3g}",
         counts[0], counts[1], counts[2], v.max_logit_diff(), pagedkv::dtype_name(v.cache_dtype),
         v.bound));
+    line(coverage_line(r));
     for (const VerifiedSequence& seq : v.sequences) {
-      line(
-          fmt::format("  request {:>3} sample {} ({}): {} tokens, identical up to {}, max logit "
-                      "diff {:.3g}: {}",
-                      seq.request, seq.sample, seq.why, seq.num_tokens, seq.identical_tokens,
-                      seq.max_logit_diff, verdict_name(seq.verdict)));
+      line(fmt::format(
+          "  request {:>3} sample {} ({}) [{}]: {} tokens, identical up to {}, max "
+          "logit diff {:.3g}: {}",
+          seq.request, seq.sample, seq.why, mechanism_names(seq.mechanisms), seq.num_tokens,
+          seq.identical_tokens, seq.max_logit_diff, verdict_name(seq.verdict)));
       if (!seq.detail.empty()) line(fmt::format("      {}", seq.detail));
     }
   } else {
@@ -135,101 +213,84 @@ std::string format_text(const Report& r) {
 std::string format_json(const Report& r) {
   const RunStats& s = r.run;
   const auto& m = s.manager;
-  std::string out = "{\n";
-  auto field = [&out](std::string_view key, const std::string& value, bool last = false) {
-    out += fmt::format("  {}: {}{}\n", json_string(key), value, last ? "" : ",");
-  };
-  field("device", json_string(r.device));
-  field("workload", json_string(r.workload));
-  field("model",
-        fmt::format("{{\"num_layers\": {}, \"d_model\": {}, \"num_q_heads\": {}, "
-                    "\"num_kv_heads\": {}, \"head_dim\": {}, \"ffn_dim\": {}, "
-                    "\"vocab_size\": {}}}",
-                    r.model.num_layers, r.model.d_model, r.model.num_q_heads, r.model.num_kv_heads,
-                    r.model.head_dim, r.model.ffn_dim, r.model.vocab_size));
-  field("kv_cache",
-        fmt::format("{{\"num_blocks\": {}, \"block_size\": {}, \"dtype\": {}, "
-                    "\"budget_bytes\": {}, \"bytes_per_block\": {}, \"num_host_blocks\": {}, "
-                    "\"host_cache\": {}, \"host_cache_blocks\": {}}}",
-                    r.engine.num_blocks, r.engine.block_size, json_string(r.kv_dtype),
-                    r.kv_budget_bytes, r.bytes_per_block, r.engine.num_host_blocks,
-                    r.engine.enable_host_cache ? "true" : "false", r.engine.host_cache_blocks));
-  field("preemption_policy", json_string(r.preemption_policy));
-  field("requests", std::to_string(s.requests));
-  field("requests_completed", std::to_string(s.requests_completed));
-  field("sequences", std::to_string(s.sequences));
-  field("prompt_tokens", std::to_string(s.prompt_tokens));
-  field("generated_tokens", std::to_string(s.generated_tokens));
-  field("prefill_tokens", std::to_string(s.prefill_tokens));
-  field("recompute_tokens", std::to_string(s.recompute_tokens));
-  field("decode_tokens", std::to_string(s.decode_tokens));
-  field("steps", std::to_string(s.steps));
-  field("prefill_seconds", fmt::format("{:.6f}", s.prefill_seconds));
-  field("decode_seconds", fmt::format("{:.6f}", s.decode_seconds));
-  field("wall_seconds", fmt::format("{:.6f}", s.wall_seconds));
-  field("prefill_tokens_per_second",
-        fmt::format("{:.3f}", ratio(static_cast<double>(s.prefill_tokens), s.prefill_seconds)));
-  field("decode_tokens_per_second",
-        fmt::format("{:.3f}", ratio(static_cast<double>(s.decode_tokens), s.decode_seconds)));
-  field("prefix_cache_hit_rate",
-        fmt::format("{:.6f}", ratio(static_cast<double>(s.admit_hit_tokens),
-                                    static_cast<double>(s.admit_query_tokens))));
-  field("prefix_hit_tokens", std::to_string(s.admit_hit_tokens));
-  field("prefix_query_tokens", std::to_string(s.admit_query_tokens));
-  // The allocator's own counters also count lookups of admissions that were retried.
-  field("allocator_prefix_hit_tokens", std::to_string(m.prefix_hit_tokens));
-  field("allocator_prefix_query_tokens", std::to_string(m.prefix_query_tokens));
-  // Host tier: hits of admissions found there, and the allocator's tier counters next to
-  // the copies the store ran.
-  field("host_hit_tokens", std::to_string(s.admit_host_hit_tokens));
-  field("allocator_host_hit_tokens", std::to_string(m.host_hit_tokens));
-  field("blocks_demoted", std::to_string(m.blocks_demoted));
-  field("blocks_promoted", std::to_string(m.blocks_promoted));
-  field("demote_blocks_executed", std::to_string(s.demote_blocks_executed));
-  field("promote_blocks_executed", std::to_string(s.promote_blocks_executed));
-  field("exchange_blocks_executed", std::to_string(s.exchange_blocks_executed));
-  field("host_evictions", std::to_string(m.host_evictions));
-  field("cached_host_blocks", std::to_string(m.cached_host_blocks));
-  field("peak_used_blocks", std::to_string(s.peak_used_blocks));
-  field("kv_utilization", fmt::format("{:.6f}", ratio(s.real_slot_steps, s.used_slot_steps)));
-  field("preemptions_recompute", std::to_string(m.preemptions_recompute));
-  field("preemptions_swap", std::to_string(m.preemptions_swap));
-  field("blocks_swapped_out", std::to_string(m.blocks_swapped_out));
-  field("blocks_swapped_in", std::to_string(m.blocks_swapped_in));
-  field("cow_copies", std::to_string(m.cow_copies));
-  field("evictions", std::to_string(m.evictions));
-  field("peak_running_sequences", std::to_string(s.peak_running));
-  field("contiguous",
-        fmt::format("{{\"reserved_tokens_per_sequence\": {}, "
-                    "\"peak_concurrency\": {}, \"utilization\": {:.6f}}}",
-                    r.contiguous_max_len, r.contiguous_peak_concurrency, r.contiguous_utilization));
-  if (r.verify.has_value()) {
-    const VerifyResult& v = *r.verify;
-    std::string seqs = "[";
-    for (size_t i = 0; i < v.sequences.size(); ++i) {
-      const VerifiedSequence& seq = v.sequences[i];
-      seqs += fmt::format(
-          "{}{{\"request\": {}, \"sample\": {}, \"why\": {}, \"temperature\": {}, "
-          "\"tokens\": {}, \"identical_tokens\": {}, \"differing_tokens\": {}, "
-          "\"max_logit_diff\": {}, \"verdict\": {}, \"detail\": {}}}",
-          i == 0 ? "" : ", ", seq.request, seq.sample, json_string(seq.why), seq.temperature,
-          seq.num_tokens, seq.identical_tokens, seq.differing_tokens,
-          json_number(seq.max_logit_diff), json_string(verdict_name(seq.verdict)),
-          json_string(seq.detail));
-    }
-    seqs += "]";
-    field("verify",
-          fmt::format("{{\"requested\": {}, \"passed\": {}, \"dtype\": {}, \"bound\": {}, "
-                      "\"max_logit_diff\": {}, \"seconds\": {:.6f}, \"sequences\": {}}}",
-                      v.requested, v.passed() ? "true" : "false",
-                      json_string(pagedkv::dtype_name(v.cache_dtype)), json_number(v.bound),
-                      json_number(v.max_logit_diff()), v.seconds, seqs),
-          true);
-  } else {
-    field("verify", "null", true);
+  Json mechanism_sequences = Json::object();
+  for (size_t i = 0; i < kMechanisms.size(); ++i) {
+    mechanism_sequences[mechanism_name(kMechanisms[i])] = s.mechanism_sequences[i];
   }
-  out += "}\n";
-  return out;
+  const Json out = {
+      {"device", r.device},
+      {"workload", r.workload},
+      {"model",
+       {{"num_layers", r.model.num_layers},
+        {"d_model", r.model.d_model},
+        {"num_q_heads", r.model.num_q_heads},
+        {"num_kv_heads", r.model.num_kv_heads},
+        {"head_dim", r.model.head_dim},
+        {"ffn_dim", r.model.ffn_dim},
+        {"vocab_size", r.model.vocab_size}}},
+      {"kv_cache",
+       {{"num_blocks", r.engine.num_blocks},
+        {"block_size", r.engine.block_size},
+        {"dtype", r.kv_dtype},
+        {"budget_bytes", r.kv_budget_bytes},
+        {"bytes_per_block", r.bytes_per_block},
+        {"num_host_blocks", r.engine.num_host_blocks},
+        {"host_cache", r.engine.enable_host_cache},
+        {"host_cache_blocks", r.engine.host_cache_blocks}}},
+      {"preemption_policy", r.preemption_policy},
+      {"requests", s.requests},
+      {"requests_completed", s.requests_completed},
+      {"sequences", s.sequences},
+      {"prompt_tokens", s.prompt_tokens},
+      {"generated_tokens", s.generated_tokens},
+      {"prefill_tokens", s.prefill_tokens},
+      {"recompute_tokens", s.recompute_tokens},
+      {"decode_tokens", s.decode_tokens},
+      {"steps", s.steps},
+      {"prefill_seconds", s.prefill_seconds},
+      {"decode_seconds", s.decode_seconds},
+      {"wall_seconds", s.wall_seconds},
+      {"prefill_tokens_per_second",
+       ratio(static_cast<double>(s.prefill_tokens), s.prefill_seconds)},
+      {"decode_tokens_per_second", ratio(static_cast<double>(s.decode_tokens), s.decode_seconds)},
+      {"prefix_cache_hit_rate",
+       ratio(static_cast<double>(s.admit_hit_tokens), static_cast<double>(s.admit_query_tokens))},
+      {"prefix_hit_tokens", s.admit_hit_tokens},
+      {"prefix_query_tokens", s.admit_query_tokens},
+      // The allocator's own counters also count lookups of admissions that were retried.
+      {"allocator_prefix_hit_tokens", m.prefix_hit_tokens},
+      {"allocator_prefix_query_tokens", m.prefix_query_tokens},
+      // Host tier: hits of admissions found there, and the allocator's tier counters next
+      // to the copies the store ran.
+      {"host_hit_tokens", s.admit_host_hit_tokens},
+      {"allocator_host_hit_tokens", m.host_hit_tokens},
+      {"blocks_demoted", m.blocks_demoted},
+      {"blocks_promoted", m.blocks_promoted},
+      {"demote_blocks_executed", s.demote_blocks_executed},
+      {"promote_blocks_executed", s.promote_blocks_executed},
+      {"exchange_blocks_executed", s.exchange_blocks_executed},
+      {"host_evictions", m.host_evictions},
+      {"cached_host_blocks", m.cached_host_blocks},
+      {"peak_used_blocks", s.peak_used_blocks},
+      {"kv_utilization", ratio(s.real_slot_steps, s.used_slot_steps)},
+      {"preemptions_recompute", m.preemptions_recompute},
+      {"preemptions_swap", m.preemptions_swap},
+      {"blocks_swapped_out", m.blocks_swapped_out},
+      {"blocks_swapped_in", m.blocks_swapped_in},
+      {"cow_copies", m.cow_copies},
+      {"evictions", m.evictions},
+      {"peak_running_sequences", s.peak_running},
+      {"contiguous",
+       {{"reserved_tokens_per_sequence", r.contiguous_max_len},
+        {"peak_concurrency", r.contiguous_peak_concurrency},
+        {"utilization", r.contiguous_utilization}}},
+      // Sequences whose K/V went through each mechanism (mechanism.h).
+      {"mechanism_sequences", std::move(mechanism_sequences)},
+      {"mechanisms_exercised", names_json(s.exercised())},
+      {"fault", fault_json(r)},
+      {"verify", r.verify.has_value() ? verify_json(*r.verify, s.exercised()) : Json(nullptr)},
+  };
+  return out.dump(2) + "\n";
 }
 
 }  // namespace decode_loop

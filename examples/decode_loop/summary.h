@@ -1,7 +1,7 @@
 // File: examples/decode_loop/summary.h
 //
-// The end-of-run report: a human-readable summary, or with --json one JSON object (written
-// with fmt; the CTest test parses it with python3's json module).
+// The end-of-run report: a human-readable summary, or with --json one JSON object (built
+// with nlohmann::json; the CTest tests parse it with python3's json module).
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_SUMMARY_H_
 #define PAGEDKV_EXAMPLES_DECODE_LOOP_SUMMARY_H_
 
@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "mechanism.h"
 #include "model.h"
 #include "scheduler.h"
 #include "verify.h"
@@ -20,6 +21,7 @@ struct Report {
   std::string workload;
   std::string kv_dtype;
   std::string preemption_policy;
+  std::string fault;  // the --fault value ("none")
   ModelConfig model;
   EngineOptions engine;
   int64_t kv_budget_bytes = 0;
@@ -30,6 +32,14 @@ struct Report {
   int32_t contiguous_peak_concurrency = 0;  // sequences the same budget holds (at most all)
   double contiguous_utilization = 0.0;      // mean real tokens / reserved slots
   std::optional<VerifyResult> verify;
+
+  // The mechanisms the verified sequences went through (none without --verify).
+  MechanismSet covered() const;
+  // Of the mechanisms the fault breaks, those the run exercised.
+  MechanismSet fault_exercised() const;
+  // Whether a verified sequence went through each mechanism in fault_exercised(), and it
+  // is not empty: then the verification must fail.
+  bool fault_covered() const;
 };
 
 std::string format_text(const Report& report);

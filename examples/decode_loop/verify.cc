@@ -5,7 +5,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <span>
 #include <thread>
@@ -17,22 +16,7 @@
 namespace decode_loop {
 namespace {
 
-struct Category {
-  const char* why;
-  std::function<bool(const SequenceRecord&)> matches;
-};
-
-const std::vector<Category>& categories() {
-  static const std::vector<Category> kCategories = {
-      {"swap-preempted", [](const SequenceRecord& r) { return r.swap_preemptions > 0; }},
-      {"recompute-preempted", [](const SequenceRecord& r) { return r.recompute_preemptions > 0; }},
-      {"forked sample", [](const SequenceRecord& r) { return r.forked; }},
-      {"host-tier hit", [](const SequenceRecord& r) { return !r.forked && r.host_hit_tokens > 0; }},
-      {"prefix-cache hit",
-       [](const SequenceRecord& r) { return !r.forked && r.first_cached_tokens > 0; }},
-  };
-  return kCategories;
-}
+constexpr auto kSpreadRank = static_cast<int32_t>(kMechanisms.size());
 
 // max |a - b|; +inf when either holds a non-finite value.
 float max_abs_diff(std::span<const float> a, std::span<const float> b) {
@@ -172,8 +156,7 @@ const char* verdict_name(Verdict verdict) {
 VerifySelection::VerifySelection(int32_t count, int64_t total_sequences)
     : count_(count),
       total_(total_sequences),
-      stride_(std::max<int64_t>(1, total_sequences / std::max(1, count))),
-      claimed_(categories().size(), false) {}
+      stride_(std::max<int64_t>(1, total_sequences / std::max(1, count))) {}
 
 void VerifySelection::add(SequenceRecord& finished, std::string why, int32_t rank) {
   std::vector<float> logits = std::move(finished.logits);
@@ -183,27 +166,40 @@ void VerifySelection::add(SequenceRecord& finished, std::string why, int32_t ran
   picks_.push_back(std::move(pick));
 }
 
+MechanismSet VerifySelection::covered() const {
+  MechanismSet set;
+  for (const Pick& p : picks_) set |= p.record.mechanisms;
+  return set;
+}
+
+bool VerifySelection::drop_redundant_pick() {
+  for (auto it = picks_.rbegin(); it != picks_.rend(); ++it) {
+    MechanismSet others;
+    for (const Pick& p : picks_) {
+      if (&p != &*it) others |= p.record.mechanisms;
+    }
+    if (it->record.mechanisms.minus(others).empty()) {
+      picks_.erase(std::next(it).base());
+      return true;
+    }
+  }
+  return false;
+}
+
 void VerifySelection::offer(SequenceRecord& finished) {
   const int64_t index = finished_++;
-  const auto full = [&] { return static_cast<int32_t>(picks_.size()) >= count_; };
-  for (size_t c = 0; c < categories().size(); ++c) {
-    if (claimed_[c] || !categories()[c].matches(finished)) continue;
-    if (full()) {
-      // Make room by dropping the latest spread pick, if any.
-      auto spread = std::find_if(picks_.rbegin(), picks_.rend(), [](const Pick& p) {
-        return p.rank == static_cast<int32_t>(categories().size());
-      });
-      if (spread == picks_.rend()) return;
-      picks_.erase(std::next(spread).base());
-    }
-    claimed_[c] = true;
-    add(finished, categories()[c].why, static_cast<int32_t>(c));
+  const MechanismSet uncovered = finished.mechanisms.minus(covered());
+  if (!uncovered.empty()) {
+    if (static_cast<int32_t>(picks_.size()) >= count_ && !drop_redundant_pick()) return;
+    const auto first = std::find_if(kMechanisms.begin(), kMechanisms.end(),
+                                    [&](Mechanism m) { return uncovered.contains(m); });
+    add(finished, picked_as(*first), static_cast<int32_t>(first - kMechanisms.begin()));
     return;
   }
   // Spread over the finishing order, and take the last ones when the rest would fall short.
   const int64_t open = count_ - static_cast<int64_t>(picks_.size());
   if (open > 0 && (index % stride_ == 0 || total_ - index <= open)) {
-    add(finished, "spread", static_cast<int32_t>(categories().size()));
+    add(finished, "spread", kSpreadRank);
   }
 }
 
@@ -216,6 +212,12 @@ std::vector<VerifySelection::Pick> VerifySelection::take_picks() {
 bool VerifyResult::passed() const {
   return std::none_of(sequences.begin(), sequences.end(),
                       [](const VerifiedSequence& s) { return s.verdict == Verdict::kFail; });
+}
+
+MechanismSet VerifyResult::covered() const {
+  MechanismSet set;
+  for (const VerifiedSequence& s : sequences) set |= s.mechanisms;
+  return set;
 }
 
 float VerifyResult::max_logit_diff() const {
@@ -246,6 +248,7 @@ absl::StatusOr<VerifyResult> verify(const Model& model, std::vector<VerifySelect
       v.request = rec.request;
       v.sample = rec.sample;
       v.why = picks[i].why;
+      v.mechanisms = rec.mechanisms;
       v.temperature = rec.sampling.temperature;
       v.num_tokens = rec.num_generated();
       const size_t expected = static_cast<size_t>(v.num_tokens) * vocab;

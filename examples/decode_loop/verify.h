@@ -17,10 +17,14 @@
 // Teacher forcing keeps comparing after a near-tie: every position is checked.
 //
 // Which sequences: VerifySelection picks them as they finish (the engine keeps logits
-// only for running sequences and for those picked): first one each that was preempted
-// by swap, preempted by recompute, forked (copy-on-write), served from the prefix cache's
-// host tier (promoted blocks), and served from the prefix cache, then others spread over
-// the finishing order.
+// only for running sequences and for those picked). Where the faults are: a finished
+// sequence whose K/V went through a mechanism (mechanism.h) that no pick went through yet
+// is picked, making room when full by dropping the latest pick whose mechanisms the
+// other picks cover; the rest are spread over the finishing order. Dropping only such
+// picks never uncovers a mechanism. While one of the E mechanisms a run exercises is
+// missing, at most E - 1 picks can each be the only one through some mechanism, so with
+// count >= E (at most kMechanisms.size()) a full selection always has a pick to drop:
+// every mechanism the run exercised is covered. `--verify all` verifies every sequence.
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_VERIFY_H_
 #define PAGEDKV_EXAMPLES_DECODE_LOOP_VERIFY_H_
 
@@ -31,6 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "kv_format.h"
+#include "mechanism.h"
 #include "model.h"
 #include "pagedkv/dtype.h"
 #include "scheduler.h"
@@ -54,21 +59,23 @@ class VerifySelection {
 
   struct Pick {
     SequenceRecord record;  // with its logits
-    std::string why;        // what it went through ("swap-preempted", ...)
-    int32_t rank = 0;       // category order; spread picks last
+    std::string why;        // picked_as() of the first mechanism it covered, or "spread"
+    int32_t rank = 0;       // that mechanism's index in kMechanisms; spread picks last
   };
-  // In category order, then finishing order.
+  // In rank order, then finishing order.
   std::vector<Pick> take_picks();
   int32_t count() const { return count_; }
 
  private:
   void add(SequenceRecord& finished, std::string why, int32_t rank);
+  // Drops the latest pick whose mechanisms the other picks cover; false if there is none.
+  bool drop_redundant_pick();
+  MechanismSet covered() const;
 
   int32_t count_;
   int64_t total_;
   int64_t stride_;
   int64_t finished_ = 0;
-  std::vector<bool> claimed_;  // per category
   std::vector<Pick> picks_;
 };
 
@@ -83,6 +90,7 @@ struct VerifiedSequence {
   int64_t request = 0;
   int32_t sample = 0;
   std::string why;
+  MechanismSet mechanisms;  // every mechanism that reached its K/V
   float temperature = 0.0f;
   int32_t num_tokens = 0;
   int32_t identical_tokens =
@@ -102,6 +110,7 @@ struct VerifyResult {
   double seconds = 0.0;
   bool passed() const;
   float max_logit_diff() const;
+  MechanismSet covered() const;  // the mechanisms of the verified sequences
 };
 
 // Compares `rec` (its tokens and recorded logits) with the reference's teacher-forced

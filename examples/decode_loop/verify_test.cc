@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "sampling.h"
@@ -135,15 +136,17 @@ TEST_CASE("compare_logits: sampled tokens flipped by small logit differences are
   CHECK(v.max_logit_diff <= 0.05f);
 }
 
+// A finished sequence that was swapped, recomputed, forked and hit `cached` tokens in the
+// device prefix cache, as the engine marks them.
 SequenceRecord finished(SeqId seq, int32_t swaps, int32_t recomputes, bool forked, int32_t cached) {
   SequenceRecord rec;
   rec.seq = seq;
   rec.tokens = {1, 2};
   rec.prompt_len = 1;
-  rec.swap_preemptions = swaps;
-  rec.recompute_preemptions = recomputes;
-  rec.forked = forked;
-  rec.first_cached_tokens = cached;
+  if (swaps > 0) rec.mechanisms.add(Mechanism::kSwapIn);
+  if (recomputes > 0) rec.mechanisms.add(Mechanism::kRecompute);
+  if (forked) rec.mechanisms.add(Mechanism::kFork);
+  if (cached > 0) rec.mechanisms.add(Mechanism::kPrefixHit);
   rec.logits.assign(kVocab, static_cast<float>(seq));
   return rec;
 }
@@ -183,9 +186,9 @@ TEST_CASE("VerifySelection: a sequence served from the host tier gets its own pi
       finished(3, 0, 0, false, 32),  // a second host-tier hit: not picked
       finished(4, 0, 0, true, 32),   // forked child of a host-tier hit: the forked pick
   };
-  recs[1].host_hit_tokens = 16;
-  recs[2].host_hit_tokens = 16;
-  recs[3].host_hit_tokens = 16;
+  recs[1].mechanisms.add(Mechanism::kPromote);
+  recs[2].mechanisms.add(Mechanism::kPromote);
+  recs[3].mechanisms.add(Mechanism::kPromote);  // a child shares its parent's promoted blocks
   for (SequenceRecord& rec : recs) selection.offer(rec);
   const std::vector<VerifySelection::Pick> picks = selection.take_picks();
   REQUIRE(picks.size() == 3);
@@ -195,6 +198,48 @@ TEST_CASE("VerifySelection: a sequence served from the host tier gets its own pi
   CHECK(picks[1].record.seq == 2);
   CHECK(picks[2].why == "prefix-cache hit");
   CHECK(picks[2].record.seq == 1);
+}
+
+TEST_CASE("VerifySelection: a pick whose mechanisms the others cover makes room for a new one") {
+  VerifySelection selection(/*count=*/2, /*total_sequences=*/100);
+  std::vector<SequenceRecord> recs = {
+      finished(1, 0, 0, false, 32),  // prefix hit
+      finished(2, 0, 0, true, 32),   // forked, prefix hit: covers what 1 covers
+      finished(3, 1, 0, false, 0),   // swapped: full, replaces 1, not 2 (the only fork)
+  };
+  for (SequenceRecord& rec : recs) selection.offer(rec);
+  const std::vector<VerifySelection::Pick> picks = selection.take_picks();
+  REQUIRE(picks.size() == 2);
+  CHECK(picks[0].why == "swap-preempted");
+  CHECK(picks[0].record.seq == 3);
+  CHECK(picks[1].why == "forked sample");
+  CHECK(picks[1].record.seq == 2);
+}
+
+TEST_CASE("VerifySelection: kMechanisms.size() picks cover every mechanism a run exercised") {
+  constexpr auto kCount = static_cast<int32_t>(kMechanisms.size());
+  std::mt19937 rng(42);
+  std::bernoulli_distribution through(0.08);
+  for (int32_t trial = 0; trial < 500; ++trial) {
+    const int32_t total = std::uniform_int_distribution<int32_t>(1, 60)(rng);
+    VerifySelection selection(kCount, total);
+    MechanismSet exercised;
+    for (SeqId seq = 0; seq < total; ++seq) {
+      SequenceRecord rec = finished(seq, 0, 0, false, 0);
+      for (const Mechanism m : kMechanisms) {
+        if (through(rng)) rec.mechanisms.add(m);
+      }
+      exercised |= rec.mechanisms;
+      selection.offer(rec);
+    }
+    const std::vector<VerifySelection::Pick> picks = selection.take_picks();
+    MechanismSet covered;
+    for (const VerifySelection::Pick& p : picks) covered |= p.record.mechanisms;
+    INFO("trial " << trial << ": " << total << " sequences, exercised "
+                  << mechanism_names(exercised) << ", covered " << mechanism_names(covered));
+    CHECK(covered == exercised);
+    CHECK(static_cast<int32_t>(picks.size()) == std::min(kCount, total));
+  }
 }
 
 TEST_CASE("VerifySelection: picks min(count, total) sequences") {
