@@ -9,6 +9,8 @@
 #include <prometheus/text_serializer.h>
 
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -32,6 +34,8 @@ class MonotonicCounter {
 struct MetricsState {
   explicit MetricsState(const KvCacheMetrics::Options& options)
       : prefix(options.prefix),
+        num_threads(options.num_threads),
+        request_timeout_ms(options.request_timeout_ms),
         labels(options.model_name.empty() ? prometheus::Labels{}
                                           : prometheus::Labels{{"model_name", options.model_name}}),
         registry(std::make_shared<prometheus::Registry>()),
@@ -84,6 +88,8 @@ struct MetricsState {
   }
 
   std::string prefix;
+  int32_t num_threads;
+  int32_t request_timeout_ms;
   prometheus::Labels labels;
   std::shared_ptr<prometheus::Registry> registry;
   prometheus::Gauge& usage;
@@ -107,6 +113,15 @@ absl::StatusOr<std::unique_ptr<KvCacheMetrics>> KvCacheMetrics::create(Options o
     return absl::InvalidArgumentError(absl::StrCat("KvCacheMetrics: prefix \"", options.prefix,
                                                    "\" gives the invalid metric name ", probe));
   }
+  if (options.num_threads < 1 || options.num_threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvCacheMetrics: num_threads ", options.num_threads, " is not in 1..", kMaxThreads));
+  }
+  if (options.request_timeout_ms < 1 || options.request_timeout_ms > kMaxTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheMetrics: request_timeout_ms ",
+                                                   options.request_timeout_ms, " is not in 1..",
+                                                   kMaxTimeoutMs));
+  }
   return std::unique_ptr<KvCacheMetrics>(
       new KvCacheMetrics(std::make_unique<internal::MetricsState>(options)));
 }
@@ -122,7 +137,11 @@ absl::Status KvCacheMetrics::serve(const std::string& bind_address) {
                                                       "): already serving on port ", port()));
   }
   try {
-    auto exposer = std::make_unique<prometheus::Exposer>(bind_address, /*num_threads=*/1);
+    // civetweb's options. Keep-alive stays off (civetweb's default): each scrape's
+    // connection closes after its answer, so none holds a worker between scrapes.
+    auto exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", bind_address, "num_threads", std::to_string(state_->num_threads),
+        "request_timeout_ms", std::to_string(state_->request_timeout_ms)});
     exposer->RegisterCollectable(state_->registry);
     state_->exposer = std::move(exposer);
   } catch (const std::exception& e) {

@@ -62,5 +62,16 @@ TEST_CASE("an invalid prefix is refused, and so is serving twice") {
   REQUIRE((*metrics)->serve("127.0.0.1:0").code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("HTTP worker threads and the request timeout are checked against their ranges") {
+  auto no_threads = KvCacheMetrics::create({.num_threads = 0});
+  REQUIRE(no_threads.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(no_threads.status().message()),
+               Catch::Contains("num_threads 0 is not in 1..1024"));
+  auto long_timeout = KvCacheMetrics::create({.request_timeout_ms = 60001});
+  REQUIRE(long_timeout.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(long_timeout.status().message()),
+               Catch::Contains("request_timeout_ms 60001 is not in 1..60000"));
+}
+
 }  // namespace
 }  // namespace pagedkv
