@@ -3,7 +3,8 @@
 cannot grow the publisher's memory. pagedkv-publisher-load publishes a step every
 millisecond (loopback); after 2 s, while a SUB socket timestamps every live message:
   - one DEALER sends 10,000 replay-from-0 and 10,000 snapshot requests, interleaved;
-  - 300 DEALERs send one replay request each (the last ~100 steps) and read the reply;
+  - 300 DEALERs send one request each (replay of the last ~100 steps, or snapshot, in
+    turn) and read the reply;
   - 100 DEALERs send a replay-from-0 request each and never read (receive HWM 1).
 Requires: the largest gap between live messages under 100 ms, no sequence-number gap,
 every one of the 300 replies complete, the flood's peer answered, and the publisher's
@@ -92,10 +93,10 @@ def main():
         flooder.start()
         peers = []
         poller = zmq.Poller()
-        for _ in range(PEERS):
+        for i in range(PEERS):
             s = ctx.socket(zmq.DEALER)
             s.connect(router_endpoint)
-            s.send_multipart([b"", request(recent)])
+            s.send_multipart([b"", request(recent if i % 2 == 0 else SNAPSHOT)])
             poller.register(s, zmq.POLLIN)
             peers.append(s)
         done = set()
@@ -119,6 +120,9 @@ def main():
         during = [(t, seq) for t, seq in arrivals if t >= abuse_start]
         gaps = [b[0] - a[0] for a, b in zip(during, during[1:])]
         max_gap = max(gaps) if gaps else float("inf")
+        if gaps:
+            at = during[gaps.index(max_gap)][0] - abuse_start
+            print(f"largest gap starts {at:.3f} s into the abuse")
         seq_gaps = [(a[1], b[1]) for a, b in zip(arrivals, arrivals[1:]) if b[1] != a[1] + 1]
         peak_rss_mb = int(stats["peak_rss_kb"]) / 1024
         print(f"{len(during)} live messages in {ABUSE_S} s of abuse; largest gap "

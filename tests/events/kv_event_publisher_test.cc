@@ -448,5 +448,16 @@ TEST_CASE("bad options and unbindable endpoints are refused with the value") {
   REQUIRE(taken.status().code() == absl::StatusCode::kUnavailable);
 }
 
+TEST_CASE("reply limits must be positive, and the refusal names the value") {
+  auto no_hwm = KvEventPublisher::create({.endpoint = ipc_endpoint("x"), .reply_hwm = 0});
+  REQUIRE(no_hwm.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(no_hwm.status().message()), Catch::Contains("reply_hwm 0 must be > 0"));
+  auto no_timeout =
+      KvEventPublisher::create({.endpoint = ipc_endpoint("x"), .stalled_peer_timeout_ms = -5});
+  REQUIRE(no_timeout.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(no_timeout.status().message()),
+               Catch::Contains("stalled_peer_timeout_ms -5 must be > 0"));
+}
+
 }  // namespace
 }  // namespace pagedkv
