@@ -6,8 +6,10 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -82,6 +84,20 @@ int64_t read_big_endian(const unsigned char* bytes) {
 
 int64_t read_big_endian(const zmq::message_t& frame) {
   return read_big_endian(static_cast<const unsigned char*>(frame.data()));
+}
+
+// A replay request's start seq as vLLM reads it (int.from_bytes(frame, "big")): unsigned,
+// of any length, so an empty frame is 0. A value above every seq (the bytes of -1, say)
+// saturates at INT64_MAX, which replays nothing: END only, as in vLLM.
+int64_t read_replay_start(const zmq::message_t& frame) {
+  constexpr uint64_t kMaxStart = std::numeric_limits<int64_t>::max();
+  uint64_t value = 0;
+  for (const unsigned char byte :
+       std::span(static_cast<const unsigned char*>(frame.data()), frame.size())) {
+    if (value > (kMaxStart >> 8)) return static_cast<int64_t>(kMaxStart);
+    value = (value << 8) | byte;
+  }
+  return static_cast<int64_t>(std::min(value, kMaxStart));
 }
 
 int64_t read_big_endian_array(const std::array<char, 8>& bytes) {
@@ -315,26 +331,25 @@ class PublisherCore {
     }
   }
 
-  // A request is (client id, "", 8-byte big-endian start seq or kSnapshotRequest). It
+  // A request is (client id, "", big-endian start seq or 8-byte kSnapshotRequest). It
   // becomes a pending reply, or is refused (no answer; the client's timeout retries) when
   // its peer already has one pending or max_pending_requests are.
   void accept_request(const std::vector<zmq::message_t>& frames) {
-    if (frames.size() != 3 || frames[2].size() != 8) return;  // not ours: ignore, like vLLM
+    if (frames.size() != 3) return;  // not ours: ignore, like vLLM
     std::string client = frames[0].to_string();
     if (std::ssize(replies_) >= options_.max_pending_requests ||
         !peers_with_reply_.insert(client).second) {
       requests_refused_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    const int64_t start = read_big_endian(frames[2]);
     PendingReply reply;
     reply.client = std::move(client);
-    if (start == KvEventPublisher::kSnapshotRequest) {
+    if (frames[2].size() == 8 && read_big_endian(frames[2]) == KvEventPublisher::kSnapshotRequest) {
       snapshot_requests_.fetch_add(1, std::memory_order_relaxed);
       reply.is_snapshot = true;
     } else {
       replay_requests_.fetch_add(1, std::memory_order_relaxed);
-      reply.next_seq = start;
+      reply.next_seq = read_replay_start(frames[2]);
     }
     replies_.push_back(std::move(reply));
   }
