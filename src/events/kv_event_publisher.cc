@@ -252,7 +252,7 @@ class PublisherCore {
     encode_batch(batch, wire_, &payload);
     const auto seq = seq_bytes(batch.seq);
     const auto events = static_cast<int64_t>(batch.events.size());
-    if (send_message(pub_, /*client=*/"", seq, payload)) {
+    if (send_message(pub_, /*client=*/"", seq, payload) == Sent::kQueued) {
       steps_published_.fetch_add(1, std::memory_order_relaxed);
       events_published_.fetch_add(events, std::memory_order_relaxed);
     } else {
@@ -286,24 +286,27 @@ class PublisherCore {
     }
   }
 
+  enum class Sent { kQueued, kFull, kPeerGone };
+
   // Sends (topic, seq, payload) on the PUB socket (client empty) or to one ROUTER client.
-  // Never blocks; returns false when the message was not queued. On the ROUTER socket
-  // (ROUTER_MANDATORY) a peer's full queue refuses the identity frame, so a message is
-  // queued whole or not at all.
-  bool send_message(zmq::socket_t& socket, std::string_view client, const std::array<char, 8>& seq,
+  // Never blocks. On the ROUTER socket (ROUTER_MANDATORY) a peer's full queue refuses the
+  // identity frame, so a message is queued whole or not at all, and a peer that left is
+  // told apart (EHOSTUNREACH).
+  Sent send_message(zmq::socket_t& socket, std::string_view client, const std::array<char, 8>& seq,
                     std::string_view payload, bool with_topic = true) {
     constexpr auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
     try {
       if (!client.empty()) {
-        if (!socket.send(zmq::buffer(client), more)) return false;
-        if (!socket.send(zmq::const_buffer(nullptr, 0), more)) return false;
+        if (!socket.send(zmq::buffer(client), more)) return Sent::kFull;
+        if (!socket.send(zmq::const_buffer(nullptr, 0), more)) return Sent::kFull;
       }
       const std::string_view topic = with_topic ? std::string_view(options_.topic) : "";
-      if (!socket.send(zmq::buffer(topic), more)) return false;
-      if (!socket.send(zmq::buffer(seq), more)) return false;
-      return socket.send(zmq::buffer(payload), zmq::send_flags::dontwait).has_value();
+      if (!socket.send(zmq::buffer(topic), more)) return Sent::kFull;
+      if (!socket.send(zmq::buffer(seq), more)) return Sent::kFull;
+      return socket.send(zmq::buffer(payload), zmq::send_flags::dontwait) ? Sent::kQueued
+                                                                          : Sent::kFull;
     } catch (const zmq::error_t&) {
-      return false;  // a ROUTER client that left (EHOSTUNREACH)
+      return Sent::kPeerGone;
     }
   }
 
@@ -422,8 +425,13 @@ class PublisherCore {
       }
     }
     const bool is_end = payload.empty();
-    if (!send_message(router_, reply.client, seq, payload, /*with_topic=*/!is_end)) {
-      return SendResult::kBlocked;
+    switch (send_message(router_, reply.client, seq, payload, /*with_topic=*/!is_end)) {
+      case Sent::kFull:
+        return SendResult::kBlocked;
+      case Sent::kPeerGone:
+        return SendResult::kDone;  // nobody to send the rest to
+      case Sent::kQueued:
+        break;
     }
     if (is_end) return SendResult::kDone;
     if (reply.snapshot) {
