@@ -68,7 +68,12 @@ struct MetricsState {
         events_dropped_queue(
             counter("kv_events_dropped", "KV events dropped", {{"reason", "publisher_queue"}})),
         replay_requests(counter("kv_events_replay_requests", "Replay requests served")),
-        snapshot_requests(counter("kv_events_snapshot_requests", "Snapshot requests served")) {}
+        snapshot_requests(counter("kv_events_snapshot_requests", "Snapshot requests served")),
+        requests_refused(counter("kv_events_requests_refused",
+                                 "Replay or snapshot requests refused (one pending per peer, "
+                                 "or too many pending)")),
+        stalled_peers_dropped(counter("kv_events_stalled_peers_dropped",
+                                      "Replies given up because the peer did not read")) {}
 
   prometheus::Gauge& gauge(const std::string& name, const std::string& help) {
     return prometheus::BuildGauge().Name(prefix + name).Help(help).Register(*registry).Add(labels);
@@ -101,7 +106,7 @@ struct MetricsState {
   MonotonicCounter prefix_queries, prefix_hits, preemptions_recompute, preemptions_swap, evictions,
       cow_copies, swapped_out, swapped_in, host_hits, demoted, promoted, host_evictions;
   MonotonicCounter events_published, events_dropped_hwm, events_dropped_queue, replay_requests,
-      snapshot_requests;
+      snapshot_requests, requests_refused, stalled_peers_dropped;
   std::unique_ptr<prometheus::Exposer> exposer;
 };
 
@@ -187,6 +192,8 @@ void KvCacheMetrics::update(const KvEventPublisher::Stats& s) {
   m.events_dropped_queue.advance_to(s.events_dropped_queue);
   m.replay_requests.advance_to(s.replay_requests);
   m.snapshot_requests.advance_to(s.snapshot_requests);
+  m.requests_refused.advance_to(s.requests_refused);
+  m.stalled_peers_dropped.advance_to(s.stalled_peers_dropped);
 }
 
 std::string KvCacheMetrics::text() const {

@@ -28,6 +28,7 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   KvEventPublisher::Stats e;
   e.events_published = 42;
   e.events_dropped_hwm = 2;
+  e.requests_refused = 5;
   (*metrics)->update(e);
   const std::string text = (*metrics)->text();
   INFO(text);
@@ -48,6 +49,8 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   REQUIRE_THAT(
       text, Catch::Contains(
                 "pagedkv:kv_events_dropped_total{model_name=\"m\",reason=\"subscriber_hwm\"} 2"));
+  REQUIRE_THAT(text,
+               Catch::Contains("pagedkv:kv_events_requests_refused_total{model_name=\"m\"} 5"));
 }
 
 TEST_CASE("an invalid prefix is refused, and so is serving twice") {
