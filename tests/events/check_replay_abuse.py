@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+import msgspec
 import zmq
 
 WARMUP_S, ABUSE_S, MAX_GAP_S = 2.0, 6.0, 0.100
@@ -45,7 +46,11 @@ def follow_live(ctx, endpoint, stop, arrivals):
     while not stop.is_set():
         if sub.poll(100):
             frames = sub.recv_multipart()
-            arrivals.append((time.monotonic(), struct.unpack(">q", frames[1])[0]))
+            # (arrival, seq, seconds since its step ended: a stalled publisher makes that
+            # grow, a stalled step loop or a descheduled process only the gap)
+            step_ts = msgspec.msgpack.decode(frames[2])[0]
+            arrivals.append((time.monotonic(), struct.unpack(">q", frames[1])[0],
+                             time.time() - step_ts))
     sub.close(linger=0)
 
 
@@ -117,12 +122,14 @@ def main():
                      if " " in line)
         driver.wait(timeout=30)
         print("publisher:", stats)
-        during = [(t, seq) for t, seq in arrivals if t >= abuse_start]
+        during = [a for a in arrivals if a[0] >= abuse_start]
         gaps = [b[0] - a[0] for a, b in zip(during, during[1:])]
         max_gap = max(gaps) if gaps else float("inf")
         if gaps:
-            at = during[gaps.index(max_gap)][0] - abuse_start
-            print(f"largest gap starts {at:.3f} s into the abuse")
+            after_gap = during[gaps.index(max_gap) + 1]
+            print(f"largest gap ends {after_gap[0] - abuse_start:.3f} s into the abuse, with a "
+                  f"message sent {after_gap[2] * 1000:.1f} ms after its step ended; largest "
+                  f"such delay {max(a[2] for a in during) * 1000:.1f} ms")
         seq_gaps = [(a[1], b[1]) for a, b in zip(arrivals, arrivals[1:]) if b[1] != a[1] + 1]
         peak_rss_mb = int(stats["peak_rss_kb"]) / 1024
         print(f"{len(during)} live messages in {ABUSE_S} s of abuse; largest gap "
