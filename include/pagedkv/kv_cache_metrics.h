@@ -25,6 +25,7 @@
 #ifndef PAGEDKV_KV_CACHE_METRICS_H_
 #define PAGEDKV_KV_CACHE_METRICS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -43,9 +44,19 @@ class KvCacheMetrics {
   struct Options {
     std::string prefix = "pagedkv:";  // metric name prefix; vLLM's dashboards use "vllm:"
     std::string model_name = "";      // value of the model_name label (vLLM's); empty: none
+    // The HTTP server (civetweb) serves one connection per worker thread, and a connection
+    // that sends no complete request holds its worker until request_timeout_ms passes. So
+    // a scrape behind N such connections waits about ceil(N / num_threads) timeouts:
+    // 400 of them with the defaults, 7 x 100 ms. Each worker costs a thread and a 16 KiB
+    // request buffer (docs/events.md, "Metrics").
+    int32_t num_threads = 64;          // HTTP worker threads, 1..kMaxThreads
+    int32_t request_timeout_ms = 100;  // for a request's headers to arrive, 1..kMaxTimeoutMs
   };
+  static constexpr int32_t kMaxThreads = 1024;
+  static constexpr int32_t kMaxTimeoutMs = 60000;
 
-  // Errors: InvalidArgument when the prefix makes an invalid metric name.
+  // Errors: InvalidArgument when the prefix makes an invalid metric name, or num_threads
+  // or request_timeout_ms is out of its range.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvCacheMetrics>> create(Options options);
   ~KvCacheMetrics();
   KvCacheMetrics(const KvCacheMetrics&) = delete;

@@ -17,9 +17,11 @@
 //
 // Memory is bounded: at most max_queued_events events wait for the publisher thread (a
 // step beyond that is dropped and counted, and its sequence number is skipped so that
-// subscribers see the gap), at most replay_buffer_steps batches are kept for replay, and a
+// subscribers see the gap), at most replay_buffer_steps batches are kept for replay, a
 // subscriber that does not keep up loses messages at the PUB socket's high-water mark
-// (counted, see Options::count_hwm_drops).
+// (counted, see Options::count_hwm_drops), and replies queue at most reply_hwm messages
+// per peer. Replay and snapshot requests never hold back live batches: their replies go
+// out in bounded turns between them (docs/events.md gives the bounds).
 //
 // Example (in a function returning a Status, with the manager's `options` to fill):
 //   auto publisher = KvEventPublisher::create({.endpoint = "tcp://127.0.0.1:5557",
@@ -64,6 +66,17 @@ class KvEventPublisher : public KvEventSink {
     bool count_hwm_drops = true;
     int64_t max_queued_events = 1 << 20;       // events waiting for the publisher thread
     int32_t snapshot_blocks_per_batch = 1024;  // BlockStored events per snapshot message
+    // Replies to replay and snapshot requests go out between live batches, in turns of at
+    // most reply_messages_per_turn messages, one per pending reply in turn. A peer has at
+    // most one request pending (a second is refused), and at most max_pending_requests
+    // are; a refused request gets no answer (the client's timeout retries). A peer whose
+    // queue stays full (reply_hwm messages) for stalled_peer_timeout_ms loses its reply.
+    // Memory: docs/events.md, "Bounds under load".
+    int32_t max_pending_requests = 1024;
+    int32_t reply_messages_per_turn = 32;
+    int32_t reply_hwm = 64;                  // ROUTER send high-water mark per peer, messages
+    int32_t reply_sndbuf_bytes = 256 << 10;  // kernel send buffer per peer (SO_SNDBUF)
+    int32_t stalled_peer_timeout_ms = 1000;
   };
 
   struct Stats {
@@ -76,6 +89,8 @@ class KvEventPublisher : public KvEventSink {
     int64_t events_dropped_queue = 0;
     int64_t replay_requests = 0;
     int64_t snapshot_requests = 0;
+    int64_t requests_refused = 0;       // a reply already pending for the peer, or too many
+    int64_t stalled_peers_dropped = 0;  // replies given up: the peer did not read
     int64_t cached_blocks = 0;  // blocks in the snapshot state (kept with a replay endpoint)
   };
 

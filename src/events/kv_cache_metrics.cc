@@ -9,6 +9,8 @@
 #include <prometheus/text_serializer.h>
 
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -32,6 +34,8 @@ class MonotonicCounter {
 struct MetricsState {
   explicit MetricsState(const KvCacheMetrics::Options& options)
       : prefix(options.prefix),
+        num_threads(options.num_threads),
+        request_timeout_ms(options.request_timeout_ms),
         labels(options.model_name.empty() ? prometheus::Labels{}
                                           : prometheus::Labels{{"model_name", options.model_name}}),
         registry(std::make_shared<prometheus::Registry>()),
@@ -64,7 +68,12 @@ struct MetricsState {
         events_dropped_queue(
             counter("kv_events_dropped", "KV events dropped", {{"reason", "publisher_queue"}})),
         replay_requests(counter("kv_events_replay_requests", "Replay requests served")),
-        snapshot_requests(counter("kv_events_snapshot_requests", "Snapshot requests served")) {}
+        snapshot_requests(counter("kv_events_snapshot_requests", "Snapshot requests served")),
+        requests_refused(counter("kv_events_requests_refused",
+                                 "Replay or snapshot requests refused (one pending per peer, "
+                                 "or too many pending)")),
+        stalled_peers_dropped(counter("kv_events_stalled_peers_dropped",
+                                      "Replies given up because the peer did not read")) {}
 
   prometheus::Gauge& gauge(const std::string& name, const std::string& help) {
     return prometheus::BuildGauge().Name(prefix + name).Help(help).Register(*registry).Add(labels);
@@ -84,6 +93,8 @@ struct MetricsState {
   }
 
   std::string prefix;
+  int32_t num_threads;
+  int32_t request_timeout_ms;
   prometheus::Labels labels;
   std::shared_ptr<prometheus::Registry> registry;
   prometheus::Gauge& usage;
@@ -95,7 +106,7 @@ struct MetricsState {
   MonotonicCounter prefix_queries, prefix_hits, preemptions_recompute, preemptions_swap, evictions,
       cow_copies, swapped_out, swapped_in, host_hits, demoted, promoted, host_evictions;
   MonotonicCounter events_published, events_dropped_hwm, events_dropped_queue, replay_requests,
-      snapshot_requests;
+      snapshot_requests, requests_refused, stalled_peers_dropped;
   std::unique_ptr<prometheus::Exposer> exposer;
 };
 
@@ -106,6 +117,15 @@ absl::StatusOr<std::unique_ptr<KvCacheMetrics>> KvCacheMetrics::create(Options o
   if (!prometheus::CheckMetricName(probe)) {
     return absl::InvalidArgumentError(absl::StrCat("KvCacheMetrics: prefix \"", options.prefix,
                                                    "\" gives the invalid metric name ", probe));
+  }
+  if (options.num_threads < 1 || options.num_threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvCacheMetrics: num_threads ", options.num_threads, " is not in 1..", kMaxThreads));
+  }
+  if (options.request_timeout_ms < 1 || options.request_timeout_ms > kMaxTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheMetrics: request_timeout_ms ",
+                                                   options.request_timeout_ms, " is not in 1..",
+                                                   kMaxTimeoutMs));
   }
   return std::unique_ptr<KvCacheMetrics>(
       new KvCacheMetrics(std::make_unique<internal::MetricsState>(options)));
@@ -122,7 +142,11 @@ absl::Status KvCacheMetrics::serve(const std::string& bind_address) {
                                                       "): already serving on port ", port()));
   }
   try {
-    auto exposer = std::make_unique<prometheus::Exposer>(bind_address, /*num_threads=*/1);
+    // civetweb's options. Keep-alive stays off (civetweb's default): each scrape's
+    // connection closes after its answer, so none holds a worker between scrapes.
+    auto exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", bind_address, "num_threads", std::to_string(state_->num_threads),
+        "request_timeout_ms", std::to_string(state_->request_timeout_ms)});
     exposer->RegisterCollectable(state_->registry);
     state_->exposer = std::move(exposer);
   } catch (const std::exception& e) {
@@ -168,6 +192,8 @@ void KvCacheMetrics::update(const KvEventPublisher::Stats& s) {
   m.events_dropped_queue.advance_to(s.events_dropped_queue);
   m.replay_requests.advance_to(s.replay_requests);
   m.snapshot_requests.advance_to(s.snapshot_requests);
+  m.requests_refused.advance_to(s.requests_refused);
+  m.stalled_peers_dropped.advance_to(s.stalled_peers_dropped);
 }
 
 std::string KvCacheMetrics::text() const {

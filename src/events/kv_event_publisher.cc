@@ -2,11 +2,14 @@
 // (publish, replay, snapshot).
 #include "pagedkv/kv_event_publisher.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -14,6 +17,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "events/cache_mirror.h"
@@ -30,6 +34,9 @@ constexpr auto kIdlePoll = std::chrono::milliseconds(1);
 constexpr auto kCloseLinger = std::chrono::milliseconds(1000);
 // Recycled batches kept for the scheduler thread; beyond this they are freed.
 constexpr size_t kMaxSpareBatches = 64;
+// Requests read from the ROUTER socket per loop turn, so that a flood of them cannot hold
+// back the next live batch.
+constexpr int kMaxRequestsPerTurn = 256;
 
 absl::Status check_options(const KvEventPublisher::Options& o) {
   auto invalid = [](auto&&... parts) {
@@ -49,6 +56,19 @@ absl::Status check_options(const KvEventPublisher::Options& o) {
   if (o.snapshot_blocks_per_batch <= 0) {
     return invalid("snapshot_blocks_per_batch ", o.snapshot_blocks_per_batch, " must be > 0");
   }
+  if (o.max_pending_requests <= 0) {
+    return invalid("max_pending_requests ", o.max_pending_requests, " must be > 0");
+  }
+  if (o.reply_messages_per_turn <= 0) {
+    return invalid("reply_messages_per_turn ", o.reply_messages_per_turn, " must be > 0");
+  }
+  if (o.reply_hwm <= 0) return invalid("reply_hwm ", o.reply_hwm, " must be > 0");
+  if (o.reply_sndbuf_bytes <= 0) {
+    return invalid("reply_sndbuf_bytes ", o.reply_sndbuf_bytes, " must be > 0");
+  }
+  if (o.stalled_peer_timeout_ms <= 0) {
+    return invalid("stalled_peer_timeout_ms ", o.stalled_peer_timeout_ms, " must be > 0");
+  }
   return absl::OkStatus();
 }
 
@@ -56,12 +76,49 @@ double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-int64_t read_big_endian(const zmq::message_t& frame) {
+int64_t read_big_endian(const unsigned char* bytes) {
   uint64_t value = 0;
-  const auto* bytes = static_cast<const unsigned char*>(frame.data());
   for (size_t i = 0; i < 8; ++i) value = (value << 8) | bytes[i];
   return static_cast<int64_t>(value);
 }
+
+int64_t read_big_endian(const zmq::message_t& frame) {
+  return read_big_endian(static_cast<const unsigned char*>(frame.data()));
+}
+
+// A replay request's start seq as vLLM reads it (int.from_bytes(frame, "big")): unsigned,
+// of any length, so an empty frame is 0. A value above every seq (the bytes of -1, say)
+// saturates at INT64_MAX, which replays nothing: END only, as in vLLM.
+int64_t read_replay_start(const zmq::message_t& frame) {
+  constexpr uint64_t kMaxStart = std::numeric_limits<int64_t>::max();
+  uint64_t value = 0;
+  for (const unsigned char byte :
+       std::span(static_cast<const unsigned char*>(frame.data()), frame.size())) {
+    if (value > (kMaxStart >> 8)) return static_cast<int64_t>(kMaxStart);
+    value = (value << 8) | byte;
+  }
+  return static_cast<int64_t>(std::min(value, kMaxStart));
+}
+
+int64_t read_big_endian_array(const std::array<char, 8>& bytes) {
+  return read_big_endian(reinterpret_cast<const unsigned char*>(bytes.data()));
+}
+
+// A snapshot encoded once and sent to every peer that asks while it is current.
+struct EncodedSnapshot {
+  int64_t seq = 0;  // the first live batch after it
+  std::vector<std::string> payloads;
+};
+
+// A replay or snapshot reply being sent, one message per turn.
+struct PendingReply {
+  std::string client;  // the ROUTER identity
+  bool is_snapshot = false;
+  int64_t next_seq = 0;  // replay: the next batch to send is the first kept at or after it
+  std::shared_ptr<const EncodedSnapshot> snapshot;  // snapshot: taken when first served
+  size_t next_batch = 0;                            // snapshot: index into its payloads
+  std::optional<std::chrono::steady_clock::time_point> stalled_since;  // queue full since
+};
 
 }  // namespace
 
@@ -88,8 +145,13 @@ class PublisherCore {
       endpoint_ = bind(pub_, options_.endpoint);
       if (!options_.replay_endpoint.empty()) {
         router_ = zmq::socket_t(context_, zmq::socket_type::router);
-        // A full replay plus its END marker always fits (as in vLLM).
-        router_.set(zmq::sockopt::sndhwm, 2 * (options_.replay_buffer_steps + 1));
+        // Replies go out in slices between live batches: a peer's queue holds at most
+        // reply_hwm messages (and the kernel's reply_sndbuf_bytes); when it is full, a send
+        // fails with EAGAIN (ROUTER_MANDATORY) instead of being dropped, and the reply
+        // resumes on a later turn, or is given up when the peer does not read.
+        router_.set(zmq::sockopt::sndhwm, options_.reply_hwm);
+        router_.set(zmq::sockopt::sndbuf, options_.reply_sndbuf_bytes);
+        router_.set(zmq::sockopt::router_mandatory, 1);
         router_.set(zmq::sockopt::linger, 0);
         replay_endpoint_ = bind(router_, options_.replay_endpoint);
       }
@@ -143,6 +205,8 @@ class PublisherCore {
     s.events_dropped_queue = events_dropped_queue_.load(std::memory_order_relaxed);
     s.replay_requests = replay_requests_.load(std::memory_order_relaxed);
     s.snapshot_requests = snapshot_requests_.load(std::memory_order_relaxed);
+    s.requests_refused = requests_refused_.load(std::memory_order_relaxed);
+    s.stalled_peers_dropped = stalled_peers_dropped_.load(std::memory_order_relaxed);
     s.cached_blocks = cached_blocks_.load(std::memory_order_relaxed);
     return s;
   }
@@ -171,7 +235,9 @@ class PublisherCore {
       for (auto& batch : taken) publish(*batch);
       recycle(taken);
       if (stopping) break;
-      serve_requests(/*wait=*/taken.empty());
+      // Live batches first; then one bounded slice of the replies.
+      const bool replied = send_replies();
+      read_requests(/*wait=*/taken.empty() && !replied);
       taken.clear();
     }
   }
@@ -186,7 +252,7 @@ class PublisherCore {
     encode_batch(batch, wire_, &payload);
     const auto seq = seq_bytes(batch.seq);
     const auto events = static_cast<int64_t>(batch.events.size());
-    if (send_message(pub_, nullptr, seq, payload)) {
+    if (send_message(pub_, /*client=*/"", seq, payload) == Sent::kQueued) {
       steps_published_.fetch_add(1, std::memory_order_relaxed);
       events_published_.fetch_add(events, std::memory_order_relaxed);
     } else {
@@ -220,29 +286,33 @@ class PublisherCore {
     }
   }
 
-  // Sends (topic, seq, payload) on the PUB socket (client == nullptr) or to one ROUTER
-  // client. Never blocks; returns false when the message was not queued.
-  bool send_message(zmq::socket_t& socket, const zmq::message_t* client,
-                    const std::array<char, 8>& seq, const std::string& payload,
-                    bool with_topic = true) {
+  enum class Sent { kQueued, kFull, kPeerGone };
+
+  // Sends (topic, seq, payload) on the PUB socket (client empty) or to one ROUTER client.
+  // Never blocks. On the ROUTER socket (ROUTER_MANDATORY) a peer's full queue refuses the
+  // identity frame, so a message is queued whole or not at all, and a peer that left is
+  // told apart (EHOSTUNREACH).
+  Sent send_message(zmq::socket_t& socket, std::string_view client, const std::array<char, 8>& seq,
+                    std::string_view payload, bool with_topic = true) {
     constexpr auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
     try {
-      if (client != nullptr) {
-        if (!socket.send(zmq::buffer(client->data(), client->size()), more)) return false;
-        if (!socket.send(zmq::const_buffer(nullptr, 0), more)) return false;
+      if (!client.empty()) {
+        if (!socket.send(zmq::buffer(client), more)) return Sent::kFull;
+        if (!socket.send(zmq::const_buffer(nullptr, 0), more)) return Sent::kFull;
       }
       const std::string_view topic = with_topic ? std::string_view(options_.topic) : "";
-      if (!socket.send(zmq::buffer(topic.data(), topic.size()), more)) return false;
-      if (!socket.send(zmq::buffer(seq), more)) return false;
-      return socket.send(zmq::buffer(payload), zmq::send_flags::dontwait).has_value();
+      if (!socket.send(zmq::buffer(topic), more)) return Sent::kFull;
+      if (!socket.send(zmq::buffer(seq), more)) return Sent::kFull;
+      return socket.send(zmq::buffer(payload), zmq::send_flags::dontwait) ? Sent::kQueued
+                                                                          : Sent::kFull;
     } catch (const zmq::error_t&) {
-      return false;  // e.g. a ROUTER client that left (EHOSTUNREACH)
+      return Sent::kPeerGone;
     }
   }
 
-  // Answers the replay and snapshot requests waiting on the ROUTER socket; with `wait`,
-  // first sleeps until one arrives or kIdlePoll passes.
-  void serve_requests(bool wait) {
+  // Reads the replay and snapshot requests waiting on the ROUTER socket, at most
+  // kMaxRequestsPerTurn; with `wait`, first sleeps until one arrives or kIdlePoll passes.
+  void read_requests(bool wait) {
     const auto timeout = wait ? kIdlePoll : std::chrono::milliseconds(0);
     if (!router_) {
       if (wait) std::this_thread::sleep_for(timeout);
@@ -252,8 +322,11 @@ class PublisherCore {
       zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
       if (zmq::poll(&item, 1, timeout) == 0) return;
       std::vector<zmq::message_t> frames;
-      while (zmq::recv_multipart(router_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
-        serve_request(frames);
+      for (int i = 0; i < kMaxRequestsPerTurn; ++i) {
+        if (!zmq::recv_multipart(router_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
+          break;
+        }
+        accept_request(frames);
         frames.clear();
       }
     } catch (const zmq::error_t&) {
@@ -261,31 +334,131 @@ class PublisherCore {
     }
   }
 
-  // A request is (client id, "", 8-byte big-endian start seq or kSnapshotRequest).
-  void serve_request(const std::vector<zmq::message_t>& frames) {
-    if (frames.size() != 3 || frames[2].size() != 8) return;  // not ours: ignore, like vLLM
-    const zmq::message_t& client = frames[0];
-    const int64_t start = read_big_endian(frames[2]);
-    if (start == KvEventPublisher::kSnapshotRequest) {
+  // A request is (client id, "", big-endian start seq or 8-byte kSnapshotRequest). It
+  // becomes a pending reply, or is refused (no answer; the client's timeout retries) when
+  // its peer already has one pending or max_pending_requests are.
+  void accept_request(const std::vector<zmq::message_t>& frames) {
+    if (frames.size() != 3) return;  // not ours: ignore, like vLLM
+    std::string client = frames[0].to_string();
+    if (std::ssize(replies_) >= options_.max_pending_requests ||
+        !peers_with_reply_.insert(client).second) {
+      requests_refused_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    PendingReply reply;
+    reply.client = std::move(client);
+    if (frames[2].size() == 8 && read_big_endian(frames[2]) == KvEventPublisher::kSnapshotRequest) {
       snapshot_requests_.fetch_add(1, std::memory_order_relaxed);
-      // Consistent with every batch before next_unpublished_seq_: apply it, then the live
-      // batches from that seq on.
-      const auto seq = seq_bytes(next_unpublished_seq_);
-      std::string payload;
-      for (StagedBatch& batch : mirror_.snapshot(options_.snapshot_blocks_per_batch)) {
-        batch.timestamp = unix_seconds();
-        encode_batch(batch, wire_, &payload);
-        if (!send_message(router_, &client, seq, payload)) return;
-      }
+      reply.is_snapshot = true;
     } else {
       replay_requests_.fetch_add(1, std::memory_order_relaxed);
-      for (const auto& [seq, payload] : replay_) {
-        if (seq < start) continue;
-        if (!send_message(router_, &client, seq_bytes(seq), payload)) return;
+      reply.next_seq = read_replay_start(frames[2]);
+    }
+    replies_.push_back(std::move(reply));
+  }
+
+  // Sends at most reply_messages_per_turn reply messages, one per pending reply in turn.
+  // Returns whether anything was sent.
+  bool send_replies() {
+    int sent = 0;
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t tried = 0; tried < replies_.size() && sent < options_.reply_messages_per_turn;) {
+      PendingReply& reply = replies_.front();
+      switch (send_next(reply)) {
+        case SendResult::kSent:
+          ++sent;
+          reply.stalled_since.reset();
+          replies_.push_back(std::move(reply));
+          tried = 0;
+          break;
+        case SendResult::kDone:
+          ++sent;
+          peers_with_reply_.erase(reply.client);
+          tried = 0;
+          break;
+        case SendResult::kBlocked:
+          if (!reply.stalled_since) reply.stalled_since = now;
+          if (now - *reply.stalled_since >
+              std::chrono::milliseconds(options_.stalled_peer_timeout_ms)) {
+            // The peer does not read: free its reply. What ZeroMQ already queued for it
+            // (at most reply_hwm messages) stays until it reads or disconnects.
+            stalled_peers_dropped_.fetch_add(1, std::memory_order_relaxed);
+            peers_with_reply_.erase(reply.client);
+          } else {
+            replies_.push_back(std::move(reply));
+            ++tried;
+          }
+          break;
+        case SendResult::kWaiting:
+          replies_.push_back(std::move(reply));
+          ++tried;
+          break;
+      }
+      replies_.pop_front();
+    }
+    return sent > 0;
+  }
+
+  enum class SendResult { kSent, kDone, kBlocked, kWaiting };
+
+  // Sends the reply's next message: a replayed batch, a snapshot batch, or the END marker.
+  SendResult send_next(PendingReply& reply) {
+    if (reply.is_snapshot && !reply.snapshot) {
+      reply.snapshot = current_snapshot();
+      if (!reply.snapshot) return SendResult::kWaiting;
+    }
+    std::string_view payload;
+    std::array<char, 8> seq = seq_bytes(KvEventPublisher::kEndOfReply);
+    if (reply.snapshot) {
+      if (reply.next_batch < reply.snapshot->payloads.size()) {
+        seq = seq_bytes(reply.snapshot->seq);
+        payload = reply.snapshot->payloads[reply.next_batch];
+      }
+    } else {
+      // The replay buffer may have moved on since the last message: resume at the first
+      // batch kept at or after next_seq.
+      auto it = std::lower_bound(replay_.begin(), replay_.end(), reply.next_seq,
+                                 [](const auto& batch, int64_t s) { return batch.first < s; });
+      if (it != replay_.end()) {
+        seq = seq_bytes(it->first);
+        payload = it->second;
       }
     }
-    send_message(router_, &client, seq_bytes(KvEventPublisher::kEndOfReply), "",
-                 /*with_topic=*/false);
+    const bool is_end = payload.empty();
+    switch (send_message(router_, reply.client, seq, payload, /*with_topic=*/!is_end)) {
+      case Sent::kFull:
+        return SendResult::kBlocked;
+      case Sent::kPeerGone:
+        return SendResult::kDone;  // nobody to send the rest to
+      case Sent::kQueued:
+        break;
+    }
+    if (is_end) return SendResult::kDone;
+    if (reply.snapshot) {
+      ++reply.next_batch;
+    } else {
+      reply.next_seq = read_big_endian_array(seq) + 1;
+    }
+    return SendResult::kSent;
+  }
+
+  // The encoded snapshot that a snapshot reply starting now sends: the one being sent to
+  // other peers if no live batch went out since it was taken, else a new one. At most one
+  // is kept, so a reply that would need a second waits (nullptr) for the first to finish.
+  std::shared_ptr<const EncodedSnapshot> current_snapshot() {
+    if (auto shared = snapshot_.lock()) {
+      return shared->seq == next_unpublished_seq_ ? shared : nullptr;
+    }
+    auto snapshot = std::make_shared<EncodedSnapshot>();
+    // Consistent with every batch before next_unpublished_seq_: apply it, then the live
+    // batches from that seq on.
+    snapshot->seq = next_unpublished_seq_;
+    for (StagedBatch& batch : mirror_.snapshot(options_.snapshot_blocks_per_batch)) {
+      batch.timestamp = unix_seconds();
+      encode_batch(batch, wire_, &snapshot->payloads.emplace_back());
+    }
+    snapshot_ = snapshot;
+    return snapshot;
   }
 
   const KvEventPublisher::Options options_;
@@ -314,11 +487,15 @@ class PublisherCore {
   std::deque<std::pair<int64_t, std::string>> replay_;
   int64_t replay_bytes_ = 0;
   int64_t next_unpublished_seq_ = 0;
+  std::deque<PendingReply> replies_;                   // served in turn, front first
+  absl::flat_hash_set<std::string> peers_with_reply_;  // client ids in replies_
+  std::weak_ptr<const EncodedSnapshot> snapshot_;      // held by the replies sending it
 
   std::atomic<int64_t> steps_published_{0}, events_published_{0};
   std::atomic<int64_t> steps_dropped_hwm_{0}, events_dropped_hwm_{0};
   std::atomic<int64_t> steps_dropped_queue_{0}, events_dropped_queue_{0};
   std::atomic<int64_t> replay_requests_{0}, snapshot_requests_{0};
+  std::atomic<int64_t> requests_refused_{0}, stalled_peers_dropped_{0};
   std::atomic<int64_t> cached_blocks_{0};
 };
 

@@ -28,6 +28,7 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   KvEventPublisher::Stats e;
   e.events_published = 42;
   e.events_dropped_hwm = 2;
+  e.requests_refused = 5;
   (*metrics)->update(e);
   const std::string text = (*metrics)->text();
   INFO(text);
@@ -48,6 +49,8 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   REQUIRE_THAT(
       text, Catch::Contains(
                 "pagedkv:kv_events_dropped_total{model_name=\"m\",reason=\"subscriber_hwm\"} 2"));
+  REQUIRE_THAT(text,
+               Catch::Contains("pagedkv:kv_events_requests_refused_total{model_name=\"m\"} 5"));
 }
 
 TEST_CASE("an invalid prefix is refused, and so is serving twice") {
@@ -60,6 +63,17 @@ TEST_CASE("an invalid prefix is refused, and so is serving twice") {
   REQUIRE((*metrics)->serve("127.0.0.1:0").ok());
   REQUIRE((*metrics)->port() > 0);
   REQUIRE((*metrics)->serve("127.0.0.1:0").code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("HTTP worker threads and the request timeout are checked against their ranges") {
+  auto no_threads = KvCacheMetrics::create({.num_threads = 0});
+  REQUIRE(no_threads.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(no_threads.status().message()),
+               Catch::Contains("num_threads 0 is not in 1..1024"));
+  auto long_timeout = KvCacheMetrics::create({.request_timeout_ms = 60001});
+  REQUIRE(long_timeout.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(long_timeout.status().message()),
+               Catch::Contains("request_timeout_ms 60001 is not in 1..60000"));
 }
 
 }  // namespace

@@ -367,6 +367,42 @@ TEST_CASE("steps go out in order on PUB, replay resends from a seq, snapshot giv
   REQUIRE(s.cached_blocks == 3);
 }
 
+TEST_CASE("a start seq reads as vLLM reads it: empty or short is unsigned, -1's bytes END only") {
+  auto publisher = KvEventPublisher::create(
+      {.endpoint = ipc_endpoint("short-pub"), .replay_endpoint = ipc_endpoint("short-replay")});
+  REQUIRE(publisher.ok());
+  KvEventPublisher& p = **publisher;
+  for (uint64_t h = 1; h <= 3; ++h) {
+    p.on_event(stored({{h, 0}}, std::nullopt));
+    p.end_step();
+  }
+  zmq::context_t context;
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.connect(p.replay_endpoint());
+  // Steps are published before a request is served: wait until a replay holds all three.
+  auto replayed_seqs = [&](std::string_view start) {
+    dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+    dealer.send(zmq::buffer(start));
+    std::vector<int64_t> seqs;
+    for (Message m = receive(dealer, 1); m.seq != KvEventPublisher::kEndOfReply;
+         m = receive(dealer, 1)) {
+      seqs.push_back(m.seq);
+    }
+    return seqs;
+  };
+  const std::vector<int64_t> all = {0, 1, 2};
+  int tries = 0;
+  while (replayed_seqs(std::string_view("\0\0\0\0\0\0\0\0", 8)) != all) {
+    REQUIRE(++tries < 1000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(replayed_seqs("") == all);
+  REQUIRE(replayed_seqs(std::string_view("\0\0\0\0", 4)) == all);
+  REQUIRE(replayed_seqs(std::string_view("\0\0\0\2", 4)) == std::vector<int64_t>{2});
+  REQUIRE(replayed_seqs(std::string_view("\xff\xff\xff\xff\xff\xff\xff\xff", 8)).empty());
+  REQUIRE(replayed_seqs(std::string_view("\1\0\0\0\0\0\0\0\0", 9)).empty());
+}
+
 TEST_CASE(
     "a subscriber that stops reading loses messages at the HWM, counted, but replay has them") {
   auto publisher = KvEventPublisher::create({.endpoint = ipc_endpoint("hwm"),
@@ -446,6 +482,17 @@ TEST_CASE("bad options and unbindable endpoints are refused with the value") {
   REQUIRE(first.ok());
   auto taken = KvEventPublisher::create({.endpoint = (*first)->endpoint()});
   REQUIRE(taken.status().code() == absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("reply limits must be positive, and the refusal names the value") {
+  auto no_hwm = KvEventPublisher::create({.endpoint = ipc_endpoint("x"), .reply_hwm = 0});
+  REQUIRE(no_hwm.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(no_hwm.status().message()), Catch::Contains("reply_hwm 0 must be > 0"));
+  auto no_timeout =
+      KvEventPublisher::create({.endpoint = ipc_endpoint("x"), .stalled_peer_timeout_ms = -5});
+  REQUIRE(no_timeout.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(no_timeout.status().message()),
+               Catch::Contains("stalled_peer_timeout_ms -5 must be > 0"));
 }
 
 }  // namespace
