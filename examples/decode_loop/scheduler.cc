@@ -151,26 +151,31 @@ absl::Status Engine::preempt_self(SeqId seq) {
 
 // --- scheduling ------------------------------------------------------------------------------
 
+// One decode token for every running sequence, in one batched call that preempts while
+// blocks are short (the manager offers only sequences without slots this step as victims);
+// a sequence preempted by an earlier one of the batch fails there.
 absl::Status Engine::schedule_running() {
-  const std::vector<SeqId> snapshot = running_;
-  for (const SeqId seq : snapshot) {
+  const std::vector<SeqId> batch = running_;
+  const int32_t one_token[] = {1};
+  absl::StatusOr<pagedkv::KvCacheManager::SlotBatch> slots =
+      manager_->allocate_slots_batch(batch, one_token, /*num_lookahead=*/0, /*preempt=*/true);
+  if (!slots.ok()) return slots.status();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqId seq = batch[i];
     SequenceRecord& rec = records_.at(seq);
-    if (rec.where != Where::kRunning) continue;  // preempted earlier in this loop
-    scheduled_.insert(seq);
-    absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots_or_preempt(seq, 1);
-    if (!slots.ok()) {
-      scheduled_.erase(seq);
-      if (!absl::IsResourceExhausted(slots.status())) return slots.status();
+    if (const absl::Status& status = slots->statuses[i]; !status.ok()) {
+      if (rec.where != Where::kRunning) continue;  // preempted by another of the batch
+      if (!absl::IsResourceExhausted(status)) return status;
       // Nobody left to preempt: this sequence yields its own blocks.
-      const absl::Status status = preempt_self(seq);
-      if (!status.ok()) return status;
+      if (absl::Status yielded = preempt_self(seq); !yielded.ok()) return yielded;
       continue;
     }
+    scheduled_.insert(seq);
     const auto pos = static_cast<int32_t>(rec.tokens.size()) - 1;
     decode_.seqs.push_back(seq);
     decode_.tokens.push_back(rec.tokens[pos]);
     decode_.positions.push_back(pos);
-    decode_.slots.push_back((*slots)[0]);
+    decode_.slots.push_back(slots->slots[i]);  // one slot per sequence
     decode_.logit_rows.push_back(static_cast<int32_t>(decode_.logit_rows.size()));
   }
   return absl::OkStatus();
