@@ -2,6 +2,7 @@
 // and preemptions, worked out by hand in the comments.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <vector>
 
 #include "support/manager_test_util.h"
@@ -122,6 +123,9 @@ TEST_CASE("batched calls refuse mismatched sizes and change nothing") {
   CHECK(batch.status().message() ==
         "allocate_slots_batch: 3 num_new_tokens for 2 sequences; give one per sequence or one "
         "for all");
+  const int32_t huge[] = {1, INT32_MAX};  // sized before any call would be 16 GiB of slots
+  CHECK(m.allocate_slots_batch(seqs, huge).status().message() ==
+        "allocate_slots_batch(seq 2): num_new_tokens 2147483647 exceeds max_model_len 1048576");
   const TokenId one_token[] = {5};
   CHECK(m.append_tokens_batch(seqs, one_token).status().code() ==
         absl::StatusCode::kInvalidArgument);

@@ -392,7 +392,7 @@ TEST_CASE("host tier and retention options are validated", "[host_tier]") {
 
 // --- retention priorities -------------------------------------------------------------------
 
-TEST_CASE("a higher retention priority outlives LRU order; equal priorities stay LRU",
+TEST_CASE("a higher retention priority outlives LRU order, and equal priorities stay LRU",
           "[retention]") {
   KvCacheManager m = make_manager({.num_blocks = 3, .block_size = kBlockSize});
   // A system prompt (block A0) kept at priority 90, then two other prompts.
@@ -488,7 +488,7 @@ TEST_CASE("retention expiry holds for any clock value, saturating at the end of 
   }
 }
 
-TEST_CASE("a lower retention priority is evicted first; holders raise a block's priority",
+TEST_CASE("a lower retention priority is evicted first, and holders raise a block's priority",
           "[retention]") {
   auto pool = BlockPool::create({.num_blocks = 3, .block_size = 1});
   REQUIRE(pool.ok());

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "pagedkv/device.h"
+#include "support/skip.h"
 
 #if PAGEDKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -26,7 +27,7 @@ namespace {
 // True when a CUDA device is usable; otherwise reports the skip.
 bool have_gpu() {
   if (cuda_device_available()) return true;
-  WARN("skipped: no usable CUDA device (" << cuda_unavailable_reason() << ")");
+  testing::report_skip(std::string("no usable CUDA device (") + cuda_unavailable_reason() + ")");
   return false;
 }
 

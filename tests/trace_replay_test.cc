@@ -11,6 +11,8 @@
 // build). Nothing here is timed.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -20,11 +22,15 @@
 
 #include "pagedkv/kv_cache_manager.h"
 #include "support/sanitizers.h"
+#include "support/skip.h"
 
 namespace pagedkv {
 namespace {
 
 constexpr int32_t kTraceBlockTokens = 512;
+// Hash ids that trace_tokens() maps to distinct tokens: id * kTraceBlockTokens + position
+// stays an int32.
+constexpr int64_t kMaxHashId = (int64_t{1} << 31) / kTraceBlockTokens;
 
 struct TraceRequest {
   int32_t input_length = 0;
@@ -74,6 +80,9 @@ std::vector<TraceRequest> read_mooncake(const std::string& path) {
     TraceRequest r;
     r.input_length = static_cast<int32_t>(json_int(line, "input_length"));
     r.hash_ids = json_int_array(line, "hash_ids");
+    const bool mappable = std::all_of(r.hash_ids.begin(), r.hash_ids.end(),
+                                      [](int64_t h) { return h >= 0 && h < kMaxHashId; });
+    REQUIRE(mappable);  // else trace_tokens() could give two blocks the same tokens
     requests.push_back(std::move(r));
   }
   return requests;
@@ -84,7 +93,9 @@ void trace_tokens(const TraceRequest& r, std::vector<TokenId>& out) {
   for (const int64_t h : r.hash_ids) {
     for (int64_t j = 0; j < kTraceBlockTokens; ++j) {
       if (std::ssize(out) == r.input_length) return;
-      out.push_back(static_cast<TokenId>((h * 1'000'003 + j) % 50'000));
+      // A token per (hash id, position) pair, distinct for every pair (an injective map:
+      // ids below kMaxHashId, positions below kTraceBlockTokens, both in the int32 range).
+      out.push_back(static_cast<TokenId>(h * kTraceBlockTokens + j));
     }
   }
 }
@@ -125,7 +136,7 @@ int64_t replay_hit_tokens(const std::vector<TraceRequest>& requests, int32_t num
 TEST_CASE("Mooncake trace replay hits as many prompt tokens as vLLM's manager", "[trace]") {
   const std::string path = traces_dir() + "/synthetic_trace.jsonl";
   if (!std::filesystem::exists(path)) {
-    WARN("skipped: trace " << path << " not found (set PAGEDKV_TRACES_DIR)");
+    testing::report_skip("trace " + path + " not found (set PAGEDKV_TRACES_DIR)");
     return;
   }
   const std::vector<TraceRequest> requests = read_mooncake(path);
@@ -154,7 +165,7 @@ TEST_CASE("Mooncake trace replay with a host tier hits as much as one pool of bo
           "[trace][host_tier]") {
   const std::string path = traces_dir() + "/synthetic_trace.jsonl";
   if (!std::filesystem::exists(path)) {
-    WARN("skipped: trace " << path << " not found (set PAGEDKV_TRACES_DIR)");
+    testing::report_skip("trace " + path + " not found (set PAGEDKV_TRACES_DIR)");
     return;
   }
   if (testing::kSanitized) {

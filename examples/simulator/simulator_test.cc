@@ -14,6 +14,7 @@
 #include "eviction.h"
 #include "report.h"
 #include "simulate.h"
+#include "support/skip.h"
 #include "synthetic.h"
 #include "tokens.h"
 #include "trace.h"
@@ -30,7 +31,7 @@ std::string traces_dir() {
 std::string trace_path(const std::string& name) {
   const std::string path = traces_dir() + "/" + name;
   if (!std::filesystem::exists(path)) {
-    WARN("skipped: trace " << path << " not found (set PAGEDKV_TRACES_DIR)");
+    pagedkv::testing::report_skip("trace " + path + " not found (set PAGEDKV_TRACES_DIR)");
     return "";
   }
   return path;

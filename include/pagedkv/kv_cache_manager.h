@@ -312,7 +312,7 @@ class KvCacheManager {
   // sequence that an earlier entry of the batch preempted fails with FailedPrecondition
   // instead of being admitted again. The result's spans are valid until the next
   // non-const call. Errors (nothing changes): InvalidArgument when num_new_tokens has
-  // neither 1 nor seqs.size() entries.
+  // neither 1 nor seqs.size() entries, or a count above max_model_len.
   struct SlotBatch {
     // The sequences' slot mappings concatenated, max(count, 0) entries each; -1 in the
     // entries of a sequence that failed.

@@ -13,8 +13,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "attention/cpu_kernels.h"
-#include "kernels/dispatch.h"
 #include "common/status_macros.h"
+#include "kernels/dispatch.h"
 #include "pagedkv/attention_params.h"
 #include "pagedkv/decode_plan.h"
 

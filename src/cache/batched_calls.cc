@@ -22,8 +22,17 @@ absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_slots_batch(
   const auto count_of = [&](size_t i) {
     return num_new_tokens[num_new_tokens.size() == 1 ? 0 : i];
   };
+  // Every count is checked before the slot buffer is sized: no sequence holds more than
+  // max_model_len tokens, so a larger count could never succeed.
   int64_t total = 0;
-  for (size_t i = 0; i < n; ++i) total += std::max(count_of(i), 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (count_of(i) > options_.max_model_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("allocate_slots_batch(seq ", seqs[i], "): num_new_tokens ", count_of(i),
+                       " exceeds max_model_len ", options_.max_model_len));
+    }
+    total += std::max(count_of(i), 0);
+  }
   batch_slots_.resize(total);
   batch_statuses_.assign(n, absl::OkStatus());
   ++batch_id_;  // sequences preempted from here on carry this id

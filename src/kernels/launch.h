@@ -1,7 +1,7 @@
 // Internal, kernel side (src/kernels: what both src/attention and cuda/ include, so that
 // folders depend one way). Launchers of the CUDA kernels, called by the host wrappers
-// (src/attention, src/storage) after validation. Each returns the first CUDA error (cudaSuccess when the
-// launch was queued). No Abseil: compiled by nvcc and g++ alike.
+// (src/attention, src/storage) after validation. Each returns the first CUDA error (cudaSuccess
+// when the launch was queued). No Abseil: compiled by nvcc and g++ alike.
 #ifndef PAGEDKV_KERNELS_LAUNCH_H_
 #define PAGEDKV_KERNELS_LAUNCH_H_
 
