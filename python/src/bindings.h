@@ -20,9 +20,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -162,21 +165,59 @@ nb::object event_to_python(const KvEvent& event);
 template <typename T>
 using Array1D = nb::ndarray<T, nb::ndim<1>, nb::device::cpu, nb::c_contig>;
 
-// Integer values taken as a 1-D array of T (no copy) or any Python sequence of ints (one
-// copy), and with AllowScalar a single int meaning "this value for every entry".
+// The C++ name of an integer type, for messages ("int32").
+template <typename T>
+constexpr const char* int_type_name() {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  if constexpr (std::is_signed_v<T>) {
+    return sizeof(T) == 1 ? "int8" : sizeof(T) == 2 ? "int16" : sizeof(T) == 4 ? "int32" : "int64";
+  } else {
+    return sizeof(T) == 1   ? "uint8"
+           : sizeof(T) == 2 ? "uint16"
+           : sizeof(T) == 4 ? "uint32"
+                            : "uint64";
+  }
+}
+
+// The first entry of an integer input that T cannot hold: its index (none for a scalar) and
+// its value in decimal.
+struct OutOfRangeEntry {
+  std::optional<size_t> index;
+  std::string value;
+};
+
+// Raises ValueError "function: argument[index] = value is outside the int32 range [lo, hi]".
+[[noreturn]] void raise_out_of_range(std::string_view function, std::string_view argument,
+                                     const OutOfRangeEntry& entry, const char* type_name,
+                                     std::string_view min, std::string_view max);
+
+// Integer values taken as a 1-D array of T (no copy), a 1-D array of any other integer dtype
+// (int8..uint64, any strides; one checked copy) or any Python sequence of ints (one checked
+// copy), and with AllowScalar a single int meaning "this value for every entry". A value T
+// cannot hold is never truncated: the caster accepts the input and records the first such
+// entry, and checked() raises ValueError naming it. Float, bool and complex arrays are
+// refused by the caster (TypeError).
 template <typename T, bool AllowScalar = false>
 struct IntValues {
   Array1D<const T> array;
   std::vector<T> copy;
   bool scalar = false;
+  std::optional<OutOfRangeEntry> out_of_range;
 
-  std::span<const T> span() const {
+  // The values, once they are all in T's range; else raises ValueError naming `function`,
+  // `argument`, the entry and the range. The only way to the values.
+  std::span<const T> checked(std::string_view function, std::string_view argument) const {
+    if (out_of_range.has_value()) {
+      raise_out_of_range(function, argument, *out_of_range, int_type_name<T>(),
+                         std::to_string(std::numeric_limits<T>::min()),
+                         std::to_string(std::numeric_limits<T>::max()));
+    }
     if (array.is_valid()) return {array.data(), array.shape(0)};
     return copy;
   }
   size_t size() const { return array.is_valid() ? array.shape(0) : copy.size(); }
-  // Entry i, or the scalar for every i.
-  T at(size_t i) const { return scalar ? copy[0] : span()[i]; }
+  // Entry i, or the scalar for every i (after checked()).
+  T at(size_t i) const { return scalar ? copy[0] : array.is_valid() ? array.data()[i] : copy[i]; }
 };
 
 // A new 1-D NumPy array of T (int32 or int64), returned to Python as is.
@@ -214,62 +255,141 @@ void bind_kernels(nb::module_& m);
 
 namespace nanobind::detail {
 
-// Caster of IntValues<T>: an array of T first (no copy), then any sequence of ints.
+// Caster of IntValues<T>: an array of T first (no copy), then an array of another integer
+// dtype or any sequence of ints, each entry range-checked (never truncated).
 template <typename T, bool AllowScalar>
 struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
   using Values = pagedkv::python::IntValues<T, AllowScalar>;
+  // Any 1-D CPU array, of any dtype and strides, read-only.
+  using AnyArray = ndarray<ro, ndim<1>, device::cpu>;
   NB_TYPE_CASTER(Values, const_name<AllowScalar>(
                              "int | collections.abc.Sequence[int] | numpy.typing.ArrayLike",
                              "collections.abc.Sequence[int] | numpy.typing.ArrayLike"))
 
   bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
     if (PyList_CheckExact(src.ptr()) || PyTuple_CheckExact(src.ptr())) {
-      return from_sequence(src, flags, cleanup);  // the common small case, first
+      return from_sequence(src);  // the common small case, first
     }
-    // Arrays of another integer dtype are converted; float arrays are refused, never
-    // truncated into ids.
-    make_caster<pagedkv::python::Array1D<const T>> array_caster;
+    // Nothing is converted by nanobind: its dtype conversion truncates.
     const uint8_t no_convert = flags & ~static_cast<uint8_t>(cast_flags::convert);
-    if (array_caster.from_python(src, no_convert, cleanup) ||
-        (integer_array(src) && array_caster.from_python(src, flags, cleanup))) {
-      value.array = array_caster.value;
+    make_caster<pagedkv::python::Array1D<const T>> exact_caster;
+    if (exact_caster.from_python(src, no_convert, cleanup)) {
+      value.array = exact_caster.value;
       return true;
     }
-    if (hasattr(src, "dtype")) return false;
+    make_caster<AnyArray> any_caster;
+    if (any_caster.from_python(src, no_convert, cleanup)) return from_array(any_caster.value);
+    PyErr_Clear();
+    if (hasattr(src, "dtype")) return false;  // an array we cannot read: 0-d, 2-D, on a GPU
     if (AllowScalar && PyLong_Check(src.ptr())) {
-      make_caster<T> scalar_caster;
-      if (!scalar_caster.from_python(src, flags, cleanup)) return false;
-      value.copy.assign(1, scalar_caster.value);
+      value.copy.assign(1, T{});
       value.scalar = true;
-      return true;
+      return load_int(src.ptr(), std::nullopt, value.copy[0]);
     }
-    return from_sequence(src, flags, cleanup);
+    return from_sequence(src);
   }
 
-  bool from_sequence(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
-    make_caster<std::vector<T>> list_caster;
-    if (!list_caster.from_python(src, flags, cleanup)) return false;
-    value.copy = std::move(list_caster.value);
+  // An integer array of any width: copied with a range check. Other dtypes are refused.
+  bool from_array(const AnyArray& array) noexcept {
+    const dlpack::dtype dtype = array.dtype();
+    if (dtype.lanes != 1) return false;
+    if (dtype.code == static_cast<uint8_t>(dlpack::dtype_code::Int)) {
+      switch (dtype.bits) {
+        case 8:
+          return copy_checked<int8_t>(array);
+        case 16:
+          return copy_checked<int16_t>(array);
+        case 32:
+          return copy_checked<int32_t>(array);
+        case 64:
+          return copy_checked<int64_t>(array);
+      }
+    } else if (dtype.code == static_cast<uint8_t>(dlpack::dtype_code::UInt)) {
+      switch (dtype.bits) {
+        case 8:
+          return copy_checked<uint8_t>(array);
+        case 16:
+          return copy_checked<uint16_t>(array);
+        case 32:
+          return copy_checked<uint32_t>(array);
+        case 64:
+          return copy_checked<uint64_t>(array);
+      }
+    }
+    return false;  // float, bool, complex: never read as integers
+  }
+
+  template <typename Source>
+  bool copy_checked(const AnyArray& array) noexcept {
+    const auto* data = static_cast<const Source*>(array.data());
+    const size_t size = array.shape(0);
+    const int64_t stride = array.stride(0);  // in elements
+    value.copy.resize(size);
+    for (size_t i = 0; i < size; ++i) {
+      const Source entry = data[static_cast<int64_t>(i) * stride];
+      if (!std::in_range<T>(entry)) {
+        value.out_of_range = pagedkv::python::OutOfRangeEntry{i, std::to_string(entry)};
+        return true;  // checked() raises, naming the argument
+      }
+      value.copy[i] = static_cast<T>(entry);
+    }
     return true;
   }
 
-  // True for an array object (NumPy, PyTorch, ...) whose dtype is an integer type.
-  static bool integer_array(handle src) noexcept {
-    try {
-      if (!hasattr(src, "dtype")) return false;
-      object dtype = src.attr("dtype");
-      if (hasattr(dtype, "kind")) {  // NumPy
-        const std::string kind = cast<std::string>(dtype.attr("kind"));
-        return kind == "i" || kind == "u";
-      }
-      if (hasattr(dtype, "is_floating_point")) {  // PyTorch
-        return !cast<bool>(dtype.attr("is_floating_point")) &&
-               !cast<bool>(dtype.attr("is_complex"));
-      }
-    } catch (const std::exception&) {
+  // A Python sequence (not a str) of ints or objects with __index__ (NumPy integer scalars);
+  // floats are refused.
+  bool from_sequence(handle src) noexcept {
+    if (!PySequence_Check(src.ptr()) || PyUnicode_Check(src.ptr())) return false;
+    PyObject* items = PySequence_Fast(src.ptr(), "");
+    if (items == nullptr) {
       PyErr_Clear();
+      return false;
     }
-    return false;
+    const Py_ssize_t size = PySequence_Fast_GET_SIZE(items);
+    PyObject** item = PySequence_Fast_ITEMS(items);
+    value.copy.resize(static_cast<size_t>(size));
+    bool ok = true;
+    for (Py_ssize_t i = 0; ok && i < size && !value.out_of_range.has_value(); ++i) {
+      ok = load_int(item[i], static_cast<size_t>(i), value.copy[static_cast<size_t>(i)]);
+    }
+    Py_DECREF(items);
+    return ok;
+  }
+
+  // Loads one int into `out`, or records it as out of range (and returns true); false for
+  // a non-integer.
+  bool load_int(PyObject* item, std::optional<size_t> index, T& out) noexcept {
+    if (PyFloat_Check(item)) return false;
+    object number;  // the int of a NumPy integer scalar
+    if (!PyLong_Check(item)) {
+      if (!PyIndex_Check(item)) return false;
+      number = steal(PyNumber_Index(item));
+      if (!number.is_valid()) {
+        PyErr_Clear();
+        return false;
+      }
+      item = number.ptr();
+    }
+    int overflow = 0;
+    const long long signed_value = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (overflow == 0 && std::in_range<T>(signed_value)) {
+      out = static_cast<T>(signed_value);
+      return true;
+    }
+    if (overflow > 0 && std::is_unsigned_v<T>) {
+      const unsigned long long unsigned_value = PyLong_AsUnsignedLongLong(item);
+      if (!PyErr_Occurred() && std::in_range<T>(unsigned_value)) {
+        out = static_cast<T>(unsigned_value);
+        return true;
+      }
+    }
+    PyErr_Clear();
+    PyObject* text = PyObject_Str(item);
+    const char* chars = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+    value.out_of_range = pagedkv::python::OutOfRangeEntry{index, chars != nullptr ? chars : "?"};
+    Py_XDECREF(text);
+    PyErr_Clear();
+    return true;
   }
 };
 

@@ -249,7 +249,8 @@ void bind_functions(nb::module_& m) {
       "hash_block",
       [](std::optional<BlockHash> parent, IntValues<TokenId> tokens,
          IntValues<uint64_t> extra_keys) {
-        return hash_block(parent ? &*parent : nullptr, tokens.span(), extra_keys.span());
+        return hash_block(parent ? &*parent : nullptr, tokens.checked("hash_block", "tokens"),
+                          extra_keys.checked("hash_block", "extra_keys"));
       },
       "parent"_a.none(), "tokens"_a, "extra_keys"_a = std::vector<uint64_t>{},
       "XXH3-128 of a full block: parent hash (None for the first block), extra keys, tokens.");
