@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "pagedkv/kv_events.h"
 
 namespace pagedkv::python {
@@ -179,10 +180,10 @@ constexpr const char* int_type_name() {
   }
 }
 
-// The first entry of an integer input that T cannot hold: its index (none for a scalar) and
-// its value in decimal.
+// The first entry of an integer input that T cannot hold: its index ("[3]", "[0, 2]"; empty
+// for a scalar) and its value in decimal.
 struct OutOfRangeEntry {
-  std::optional<size_t> index;
+  std::string index;
   std::string value;
 };
 
@@ -190,6 +191,72 @@ struct OutOfRangeEntry {
 [[noreturn]] void raise_out_of_range(std::string_view function, std::string_view argument,
                                      const OutOfRangeEntry& entry, const char* type_name,
                                      std::string_view min, std::string_view max);
+
+// Raises the ValueError of `entry` for T's range.
+template <typename T>
+[[noreturn]] void raise_out_of_range(std::string_view function, std::string_view argument,
+                                     const OutOfRangeEntry& entry) {
+  raise_out_of_range(function, argument, entry, int_type_name<T>(),
+                     std::to_string(std::numeric_limits<T>::min()),
+                     std::to_string(std::numeric_limits<T>::max()));
+}
+
+// Copies a 1-D or 2-D CPU array of any integer dtype (int8..uint64) and any strides into
+// `out` as T, in row-major order, stopping at the first entry T cannot hold, which goes to
+// `out_of_range`. Returns false (copying nothing) for any other dtype: float, bool and
+// complex values are never read as integers. The one conversion path of integer inputs.
+template <typename T, typename... Args>
+bool copy_integers(const nb::ndarray<Args...>& array, std::vector<T>& out,
+                   std::optional<OutOfRangeEntry>& out_of_range) noexcept {
+  const auto copy = [&]<typename Source>() {
+    const auto* data = static_cast<const Source*>(array.data());
+    const bool matrix = array.ndim() == 2;
+    const size_t rows = array.shape(0);
+    const size_t columns = matrix ? array.shape(1) : 1;
+    out.resize(rows * columns);
+    for (size_t row = 0; row < rows; ++row) {
+      for (size_t column = 0; column < columns; ++column) {
+        const int64_t offset = static_cast<int64_t>(row) * array.stride(0) +
+                               (matrix ? static_cast<int64_t>(column) * array.stride(1) : 0);
+        const Source entry = data[offset];
+        if (!std::in_range<T>(entry)) {
+          out_of_range = OutOfRangeEntry{
+              matrix ? absl::StrCat("[", row, ", ", column, "]") : absl::StrCat("[", row, "]"),
+              std::to_string(entry)};
+          return true;
+        }
+        out[row * columns + column] = static_cast<T>(entry);
+      }
+    }
+    return true;
+  };
+  const nb::dlpack::dtype dtype = array.dtype();
+  if (dtype.lanes != 1 || array.ndim() < 1 || array.ndim() > 2) return false;
+  if (dtype.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int)) {
+    switch (dtype.bits) {
+      case 8:
+        return copy.template operator()<int8_t>();
+      case 16:
+        return copy.template operator()<int16_t>();
+      case 32:
+        return copy.template operator()<int32_t>();
+      case 64:
+        return copy.template operator()<int64_t>();
+    }
+  } else if (dtype.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt)) {
+    switch (dtype.bits) {
+      case 8:
+        return copy.template operator()<uint8_t>();
+      case 16:
+        return copy.template operator()<uint16_t>();
+      case 32:
+        return copy.template operator()<uint32_t>();
+      case 64:
+        return copy.template operator()<uint64_t>();
+    }
+  }
+  return false;
+}
 
 // Integer values taken as a 1-D array of T (no copy), a 1-D array of any other integer dtype
 // (int8..uint64, any strides; one checked copy) or any Python sequence of ints (one checked
@@ -207,11 +274,7 @@ struct IntValues {
   // The values, once they are all in T's range; else raises ValueError naming `function`,
   // `argument`, the entry and the range. The only way to the values.
   std::span<const T> checked(std::string_view function, std::string_view argument) const {
-    if (out_of_range.has_value()) {
-      raise_out_of_range(function, argument, *out_of_range, int_type_name<T>(),
-                         std::to_string(std::numeric_limits<T>::min()),
-                         std::to_string(std::numeric_limits<T>::max()));
-    }
+    if (out_of_range.has_value()) raise_out_of_range<T>(function, argument, *out_of_range);
     if (array.is_valid()) return {array.data(), array.shape(0)};
     return copy;
   }
@@ -284,56 +347,14 @@ struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
     if (AllowScalar && PyLong_Check(src.ptr())) {
       value.copy.assign(1, T{});
       value.scalar = true;
-      return load_int(src.ptr(), std::nullopt, value.copy[0]);
+      return load_int(src.ptr(), "", value.copy[0]);
     }
     return from_sequence(src);
   }
 
   // An integer array of any width: copied with a range check. Other dtypes are refused.
   bool from_array(const AnyArray& array) noexcept {
-    const dlpack::dtype dtype = array.dtype();
-    if (dtype.lanes != 1) return false;
-    if (dtype.code == static_cast<uint8_t>(dlpack::dtype_code::Int)) {
-      switch (dtype.bits) {
-        case 8:
-          return copy_checked<int8_t>(array);
-        case 16:
-          return copy_checked<int16_t>(array);
-        case 32:
-          return copy_checked<int32_t>(array);
-        case 64:
-          return copy_checked<int64_t>(array);
-      }
-    } else if (dtype.code == static_cast<uint8_t>(dlpack::dtype_code::UInt)) {
-      switch (dtype.bits) {
-        case 8:
-          return copy_checked<uint8_t>(array);
-        case 16:
-          return copy_checked<uint16_t>(array);
-        case 32:
-          return copy_checked<uint32_t>(array);
-        case 64:
-          return copy_checked<uint64_t>(array);
-      }
-    }
-    return false;  // float, bool, complex: never read as integers
-  }
-
-  template <typename Source>
-  bool copy_checked(const AnyArray& array) noexcept {
-    const auto* data = static_cast<const Source*>(array.data());
-    const size_t size = array.shape(0);
-    const int64_t stride = array.stride(0);  // in elements
-    value.copy.resize(size);
-    for (size_t i = 0; i < size; ++i) {
-      const Source entry = data[static_cast<int64_t>(i) * stride];
-      if (!std::in_range<T>(entry)) {
-        value.out_of_range = pagedkv::python::OutOfRangeEntry{i, std::to_string(entry)};
-        return true;  // checked() raises, naming the argument
-      }
-      value.copy[i] = static_cast<T>(entry);
-    }
-    return true;
+    return pagedkv::python::copy_integers(array, value.copy, value.out_of_range);
   }
 
   // A Python sequence (not a str) of ints or objects with __index__ (NumPy integer scalars);
@@ -350,7 +371,7 @@ struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
     value.copy.resize(static_cast<size_t>(size));
     bool ok = true;
     for (Py_ssize_t i = 0; ok && i < size && !value.out_of_range.has_value(); ++i) {
-      ok = load_int(item[i], static_cast<size_t>(i), value.copy[static_cast<size_t>(i)]);
+      ok = load_int(item[i], absl::StrCat("[", i, "]"), value.copy[static_cast<size_t>(i)]);
     }
     Py_DECREF(items);
     return ok;
@@ -358,7 +379,7 @@ struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
 
   // Loads one int into `out`, or records it as out of range (and returns true); false for
   // a non-integer.
-  bool load_int(PyObject* item, std::optional<size_t> index, T& out) noexcept {
+  bool load_int(PyObject* item, std::string index, T& out) noexcept {
     if (PyFloat_Check(item)) return false;
     object number;  // the int of a NumPy integer scalar
     if (!PyLong_Check(item)) {
@@ -386,7 +407,8 @@ struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
     PyErr_Clear();
     PyObject* text = PyObject_Str(item);
     const char* chars = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
-    value.out_of_range = pagedkv::python::OutOfRangeEntry{index, chars != nullptr ? chars : "?"};
+    value.out_of_range =
+        pagedkv::python::OutOfRangeEntry{std::move(index), chars != nullptr ? chars : "?"};
     Py_XDECREF(text);
     PyErr_Clear();
     return true;

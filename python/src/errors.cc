@@ -62,9 +62,8 @@ void raise_status(const absl::Status& status) {
 void raise_out_of_range(std::string_view function, std::string_view argument,
                         const OutOfRangeEntry& entry, const char* type_name, std::string_view min,
                         std::string_view max) {
-  const std::string index = entry.index.has_value() ? absl::StrCat("[", *entry.index, "]") : "";
   raise_status(absl::InvalidArgumentError(absl::StrCat(
-      std::string(function), ": ", std::string(argument), index, " = ", entry.value,
+      std::string(function), ": ", std::string(argument), entry.index, " = ", entry.value,
       " is outside the ", type_name, " range [", std::string(min), ", ", std::string(max), "]")));
 }
 
