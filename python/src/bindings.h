@@ -157,6 +157,12 @@ class PythonClock {
   int64_t last_ms_ = 0;
 };
 
+// The int64 a Python callback returned (an int or a NumPy integer; not a bool). Anything else
+// raises TypeError "<callback> returned str; <expected>", and an int beyond int64 TypeError
+// "<callback> returned 2**70's digits, outside the <range_name> range [min, max]; <expected>".
+int64_t int64_from_callback(nb::handle result, const char* callback, const char* range_name,
+                            const char* expected);
+
 // Converts a KvEvent to its Python object (BlockStored, BlockRemoved, AllBlocksCleared).
 nb::object event_to_python(const KvEvent& event);
 

@@ -6,9 +6,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
-#include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "bindings.h"
@@ -29,24 +29,9 @@ std::optional<Preemption> victim_of(nb::handle result, PreemptionMode default_mo
   if (result.is_none()) return std::nullopt;
   Preemption preemption;
   if (nb::try_cast(result, preemption)) return preemption;
-  if (PyBool_Check(result.ptr()) || !PyIndex_Check(result.ptr())) {
-    PyErr_Format(PyExc_TypeError, "victim policy returned %s; %s", Py_TYPE(result.ptr())->tp_name,
-                 kExpected);
-    throw nb::python_error();
-  }
-  nb::object id = nb::steal(PyNumber_Index(result.ptr()));
-  if (!id.is_valid()) throw nb::python_error();
-  int overflow = 0;
-  const long long victim = PyLong_AsLongLongAndOverflow(id.ptr(), &overflow);
-  if (victim == -1 && PyErr_Occurred()) throw nb::python_error();
-  if (overflow != 0) {
-    PyErr_Format(PyExc_TypeError,
-                 "victim policy returned %S, outside the sequence id range [%lld, %lld]; %s",
-                 id.ptr(), static_cast<long long>(std::numeric_limits<SeqId>::min()),
-                 static_cast<long long>(std::numeric_limits<SeqId>::max()), kExpected);
-    throw nb::python_error();
-  }
-  return Preemption{static_cast<SeqId>(victim), default_mode};
+  static_assert(std::is_same_v<SeqId, int64_t>);
+  const SeqId victim = int64_from_callback(result, "victim policy", "sequence id", kExpected);
+  return Preemption{victim, default_mode};
 }
 
 // What the manager calls back: the Python preemption hooks, victim policy, event sink and
