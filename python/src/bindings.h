@@ -20,14 +20,18 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "pagedkv/kv_events.h"
 
 namespace pagedkv::python {
@@ -153,6 +157,12 @@ class PythonClock {
   int64_t last_ms_ = 0;
 };
 
+// The int64 a Python callback returned (an int or a NumPy integer; not a bool). Anything else
+// raises TypeError "<callback> returned str; <expected>", and an int beyond int64 TypeError
+// "<callback> returned 2**70's digits, outside the <range_name> range [min, max]; <expected>".
+int64_t int64_from_callback(nb::handle result, const char* callback, const char* range_name,
+                            const char* expected);
+
 // Converts a KvEvent to its Python object (BlockStored, BlockRemoved, AllBlocksCleared).
 nb::object event_to_python(const KvEvent& event);
 
@@ -162,21 +172,121 @@ nb::object event_to_python(const KvEvent& event);
 template <typename T>
 using Array1D = nb::ndarray<T, nb::ndim<1>, nb::device::cpu, nb::c_contig>;
 
-// Integer values taken as a 1-D array of T (no copy) or any Python sequence of ints (one
-// copy), and with AllowScalar a single int meaning "this value for every entry".
+// The C++ name of an integer type, for messages ("int32").
+template <typename T>
+constexpr const char* int_type_name() {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  if constexpr (std::is_signed_v<T>) {
+    return sizeof(T) == 1 ? "int8" : sizeof(T) == 2 ? "int16" : sizeof(T) == 4 ? "int32" : "int64";
+  } else {
+    return sizeof(T) == 1   ? "uint8"
+           : sizeof(T) == 2 ? "uint16"
+           : sizeof(T) == 4 ? "uint32"
+                            : "uint64";
+  }
+}
+
+// The first entry of an integer input that T cannot hold: its index ("[3]", "[0, 2]"; empty
+// for a scalar) and its value in decimal.
+struct OutOfRangeEntry {
+  std::string index;
+  std::string value;
+};
+
+// Raises ValueError "function: argument[index] = value is outside the int32 range [lo, hi]".
+[[noreturn]] void raise_out_of_range(std::string_view function, std::string_view argument,
+                                     const OutOfRangeEntry& entry, const char* type_name,
+                                     std::string_view min, std::string_view max);
+
+// Raises the ValueError of `entry` for T's range.
+template <typename T>
+[[noreturn]] void raise_out_of_range(std::string_view function, std::string_view argument,
+                                     const OutOfRangeEntry& entry) {
+  raise_out_of_range(function, argument, entry, int_type_name<T>(),
+                     std::to_string(std::numeric_limits<T>::min()),
+                     std::to_string(std::numeric_limits<T>::max()));
+}
+
+// Copies a 1-D or 2-D CPU array of any integer dtype (int8..uint64) and any strides into
+// `out` as T, in row-major order, stopping at the first entry T cannot hold, which goes to
+// `out_of_range`. Returns false (copying nothing) for any other dtype: float, bool and
+// complex values are never read as integers. The one conversion path of integer inputs.
+template <typename T, typename... Args>
+bool copy_integers(const nb::ndarray<Args...>& array, std::vector<T>& out,
+                   std::optional<OutOfRangeEntry>& out_of_range) noexcept {
+  const auto copy = [&]<typename Source>() {
+    const auto* data = static_cast<const Source*>(array.data());
+    const bool matrix = array.ndim() == 2;
+    const size_t rows = array.shape(0);
+    const size_t columns = matrix ? array.shape(1) : 1;
+    out.resize(rows * columns);
+    for (size_t row = 0; row < rows; ++row) {
+      for (size_t column = 0; column < columns; ++column) {
+        const int64_t offset = static_cast<int64_t>(row) * array.stride(0) +
+                               (matrix ? static_cast<int64_t>(column) * array.stride(1) : 0);
+        const Source entry = data[offset];
+        if (!std::in_range<T>(entry)) {
+          out_of_range = OutOfRangeEntry{
+              matrix ? absl::StrCat("[", row, ", ", column, "]") : absl::StrCat("[", row, "]"),
+              std::to_string(entry)};
+          return true;
+        }
+        out[row * columns + column] = static_cast<T>(entry);
+      }
+    }
+    return true;
+  };
+  const nb::dlpack::dtype dtype = array.dtype();
+  if (dtype.lanes != 1 || array.ndim() < 1 || array.ndim() > 2) return false;
+  if (dtype.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int)) {
+    switch (dtype.bits) {
+      case 8:
+        return copy.template operator()<int8_t>();
+      case 16:
+        return copy.template operator()<int16_t>();
+      case 32:
+        return copy.template operator()<int32_t>();
+      case 64:
+        return copy.template operator()<int64_t>();
+    }
+  } else if (dtype.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt)) {
+    switch (dtype.bits) {
+      case 8:
+        return copy.template operator()<uint8_t>();
+      case 16:
+        return copy.template operator()<uint16_t>();
+      case 32:
+        return copy.template operator()<uint32_t>();
+      case 64:
+        return copy.template operator()<uint64_t>();
+    }
+  }
+  return false;
+}
+
+// Integer values taken as a 1-D array of T (no copy), a 1-D array of any other integer dtype
+// (int8..uint64, any strides; one checked copy) or any Python sequence of ints (one checked
+// copy), and with AllowScalar a single int meaning "this value for every entry". A value T
+// cannot hold is never truncated: the caster accepts the input and records the first such
+// entry, and checked() raises ValueError naming it. Float, bool and complex arrays are
+// refused by the caster (TypeError).
 template <typename T, bool AllowScalar = false>
 struct IntValues {
   Array1D<const T> array;
   std::vector<T> copy;
   bool scalar = false;
+  std::optional<OutOfRangeEntry> out_of_range;
 
-  std::span<const T> span() const {
+  // The values, once they are all in T's range; else raises ValueError naming `function`,
+  // `argument`, the entry and the range. The only way to the values.
+  std::span<const T> checked(std::string_view function, std::string_view argument) const {
+    if (out_of_range.has_value()) raise_out_of_range<T>(function, argument, *out_of_range);
     if (array.is_valid()) return {array.data(), array.shape(0)};
     return copy;
   }
   size_t size() const { return array.is_valid() ? array.shape(0) : copy.size(); }
-  // Entry i, or the scalar for every i.
-  T at(size_t i) const { return scalar ? copy[0] : span()[i]; }
+  // Entry i, or the scalar for every i (after checked()).
+  T at(size_t i) const { return scalar ? copy[0] : array.is_valid() ? array.data()[i] : copy[i]; }
 };
 
 // A new 1-D NumPy array of T (int32 or int64), returned to Python as is.
@@ -214,62 +324,100 @@ void bind_kernels(nb::module_& m);
 
 namespace nanobind::detail {
 
-// Caster of IntValues<T>: an array of T first (no copy), then any sequence of ints.
+// Caster of IntValues<T>: an array of T first (no copy), then an array of another integer
+// dtype or any sequence of ints, each entry range-checked (never truncated).
 template <typename T, bool AllowScalar>
 struct type_caster<pagedkv::python::IntValues<T, AllowScalar>> {
   using Values = pagedkv::python::IntValues<T, AllowScalar>;
+  // Any 1-D CPU array, of any dtype and strides, read-only.
+  using AnyArray = ndarray<ro, ndim<1>, device::cpu>;
   NB_TYPE_CASTER(Values, const_name<AllowScalar>(
                              "int | collections.abc.Sequence[int] | numpy.typing.ArrayLike",
                              "collections.abc.Sequence[int] | numpy.typing.ArrayLike"))
 
   bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
     if (PyList_CheckExact(src.ptr()) || PyTuple_CheckExact(src.ptr())) {
-      return from_sequence(src, flags, cleanup);  // the common small case, first
+      return from_sequence(src);  // the common small case, first
     }
-    // Arrays of another integer dtype are converted; float arrays are refused, never
-    // truncated into ids.
-    make_caster<pagedkv::python::Array1D<const T>> array_caster;
+    // Nothing is converted by nanobind: its dtype conversion truncates.
     const uint8_t no_convert = flags & ~static_cast<uint8_t>(cast_flags::convert);
-    if (array_caster.from_python(src, no_convert, cleanup) ||
-        (integer_array(src) && array_caster.from_python(src, flags, cleanup))) {
-      value.array = array_caster.value;
+    make_caster<pagedkv::python::Array1D<const T>> exact_caster;
+    if (exact_caster.from_python(src, no_convert, cleanup)) {
+      value.array = exact_caster.value;
       return true;
     }
-    if (hasattr(src, "dtype")) return false;
+    make_caster<AnyArray> any_caster;
+    if (any_caster.from_python(src, no_convert, cleanup)) return from_array(any_caster.value);
+    PyErr_Clear();
+    if (hasattr(src, "dtype")) return false;  // an array we cannot read: 0-d, 2-D, on a GPU
     if (AllowScalar && PyLong_Check(src.ptr())) {
-      make_caster<T> scalar_caster;
-      if (!scalar_caster.from_python(src, flags, cleanup)) return false;
-      value.copy.assign(1, scalar_caster.value);
+      value.copy.assign(1, T{});
       value.scalar = true;
+      return load_int(src.ptr(), "", value.copy[0]);
+    }
+    return from_sequence(src);
+  }
+
+  // An integer array of any width: copied with a range check. Other dtypes are refused.
+  bool from_array(const AnyArray& array) noexcept {
+    return pagedkv::python::copy_integers(array, value.copy, value.out_of_range);
+  }
+
+  // A Python sequence (not a str) of ints or objects with __index__ (NumPy integer scalars);
+  // floats are refused.
+  bool from_sequence(handle src) noexcept {
+    if (!PySequence_Check(src.ptr()) || PyUnicode_Check(src.ptr())) return false;
+    PyObject* items = PySequence_Fast(src.ptr(), "");
+    if (items == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    const Py_ssize_t size = PySequence_Fast_GET_SIZE(items);
+    PyObject** item = PySequence_Fast_ITEMS(items);
+    value.copy.resize(static_cast<size_t>(size));
+    bool ok = true;
+    for (Py_ssize_t i = 0; ok && i < size && !value.out_of_range.has_value(); ++i) {
+      ok = load_int(item[i], absl::StrCat("[", i, "]"), value.copy[static_cast<size_t>(i)]);
+    }
+    Py_DECREF(items);
+    return ok;
+  }
+
+  // Loads one int into `out`, or records it as out of range (and returns true); false for
+  // a non-integer.
+  bool load_int(PyObject* item, std::string index, T& out) noexcept {
+    if (PyFloat_Check(item)) return false;
+    object number;  // the int of a NumPy integer scalar
+    if (!PyLong_Check(item)) {
+      if (!PyIndex_Check(item)) return false;
+      number = steal(PyNumber_Index(item));
+      if (!number.is_valid()) {
+        PyErr_Clear();
+        return false;
+      }
+      item = number.ptr();
+    }
+    int overflow = 0;
+    const long long signed_value = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (overflow == 0 && std::in_range<T>(signed_value)) {
+      out = static_cast<T>(signed_value);
       return true;
     }
-    return from_sequence(src, flags, cleanup);
-  }
-
-  bool from_sequence(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
-    make_caster<std::vector<T>> list_caster;
-    if (!list_caster.from_python(src, flags, cleanup)) return false;
-    value.copy = std::move(list_caster.value);
-    return true;
-  }
-
-  // True for an array object (NumPy, PyTorch, ...) whose dtype is an integer type.
-  static bool integer_array(handle src) noexcept {
-    try {
-      if (!hasattr(src, "dtype")) return false;
-      object dtype = src.attr("dtype");
-      if (hasattr(dtype, "kind")) {  // NumPy
-        const std::string kind = cast<std::string>(dtype.attr("kind"));
-        return kind == "i" || kind == "u";
+    if (overflow > 0 && std::is_unsigned_v<T>) {
+      const unsigned long long unsigned_value = PyLong_AsUnsignedLongLong(item);
+      if (!PyErr_Occurred() && std::in_range<T>(unsigned_value)) {
+        out = static_cast<T>(unsigned_value);
+        return true;
       }
-      if (hasattr(dtype, "is_floating_point")) {  // PyTorch
-        return !cast<bool>(dtype.attr("is_floating_point")) &&
-               !cast<bool>(dtype.attr("is_complex"));
-      }
-    } catch (const std::exception&) {
-      PyErr_Clear();
     }
-    return false;
+    PyErr_Clear();
+    PyObject* text = PyObject_Str(item);
+    const char* chars = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+    value.out_of_range =
+        pagedkv::python::OutOfRangeEntry{std::move(index), chars != nullptr ? chars : "?"};
+    Py_XDECREF(text);
+    PyErr_Clear();
+    return true;
   }
 };
 

@@ -141,7 +141,8 @@ void bind_block_pool(nb::module_& m) {
       .def(
           "free",
           [](PyBlockPool& self, IntValues<BlockId> blocks) {
-            raise_if_error(self.mutate([&](BlockPool& p) { return p.free(blocks.span()); }));
+            const std::span<const BlockId> ids = blocks.checked("free", "blocks_in_eviction_order");
+            raise_if_error(self.mutate([&](BlockPool& p) { return p.free(ids); }));
           },
           "blocks_in_eviction_order"_a,
           "Drops one reference per id, in order; blocks reaching 0 join the free queue: hashed "
@@ -152,7 +153,8 @@ void bind_block_pool(nb::module_& m) {
           [](const PyBlockPool& self, const BlockHash& hash, BlockId parent,
              IntValues<TokenId> tokens, IntValues<uint64_t> extra_keys) {
             return value_or_raise(
-                self.pool().find_cached(hash, parent, tokens.span(), extra_keys.span()));
+                self.pool().find_cached(hash, parent, tokens.checked("find_cached", "tokens"),
+                                        extra_keys.checked("find_cached", "extra_keys")));
           },
           "hash"_a, "parent"_a, "tokens"_a, "extra_keys"_a = std::vector<uint64_t>{},
           "The block indexed under hash if it verifiably holds tokens after parent, else -1. "
@@ -162,9 +164,12 @@ void bind_block_pool(nb::module_& m) {
           [](PyBlockPool& self, BlockId block, const BlockHash& hash, BlockId parent,
              std::optional<BlockHash> parent_hash, IntValues<TokenId> tokens,
              IntValues<uint64_t> extra_keys) {
+            const std::span<const TokenId> token_ids = tokens.checked("cache_full_block", "tokens");
+            const std::span<const uint64_t> keys =
+                extra_keys.checked("cache_full_block", "extra_keys");
             return value_or_raise(self.mutate([&](BlockPool& p) {
               return p.cache_full_block(block, hash, parent, parent_hash ? &*parent_hash : nullptr,
-                                        tokens.span(), extra_keys.span());
+                                        token_ids, keys);
             }));
           },
           "block"_a, "hash"_a, "parent"_a, "parent_hash"_a.none(), "tokens"_a,

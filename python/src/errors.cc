@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "bindings.h"
 
 namespace pagedkv::python {
@@ -56,6 +57,14 @@ void raise_status(const absl::Status& status) {
   const std::string message(status.message());
   PyErr_SetString(exception_type(status.code()), message.c_str());
   throw nb::python_error();
+}
+
+void raise_out_of_range(std::string_view function, std::string_view argument,
+                        const OutOfRangeEntry& entry, const char* type_name, std::string_view min,
+                        std::string_view max) {
+  raise_status(absl::InvalidArgumentError(absl::StrCat(
+      std::string(function), ": ", std::string(argument), entry.index, " = ", entry.value,
+      " is outside the ", type_name, " range [", std::string(min), ", ", std::string(max), "]")));
 }
 
 void bind_errors(nb::module_& m) {

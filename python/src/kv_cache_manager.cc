@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "bindings.h"
@@ -19,6 +20,19 @@ namespace {
 using namespace nb::literals;
 
 // --- callbacks --------------------------------------------------------------------------
+
+// The choice a victim policy returned: None (give up), a Preemption, or an int victim id
+// (preempted in `default_mode`; a NumPy integer counts). Anything else, a bool included,
+// raises TypeError, and so does an int outside SeqId's range (int64).
+std::optional<Preemption> victim_of(nb::handle result, PreemptionMode default_mode) {
+  constexpr const char* kExpected = "expected a Preemption, an int sequence id or None";
+  if (result.is_none()) return std::nullopt;
+  Preemption preemption;
+  if (nb::try_cast(result, preemption)) return preemption;
+  static_assert(std::is_same_v<SeqId, int64_t>);
+  const SeqId victim = int64_from_callback(result, "victim policy", "sequence id", kExpected);
+  return Preemption{victim, default_mode};
+}
 
 // What the manager calls back: the Python preemption hooks, victim policy, event sink and
 // clock.
@@ -59,14 +73,7 @@ class ManagerCallbacks : public PreemptionHooks {
     errors_.guard([&] {
       nb::list candidates;
       for (const SequenceInfo& info : running) candidates.append(nb::cast(info));
-      nb::object result = policy_(candidates, requester);
-      if (result.is_none()) return;
-      Preemption preemption;
-      if (nb::try_cast(result, preemption)) {
-        choice = preemption;
-      } else {
-        choice = Preemption{nb::cast<SeqId>(result), default_mode_};
-      }
+      choice = victim_of(policy_(candidates, requester), default_mode_);
     });
     return choice;
   }
@@ -256,8 +263,9 @@ SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
                                                  const IntValues<int32_t, true>& num_new_tokens,
                                                  int32_t num_lookahead, bool preempt,
                                                  std::optional<Array1D<int64_t>> out) {
-  const std::span<const SeqId> ids = seqs.span();
-  const std::span<const int32_t> counts = num_new_tokens.span();
+  const std::span<const SeqId> ids = seqs.checked("allocate_slots_batch", "seqs");
+  const std::span<const int32_t> counts =
+      num_new_tokens.checked("allocate_slots_batch", "num_new_tokens");
   // Python gives "one count for all" as an int: a one-entry sequence is one count per
   // sequence, and the C++ call would take it for all.
   if (!num_new_tokens.scalar && counts.size() == 1 && ids.size() != 1) {
@@ -290,16 +298,18 @@ SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
 BatchStatus PyKvCacheManager::append_tokens_batch(const IntValues<SeqId>& seqs,
                                                   const IntValues<TokenId>& tokens,
                                                   std::optional<IntValues<int32_t>> indptr) {
-  const std::span<const SeqId> ids = seqs.span();
+  const std::span<const SeqId> ids = seqs.checked("append_tokens_batch", "seqs");
+  const std::span<const TokenId> token_ids = tokens.checked("append_tokens_batch", "tokens");
+  const std::span<const int32_t> offsets = indptr.has_value()
+                                               ? indptr->checked("append_tokens_batch", "indptr")
+                                               : std::span<const int32_t>();
   // The C++ call reads an empty indptr as none (one token each); a given one is refused.
   if (indptr.has_value() && indptr->size() == 0) {
     raise_status(absl::InvalidArgumentError(
         absl::StrCat("append_tokens_batch: 0 indptr entries for ", ids.size(), " sequences")));
   }
-  const std::span<const absl::Status> statuses = value_or_raise(mutate([&](KvCacheManager& m) {
-    return m.append_tokens_batch(ids, tokens.span(),
-                                 indptr.has_value() ? indptr->span() : std::span<const int32_t>());
-  }));
+  const std::span<const absl::Status> statuses = value_or_raise(
+      mutate([&](KvCacheManager& m) { return m.append_tokens_batch(ids, token_ids, offsets); }));
   return batch_status(ids, statuses);
 }
 
@@ -426,9 +436,10 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
          "add_sequence",
          [](M& self, SeqId seq, IntValues<TokenId> prompt, int32_t priority,
             IntValues<uint64_t> extra_keys, std::vector<RetentionRange> retention) {
-           const std::span<const uint64_t> keys = extra_keys.span();
+           const std::span<const TokenId> tokens = prompt.checked("add_sequence", "prompt");
+           const std::span<const uint64_t> keys = extra_keys.checked("add_sequence", "extra_keys");
            raise_if_error(self.mutate([&](KvCacheManager& m) {
-             return m.add_sequence(seq, prompt.span(),
+             return m.add_sequence(seq, tokens,
                                    {.priority = priority,
                                     .extra_keys = std::vector<uint64_t>(keys.begin(), keys.end()),
                                     .retention = std::move(retention)});
@@ -444,8 +455,9 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
       .def(
           "append_tokens",
           [](M& self, SeqId seq, IntValues<TokenId> tokens) {
-            raise_if_error(self.mutate(
-                [&](KvCacheManager& m) { return m.append_tokens(seq, tokens.span()); }));
+            const std::span<const TokenId> token_ids = tokens.checked("append_tokens", "tokens");
+            raise_if_error(
+                self.mutate([&](KvCacheManager& m) { return m.append_tokens(seq, token_ids); }));
           },
           "seq"_a, "tokens"_a,
           "Appends generated tokens (before allocate_slots() reserves their KV). Raises "
@@ -546,7 +558,8 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
           [](M& self, IntValues<SeqId> seqs, PyBlockTables* out) {
             nb::object result = out != nullptr ? nb::find(out) : nb::cast(PyBlockTables{});
             PyBlockTables* tables = nb::cast<PyBlockTables*>(result);
-            raise_if_error(self.get().build_block_tables(seqs.span(), tables->prepare_rebuild()));
+            raise_if_error(self.get().build_block_tables(seqs.checked("build_block_tables", "seqs"),
+                                                         tables->prepare_rebuild()));
             return nb::typed<nb::object, PyBlockTables>(result);
           },
           "seqs"_a, "out"_a.none() = nb::none(),
@@ -557,10 +570,11 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
           [](const M& self, IntValues<SeqId> seqs,
              nb::ndarray<int32_t, nb::ndim<2>, nb::device::cpu, nb::c_contig> block_table,
              Array1D<int32_t> context_lens) {
-            raise_if_error(self.get().write_block_tables(
-                seqs.span(), static_cast<int32_t>(block_table.shape(1)),
-                {block_table.data(), block_table.size()},
-                {context_lens.data(), context_lens.shape(0)}));
+            raise_if_error(
+                self.get().write_block_tables(seqs.checked("write_block_tables", "seqs"),
+                                              static_cast<int32_t>(block_table.shape(1)),
+                                              {block_table.data(), block_table.size()},
+                                              {context_lens.data(), context_lens.shape(0)}));
           },
           "seqs"_a, "block_table"_a.noconvert(), "context_lens"_a.noconvert(),
           "Writes the padded table into caller arrays: block_table int32 [>= len(seqs),\n"
@@ -570,7 +584,8 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
           [](const M& self, IntValues<SeqId> seqs, Array1D<int32_t> indptr,
              Array1D<int32_t> indices, Array1D<int32_t> last_page_len) {
             raise_if_error(self.get().write_csr_block_tables(
-                seqs.span(), {indptr.data(), indptr.shape(0)}, {indices.data(), indices.shape(0)},
+                seqs.checked("write_csr_block_tables", "seqs"), {indptr.data(), indptr.shape(0)},
+                {indices.data(), indices.shape(0)},
                 {last_page_len.data(), last_page_len.shape(0)}));
           },
           "seqs"_a, "indptr"_a.noconvert(), "indices"_a.noconvert(), "last_page_len"_a.noconvert(),

@@ -4,7 +4,10 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <optional>
+#include <span>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "bindings.h"
@@ -66,12 +69,29 @@ PoolTensor pool_tensor(const KvCacheView& view, void* data, KvLayout layout, int
                     device_id);
 }
 
-// Copy ops as a list of BlockCopy or an int32 array [n, 3] of (src, dst, num_tokens).
-using OpsArray = nb::ndarray<const int32_t, nb::shape<-1, 3>, nb::device::cpu, nb::c_contig>;
+// Copy ops as a list of BlockCopy or an integer array [n, 3] of (src, dst, num_tokens): a
+// C-contiguous int32 one is read in place, any other integer one is range-checked into a copy
+// (never truncated), and a float or bool one is refused.
+using OpsArray = nb::ndarray<nb::ro, nb::shape<-1, 3>, nb::device::cpu>;
 static_assert(sizeof(BlockCopy) == 3 * sizeof(int32_t) && std::is_standard_layout_v<BlockCopy>);
 
-std::span<const BlockCopy> ops_span(const OpsArray& ops) {
-  return {reinterpret_cast<const BlockCopy*>(ops.data()), ops.shape(0)};
+std::span<const BlockCopy> ops_span(const char* function, const OpsArray& ops,
+                                    std::vector<int32_t>& copy) {
+  const size_t num_ops = ops.shape(0);
+  if (ops.dtype() == nb::dtype<int32_t>() &&
+      (num_ops == 0 || (ops.stride(0) == 3 && ops.stride(1) == 1))) {
+    return {static_cast<const BlockCopy*>(ops.data()), num_ops};
+  }
+  std::optional<OutOfRangeEntry> out_of_range;
+  if (!copy_integers(ops, copy, out_of_range)) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: ops is not an integer array; expected int32 [n, 3] of (src, dst, "
+                 "num_tokens) or a list of BlockCopy",
+                 function);
+    throw nb::python_error();
+  }
+  if (out_of_range.has_value()) raise_out_of_range<int32_t>(function, "ops", *out_of_range);
+  return {reinterpret_cast<const BlockCopy*>(copy.data()), num_ops};
 }
 
 void* stream_ptr(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
@@ -86,8 +106,9 @@ void bind_copy(nb::class_<PyKvStorage>& cls, const char* name, Method method, co
          "ops"_a, "stream"_a = 0, doc)
       .def(
           name,
-          [method](PyKvStorage& self, const OpsArray& ops, uintptr_t stream) {
-            raise_if_error((self.storage.*method)(ops_span(ops), stream_ptr(stream)));
+          [method, name](PyKvStorage& self, const OpsArray& ops, uintptr_t stream) {
+            std::vector<int32_t> copy;
+            raise_if_error((self.storage.*method)(ops_span(name, ops, copy), stream_ptr(stream)));
           },
           "ops"_a, "stream"_a = 0, doc);
 }

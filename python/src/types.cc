@@ -6,6 +6,7 @@
 #include <nanobind/stl/variant.h>
 
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <variant>
 
@@ -58,17 +59,31 @@ PythonClock::PythonClock(nb::object clock, CallbackErrors* errors)
 int64_t PythonClock::now_ms() {
   if (clock_.is_none()) return last_ms_;
   errors_->guard([&] {
-    nb::object time = clock_();
-    if (!PyLong_Check(time.ptr())) {
-      PyErr_Format(PyExc_TypeError, "clock returned %s; expected an int of milliseconds",
-                   Py_TYPE(time.ptr())->tp_name);
-      throw nb::python_error();
-    }
-    const long long ms = PyLong_AsLongLong(time.ptr());  // OverflowError beyond int64
-    if (ms == -1 && PyErr_Occurred()) throw nb::python_error();
-    last_ms_ = ms;
+    last_ms_ = int64_from_callback(clock_(), "clock", "int64", "expected an int of milliseconds");
   });
   return last_ms_;
+}
+
+int64_t int64_from_callback(nb::handle result, const char* callback, const char* range_name,
+                            const char* expected) {
+  if (PyBool_Check(result.ptr()) || !PyIndex_Check(result.ptr())) {
+    PyErr_Format(PyExc_TypeError, "%s returned %s; %s", callback, Py_TYPE(result.ptr())->tp_name,
+                 expected);
+    throw nb::python_error();
+  }
+  nb::object number = nb::steal(PyNumber_Index(result.ptr()));
+  if (!number.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(number.ptr(), &overflow);
+  if (value == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow != 0) {
+    PyErr_Format(PyExc_TypeError, "%s returned %S, outside the %s range [%lld, %lld]; %s", callback,
+                 number.ptr(), range_name,
+                 static_cast<long long>(std::numeric_limits<int64_t>::min()),
+                 static_cast<long long>(std::numeric_limits<int64_t>::max()), expected);
+    throw nb::python_error();
+  }
+  return value;
 }
 
 std::function<int64_t()> PythonClock::function() {
@@ -249,7 +264,8 @@ void bind_functions(nb::module_& m) {
       "hash_block",
       [](std::optional<BlockHash> parent, IntValues<TokenId> tokens,
          IntValues<uint64_t> extra_keys) {
-        return hash_block(parent ? &*parent : nullptr, tokens.span(), extra_keys.span());
+        return hash_block(parent ? &*parent : nullptr, tokens.checked("hash_block", "tokens"),
+                          extra_keys.checked("hash_block", "extra_keys"));
       },
       "parent"_a.none(), "tokens"_a, "extra_keys"_a = std::vector<uint64_t>{},
       "XXH3-128 of a full block: parent hash (None for the first block), extra keys, tokens.");

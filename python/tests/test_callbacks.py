@@ -114,12 +114,32 @@ def test_exceptions_in_callbacks_surface_after_the_call_and_state_stays_valid():
     m.check_invariants()
 
 
-def test_a_policy_returning_a_wrong_type_raises_type_error():
-    m = pk.KvCacheManager(num_blocks=2, block_size=4, victim_policy=lambda r, q: "x")
+@pytest.mark.parametrize("result, message", [
+    ("x", "victim policy returned str; expected a Preemption, an int sequence id or None"),
+    (1.0, "victim policy returned float; expected a Preemption, an int sequence id or None"),
+    ([1], "victim policy returned list; expected a Preemption, an int sequence id or None"),
+    (True, "victim policy returned bool; expected a Preemption, an int sequence id or None"),
+    (2**70, "victim policy returned 1180591620717411303424, outside the sequence id range "
+            r"\[-9223372036854775808, 9223372036854775807\]; expected a Preemption, an int "
+            "sequence id or None"),
+])
+def test_a_policy_returning_a_wrong_type_raises_type_error(result, message):
+    m = pk.KvCacheManager(num_blocks=2, block_size=4, victim_policy=lambda r, q: result)
     fill(m, [1])
     m.add_sequence(2, list(range(8)))
-    with pytest.raises((TypeError, RuntimeError)):
+    with pytest.raises(TypeError, match=f"^{message}$"):
         m.allocate_slots_or_preempt(2, 8)
+    assert m.sequence(1).state == pk.SequenceState.RUNNING  # a wrong answer gives up
+    m.check_invariants()
+
+
+def test_a_policy_may_return_a_numpy_integer_id():
+    np = pytest.importorskip("numpy")
+    m = pk.KvCacheManager(num_blocks=2, block_size=4, victim_policy=lambda r, q: np.int64(1))
+    fill(m, [1])
+    m.add_sequence(2, list(range(8)))
+    m.allocate_slots_or_preempt(2, 8)
+    assert m.sequence(1).state == pk.SequenceState.WAITING
 
 
 def test_a_callback_calling_back_into_its_manager_is_refused():

@@ -363,6 +363,24 @@ def test_a_clock_that_raises_surfaces_after_the_call_and_state_stays_valid():
     pool.check_invariants()
 
 
+@pytest.mark.parametrize("result, message", [
+    ("5", "clock returned str; expected an int of milliseconds"),
+    (True, "clock returned bool; expected an int of milliseconds"),
+    (2**70, r"clock returned 1180591620717411303424, outside the int64 range "
+            r"\[-9223372036854775808, 9223372036854775807\]; expected an int of milliseconds"),
+])
+def test_a_clock_returning_a_wrong_type_raises_type_error(result, message):
+    m = freed_with_duration(lambda: result)
+    with pytest.raises(TypeError, match=f"^{message}$"):
+        m.free(1)
+    m.check_invariants()
+
+
+def test_a_clock_may_return_a_numpy_integer():
+    np = pytest.importorskip("numpy")
+    freed_with_duration(lambda: np.int64(3)).free(1)
+
+
 def test_a_clock_calling_back_into_its_manager_is_refused():
     def clock():
         m.add_sequence(9, [1])  # the C++ API forbids this: the manager is mid-call
