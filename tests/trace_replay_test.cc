@@ -134,6 +134,7 @@ int64_t replay_hit_tokens(const std::vector<TraceRequest>& requests, int32_t num
 }
 
 TEST_CASE("Mooncake trace replay hits as many prompt tokens as vLLM's manager", "[trace]") {
+  if (testing::skipped_under_expensive_checks()) return;
   const std::string path = traces_dir() + "/synthetic_trace.jsonl";
   if (!std::filesystem::exists(path)) {
     testing::report_skip("trace " + path + " not found (set PAGEDKV_TRACES_DIR)");

@@ -673,6 +673,7 @@ void check_paging_beats_contiguous(const TraceRun& run, int32_t contiguous_slots
 }
 
 TEST_CASE("quick run on the Azure code trace: paging beats contiguous reservation", "[simulator]") {
+  if (pagedkv::testing::skipped_under_expensive_checks()) return;
   const std::string path = trace_path("AzureLLMInferenceTrace_code.csv");
   if (path.empty()) return;
   absl::StatusOr<Trace> trace = read_trace(path);
@@ -688,6 +689,7 @@ TEST_CASE("quick run on the Azure code trace: paging beats contiguous reservatio
 }
 
 TEST_CASE("quick run on the Azure conv trace: paging beats contiguous reservation", "[simulator]") {
+  if (pagedkv::testing::skipped_under_expensive_checks()) return;
   const std::string path = trace_path("AzureLLMInferenceTrace_conv.csv");
   if (path.empty()) return;
   absl::StatusOr<Trace> trace = read_trace(path);
@@ -703,6 +705,7 @@ TEST_CASE("quick run on the Azure conv trace: paging beats contiguous reservatio
 }
 
 TEST_CASE("quick run on the Mooncake trace: prefix caching hits shared prefixes", "[simulator]") {
+  if (pagedkv::testing::skipped_under_expensive_checks()) return;
   const std::string path = trace_path("synthetic_trace.jsonl");
   if (path.empty()) return;
   absl::StatusOr<Trace> trace = read_trace(path);
@@ -722,6 +725,7 @@ TEST_CASE("quick run on the Mooncake trace: prefix caching hits shared prefixes"
 
 TEST_CASE("quick run on the Mooncake trace: a host tier raises the prefix hit rate",
           "[simulator]") {
+  if (pagedkv::testing::skipped_under_expensive_checks()) return;
   const std::string path = trace_path("synthetic_trace.jsonl");
   if (path.empty()) return;
   absl::StatusOr<Trace> trace = read_trace(path);
@@ -751,6 +755,7 @@ TEST_CASE("quick run on the Mooncake trace: a host tier raises the prefix hit ra
 
 TEST_CASE("quick run on the generated workload: prefix caching multiplies concurrency",
           "[simulator]") {
+  if (pagedkv::testing::skipped_under_expensive_checks()) return;
   SimOptions o = quick_options();
   o.traces.clear();
   o.synthetic = true;
