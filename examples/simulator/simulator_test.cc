@@ -675,7 +675,6 @@ void check_paging_beats_contiguous(const TraceRun& run, int32_t contiguous_slots
 }
 
 TEST_CASE("quick run on the Azure code trace: paging beats contiguous reservation", "[simulator]") {
-  if (pagedkv::testing::skipped_under_expensive_checks()) return;
   const std::string path = trace_path("AzureLLMInferenceTrace_code.csv");
   if (path.empty()) return;
   absl::StatusOr<Trace> trace = read_trace(path);
@@ -691,7 +690,6 @@ TEST_CASE("quick run on the Azure code trace: paging beats contiguous reservatio
 }
 
 TEST_CASE("quick run on the Azure conv trace: paging beats contiguous reservation", "[simulator]") {
-  if (pagedkv::testing::skipped_under_expensive_checks()) return;
   const std::string path = trace_path("AzureLLMInferenceTrace_conv.csv");
   if (path.empty()) return;
   absl::StatusOr<Trace> trace = read_trace(path);
@@ -707,7 +705,6 @@ TEST_CASE("quick run on the Azure conv trace: paging beats contiguous reservatio
 }
 
 TEST_CASE("quick run on the Mooncake trace: prefix caching hits shared prefixes", "[simulator]") {
-  if (pagedkv::testing::skipped_under_expensive_checks()) return;
   const std::string path = trace_path("synthetic_trace.jsonl");
   if (path.empty()) return;
   absl::StatusOr<Trace> trace = read_trace(path);
@@ -727,7 +724,6 @@ TEST_CASE("quick run on the Mooncake trace: prefix caching hits shared prefixes"
 
 TEST_CASE("quick run on the Mooncake trace: a host tier raises the prefix hit rate",
           "[simulator]") {
-  if (pagedkv::testing::skipped_under_expensive_checks()) return;
   const std::string path = trace_path("synthetic_trace.jsonl");
   if (path.empty()) return;
   absl::StatusOr<Trace> trace = read_trace(path);
