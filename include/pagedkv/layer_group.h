@@ -1,0 +1,71 @@
+// File: pagedkv/layer_group.h
+//
+// Layer groups: the layers of a model that see the same tokens share one block table per
+// sequence. A model of full-attention layers only is one group; a hybrid model has one
+// group per attention kind (and window), e.g. Gemma 3: 52 sliding-window layers of 1,024
+// tokens and 10 full layers, two groups. Each group has a pool of its own, sized in bytes
+// of its own layers (KvCacheConfig), so no group pads its blocks to another's size.
+//
+//   kFull           a token attends to every earlier token and itself.
+//   kSlidingWindow  a token at position p attends to [p - window + 1, p]
+//                   (Mistral, Gemma 2/3, gpt-oss, Command-A: vLLM's sliding_window).
+//   kChunkedLocal   a token at position p attends to [p - p % window, p], the tokens of
+//                   its own window-aligned chunk (Llama 4's attention_chunk_size).
+//
+// Blocks wholly before the first position any future token of a sequence attends to are
+// released by the manager (hashed ones stay cached); kernels never read them.
+//
+// No Abseil or CUDA dependency: kernels include it for first_attended().
+#ifndef PAGEDKV_LAYER_GROUP_H_
+#define PAGEDKV_LAYER_GROUP_H_
+
+#include <cstdint>
+
+#include "pagedkv/host_device.h"
+
+namespace pagedkv {
+
+enum class AttentionKind : uint8_t {
+  kFull,
+  kSlidingWindow,
+  kChunkedLocal,
+};
+
+// The first position that a token at `pos` attends to, for a group of `kind` with
+// `window` tokens (ignored for kFull). window > 0 for the windowed kinds.
+PAGEDKV_HOST_DEVICE constexpr int64_t first_attended(AttentionKind kind, int32_t window,
+                                                     int64_t pos) {
+  switch (kind) {
+    case AttentionKind::kSlidingWindow:
+      return pos - window + 1 > 0 ? pos - window + 1 : 0;
+    case AttentionKind::kChunkedLocal:
+      return pos - pos % window;
+    case AttentionKind::kFull:
+      break;
+  }
+  return 0;
+}
+
+// What the allocator knows of a group: which tokens its layers attend to, and its pools.
+struct LayerGroup {
+  AttentionKind kind = AttentionKind::kFull;
+  int32_t window = 0;           // tokens: > 0 for the windowed kinds, 0 for kFull
+  int32_t num_blocks = 0;       // device blocks of the group's pool, > 0
+  int32_t num_host_blocks = 0;  // host blocks (swap and host tier) of the group, >= 0
+};
+
+inline const char* attention_kind_name(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::kFull:
+      return "full";
+    case AttentionKind::kSlidingWindow:
+      return "sliding_window";
+    case AttentionKind::kChunkedLocal:
+      return "chunked_local";
+  }
+  return "unknown";
+}
+
+}  // namespace pagedkv
+
+#endif  // PAGEDKV_LAYER_GROUP_H_
