@@ -13,13 +13,16 @@
 namespace pagedkv {
 
 // A copy of the first `num_tokens` token slots of block `src` into block `dst`, across
-// all layers. Copy-on-write copies are device -> device; swap-out and demote copies are
-// device -> host, swap-in and promote copies host -> device (whole blocks:
-// num_tokens == block_size).
+// all layers of layer group `group` (0 for a model of one group; see layer_group.h: each
+// group has pools of its own, so src and dst are ids of that group's pools).
+// Copy-on-write copies are device -> device; swap-out and demote copies are device ->
+// host, swap-in and promote copies host -> device (whole blocks: num_tokens ==
+// block_size).
 struct BlockCopy {
   BlockId src = kNoBlock;
   BlockId dst = kNoBlock;
   int32_t num_tokens = 0;
+  int32_t group = 0;
   bool operator==(const BlockCopy&) const = default;
 };
 

@@ -256,10 +256,14 @@ class BlockPool {
   BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
                                 std::span<const TokenId> tokens,
                                 std::span<const uint64_t> extra_keys) const;
+  // With `parent_keys` (one per block), blocks[i] is cached after the contents
+  // parent_keys[i] names instead of after its predecessor's: a windowed layer group's
+  // blocks verify along another group's chain (its own parents may be released).
   int32_t cache_full_blocks_unchecked(std::span<const BlockId> blocks,
                                       std::span<const BlockHash> hashes, BlockId parent,
                                       const BlockHash* parent_hash, std::span<const TokenId> tokens,
-                                      std::span<const uint64_t> extra_keys);
+                                      std::span<const uint64_t> extra_keys,
+                                      std::span<const uint64_t> parent_keys = {});
   void uncache_unchecked(BlockId block);
   void set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms);
   // reset_prefix_cache(), emitting AllBlocksCleared only when `emit_event` (one event

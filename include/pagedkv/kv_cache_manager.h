@@ -51,6 +51,7 @@
 #include "pagedkv/block_pool.h"
 #include "pagedkv/block_table.h"
 #include "pagedkv/kv_events.h"
+#include "pagedkv/layer_group.h"
 #include "pagedkv/retention.h"
 #include "pagedkv/step_ops.h"
 #include "pagedkv/types.h"
@@ -59,7 +60,7 @@ namespace pagedkv {
 namespace internal {
 struct Sequence;
 class StepLedger;
-class HostTier;
+struct GroupPools;
 }  // namespace internal
 
 enum class PreemptionMode {
@@ -106,16 +107,20 @@ class PreemptionHooks {
   virtual void on_claim_released(SeqId /*seq*/) {}
 };
 
-// Read-only view of one sequence; valid until the next non-const call.
+// Read-only view of one sequence and its table in one layer group; valid until the next
+// non-const call.
 struct SequenceView {
   SeqId id = 0;
   SequenceState state = SequenceState::kWaiting;
   int32_t priority = 0;
   int64_t arrival = 0;
-  int32_t num_computed_tokens = 0;       // tokens whose KV is (being) written
-  std::span<const TokenId> tokens;       // prompt and generated tokens
-  std::span<const BlockId> block_table;  // device blocks (running)
-  std::span<const BlockId> host_blocks;  // host blocks (swapped)
+  int32_t num_computed_tokens = 0;  // tokens whose KV is (being) written
+  std::span<const TokenId> tokens;  // prompt and generated tokens
+  // Device blocks (running); a windowed group's entries before first_held_block are
+  // kNoBlock (released: no future token attends to them).
+  std::span<const BlockId> block_table;
+  std::span<const BlockId> host_blocks;  // host blocks (swapped): entries first_held_block..
+  int32_t first_held_block = 0;
 };
 
 struct SequenceOptions {
@@ -155,8 +160,18 @@ class KvCacheManager {
     // Milliseconds for retention durations; empty: std::chrono::steady_clock. Called only
     // while a block with a retention duration is free.
     std::function<int64_t()> clock = nullptr;
+    // The layer groups of a hybrid model (layer_group.h), each with device and host pools
+    // of its own sizes (KvCacheConfig splits a byte budget into them); num_blocks and
+    // num_host_blocks must then be 0. Empty: one full-attention group of num_blocks device
+    // and num_host_blocks host blocks. watermark_blocks applies to the first group and,
+    // scaled to its size (rounded up), to each other group. A windowed group with prefix
+    // caching needs a full-attention group beside it: hits are verified along the first
+    // full group's chain.
+    std::vector<LayerGroup> layer_groups = {};
   };
 
+  // Pool figures are those of group 0 (the only one of a model without layer groups; see
+  // group_stats() for the others); the rest count sequences and hits, for all groups.
   struct Stats {
     int32_t num_blocks = 0;
     int32_t used_blocks = 0;
@@ -181,12 +196,30 @@ class KvCacheManager {
     int64_t host_evictions = 0;      // host-tier blocks dropped to reuse their host block
   };
 
-  // Returns InvalidArgument for num_blocks or block_size outside BlockPool's limits
-  // ([1, BlockPool::kMaxBlocks], [1, BlockPool::kMaxBlockSize], at most
+  // One layer group's pools and cache traffic.
+  struct GroupStats {
+    int32_t num_blocks = 0;
+    int32_t used_blocks = 0;
+    int32_t free_blocks = 0;
+    int32_t cached_free_blocks = 0;
+    int32_t num_host_blocks = 0;
+    int32_t used_host_blocks = 0;
+    int32_t cached_host_blocks = 0;
+    int64_t evictions = 0;
+    int64_t host_evictions = 0;
+    int64_t hit_blocks = 0;       // blocks prefix hits claimed from the group's cache
+    int64_t released_blocks = 0;  // windowed: blocks released behind the window
+    int64_t blocks_demoted = 0;
+    int64_t blocks_promoted = 0;
+  };
+
+  // Returns InvalidArgument for num_blocks (of every group) or block_size outside
+  // BlockPool's limits ([1, BlockPool::kMaxBlocks], [1, BlockPool::kMaxBlockSize], at most
   // BlockPool::kMaxTokenSlots slots), a negative num_host_blocks or watermark, a
-  // watermark that leaves no block to allocate, or enable_host_cache without prefix
-  // caching or host blocks; ResourceExhausted when the host memory
-  // for the bookkeeping cannot be allocated.
+  // watermark that leaves no block to allocate, enable_host_cache without prefix caching
+  // or host blocks, layer groups beside num_blocks, a windowed group without a window, or
+  // windowed groups with prefix caching but no full-attention group; ResourceExhausted
+  // when the host memory for the bookkeeping cannot be allocated.
   [[nodiscard]] static absl::StatusOr<KvCacheManager> create(Options options);
 
   KvCacheManager(KvCacheManager&&) noexcept;
@@ -242,6 +275,14 @@ class KvCacheManager {
   [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_slots(SeqId seq,
                                                                         int32_t num_new_tokens,
                                                                         int32_t num_lookahead = 0);
+
+  // KvCacheManager::slot_mapping()
+  //
+  // The slot mapping of layer group `group` (in [0, num_groups())) from the last
+  // allocate_slots() or allocate_slots_or_preempt() call that succeeded: each group's K/V
+  // goes into its own pool, so each has its own slots; group 0's is what the call
+  // returned. Valid until the next non-const call.
+  std::span<const int64_t> slot_mapping(int32_t group) const;
 
   // KvCacheManager::allocate_slots_or_preempt()
   //
@@ -324,6 +365,12 @@ class KvCacheManager {
       std::span<const SeqId> seqs, std::span<const int32_t> num_new_tokens,
       int32_t num_lookahead = 0, bool preempt = false);
 
+  // KvCacheManager::batch_slot_mapping()
+  //
+  // The slots of layer group `group` from the last allocate_slots_batch() call, laid out as
+  // its SlotBatch::slots (which are group 0's). Valid until the next non-const call.
+  std::span<const int64_t> batch_slot_mapping(int32_t group) const;
+
   // KvCacheManager::append_tokens_batch()
   //
   // append_tokens() for every sequence of `seqs`: one token each (tokens[i] for sequence
@@ -348,25 +395,30 @@ class KvCacheManager {
 
   // KvCacheManager::build_block_tables()
   //
-  // Fills `out` (padded and CSR) for `seqs` in order, using each sequence's computed
-  // tokens as its context length. Reuses out's buffers. Errors: NotFound; FailedPrecondition
-  // for a sequence that is not running; InvalidArgument for a null `out`.
-  [[nodiscard]] absl::Status build_block_tables(std::span<const SeqId> seqs,
-                                                BlockTables* out) const;
+  // Fills `out` (padded and CSR) for `seqs` in order with their tables of layer group
+  // `group`, using each sequence's computed tokens as its context length. A windowed
+  // group's released entries (before the window of the next token) hold kPaddingBlock:
+  // kernels start reading at first_attended() of their queries, so they never read them.
+  // Reuses out's buffers. Errors: NotFound; FailedPrecondition for a sequence that is not
+  // running; InvalidArgument for a null `out` or a group out of range.
+  [[nodiscard]] absl::Status build_block_tables(std::span<const SeqId> seqs, BlockTables* out,
+                                                int32_t group = 0) const;
 
   // Same, into caller-provided buffers: block_table [seqs.size(), max_blocks], context_lens
   // [seqs.size()]. Errors as above, and InvalidArgument when a buffer is too small or a
   // sequence needs more than max_blocks entries.
   [[nodiscard]] absl::Status write_block_tables(std::span<const SeqId> seqs, int32_t max_blocks,
                                                 std::span<int32_t> block_table,
-                                                std::span<int32_t> context_lens) const;
+                                                std::span<int32_t> context_lens,
+                                                int32_t group = 0) const;
 
   // Same in CSR form: indptr [seqs.size() + 1], indices [total blocks], last_page_len
   // [seqs.size()].
   [[nodiscard]] absl::Status write_csr_block_tables(std::span<const SeqId> seqs,
                                                     std::span<int32_t> indptr,
                                                     std::span<int32_t> indices,
-                                                    std::span<int32_t> last_page_len) const;
+                                                    std::span<int32_t> last_page_len,
+                                                    int32_t group = 0) const;
 
   // KvCacheManager::reset_prefix_cache()
   //
@@ -377,16 +429,22 @@ class KvCacheManager {
   // scratch (preempted by recompute, or their claim released). Emits AllBlocksCleared.
   void reset_prefix_cache();
 
-  // Lookups.
+  // Lookups. sequence(): its table of layer group `group` (NotFound; InvalidArgument for
+  // a group out of range).
   bool contains(SeqId seq) const;
-  [[nodiscard]] absl::StatusOr<SequenceView> sequence(SeqId seq) const;
+  [[nodiscard]] absl::StatusOr<SequenceView> sequence(SeqId seq, int32_t group = 0) const;
   int32_t num_sequences() const;
   // Running sequences, in arrival order.
   std::vector<SequenceInfo> running_sequences() const;
   Stats stats() const;
   const Options& options() const { return options_; }
-  const BlockPool& device_pool() const { return device_pool_; }
-  const BlockPool& host_pool() const { return host_pool_; }
+  // The layer groups (one full-attention group for a model without them) and their pools;
+  // `group` must be in [0, num_groups()).
+  int32_t num_groups() const { return static_cast<int32_t>(layer_groups_.size()); }
+  const LayerGroup& layer_group(int32_t group) const { return layer_groups_[group]; }
+  GroupStats group_stats(int32_t group) const;
+  const BlockPool& device_pool(int32_t group = 0) const;
+  const BlockPool& host_pool(int32_t group = 0) const;
 
   // Checks every invariant of DESIGN.md and of both pools, clause by clause: ref counts
   // equal table entries per block, table lengths cover computed tokens, hashed blocks hold
@@ -396,54 +454,84 @@ class KvCacheManager {
   [[nodiscard]] absl::Status check_invariants() const;
 
  private:
-  KvCacheManager(Options options, BlockPool device_pool, BlockPool host_pool);
+  // What allocate_slots() does in one group, decided before anything changes.
+  struct GroupPlan {
+    int32_t release_end = 0;  // windowed: entries before it are released
+    int32_t new_blocks = 0;
+    bool copy_on_write = false;
+  };
+
+  KvCacheManager(Options options, std::vector<LayerGroup> layer_groups,
+                 std::vector<internal::GroupPools> groups);
 
   internal::Sequence* find(SeqId seq) const;
   absl::StatusOr<internal::Sequence*> find_or_error(SeqId seq, const char* caller) const;
+  absl::Status check_group(int32_t group, const char* caller) const;
   absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(internal::Sequence& seq,
                                                                int32_t num_new_tokens,
                                                                int32_t num_lookahead);
-  void allocate_new_blocks(internal::Sequence& seq, int32_t new_blocks, bool copy_on_write,
-                           int32_t write_block, int32_t valid_tokens);
-  void allocate_device_blocks(std::span<BlockId> out);
+  int32_t release_end(const internal::Sequence& seq, const internal::GroupPools& g,
+                      int32_t& freed) const;
+  void release_behind_window(internal::Sequence& seq, internal::GroupPools& g, int32_t end);
+  void grow_table(internal::Sequence& seq, internal::GroupPools& g, const GroupPlan& plan,
+                  int32_t write_block, int32_t valid_tokens);
+  void allocate_device_blocks(internal::GroupPools& g, std::span<BlockId> out);
+  // Prefix matching (prefix_match.cc).
+  int32_t find_hit(const internal::Sequence& seq, int32_t max_blocks);
+  int32_t match_chain(const internal::Sequence& seq, internal::GroupPools& g, int32_t max_blocks);
+  bool window_entry(const internal::Sequence& seq, internal::GroupPools& g, int32_t i);
+  int32_t window_hit(const internal::Sequence& seq, internal::GroupPools& g, int32_t p);
+  int32_t room(const internal::GroupPools& g, int32_t free_hits) const;
+  static bool device_hit(const internal::GroupPools& g, int32_t i);
+  void share_device_hits(internal::Sequence& seq, internal::GroupPools& g, int32_t first,
+                         int32_t p);
+  void promote_host_hits(internal::Sequence& seq, internal::GroupPools& g, int32_t p);
+  void hash_full_blocks(internal::Sequence& seq, int32_t num_full_blocks);
+  void offer_computed_blocks(internal::Sequence& seq);
+  // Preemption (preemption.cc).
   std::optional<Preemption> choose_victim(SeqId requester) const;
   bool release_one_claim(SeqId requester);
   void drop_claim(internal::Sequence& seq);
+  absl::Status swap_out(internal::Sequence& seq);
+  // Releases.
   void unshare_unwritten_blocks(internal::Sequence& seq);
   void set_state(internal::Sequence& seq, SequenceState state);
-  void hash_full_blocks(internal::Sequence& seq, int32_t num_full_blocks);
-  void apply_retention(const internal::Sequence& seq);
-  void offer_computed_blocks(internal::Sequence& seq);
+  void apply_retention(const internal::Sequence& seq, internal::GroupPools& g);
   void release_device_blocks(internal::Sequence& seq);
   void release_host_blocks(internal::Sequence& seq);
-  absl::Status check_pool_balance(const BlockPool& pool, bool host) const;
-  absl::Status check_host_blocks() const;
+  // Checks (invariants.cc) and block tables (block_tables.cc).
+  absl::Status check_pool_balance(const internal::GroupPools& g, bool host) const;
+  absl::Status check_host_blocks(const internal::GroupPools& g) const;
   absl::StatusOr<const internal::Sequence*> running_sequence(SeqId seq, const char* caller) const;
   absl::Status resolve_running(std::span<const SeqId> seqs, const char* caller) const;
-  void fill_padded(int32_t max_blocks, std::span<int32_t> block_table,
+  void fill_padded(int32_t group, int32_t max_blocks, std::span<int32_t> block_table,
                    std::span<int32_t> context_lens) const;
-  void fill_csr(std::span<int32_t> indptr, std::span<int32_t> indices,
+  void fill_csr(int32_t group, std::span<int32_t> indptr, std::span<int32_t> indices,
                 std::span<int32_t> last_page_len) const;
 
   Options options_;
-  BlockPool device_pool_;
-  BlockPool host_pool_;
+  std::vector<LayerGroup> layer_groups_;      // at least one
+  std::vector<internal::GroupPools> groups_;  // pools, host tier and scratch per group
+  int32_t anchor_ = -1;                       // the first full-attention group, or -1
+  bool windowed_ = false;                     // some group is windowed
   absl::flat_hash_map<SeqId, std::unique_ptr<internal::Sequence>> sequences_;
   // Pending copies, holds and write marks of the step (src/cache/step_ledger.h).
   std::unique_ptr<internal::StepLedger> ledger_;
-  std::unique_ptr<internal::HostTier> host_tier_;  // null without Options::enable_host_cache
   int64_t next_arrival_ = 0;
-  int32_t num_running_ = 0;            // sequences in state kRunning; kept by set_state()
-  std::vector<int64_t> slot_mapping_;  // returned by allocate_slots()
+  int32_t num_running_ = 0;  // sequences in state kRunning; kept by set_state()
+  // Slots of the last allocate_slots() call, group after group (see slot_mapping()).
+  std::vector<int64_t> slot_mapping_;
+  std::vector<GroupPlan> plans_;
   std::vector<BlockId> scratch_blocks_;
   // The batch of the block-table call in progress, resolved once by resolve_running().
   mutable std::vector<const internal::Sequence*> batch_;
   // Results of the batched call in progress; batch_id_ counts batched calls, so that
   // Sequence::preempted_batch tells which sequences the current one preempted.
   uint64_t batch_id_ = 0;
-  std::vector<int64_t> batch_slots_;
+  std::vector<int64_t> batch_slots_;  // group after group (see batch_slot_mapping())
   std::vector<absl::Status> batch_statuses_;
-  Stats counters_;  // the manager's own counters; stats() adds the pools' and the tier's
+  Stats counters_;  // the manager's own counters; stats() adds the pools' and the tiers'
+  std::vector<GroupStats> group_counters_;  // per group: hits and window releases
 };
 
 }  // namespace pagedkv

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "cache/group_pools.h"
 #include "cache/sequence.h"
 #include "common/check.h"
 #include "pagedkv/kv_cache_manager.h"
@@ -33,7 +34,8 @@ absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_slots_batch(
     }
     total += std::max(count_of(i), 0);
   }
-  batch_slots_.resize(total);
+  const size_t num_groups = groups_.size();
+  batch_slots_.resize(static_cast<size_t>(total) * num_groups);
   batch_statuses_.assign(n, absl::OkStatus());
   ++batch_id_;  // sequences preempted from here on carry this id
   int32_t num_failed = 0;
@@ -48,17 +50,28 @@ absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_slots_batch(
                                "): preempted by an earlier sequence of this batch"))
         : preempt ? allocate_slots_or_preempt(seqs[i], count, num_lookahead)
                   : allocate_slots(seqs[i], count, num_lookahead);
-    const auto out = batch_slots_.begin() + offset;
-    if (slots.ok()) {
-      std::copy(slots->begin(), slots->end(), out);
-    } else {
-      std::fill_n(out, std::max(count, 0), int64_t{-1});
+    for (size_t g = 0; g < num_groups; ++g) {
+      const auto out = batch_slots_.begin() + static_cast<int64_t>(g) * total + offset;
+      if (slots.ok()) {
+        const std::span<const int64_t> mine = slot_mapping(static_cast<int32_t>(g));
+        std::copy(mine.begin(), mine.end(), out);
+      } else {
+        std::fill_n(out, std::max(count, 0), int64_t{-1});
+      }
+    }
+    if (!slots.ok()) {
       batch_statuses_[i] = std::move(slots).status();
       ++num_failed;
     }
     offset += std::max(count, 0);
   }
-  return SlotBatch{batch_slots_, batch_statuses_, num_failed};
+  return SlotBatch{std::span<const int64_t>(batch_slots_).first(total), batch_statuses_,
+                   num_failed};
+}
+
+std::span<const int64_t> KvCacheManager::batch_slot_mapping(int32_t group) const {
+  const size_t n = batch_slots_.size() / groups_.size();
+  return std::span<const int64_t>(batch_slots_).subspan(n * group, n);
 }
 
 absl::StatusOr<std::span<const absl::Status>> KvCacheManager::append_tokens_batch(

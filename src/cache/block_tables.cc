@@ -1,7 +1,10 @@
-// KvCacheManager: batched block tables for kernels, padded and CSR.
+// KvCacheManager: batched block tables for kernels, padded and CSR, one layer group's at a
+// time. A windowed group's released entries read as kPaddingBlock: kernels start at the
+// window of their queries and never read them.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "cache/group_pools.h"
 #include "cache/sequence.h"
 #include "common/status_macros.h"
 #include "pagedkv/kv_cache_manager.h"
@@ -12,10 +15,18 @@ using internal::Sequence;
 
 namespace {
 
-// The blocks a kernel reads for `seq`: those holding its computed tokens.
-std::span<const BlockId> context_blocks(const Sequence& seq, int32_t block_size) {
-  return std::span<const BlockId>(seq.blocks)
+// The table entries of `seq` in `group` that hold its computed tokens.
+std::span<const BlockId> context_blocks(const Sequence& seq, int32_t group, int32_t block_size) {
+  return std::span<const BlockId>(seq.tables[group].blocks)
       .first(num_blocks_for_tokens(seq.num_computed, block_size));
+}
+
+// Copies a table, released entries as kPaddingBlock.
+template <typename Out>
+void copy_table(const Sequence& seq, int32_t group, std::span<const BlockId> blocks, Out out) {
+  const auto released = static_cast<size_t>(seq.tables[group].first_held);
+  out = std::fill_n(out, released, kPaddingBlock);
+  std::copy(blocks.begin() + released, blocks.end(), out);
 }
 
 }  // namespace
@@ -41,25 +52,25 @@ absl::Status KvCacheManager::resolve_running(std::span<const SeqId> seqs,
   return absl::OkStatus();
 }
 
-void KvCacheManager::fill_padded(int32_t max_blocks, std::span<int32_t> block_table,
+void KvCacheManager::fill_padded(int32_t group, int32_t max_blocks, std::span<int32_t> block_table,
                                  std::span<int32_t> context_lens) const {
   for (size_t i = 0; i < batch_.size(); ++i) {
-    const std::span<const BlockId> blocks = context_blocks(*batch_[i], options_.block_size);
+    const std::span<const BlockId> blocks = context_blocks(*batch_[i], group, options_.block_size);
     const auto row = block_table.subspan(i * max_blocks, max_blocks);
-    std::copy(blocks.begin(), blocks.end(), row.begin());
+    copy_table(*batch_[i], group, blocks, row.begin());
     std::fill(row.begin() + blocks.size(), row.end(), kPaddingBlock);
     context_lens[i] = batch_[i]->num_computed;
   }
 }
 
-void KvCacheManager::fill_csr(std::span<int32_t> indptr, std::span<int32_t> indices,
+void KvCacheManager::fill_csr(int32_t group, std::span<int32_t> indptr, std::span<int32_t> indices,
                               std::span<int32_t> last_page_len) const {
   const int32_t bs = options_.block_size;
   int32_t offset = 0;
   indptr[0] = 0;
   for (size_t i = 0; i < batch_.size(); ++i) {
-    const std::span<const BlockId> blocks = context_blocks(*batch_[i], bs);
-    std::copy(blocks.begin(), blocks.end(), indices.begin() + offset);
+    const std::span<const BlockId> blocks = context_blocks(*batch_[i], group, bs);
+    copy_table(*batch_[i], group, blocks, indices.begin() + offset);
     offset += static_cast<int32_t>(blocks.size());
     indptr[i + 1] = offset;
     last_page_len[i] =
@@ -70,7 +81,9 @@ void KvCacheManager::fill_csr(std::span<int32_t> indptr, std::span<int32_t> indi
 
 absl::Status KvCacheManager::write_block_tables(std::span<const SeqId> seqs, int32_t max_blocks,
                                                 std::span<int32_t> block_table,
-                                                std::span<int32_t> context_lens) const {
+                                                std::span<int32_t> context_lens,
+                                                int32_t group) const {
+  PAGEDKV_RETURN_IF_ERROR(check_group(group, "write_block_tables"));
   const int64_t table_entries = static_cast<int64_t>(seqs.size()) * max_blocks;
   if (max_blocks < 0 || static_cast<int64_t>(block_table.size()) < table_entries ||
       context_lens.size() < seqs.size()) {
@@ -91,14 +104,16 @@ absl::Status KvCacheManager::write_block_tables(std::span<const SeqId> seqs, int
     }
     batch_.push_back(s);
   }
-  fill_padded(max_blocks, block_table, context_lens);
+  fill_padded(group, max_blocks, block_table, context_lens);
   return absl::OkStatus();
 }
 
 absl::Status KvCacheManager::write_csr_block_tables(std::span<const SeqId> seqs,
                                                     std::span<int32_t> indptr,
                                                     std::span<int32_t> indices,
-                                                    std::span<int32_t> last_page_len) const {
+                                                    std::span<int32_t> last_page_len,
+                                                    int32_t group) const {
+  PAGEDKV_RETURN_IF_ERROR(check_group(group, "write_csr_block_tables"));
   PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "write_csr_block_tables"));
   int64_t total = 0;
   for (const Sequence* s : batch_)
@@ -110,13 +125,14 @@ absl::Status KvCacheManager::write_csr_block_tables(std::span<const SeqId> seqs,
                      seqs.size() + 1, "], indices[", total, "], last_page_len[", seqs.size(),
                      "]; got ", indptr.size(), ", ", indices.size(), ", ", last_page_len.size()));
   }
-  fill_csr(indptr, indices, last_page_len);
+  fill_csr(group, indptr, indices, last_page_len);
   return absl::OkStatus();
 }
 
-absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs,
-                                                BlockTables* out) const {
+absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs, BlockTables* out,
+                                                int32_t group) const {
   if (out == nullptr) return absl::InvalidArgumentError("build_block_tables: out is null");
+  PAGEDKV_RETURN_IF_ERROR(check_group(group, "build_block_tables"));
   PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "build_block_tables"));
   int32_t max_blocks = 0;
   int32_t total = 0;
@@ -135,8 +151,8 @@ absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs,
   out->indices.resize(total);
   out->last_page_len.resize(num_seqs);
   // Sized exactly from the resolved batch: nothing left to check.
-  fill_padded(max_blocks, out->block_table, out->context_lens);
-  fill_csr(out->indptr, out->indices, out->last_page_len);
+  fill_padded(group, max_blocks, out->block_table, out->context_lens);
+  fill_csr(group, out->indptr, out->indices, out->last_page_len);
   return absl::OkStatus();
 }
 

@@ -7,40 +7,33 @@
 
 namespace pagedkv::internal {
 
-void HostTier::promote_hits(Sequence& seq, int32_t max_blocks, int32_t room, const Pools& pools) {
+BlockId HostTier::find_hit(const BlockPool& host, const BlockHash& hash, uint64_t parent_key,
+                           std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys) {
+  const BlockId hit = host.indexed_block(hash);
+  if (hit == kNoBlock || !host.holds_contents(hit, parent_key, tokens, extra_keys)) return kNoBlock;
+  return hit;
+}
+
+void HostTier::promote(std::span<const BlockId> hits, std::span<BlockId> promoted,
+                       const Pools& pools) {
   BlockPool& device = pools.device;
   BlockPool& host = pools.host;
   StepLedger& ledger = pools.ledger;
   const int32_t bs = device.block_size();
-  const auto first = static_cast<int32_t>(seq.blocks.size());
-  uint64_t parent_key = first == 0 ? 0 : device.content_key(seq.blocks[first - 1]);
-  hits_.clear();
-  for (int32_t i = first; i < max_blocks && i - first < room; ++i) {
-    const BlockId hit = host.indexed_block(seq.block_hashes[i]);
-    if (hit == kNoBlock ||
-        !host.holds_contents(hit, parent_key, block_tokens(seq, i, bs), seq.extra_keys)) {
-      break;
-    }
-    hits_.push_back(hit);
-    parent_key = host.content_key(hit);
-  }
-  if (hits_.empty()) return;
+  if (hits.empty()) return;
   // Held first, so that nothing this call evicts lands in them.
-  for (const BlockId h : hits_) host.touch_unchecked(h);
-  const auto count = static_cast<int32_t>(hits_.size());
-  seq.blocks.resize(first + count);
-  const std::span<BlockId> promoted = std::span(seq.blocks).subspan(first);
+  for (const BlockId h : hits) host.touch_unchecked(h);
   device.allocate_unchecked(promoted);
   // The evicted blocks, in allocation order: a subsequence of `promoted`. Those not
   // exchanged are kept at the front of the list and demoted after the loop.
   device.take_evictions(evicted_);
   size_t next_evicted = 0;
   size_t kept = 0;
-  for (int32_t j = 0; j < count; ++j) {
-    const BlockId h = hits_[j];
+  for (size_t j = 0; j < hits.size(); ++j) {
+    const BlockId h = hits[j];
     const BlockId d = promoted[j];
     device.set_content_key(d, host.content_key(h));
-    ledger.mark_filled_by_copy(d);
+    ledger.mark_filled_by_copy(pools.group, d);
     host.uncache_unchecked(h);
     const BlockPool::EvictedBlock* e = nullptr;
     if (next_evicted < evicted_.size() && evicted_[next_evicted].block == d) {
@@ -49,28 +42,20 @@ void HostTier::promote_hits(Sequence& seq, int32_t max_blocks, int32_t room, con
     // One batch of exchanges may run concurrently: a host block a pending copy of this step
     // writes (a demotion or exchange put this hit there) is promoted after that batch
     // instead, and the evicted block demoted into another host block.
-    const bool written_this_step = ledger.holds_host(h);
+    const bool written_this_step = ledger.holds_host(pools.group, h);
     if (e != nullptr && !written_this_step && !refresh_host_copy(*e, pools)) {
       host.import_copy(h, device, *e);
-      ledger.record(kExchange, {d, h, bs});
+      ledger.record(kExchange, {d, h, bs, pools.group});
       ++counters_.blocks_demoted;
     } else {
       if (e != nullptr && written_this_step) evicted_[kept++] = *e;
-      ledger.record(kPromote, {h, d, bs});
+      ledger.record(kPromote, {h, d, bs, pools.group});
     }
-    ledger.release(host, Hold::kHost, h);
+    ledger.release(host, Hold::kHost, pools.group, h);
   }
   evicted_.resize(kept);
   demote(pools);
-  device.cache_full_blocks_unchecked(
-      promoted, std::span<const BlockHash>(seq.block_hashes).subspan(first, count),
-      first == 0 ? kNoBlock : seq.blocks[first - 1],
-      first == 0 ? nullptr : &seq.block_hashes[first - 1],
-      std::span<const TokenId>(seq.tokens)
-          .subspan(static_cast<size_t>(first) * bs, static_cast<size_t>(count) * bs),
-      seq.extra_keys);
-  counters_.blocks_promoted += count;
-  counters_.host_hit_tokens += int64_t{count} * bs;
+  counters_.blocks_promoted += std::ssize(hits);
 }
 
 // Copies each block of evicted_ into a host block of the tier, unless the tier holds its
@@ -88,8 +73,8 @@ void HostTier::demote(const Pools& pools) {
     BlockId h = kNoBlock;
     host.allocate_unchecked({&h, 1});
     host.import_copy(h, pools.device, e);
-    pools.ledger.record(kDemote, {e.block, h, host.block_size()});
-    pools.ledger.release(host, Hold::kHost, h);
+    pools.ledger.record(kDemote, {e.block, h, host.block_size(), pools.group});
+    pools.ledger.release(host, Hold::kHost, pools.group, h);
     ++counters_.blocks_demoted;
   }
   evicted_.clear();
@@ -107,17 +92,18 @@ bool HostTier::refresh_host_copy(const BlockPool::EvictedBlock& e, const Pools& 
     if (host.holds_contents(copy, c.parent_key, c.tokens, c.extra_keys)) {
       host.touch_unchecked(copy);
       host.copy_retention(copy, e);
-      pools.ledger.release(host, Hold::kHost, copy);
+      pools.ledger.release(host, Hold::kHost, pools.group, copy);
     }
   }
   return true;
 }
 
-absl::Status HostTier::check_invariants(const BlockPool& host, const StepLedger& ledger) const {
+absl::Status HostTier::check_invariants(const BlockPool& host, const StepLedger& ledger,
+                                        int32_t group) const {
   for (const BlockCopy& op : ledger.pending().promote) {
-    if (host.is_cached(op.src).value()) {
-      return absl::InternalError(absl::StrCat("HostTier invariant: host block ", op.src,
-                                              " is promoted but still in the host tier"));
+    if (op.group == group && host.is_cached(op.src).value()) {
+      return absl::InternalError(absl::StrCat("HostTier invariant: group ", group, " host block ",
+                                              op.src, " is promoted but still in the host tier"));
     }
   }
   return absl::OkStatus();

@@ -16,6 +16,7 @@
 #define PAGEDKV_CACHE_HOST_TIER_H_
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,21 +32,25 @@ class HostTier {
     BlockPool& device;
     BlockPool& host;
     StepLedger& ledger;
+    int32_t group = 0;  // the layer group whose pools these are
   };
   struct Counters {
-    int64_t host_hit_tokens = 0;  // prefix hit tokens found in the host tier
     int64_t blocks_demoted = 0;   // device -> host copies of cached blocks (demote, exchange)
     int64_t blocks_promoted = 0;  // host -> device copies of host hits (promote, exchange)
   };
 
-  // Continues `seq`'s claimed device prefix (its blocks so far) into the host tier: the
-  // verified host hits among its first `max_blocks` hashed blocks that follow, at most
-  // `room` of them, are promoted into new device blocks appended to seq.blocks, which
-  // enter the device index with the host blocks' content keys. The host blocks leave the
-  // tier, except that a host block whose new device block held an evicted cached block
-  // takes that block's contents in exchange: a promotion then costs the tier no block,
-  // as in one LRU pool of both sizes.
-  void promote_hits(Sequence& seq, int32_t max_blocks, int32_t room, const Pools& pools);
+  // The host-tier block cached under `hash` that holds `tokens` and `extra_keys` after the
+  // contents `parent_key` names, or kNoBlock.
+  static BlockId find_hit(const BlockPool& host, const BlockHash& hash, uint64_t parent_key,
+                          std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys);
+
+  // Promotes the host-tier blocks `hits` (verified by find_hit(), distinct) into new device
+  // blocks, written to `promoted` (as many), with the hits' content keys; the caller indexes
+  // them (after this call: their evicted contents are read here). The host blocks leave
+  // the tier, except that a host block whose new device block held an evicted cached block
+  // takes that block's contents in exchange: a promotion then costs the tier no block, as
+  // in one LRU pool of both sizes. The device pool must have hits.size() free blocks.
+  void promote(std::span<const BlockId> hits, std::span<BlockId> promoted, const Pools& pools);
 
   // Demotes the cached blocks the device pool evicted since the last call (see
   // demote()). Cheap when there are none: call it after every device allocation.
@@ -58,13 +63,13 @@ class HostTier {
   const Counters& counters() const { return counters_; }
 
   // Promoted host blocks are out of the tier (its copy left with the promotion).
-  absl::Status check_invariants(const BlockPool& host, const StepLedger& ledger) const;
+  absl::Status check_invariants(const BlockPool& host, const StepLedger& ledger,
+                                int32_t group) const;
 
  private:
   void demote(const Pools& pools);
   bool refresh_host_copy(const BlockPool::EvictedBlock& e, const Pools& pools);
 
-  std::vector<BlockId> hits_;                     // scratch of promote_hits()
   std::vector<BlockPool::EvictedBlock> evicted_;  // the evictions being demoted
   Counters counters_;
 };

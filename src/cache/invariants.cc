@@ -1,10 +1,11 @@
 // KvCacheManager::check_invariants(): every clause of DESIGN.md's invariants that spans
-// sequences and pools, one clause at a time, then the checks of its parts (pools, step
-// ledger, host tier).
+// sequences and pools, one clause at a time and group by group, then the checks of its
+// parts (pools, step ledger, host tiers).
 #include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache/group_pools.h"
 #include "cache/host_tier.h"
 #include "cache/sequence.h"
 #include "cache/step_ledger.h"
@@ -13,6 +14,8 @@
 
 namespace pagedkv {
 
+using internal::GroupPools;
+using internal::GroupTable;
 using internal::Sequence;
 
 namespace {
@@ -22,8 +25,7 @@ absl::Status broken(const Parts&... parts) {
   return absl::InternalError(absl::StrCat("KvCacheManager invariant: ", parts...));
 }
 
-absl::Status check_sequence(const Sequence& s, int32_t block_size, int32_t max_model_len,
-                            const BlockPool& device) {
+absl::Status check_tokens(const Sequence& s, int32_t block_size, int32_t max_model_len) {
   const auto num_tokens = static_cast<int64_t>(s.tokens.size());
   if (num_tokens < 1 || num_tokens > max_model_len) {
     return broken("seq ", s.id, ": ", num_tokens, " tokens outside [1, ", max_model_len, "]");
@@ -31,40 +33,60 @@ absl::Status check_sequence(const Sequence& s, int32_t block_size, int32_t max_m
   if (s.num_computed < 0 || s.num_computed > num_tokens) {
     return broken("seq ", s.id, ": ", s.num_computed, " computed of ", num_tokens, " tokens");
   }
-  const int32_t context_blocks = num_blocks_for_tokens(s.num_computed, block_size);
-  const auto table = static_cast<int32_t>(s.blocks.size());
-  switch (s.state) {
-    case SequenceState::kRunning:
-      if (table < context_blocks || !s.host_blocks.empty()) {
-        return broken("seq ", s.id, " running: table of ", table, " blocks for ", s.num_computed,
-                      " computed tokens, ", s.host_blocks.size(), " host blocks");
-      }
-      break;
-    case SequenceState::kWaiting:
-      // Only a claimed prefix of full, computed blocks.
-      if (int64_t{table} * block_size != s.num_computed || !s.host_blocks.empty()) {
-        return broken("seq ", s.id, " waiting: table of ", table, " blocks but ", s.num_computed,
-                      " computed tokens, ", s.host_blocks.size(), " host blocks");
-      }
-      break;
-    case SequenceState::kSwapped:
-      if (table != 0 || static_cast<int32_t>(s.host_blocks.size()) != context_blocks) {
-        return broken("seq ", s.id, " swapped: ", table, " device blocks, ", s.host_blocks.size(),
-                      " host blocks for ", s.num_computed, " computed tokens");
-      }
-      break;
-  }
   if (s.num_offered_blocks > s.num_computed / block_size) {
     return broken("seq ", s.id, ": ", s.num_offered_blocks, " blocks offered to the index but ",
                   s.num_computed / block_size, " full computed blocks");
   }
+  return absl::OkStatus();
+}
+
+// One group's table of `s`: its length for the state, released entries only before the
+// window of the next token, and held blocks indexed under the sequence's hashes.
+absl::Status check_table(const Sequence& s, const GroupPools& g, int32_t block_size) {
+  const GroupTable& t = s.tables[g.index];
+  const int32_t context_blocks = num_blocks_for_tokens(s.num_computed, block_size);
+  const auto table = static_cast<int32_t>(t.blocks.size());
+  const auto host = static_cast<int32_t>(t.host_blocks.size());
+  const std::string where = absl::StrCat("seq ", s.id, " group ", g.index);
+  switch (s.state) {
+    case SequenceState::kRunning:
+      if (table < context_blocks || host != 0) {
+        return broken(where, " running: table of ", table, " blocks for ", s.num_computed,
+                      " computed tokens, ", host, " host blocks");
+      }
+      break;
+    case SequenceState::kWaiting:
+      // Only a claimed prefix of full, computed blocks.
+      if (int64_t{table} * block_size != s.num_computed || host != 0) {
+        return broken(where, " waiting: table of ", table, " blocks but ", s.num_computed,
+                      " computed tokens, ", host, " host blocks");
+      }
+      break;
+    case SequenceState::kSwapped:
+      if (table != 0 || host != context_blocks - t.first_held) {
+        return broken(where, " swapped: ", table, " device blocks, ", host, " host blocks for ",
+                      s.num_computed, " computed tokens from entry ", t.first_held);
+      }
+      return absl::OkStatus();
+  }
+  const int32_t first_needed = g.windowed() ? g.first_needed_block(s.num_computed, block_size) : 0;
+  if (t.first_held < 0 || t.first_held > std::max(first_needed, 0) ||
+      (table == 0 && t.first_held != 0)) {
+    return broken(where, ": entries before ", t.first_held,
+                  " released, but the next token attends from entry ", first_needed);
+  }
+  for (int32_t i = 0; i < table; ++i) {
+    if ((t.blocks[i] == kNoBlock) != (i < t.first_held)) {
+      return broken(where, ": entry ", i, " is ", t.blocks[i], " with the first held entry at ",
+                    t.first_held);
+    }
+  }
   // A hashed block holds its sequence's hash of those tokens.
   const int32_t hashed = std::min<int32_t>(s.num_offered_blocks, table);
-  for (int32_t i = 0; i < hashed && i < static_cast<int32_t>(s.block_hashes.size()); ++i) {
-    const BlockId b = s.blocks[i];
-    const absl::StatusOr<BlockHash> hash = device.cached_hash(b);  // NotFound: not hashed
+  for (int32_t i = t.first_held; i < hashed && i < std::ssize(s.block_hashes); ++i) {
+    const absl::StatusOr<BlockHash> hash = g.device.cached_hash(t.blocks[i]);  // NotFound: not
     if (hash.ok() && !(*hash == s.block_hashes[i])) {
-      return broken("seq ", s.id, ": block ", b, " at table index ", i,
+      return broken(where, ": block ", t.blocks[i], " at table index ", i,
                     " is indexed under another hash than the sequence's");
     }
   }
@@ -73,14 +95,21 @@ absl::Status check_sequence(const Sequence& s, int32_t block_size, int32_t max_m
 
 }  // namespace
 
-absl::Status KvCacheManager::check_pool_balance(const BlockPool& pool, bool host) const {
+absl::Status KvCacheManager::check_pool_balance(const GroupPools& g, bool host) const {
+  const BlockPool& pool = host ? g.host : g.device;
   std::vector<int32_t> holders(pool.num_blocks(), 0);
-  const char* pool_name = host ? "host" : "device";
+  const std::string pool_name = absl::StrCat(
+      host ? "host" : "device", groups_.size() > 1 ? absl::StrCat(" group ", g.index) : "");
   std::vector<int64_t> seen(pool.num_blocks(), -1);  // last sequence (by visit) holding it
   int64_t visit = 0;
   for (const auto& [id, s] : sequences_) {
     ++visit;
-    for (const BlockId b : host ? s->host_blocks : s->blocks) {
+    const GroupTable& t = s->tables[g.index];
+    const std::span<const BlockId> held =
+        host ? std::span<const BlockId>(t.host_blocks)
+             : std::span<const BlockId>(t.blocks).subspan(std::min<size_t>(
+                   static_cast<size_t>(std::max(t.first_held, 0)), t.blocks.size()));
+    for (const BlockId b : held) {
       if (b < 0 || b >= pool.num_blocks()) {
         return broken("seq ", id, " holds invalid ", pool_name, " block ", b);
       }
@@ -89,7 +118,10 @@ absl::Status KvCacheManager::check_pool_balance(const BlockPool& pool, bool host
       ++holders[b];
     }
   }
-  for (const BlockId b : host ? ledger_->deferred_host() : ledger_->deferred_device()) ++holders[b];
+  for (const internal::StepLedger::Parked& p :
+       host ? ledger_->deferred_host() : ledger_->deferred_device()) {
+    if (p.group == g.index) ++holders[p.block];
+  }
   for (BlockId b = 0; b < pool.num_blocks(); ++b) {
     if (pool.ref_count_unchecked(b) != holders[b]) {
       return broken(pool_name, " block ", b, ": ref_count ", pool.ref_count_unchecked(b),
@@ -100,12 +132,19 @@ absl::Status KvCacheManager::check_pool_balance(const BlockPool& pool, bool host
 }
 
 absl::Status KvCacheManager::check_invariants() const {
-  PAGEDKV_RETURN_IF_ERROR(device_pool_.check_invariants());
-  PAGEDKV_RETURN_IF_ERROR(host_pool_.check_invariants());
+  for (const GroupPools& g : groups_) {
+    PAGEDKV_RETURN_IF_ERROR(g.device.check_invariants());
+    PAGEDKV_RETURN_IF_ERROR(g.host.check_invariants());
+  }
   for (const auto& [id, s] : sequences_) {
     if (s->id != id) return broken("sequence stored under id ", id, " has id ", s->id);
-    PAGEDKV_RETURN_IF_ERROR(
-        check_sequence(*s, options_.block_size, options_.max_model_len, device_pool_));
+    if (s->tables.size() != groups_.size()) {
+      return broken("seq ", id, ": ", s->tables.size(), " tables for ", groups_.size(), " groups");
+    }
+    PAGEDKV_RETURN_IF_ERROR(check_tokens(*s, options_.block_size, options_.max_model_len));
+    for (const GroupPools& g : groups_) {
+      PAGEDKV_RETURN_IF_ERROR(check_table(*s, g, options_.block_size));
+    }
   }
   const auto running = std::count_if(sequences_.begin(), sequences_.end(), [](const auto& entry) {
     return entry.second->state == SequenceState::kRunning;
@@ -113,23 +152,27 @@ absl::Status KvCacheManager::check_invariants() const {
   if (running != num_running_) {
     return broken("num_running ", num_running_, " but ", running, " sequences running");
   }
-  PAGEDKV_RETURN_IF_ERROR(check_pool_balance(device_pool_, /*host=*/false));
-  PAGEDKV_RETURN_IF_ERROR(check_pool_balance(host_pool_, /*host=*/true));
-  PAGEDKV_RETURN_IF_ERROR(ledger_->check_invariants(device_pool_));
-  if (host_tier_ != nullptr)
-    PAGEDKV_RETURN_IF_ERROR(host_tier_->check_invariants(host_pool_, *ledger_));
-  return check_host_blocks();
+  for (const GroupPools& g : groups_) {
+    PAGEDKV_RETURN_IF_ERROR(check_pool_balance(g, /*host=*/false));
+    PAGEDKV_RETURN_IF_ERROR(check_pool_balance(g, /*host=*/true));
+    if (g.host_tier != nullptr) {
+      PAGEDKV_RETURN_IF_ERROR(g.host_tier->check_invariants(g.host, *ledger_, g.index));
+    }
+    PAGEDKV_RETURN_IF_ERROR(check_host_blocks(g));
+  }
+  return ledger_->check_invariants(
+      [this](int32_t group) -> const BlockPool& { return groups_[group].device; });
 }
 
 // Host-tier blocks belong to no sequence: a swapped sequence's host blocks are its only
 // copy of that K/V and never cached.
-absl::Status KvCacheManager::check_host_blocks() const {
-  if (!options_.enable_host_cache && host_pool_.stats().cached_blocks != 0) {
-    return broken("host tier off but ", host_pool_.stats().cached_blocks, " host blocks cached");
+absl::Status KvCacheManager::check_host_blocks(const GroupPools& g) const {
+  if (!options_.enable_host_cache && g.host.stats().cached_blocks != 0) {
+    return broken("host tier off but ", g.host.stats().cached_blocks, " host blocks cached");
   }
   for (const auto& [id, s] : sequences_) {
-    for (const BlockId h : s->host_blocks) {
-      if (host_pool_.is_cached(h).value()) {
+    for (const BlockId h : s->tables[g.index].host_blocks) {
+      if (g.host.is_cached(h).value()) {
         return broken("seq ", id, " holds host block ", h, ", which is in the host tier");
       }
     }

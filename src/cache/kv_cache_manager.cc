@@ -1,6 +1,8 @@
-// KvCacheManager: sequences, prefix matching, slot allocation with copy-on-write, forks,
-// releases and the step (preemption and swapping: preemption.cc). Every public call validates first
-// and mutates after, so a failed call leaves the manager exactly as it was.
+// KvCacheManager: construction, sequences, slot allocation with copy-on-write, forks,
+// releases and the step (prefix matching: prefix_match.cc; preemption and swapping:
+// preemption.cc). Every public call validates first and mutates after, so a failed call
+// leaves the manager exactly as it was. Every layer group gets the same calls in turn
+// (group_pools.h); a model without layer groups is one full-attention group.
 #include "pagedkv/kv_cache_manager.h"
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/group_pools.h"
 #include "cache/host_tier.h"
 #include "cache/sequence.h"
 #include "cache/step_ledger.h"
@@ -16,7 +19,8 @@
 
 namespace pagedkv {
 
-using internal::block_tokens;
+using internal::GroupPools;
+using internal::GroupTable;
 using internal::Hold;
 using internal::Sequence;
 using internal::state_name;
@@ -26,12 +30,58 @@ namespace {
 // In int64: a lookahead near INT32_MAX must not wrap the block count.
 int64_t div_ceil(int64_t a, int32_t b) { return (a + b - 1) / b; }
 
+// " in group g" for models of several groups: messages of one-group models stay as they were.
+std::string in_group(const GroupPools& g, size_t num_groups) {
+  return num_groups > 1 ? absl::StrCat(" in group ", g.index) : std::string();
+}
+
+absl::Status check_groups(const KvCacheManager::Options& options,
+                          std::span<const LayerGroup> groups) {
+  bool has_full = false;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const LayerGroup& g = groups[i];
+    const std::string name =
+        absl::StrCat("KvCacheManager: layer_groups[", i, "] (", attention_kind_name(g.kind), ")");
+    if (g.num_blocks <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": num_blocks ", g.num_blocks, " must be > 0"));
+    }
+    if (g.num_host_blocks < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": num_host_blocks ", g.num_host_blocks, " must be >= 0"));
+    }
+    const bool windowed = g.kind != AttentionKind::kFull;
+    if (windowed ? g.window <= 0 : g.window != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": window ", g.window,
+                       windowed ? " must be > 0" : " must be 0 for full attention"));
+    }
+    if (options.enable_host_cache && g.num_host_blocks == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": enable_host_cache needs num_host_blocks > 0 in every group"));
+    }
+    has_full |= !windowed;
+  }
+  if (!has_full && options.enable_prefix_caching) {
+    return absl::InvalidArgumentError(
+        "KvCacheManager: windowed layer groups with prefix caching need a full-attention group: "
+        "hits are verified along its chain (disable prefix caching, or add the group)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // --- construct -------------------------------------------------------------------------
 
 absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
-  if (options.num_blocks <= 0) {
+  const bool grouped = !options.layer_groups.empty();
+  if (grouped && (options.num_blocks != 0 || options.num_host_blocks != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvCacheManager: num_blocks ", options.num_blocks, " and num_host_blocks ",
+        options.num_host_blocks, " must be 0 with layer_groups (each group has its own)"));
+  }
+  if (!grouped && options.num_blocks <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvCacheManager: num_blocks ", options.num_blocks, " must be > 0"));
   }
@@ -43,55 +93,87 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvCacheManager: max_model_len ", options.max_model_len, " must be > 0"));
   }
-  if (options.watermark_blocks < 0 || options.watermark_blocks >= options.num_blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: watermark_blocks ", options.watermark_blocks,
-                     " must be in [0, num_blocks ", options.num_blocks, ")"));
-  }
   if (options.hash_fn == nullptr) {
     return absl::InvalidArgumentError("KvCacheManager: hash_fn must not be null");
   }
   if (options.enable_host_cache &&
-      (!options.enable_prefix_caching || options.num_host_blocks == 0)) {
+      (!options.enable_prefix_caching || (!grouped && options.num_host_blocks == 0))) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvCacheManager: enable_host_cache needs enable_prefix_caching (",
                      options.enable_prefix_caching ? "true" : "false",
                      ") and num_host_blocks > 0 (", options.num_host_blocks, ")"));
   }
-  auto device = BlockPool::create({.num_blocks = options.num_blocks,
-                                   .block_size = options.block_size,
-                                   .enable_caching = options.enable_prefix_caching,
-                                   .event_sink = options.event_sink,
-                                   .clock = options.clock,
-                                   .log_evictions = options.enable_host_cache});
-  if (!device.ok()) return device.status();
-  auto host = BlockPool::create({.num_blocks = options.num_host_blocks,
-                                 .block_size = options.block_size,
-                                 .enable_caching = options.enable_host_cache,
-                                 .event_sink = options.event_sink,
-                                 .medium = Medium::kHost,
-                                 .clock = options.clock,
-                                 // Host blocks take the content keys of the device blocks
-                                 // they copy: the host's own keys (blocks renewed for
-                                 // swapping) are drawn apart from the device's.
-                                 .first_content_key = uint64_t{1} << 63});
-  if (!host.ok()) return host.status();
-  const int32_t num_blocks = options.num_blocks;
+  std::vector<LayerGroup> layer_groups =
+      grouped ? options.layer_groups
+              : std::vector<LayerGroup>{{.kind = AttentionKind::kFull,
+                                         .num_blocks = options.num_blocks,
+                                         .num_host_blocks = options.num_host_blocks}};
+  if (grouped) PAGEDKV_RETURN_IF_ERROR(check_groups(options, layer_groups));
+  const int32_t first_blocks = layer_groups[0].num_blocks;
+  if (options.watermark_blocks < 0 || options.watermark_blocks >= first_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheManager: watermark_blocks ", options.watermark_blocks,
+                     " must be in [0, num_blocks ", first_blocks, ")"));
+  }
   try {
-    return KvCacheManager(std::move(options), *std::move(device), *std::move(host));
+    std::vector<GroupPools> groups;
+    for (size_t i = 0; i < layer_groups.size(); ++i) {
+      const LayerGroup& spec = layer_groups[i];
+      auto device = BlockPool::create({.num_blocks = spec.num_blocks,
+                                       .block_size = options.block_size,
+                                       .enable_caching = options.enable_prefix_caching,
+                                       .event_sink = options.event_sink,
+                                       .clock = options.clock,
+                                       .log_evictions = options.enable_host_cache});
+      if (!device.ok()) return device.status();
+      auto host = BlockPool::create({.num_blocks = spec.num_host_blocks,
+                                     .block_size = options.block_size,
+                                     .enable_caching = options.enable_host_cache,
+                                     .event_sink = options.event_sink,
+                                     .medium = Medium::kHost,
+                                     .clock = options.clock,
+                                     // Host blocks take the content keys of the device
+                                     // blocks they copy: the host's own keys (blocks renewed
+                                     // for swapping) are drawn apart from the device's.
+                                     .first_content_key = uint64_t{1} << 63});
+      if (!host.ok()) return host.status();
+      // The watermark scaled to the group's pool, rounded up: the same headroom share.
+      const int64_t watermark =
+          div_ceil(int64_t{options.watermark_blocks} * spec.num_blocks, first_blocks);
+      groups.push_back({.spec = spec,
+                        .index = static_cast<int32_t>(i),
+                        .watermark_blocks =
+                            static_cast<int32_t>(std::min<int64_t>(watermark, spec.num_blocks - 1)),
+                        .device = *std::move(device),
+                        .host = *std::move(host),
+                        .host_tier = options.enable_host_cache
+                                         ? std::make_unique<internal::HostTier>()
+                                         : nullptr,
+                        .match = {}});
+    }
+    return KvCacheManager(std::move(options), std::move(layer_groups), std::move(groups));
   } catch (const std::bad_alloc&) {  // no exception leaves the library
     return absl::ResourceExhaustedError(absl::StrCat(
-        "KvCacheManager: cannot allocate the host bookkeeping for ", num_blocks, " blocks"));
+        "KvCacheManager: cannot allocate the host bookkeeping for ", first_blocks, " blocks"));
   }
 }
 
-KvCacheManager::KvCacheManager(Options options, BlockPool device_pool, BlockPool host_pool)
+KvCacheManager::KvCacheManager(Options options, std::vector<LayerGroup> layer_groups,
+                               std::vector<GroupPools> groups)
     : options_(std::move(options)),
-      device_pool_(std::move(device_pool)),
-      host_pool_(std::move(host_pool)),
-      ledger_(
-          std::make_unique<internal::StepLedger>(options_.num_blocks, options_.num_host_blocks)),
-      host_tier_(options_.enable_host_cache ? std::make_unique<internal::HostTier>() : nullptr) {}
+      layer_groups_(std::move(layer_groups)),
+      groups_(std::move(groups)),
+      ledger_(std::make_unique<internal::StepLedger>(layer_groups_)) {
+  for (const GroupPools& g : groups_) {
+    if (!g.windowed()) {
+      anchor_ = g.index;
+      break;
+    }
+  }
+  windowed_ =
+      std::any_of(groups_.begin(), groups_.end(), [](const GroupPools& g) { return g.windowed(); });
+  group_counters_.resize(groups_.size());
+}
 
 KvCacheManager::KvCacheManager(KvCacheManager&&) noexcept = default;
 KvCacheManager& KvCacheManager::operator=(KvCacheManager&&) noexcept = default;
@@ -133,19 +215,26 @@ absl::Status KvCacheManager::add_sequence(SeqId seq, std::span<const TokenId> pr
           kMinRetentionPriority, ", ", kMaxRetentionPriority, "], duration_ms >= 0"));
     }
   }
-  // The watermark does not count: a sequence alone in the pool may use every block.
-  const int64_t prompt_blocks = div_ceil(static_cast<int64_t>(prompt.size()), options_.block_size);
-  if (prompt_blocks > options_.num_blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("add_sequence(seq ", seq, "): prompt of ", prompt.size(), " tokens needs ",
-                     prompt_blocks, " blocks of ", options_.block_size, " tokens; the pool has ",
-                     options_.num_blocks, ". Raise num_blocks or shorten the prompt"));
+  // The watermark does not count: a sequence alone in the pool may use every block. A
+  // windowed group needs at least the blocks one token's window spans.
+  const int32_t bs = options_.block_size;
+  const int64_t prompt_blocks = div_ceil(static_cast<int64_t>(prompt.size()), bs);
+  for (const GroupPools& g : groups_) {
+    const int64_t needed =
+        g.windowed() ? std::min(prompt_blocks, div_ceil(g.spec.window - 1, bs) + 1) : prompt_blocks;
+    if (needed > g.spec.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "add_sequence(seq ", seq, "): prompt of ", prompt.size(), " tokens needs ", needed,
+          " blocks of ", bs, " tokens", in_group(g, groups_.size()), "; the pool has ",
+          g.spec.num_blocks, ". Raise num_blocks or shorten the prompt"));
+    }
   }
   auto s = std::make_unique<Sequence>();
   s->id = seq;
   s->priority = options.priority;
   s->arrival = next_arrival_++;
   s->tokens.assign(prompt.begin(), prompt.end());
+  s->tables.resize(groups_.size());
   s->extra_keys.assign(options.extra_keys.begin(), options.extra_keys.end());
   s->retention = std::move(options.retention);
   sequences_.emplace(seq, std::move(s));
@@ -169,100 +258,6 @@ absl::Status KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> t
   return absl::OkStatus();
 }
 
-// --- prefix cache ----------------------------------------------------------------------
-
-void KvCacheManager::hash_full_blocks(Sequence& seq, int32_t num_full_blocks) {
-  const int32_t bs = options_.block_size;
-  PAGEDKV_DCHECK(static_cast<int64_t>(num_full_blocks) * bs <=
-                 static_cast<int64_t>(seq.tokens.size()));
-  for (auto i = static_cast<int32_t>(seq.block_hashes.size()); i < num_full_blocks; ++i) {
-    const BlockHash* parent = i == 0 ? nullptr : &seq.block_hashes[i - 1];
-    seq.block_hashes.push_back(options_.hash_fn(parent, block_tokens(seq, i, bs), seq.extra_keys));
-  }
-}
-
-absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
-  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
-  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "match_prefix"));
-  if (s->state != SequenceState::kWaiting || !s->blocks.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "match_prefix(seq ", seq, "): sequence is ", state_name(s->state), " with ",
-        s->blocks.size(), " blocks; only a waiting sequence without blocks can match"));
-  }
-  const auto len = static_cast<int32_t>(s->tokens.size());
-  counters_.prefix_query_tokens += len;
-  if (!options_.enable_prefix_caching) return 0;
-
-  // NOTE: never match the last token; its logits must be computed.
-  const int32_t bs = options_.block_size;
-  const int32_t max_blocks = (len - 1) / bs;
-  hash_full_blocks(*s, max_blocks);
-  BlockId parent = kNoBlock;
-  for (int32_t i = 0; i < max_blocks; ++i) {
-    const BlockId hit = device_pool_.find_cached_unchecked(s->block_hashes[i], parent,
-                                                           block_tokens(*s, i, bs), s->extra_keys);
-    if (hit == kNoBlock) break;
-    s->blocks.push_back(hit);
-    parent = hit;
-  }
-  for (const BlockId b : s->blocks) device_pool_.touch_unchecked(b);
-  if (host_tier_ != nullptr) {
-    const int32_t reserve = num_running_ > 0 ? options_.watermark_blocks : 0;
-    const int32_t room = std::max(0, device_pool_.num_free_blocks() - reserve);
-    host_tier_->promote_hits(*s, max_blocks, room, {device_pool_, host_pool_, *ledger_});
-  }
-  const auto hit_blocks = static_cast<int32_t>(s->blocks.size());
-  s->num_computed = hit_blocks * bs;
-  s->num_offered_blocks = hit_blocks;
-  // A hit on a block another sequence fills in this step holds K/V not written yet.
-  for (int32_t i = 0; i < hit_blocks; ++i) {
-    if (ledger_->written(s->blocks[i])) {
-      ledger_->mark_scheduled(*s, i * bs);
-      break;
-    }
-  }
-  counters_.prefix_hit_tokens += s->num_computed;
-  return s->num_computed;
-}
-
-// Device allocation with the host tier's side: cached blocks it evicts are demoted.
-void KvCacheManager::allocate_device_blocks(std::span<BlockId> out) {
-  device_pool_.allocate_unchecked(out);
-  if (host_tier_ != nullptr) host_tier_->demote_evicted({device_pool_, host_pool_, *ledger_});
-}
-
-void KvCacheManager::offer_computed_blocks(Sequence& seq) {
-  const int32_t full = seq.num_computed / options_.block_size;
-  // K/V computed before a reset_prefix_cache() is never shared after it, nor is anything
-  // computed after it in the same sequence.
-  if (!options_.enable_prefix_caching || seq.kv_before_reset) {
-    seq.num_offered_blocks = full;
-    return;
-  }
-  if (seq.num_offered_blocks >= full) return;
-  hash_full_blocks(seq, full);
-  const int32_t first = seq.num_offered_blocks;
-  const auto count = static_cast<size_t>(full - first);
-  const auto tokens =
-      std::span<const TokenId>(seq.tokens)
-          .subspan(static_cast<size_t>(first) * options_.block_size, count * options_.block_size);
-  device_pool_.cache_full_blocks_unchecked(
-      std::span<const BlockId>(seq.blocks).subspan(first, count),
-      std::span<const BlockHash>(seq.block_hashes).subspan(first, count),
-      first == 0 ? kNoBlock : seq.blocks[first - 1],
-      first == 0 ? nullptr : &seq.block_hashes[first - 1], tokens, seq.extra_keys);
-  seq.num_offered_blocks = full;
-}
-
-void KvCacheManager::reset_prefix_cache() {
-  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
-  device_pool_.reset_prefix_cache();
-  host_pool_.reset_prefix_cache(/*emit_event=*/false);  // one AllBlocksCleared for both
-  for (auto& [id, s] : sequences_) {
-    if (s->num_computed > 0 || !s->blocks.empty()) s->kv_before_reset = true;
-  }
-}
-
 // --- slots -----------------------------------------------------------------------------
 
 absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots(SeqId seq,
@@ -273,6 +268,24 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots(SeqId se
   if (s == nullptr) [[unlikely]]
     return find_or_error(seq, "allocate_slots").status();
   return allocate_slots_impl(*s, num_new_tokens, num_lookahead);
+}
+
+// The leading entries of a windowed group's table that allocate_slots() may release: those
+// before the window of the next token, up to the first one this step writes (a block whose
+// K/V is not written yet stays until a later call). Counts in `freed` those that the
+// release returns to the free queue.
+int32_t KvCacheManager::release_end(const Sequence& seq, const GroupPools& g,
+                                    int32_t& freed) const {
+  const GroupTable& t = seq.tables[g.index];
+  const int32_t first_needed = g.first_needed_block(seq.num_computed, options_.block_size);
+  int32_t end = t.first_held;
+  freed = 0;
+  for (; end < first_needed && end < std::ssize(t.blocks); ++end) {
+    const BlockId b = t.blocks[end];
+    if (ledger_->written(g.index, b)) break;
+    freed += g.device.ref_count_unchecked(b) == 1 && !ledger_->holds_device(g.index, b);
+  }
+  return end;
 }
 
 absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
@@ -295,76 +308,122 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
                      " tokens; append_tokens() first"));
   }
   const int64_t total_blocks = div_ceil(new_total + num_lookahead, bs);
-  if (total_blocks > options_.num_blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("allocate_slots(seq ", seq.id, "): ", new_total + num_lookahead,
-                     " slots need ", total_blocks, " blocks; the pool has ", options_.num_blocks));
-  }
   // Copy-on-write: the partially filled last block is written by this call and shared.
   const int32_t write_block = seq.num_computed / bs;
   const int32_t partial = seq.num_computed - write_block * bs;
-  const bool copy_on_write = num_new_tokens > 0 && partial != 0 &&
-                             device_pool_.ref_count_unchecked(seq.blocks[write_block]) > 1;
-  if (copy_on_write && ledger_->scheduled(seq) && seq.settled_tokens < seq.num_computed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "allocate_slots(seq ", seq.id, "): copy-on-write of block ", seq.blocks[write_block],
-        " would copy tokens whose K/V this step has not written yet; append after the step"));
-  }
-  const int32_t new_blocks =
-      static_cast<int32_t>(std::max<int64_t>(0, total_blocks - std::ssize(seq.blocks))) +
-      (copy_on_write ? 1 : 0);
   // The watermark keeps headroom for running sequences to grow: an admission leaves it
   // free while another sequence runs, and may use every block when none does.
   const bool admission = seq.state == SequenceState::kWaiting;
-  const int32_t reserve = admission && num_running_ > 0 ? options_.watermark_blocks : 0;
-  if (new_blocks + reserve > device_pool_.num_free_blocks()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("allocate_slots(seq ", seq.id, "): need ", new_blocks, " blocks",
-                     reserve > 0 ? absl::StrCat(" + watermark ", reserve) : "", ", ",
-                     device_pool_.num_free_blocks(), " free of ", options_.num_blocks));
+  plans_.resize(groups_.size());
+  for (GroupPools& g : groups_) {
+    const GroupTable& t = seq.tables[g.index];
+    GroupPlan& plan = plans_[g.index];
+    int32_t freed = 0;
+    plan.release_end = g.windowed() ? release_end(seq, g, freed) : 0;
+    const int64_t held = total_blocks - (g.windowed() ? plan.release_end : 0);
+    if (held > g.spec.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "allocate_slots(seq ", seq.id, "): ", new_total + num_lookahead, " slots need ", held,
+          " blocks", in_group(g, groups_.size()), "; the pool has ", g.spec.num_blocks));
+    }
+    plan.copy_on_write = num_new_tokens > 0 && partial != 0 &&
+                         g.device.ref_count_unchecked(t.blocks[write_block]) > 1;
+    if (plan.copy_on_write && ledger_->scheduled(seq) && seq.settled_tokens < seq.num_computed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "allocate_slots(seq ", seq.id, "): copy-on-write of block ", t.blocks[write_block],
+          in_group(g, groups_.size()),
+          " would copy tokens whose K/V this step has not written yet; append after the step"));
+    }
+    plan.new_blocks =
+        static_cast<int32_t>(std::max<int64_t>(0, total_blocks - std::ssize(t.blocks))) +
+        (plan.copy_on_write ? 1 : 0);
+    const int32_t reserve = admission && num_running_ > 0 ? g.watermark_blocks : 0;
+    const int32_t free_blocks = g.device.num_free_blocks() + freed;
+    if (plan.new_blocks + reserve > free_blocks) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "allocate_slots(seq ", seq.id, "): need ", plan.new_blocks, " blocks",
+          reserve > 0 ? absl::StrCat(" + watermark ", reserve) : "", in_group(g, groups_.size()),
+          ", ", free_blocks, " free of ", g.spec.num_blocks));
+    }
   }
 
-  // Validated; from here on nothing fails. A decode step inside its last block skips this.
-  if (new_blocks > 0) allocate_new_blocks(seq, new_blocks, copy_on_write, write_block, partial);
-
-  // The blocks the new tokens' K/V goes into, once each; then the slots walk (block,
-  // offset) from the first new token, with no division per token.
-  if (num_new_tokens > 0) {
-    const int32_t last_block = static_cast<int32_t>((new_total - 1) / bs);
-    for (int32_t i = write_block; i <= last_block; ++i) ledger_->mark_written(seq.blocks[i]);
-  }
-  slot_mapping_.resize(num_new_tokens);
-  int32_t block = write_block;
-  int32_t offset = partial;
-  for (int64_t& slot : slot_mapping_) {
-    slot = int64_t{seq.blocks[block]} * bs + offset;
-    if (++offset == bs) {
-      offset = 0;
-      ++block;
+  // Validated; from here on nothing fails. A decode step inside its last block allocates
+  // nothing.
+  const int32_t last_block = static_cast<int32_t>((new_total - 1) / bs);
+  slot_mapping_.resize(static_cast<size_t>(num_new_tokens) * groups_.size());
+  for (GroupPools& g : groups_) {
+    const GroupPlan& plan = plans_[g.index];
+    if (plan.release_end > seq.tables[g.index].first_held) {
+      release_behind_window(seq, g, plan.release_end);
+    }
+    if (plan.new_blocks > 0) grow_table(seq, g, plan, write_block, partial);
+    const std::vector<BlockId>& blocks = seq.tables[g.index].blocks;
+    // The blocks the new tokens' K/V goes into, once each; then the slots walk (block,
+    // offset) from the first new token, with no division per token.
+    if (num_new_tokens > 0) {
+      for (int32_t i = write_block; i <= last_block; ++i) ledger_->mark_written(g.index, blocks[i]);
+    }
+    const auto slots = std::span(slot_mapping_)
+                           .subspan(static_cast<size_t>(num_new_tokens) * g.index,
+                                    static_cast<size_t>(num_new_tokens));
+    int32_t block = write_block;
+    int32_t offset = partial;
+    for (int64_t& slot : slots) {
+      slot = int64_t{blocks[block]} * bs + offset;
+      if (++offset == bs) {
+        offset = 0;
+        ++block;
+      }
     }
   }
   if (num_new_tokens > 0) ledger_->mark_scheduled(seq, seq.num_computed);
   seq.num_computed = static_cast<int32_t>(new_total);
   set_state(seq, SequenceState::kRunning);
   if (seq.num_offered_blocks < seq.num_computed / bs) offer_computed_blocks(seq);
-  return std::span<const int64_t>(slot_mapping_);
+  return std::span<const int64_t>(slot_mapping_).first(num_new_tokens);
 }
 
-void KvCacheManager::allocate_new_blocks(Sequence& seq, int32_t new_blocks, bool copy_on_write,
-                                         int32_t write_block, int32_t valid_tokens) {
-  scratch_blocks_.resize(new_blocks);
-  allocate_device_blocks(scratch_blocks_);
+std::span<const int64_t> KvCacheManager::slot_mapping(int32_t group) const {
+  const size_t n = slot_mapping_.size() / groups_.size();
+  return std::span<const int64_t>(slot_mapping_).subspan(n * group, n);
+}
+
+void KvCacheManager::grow_table(Sequence& seq, GroupPools& g, const GroupPlan& plan,
+                                int32_t write_block, int32_t valid_tokens) {
+  scratch_blocks_.resize(plan.new_blocks);
+  allocate_device_blocks(g, scratch_blocks_);
   auto fresh = scratch_blocks_.begin();
-  if (copy_on_write) {
-    const BlockId src = seq.blocks[write_block];
+  std::vector<BlockId>& blocks = seq.tables[g.index].blocks;
+  if (plan.copy_on_write) {
+    const BlockId src = blocks[write_block];
     const BlockId dst = *fresh++;
-    ledger_->record(internal::kCopyOnWrite, {src, dst, valid_tokens});
+    ledger_->record(internal::kCopyOnWrite, {src, dst, valid_tokens, g.index});
     const BlockId released[] = {src};
-    device_pool_.free_unchecked(released);  // still held by the other sharers
-    seq.blocks[write_block] = dst;
+    g.device.free_unchecked(released);  // still held by the other sharers
+    blocks[write_block] = dst;
     ++counters_.cow_copies;
   }
-  seq.blocks.insert(seq.blocks.end(), fresh, scratch_blocks_.end());
+  blocks.insert(blocks.end(), fresh, scratch_blocks_.end());
+}
+
+// Releases the entries [first_held, end) of a windowed group's table: no future token of
+// the sequence attends to them. Hashed blocks stay cached, so a later prompt can still hit
+// them; they go in table order, so the free queue evicts a window from its start.
+void KvCacheManager::release_behind_window(Sequence& seq, GroupPools& g, int32_t end) {
+  GroupTable& t = seq.tables[g.index];
+  BlockId last_clean = kNoBlock;
+  for (int32_t i = t.first_held; i < end; ++i) {
+    ledger_->release(g.device, Hold::kDevice, g.index, t.blocks[i], last_clean);
+    t.blocks[i] = kNoBlock;
+  }
+  group_counters_[g.index].released_blocks += end - t.first_held;
+  t.first_held = end;
+}
+
+// Device allocation with the host tier's side: cached blocks it evicts are demoted.
+void KvCacheManager::allocate_device_blocks(GroupPools& g, std::span<BlockId> out) {
+  g.device.allocate_unchecked(out);
+  if (g.host_tier != nullptr) g.host_tier->demote_evicted(internal::pools_of(g, *ledger_));
 }
 
 // --- fork and free -----------------------------------------------------------------------
@@ -384,9 +443,13 @@ absl::Status KvCacheManager::fork(SeqId parent, SeqId child) {
   c->id = child;
   c->arrival = next_arrival_++;
   // Only blocks holding computed tokens are shared; the parent keeps its lookahead blocks.
-  c->blocks.resize(div_ceil(p->num_computed, options_.block_size));
-  c->num_offered_blocks = std::min(c->num_offered_blocks, static_cast<int32_t>(c->blocks.size()));
-  for (const BlockId b : c->blocks) device_pool_.touch_unchecked(b);
+  const auto context_blocks = div_ceil(p->num_computed, options_.block_size);
+  for (GroupPools& g : groups_) {
+    GroupTable& t = c->tables[g.index];
+    t.blocks.resize(std::max<int64_t>(t.first_held, context_blocks));
+    for (size_t i = t.first_held; i < t.blocks.size(); ++i) g.device.touch_unchecked(t.blocks[i]);
+  }
+  c->num_offered_blocks = std::min(c->num_offered_blocks, static_cast<int32_t>(context_blocks));
   num_running_ += c->state == SequenceState::kRunning;
   sequences_.emplace(child, std::move(c));
   return absl::OkStatus();
@@ -407,10 +470,14 @@ void KvCacheManager::unshare_unwritten_blocks(Sequence& seq) {
   if (!ledger_->scheduled(seq)) return;
   // Blocks that this step's K/V writes fill and it holds alone may never be written. A
   // block a swap-in or promotion fills stays cached: its copy runs with the step's ops.
-  for (int32_t i = seq.settled_tokens / options_.block_size; i < seq.num_offered_blocks; ++i) {
-    const BlockId b = seq.blocks[i];
-    if (device_pool_.ref_count_unchecked(b) == 1 && !ledger_->filled_by_copy(b)) {
-      device_pool_.uncache_unchecked(b);
+  for (GroupPools& g : groups_) {
+    const GroupTable& t = seq.tables[g.index];
+    const int32_t first = std::max(seq.settled_tokens / options_.block_size, t.first_held);
+    for (int32_t i = first; i < seq.num_offered_blocks; ++i) {
+      const BlockId b = t.blocks[i];
+      if (g.device.ref_count_unchecked(b) == 1 && !ledger_->filled_by_copy(g.index, b)) {
+        g.device.uncache_unchecked(b);
+      }
     }
   }
 }
@@ -423,30 +490,37 @@ void KvCacheManager::set_state(Sequence& seq, SequenceState state) {
 }
 
 void KvCacheManager::release_device_blocks(Sequence& seq) {
-  if (!seq.retention.empty()) [[unlikely]] {
-    apply_retention(seq);
-  }
-  // Tail first, as one free: a prompt's later blocks are evicted before its shared
-  // beginning, and its clean blocks are reused in the same order.
-  if (!ledger_->holds_any_device()) [[likely]] {
-    device_pool_.free_tail_first_unchecked(seq.blocks);
-  } else {
-    BlockId last_clean = kNoBlock;
-    for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) {
-      ledger_->release(device_pool_, Hold::kDevice, *it, last_clean);
+  for (GroupPools& g : groups_) {
+    GroupTable& t = seq.tables[g.index];
+    if (!seq.retention.empty()) [[unlikely]] {
+      apply_retention(seq, g);
     }
+    const auto held = std::span<const BlockId>(t.blocks).subspan(t.first_held);
+    // Tail first, as one free: a prompt's later blocks are evicted before its shared
+    // beginning, and its clean blocks are reused in the same order.
+    if (!ledger_->holds_any_device()) [[likely]] {
+      g.device.free_tail_first_unchecked(held);
+    } else {
+      BlockId last_clean = kNoBlock;
+      for (auto it = held.rbegin(); it != held.rend(); ++it) {
+        ledger_->release(g.device, Hold::kDevice, g.index, *it, last_clean);
+      }
+    }
+    t.blocks.clear();
+    t.first_held = 0;
   }
-  seq.blocks.clear();
 }
 
-// Gives each of `seq`'s blocks the retention of the last range holding its first token.
-void KvCacheManager::apply_retention(const Sequence& seq) {
+// Gives each of `seq`'s held blocks in `g` the retention of the last range holding its
+// first token.
+void KvCacheManager::apply_retention(const Sequence& seq, GroupPools& g) {
   const int32_t bs = options_.block_size;
-  for (size_t i = 0; i < seq.blocks.size(); ++i) {
+  const GroupTable& t = seq.tables[g.index];
+  for (size_t i = t.first_held; i < t.blocks.size(); ++i) {
     const int64_t first_token = static_cast<int64_t>(i) * bs;
     for (auto r = seq.retention.rbegin(); r != seq.retention.rend(); ++r) {
       if (first_token >= r->begin && first_token < r->end) {
-        device_pool_.set_retention_unchecked(seq.blocks[i], r->priority, r->duration_ms);
+        g.device.set_retention_unchecked(t.blocks[i], r->priority, r->duration_ms);
         break;
       }
     }
@@ -454,26 +528,41 @@ void KvCacheManager::apply_retention(const Sequence& seq) {
 }
 
 void KvCacheManager::release_host_blocks(Sequence& seq) {
-  BlockId last_clean = kNoBlock;
-  for (auto it = seq.host_blocks.rbegin(); it != seq.host_blocks.rend(); ++it) {
-    ledger_->release(host_pool_, Hold::kHost, *it, last_clean);
+  for (GroupPools& g : groups_) {
+    std::vector<BlockId>& host_blocks = seq.tables[g.index].host_blocks;
+    BlockId last_clean = kNoBlock;
+    for (auto it = host_blocks.rbegin(); it != host_blocks.rend(); ++it) {
+      ledger_->release(g.host, Hold::kHost, g.index, *it, last_clean);
+    }
+    host_blocks.clear();
   }
-  seq.host_blocks.clear();
 }
 
 StepOps KvCacheManager::take_step_ops() {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
-  return ledger_->take(device_pool_, host_pool_);
+  return ledger_->take([this](Hold side, int32_t group) -> BlockPool& {
+    return side == Hold::kDevice ? groups_[group].device : groups_[group].host;
+  });
 }
 
 // --- lookups -----------------------------------------------------------------------------
 
 bool KvCacheManager::contains(SeqId seq) const { return find(seq) != nullptr; }
 
-absl::StatusOr<SequenceView> KvCacheManager::sequence(SeqId seq) const {
+absl::StatusOr<SequenceView> KvCacheManager::sequence(SeqId seq, int32_t group) const {
   PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, find_or_error(seq, "sequence"));
-  return SequenceView{s->id,           s->state,  s->priority, s->arrival,
-                      s->num_computed, s->tokens, s->blocks,   s->host_blocks};
+  PAGEDKV_RETURN_IF_ERROR(check_group(group, "sequence"));
+  const GroupTable& t = s->tables[group];
+  return SequenceView{s->id,     s->state, s->priority,   s->arrival,  s->num_computed,
+                      s->tokens, t.blocks, t.host_blocks, t.first_held};
+}
+
+absl::Status KvCacheManager::check_group(int32_t group, const char* caller) const {
+  if (group < 0 || group >= num_groups()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(caller, ": layer group ", group, " outside [0, ", num_groups(), ")"));
+  }
+  return absl::OkStatus();
 }
 
 int32_t KvCacheManager::num_sequences() const { return static_cast<int32_t>(sequences_.size()); }
@@ -482,7 +571,9 @@ std::vector<SequenceInfo> KvCacheManager::running_sequences() const {
   std::vector<SequenceInfo> running;
   for (const auto& [id, s] : sequences_) {
     if (s->state != SequenceState::kRunning) continue;
-    running.push_back({id, s->priority, s->arrival, static_cast<int32_t>(s->blocks.size()),
+    const GroupTable& t = s->tables[0];
+    running.push_back({id, s->priority, s->arrival,
+                       static_cast<int32_t>(t.blocks.size()) - t.first_held,
                        static_cast<int32_t>(s->tokens.size()), s->num_computed});
   }
   std::sort(running.begin(), running.end(),
@@ -490,25 +581,47 @@ std::vector<SequenceInfo> KvCacheManager::running_sequences() const {
   return running;
 }
 
+const BlockPool& KvCacheManager::device_pool(int32_t group) const { return groups_[group].device; }
+const BlockPool& KvCacheManager::host_pool(int32_t group) const { return groups_[group].host; }
+
 KvCacheManager::Stats KvCacheManager::stats() const {
-  const BlockPool::Stats device = device_pool_.stats();
+  const GroupStats g = group_stats(0);
   Stats s = counters_;
+  s.num_blocks = g.num_blocks;
+  s.used_blocks = g.used_blocks;
+  s.free_blocks = g.free_blocks;
+  s.cached_free_blocks = g.cached_free_blocks;
+  s.num_host_blocks = g.num_host_blocks;
+  s.used_host_blocks = g.used_host_blocks;
+  s.evictions = g.evictions;
+  s.cached_host_blocks = g.cached_host_blocks;
+  s.host_evictions = g.host_evictions;
+  for (const GroupPools& group : groups_) {
+    if (group.host_tier == nullptr) continue;
+    s.blocks_demoted += group.host_tier->counters().blocks_demoted;
+    s.blocks_promoted += group.host_tier->counters().blocks_promoted;
+  }
+  return s;
+}
+
+KvCacheManager::GroupStats KvCacheManager::group_stats(int32_t group) const {
+  const GroupPools& g = groups_[group];
+  const BlockPool::Stats device = g.device.stats();
+  const BlockPool::Stats host = g.host.stats();
+  GroupStats s = group_counters_[group];
   s.num_blocks = device.num_blocks;
   s.used_blocks = device.used_blocks;
   s.free_blocks = device.free_blocks;
   s.cached_free_blocks = device.cached_free_blocks;
-  s.num_host_blocks = host_pool_.num_blocks();
-  s.used_host_blocks = host_pool_.num_blocks() - host_pool_.num_free_blocks();
-  s.evictions = device.evictions;
-  if (host_tier_ != nullptr) {
-    const internal::HostTier::Counters& tier = host_tier_->counters();
-    s.host_hit_tokens = tier.host_hit_tokens;
-    s.blocks_demoted = tier.blocks_demoted;
-    s.blocks_promoted = tier.blocks_promoted;
-  }
-  const BlockPool::Stats host = host_pool_.stats();
+  s.num_host_blocks = host.num_blocks;
+  s.used_host_blocks = host.num_blocks - host.free_blocks;
   s.cached_host_blocks = host.cached_blocks;
+  s.evictions = device.evictions;
   s.host_evictions = host.evictions;
+  if (g.host_tier != nullptr) {
+    s.blocks_demoted = g.host_tier->counters().blocks_demoted;
+    s.blocks_promoted = g.host_tier->counters().blocks_promoted;
+  }
   return s;
 }
 

@@ -3,7 +3,9 @@
 // is the preemption policy's (preemption_policy.h); carrying it out is here.
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "cache/group_pools.h"
 #include "cache/preemption_policy.h"
 #include "cache/sequence.h"
 #include "cache/step_ledger.h"
@@ -13,6 +15,9 @@
 
 namespace pagedkv {
 
+using internal::GroupPools;
+using internal::GroupTable;
+using internal::Hold;
 using internal::Sequence;
 using internal::state_name;
 
@@ -33,7 +38,7 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preem
 // --- preemption ------------------------------------------------------------------------
 
 bool KvCacheManager::release_one_claim(SeqId requester) {
-  Sequence* chosen = internal::claim_to_release(sequences_, requester, device_pool_);
+  Sequence* chosen = internal::claim_to_release(sequences_, requester, groups_);
   if (chosen == nullptr) return false;
   drop_claim(*chosen);
   if (options_.preemption_hooks != nullptr)
@@ -46,9 +51,18 @@ std::optional<Preemption> KvCacheManager::choose_victim(SeqId requester) const {
   std::erase_if(candidates, [&](const SequenceInfo& info) {
     return info.id == requester || ledger_->scheduled(*find(info.id));
   });
+  // Whether every group's host pool can take the sequence's held blocks.
+  auto fits_host = [this](SeqId id) {
+    const Sequence& s = *find(id);
+    return std::all_of(groups_.begin(), groups_.end(), [&](const GroupPools& g) {
+      const GroupTable& t = s.tables[g.index];
+      const int32_t held =
+          num_blocks_for_tokens(s.num_computed, options_.block_size) - t.first_held;
+      return held <= g.host.num_free_blocks();
+    });
+  };
   return internal::choose_victim(candidates, requester, options_.victim_policy,
-                                 options_.preemption_mode, host_pool_.num_free_blocks(),
-                                 options_.block_size);
+                                 options_.preemption_mode, fits_host);
 }
 
 absl::Status KvCacheManager::preempt(SeqId seq, PreemptionMode mode) {
@@ -64,25 +78,8 @@ absl::Status KvCacheManager::preempt(SeqId seq, PreemptionMode mode) {
                      "): sequence was scheduled in this step and its K/V "
                      "is not written yet; preempt it before scheduling it, or in a later step"));
   }
-  const int32_t bs = options_.block_size;
   if (mode == PreemptionMode::kSwap) {
-    const auto needed = num_blocks_for_tokens(s->num_computed, bs);
-    if (needed > host_pool_.num_free_blocks()) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("preempt(seq ", seq, ", swap): need ", needed, " host blocks, ",
-                       host_pool_.num_free_blocks(), " free of ", options_.num_host_blocks));
-    }
-    s->host_blocks.resize(needed);
-    PAGEDKV_CHECK(host_pool_.allocate(s->host_blocks).ok());
-    for (int32_t i = 0; i < needed; ++i) {
-      const int32_t valid = std::min(bs, s->num_computed - i * bs);
-      // The device source is released below on purpose: swap-out runs first in a step.
-      ledger_->record(internal::kSwapOut, {s->blocks[i], s->host_blocks[i], valid});
-    }
-    counters_.blocks_swapped_out += needed;
-    ++counters_.preemptions_swap;
-    release_device_blocks(*s);
-    set_state(*s, SequenceState::kSwapped);
+    PAGEDKV_RETURN_IF_ERROR(swap_out(*s));
   } else {
     release_device_blocks(*s);
     s->num_computed = 0;
@@ -96,6 +93,42 @@ absl::Status KvCacheManager::preempt(SeqId seq, PreemptionMode mode) {
   return absl::OkStatus();
 }
 
+// Copies the held blocks of every group that hold computed tokens to host blocks of the
+// same group, then frees the device blocks: the sequence is swapped.
+absl::Status KvCacheManager::swap_out(Sequence& s) {
+  const int32_t bs = options_.block_size;
+  const int32_t context_blocks = num_blocks_for_tokens(s.num_computed, bs);
+  for (const GroupPools& g : groups_) {
+    const int32_t needed = context_blocks - s.tables[g.index].first_held;
+    if (needed > g.host.num_free_blocks()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("preempt(seq ", s.id, ", swap): need ", needed, " host blocks",
+                       groups_.size() > 1 ? absl::StrCat(" in group ", g.index) : "", ", ",
+                       g.host.num_free_blocks(), " free of ", g.spec.num_host_blocks));
+    }
+  }
+  for (GroupPools& g : groups_) {
+    GroupTable& t = s.tables[g.index];
+    t.host_blocks.resize(context_blocks - t.first_held);
+    g.host.allocate_unchecked(t.host_blocks);
+    for (int32_t i = t.first_held; i < context_blocks; ++i) {
+      const int32_t valid = std::min(bs, s.num_computed - i * bs);
+      // The device source is released below on purpose: swap-out runs first in a step.
+      ledger_->record(internal::kSwapOut,
+                      {t.blocks[i], t.host_blocks[i - t.first_held], valid, g.index});
+    }
+    counters_.blocks_swapped_out += std::ssize(t.host_blocks);
+  }
+  ++counters_.preemptions_swap;
+  // release_device_blocks() forgets where the tables started; swap_in() needs it.
+  absl::InlinedVector<int32_t, 2> first_held;
+  for (const GroupTable& t : s.tables) first_held.push_back(t.first_held);
+  release_device_blocks(s);
+  for (size_t g = 0; g < groups_.size(); ++g) s.tables[g].first_held = first_held[g];
+  set_state(s, SequenceState::kSwapped);
+  return absl::OkStatus();
+}
+
 absl::Status KvCacheManager::swap_in(SeqId seq) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "swap_in"));
@@ -103,21 +136,29 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
     return absl::FailedPreconditionError(absl::StrCat("swap_in(seq ", seq, "): sequence is ",
                                                       state_name(s->state), ", not swapped"));
   }
-  const auto needed = static_cast<int32_t>(s->host_blocks.size());
-  if (needed > device_pool_.num_free_blocks()) {
-    return absl::ResourceExhaustedError(absl::StrCat("swap_in(seq ", seq, "): need ", needed,
-                                                     " blocks, ", device_pool_.num_free_blocks(),
-                                                     " free of ", options_.num_blocks));
+  for (const GroupPools& g : groups_) {
+    const auto needed = static_cast<int32_t>(s->tables[g.index].host_blocks.size());
+    if (needed > g.device.num_free_blocks()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("swap_in(seq ", seq, "): need ", needed, " blocks",
+                       groups_.size() > 1 ? absl::StrCat(" in group ", g.index) : "", ", ",
+                       g.device.num_free_blocks(), " free of ", g.spec.num_blocks));
+    }
   }
-  s->blocks.resize(needed);
-  allocate_device_blocks(s->blocks);
   const int32_t bs = options_.block_size;
-  for (int32_t i = 0; i < needed; ++i) {
-    const int32_t valid = std::min(bs, s->num_computed - i * bs);
-    ledger_->record(internal::kSwapIn, {s->host_blocks[i], s->blocks[i], valid});
-    ledger_->mark_filled_by_copy(s->blocks[i]);
+  for (GroupPools& g : groups_) {
+    GroupTable& t = s->tables[g.index];
+    const auto needed = static_cast<int32_t>(t.host_blocks.size());
+    t.blocks.assign(t.first_held + needed, kNoBlock);
+    allocate_device_blocks(g, std::span(t.blocks).subspan(t.first_held));
+    for (int32_t j = 0; j < needed; ++j) {
+      const int32_t i = t.first_held + j;
+      const int32_t valid = std::min(bs, s->num_computed - i * bs);
+      ledger_->record(internal::kSwapIn, {t.host_blocks[j], t.blocks[i], valid, g.index});
+      ledger_->mark_filled_by_copy(g.index, t.blocks[i]);
+    }
+    counters_.blocks_swapped_in += needed;
   }
-  counters_.blocks_swapped_in += needed;
   release_host_blocks(*s);
   set_state(*s, SequenceState::kRunning);
   ledger_->mark_scheduled(*s, /*settled_tokens=*/0);  // nothing is on the device before swap-in
@@ -138,7 +179,7 @@ absl::Status KvCacheManager::release_claim(SeqId seq) {
 }
 
 void KvCacheManager::drop_claim(Sequence& seq) {
-  counters_.claims_released += !seq.blocks.empty();
+  counters_.claims_released += !seq.tables[0].blocks.empty();
   unshare_unwritten_blocks(seq);
   release_device_blocks(seq);
   seq.num_computed = 0;

@@ -16,12 +16,15 @@ bool preempt_before(const T& a, const T& b) {
 
 }  // namespace
 
-Sequence* claim_to_release(const SequenceMap& sequences, SeqId requester, const BlockPool& device) {
+Sequence* claim_to_release(const SequenceMap& sequences, SeqId requester,
+                           std::span<const GroupPools> groups) {
   Sequence* chosen = nullptr;
   for (const auto& [id, s] : sequences) {
     if (id == requester || s->state != SequenceState::kWaiting) continue;
-    const bool frees_a_block = std::any_of(s->blocks.begin(), s->blocks.end(), [&](BlockId b) {
-      return device.ref_count_unchecked(b) == 1;
+    const bool frees_a_block = std::any_of(groups.begin(), groups.end(), [&](const GroupPools& g) {
+      const GroupTable& t = s->tables[g.index];
+      return std::any_of(t.blocks.begin() + t.first_held, t.blocks.end(),
+                         [&](BlockId b) { return g.device.ref_count_unchecked(b) == 1; });
     });
     if (frees_a_block && (chosen == nullptr || preempt_before(*s, *chosen))) chosen = s.get();
   }
@@ -30,7 +33,7 @@ Sequence* claim_to_release(const SequenceMap& sequences, SeqId requester, const 
 
 std::optional<Preemption> choose_victim(std::span<const SequenceInfo> candidates, SeqId requester,
                                         const VictimPolicy& policy, PreemptionMode mode,
-                                        int32_t host_free_blocks, int32_t block_size) {
+                                        absl::FunctionRef<bool(SeqId)> fits_host) {
   if (candidates.empty()) return std::nullopt;
   std::optional<Preemption> choice;
   if (policy) {
@@ -38,10 +41,9 @@ std::optional<Preemption> choose_victim(std::span<const SequenceInfo> candidates
   } else {
     const SequenceInfo& victim =
         *std::min_element(candidates.begin(), candidates.end(), preempt_before<SequenceInfo>);
-    const bool fits_host =
-        num_blocks_for_tokens(victim.num_computed_tokens, block_size) <= host_free_blocks;
-    choice = Preemption{
-        victim.id, mode == PreemptionMode::kSwap && !fits_host ? PreemptionMode::kRecompute : mode};
+    choice = Preemption{victim.id, mode == PreemptionMode::kSwap && !fits_host(victim.id)
+                                       ? PreemptionMode::kRecompute
+                                       : mode};
   }
   if (!choice.has_value()) return std::nullopt;
   const bool is_candidate =

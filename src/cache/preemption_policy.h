@@ -10,6 +10,8 @@
 #include <span>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "cache/group_pools.h"
 #include "cache/sequence.h"
 #include "pagedkv/block_pool.h"
 #include "pagedkv/kv_cache_manager.h"
@@ -19,18 +21,19 @@ namespace pagedkv::internal {
 using SequenceMap = absl::flat_hash_map<SeqId, std::unique_ptr<Sequence>>;
 
 // The waiting sequence (other than `requester`) whose claim to release first: among those
-// holding a block nobody else holds (releasing it frees a block), the lowest priority,
-// then the latest arrival. nullptr when there is none.
-Sequence* claim_to_release(const SequenceMap& sequences, SeqId requester, const BlockPool& device);
+// holding a block nobody else holds, in any group (releasing it frees a block), the lowest
+// priority, then the latest arrival. nullptr when there is none.
+Sequence* claim_to_release(const SequenceMap& sequences, SeqId requester,
+                           std::span<const GroupPools> groups);
 
 // The victim among `candidates` (running, not `requester`, not scheduled in this step):
 // `policy`'s choice, or the default (lowest priority, then latest arrival, in `mode`;
-// recompute when the host pool's `host_free_blocks` cannot hold it). nullopt when the
+// recompute when the host pools cannot hold it: fits_host(id)). nullopt when the
 // candidates are empty, the policy gives up, or it names a sequence that is not a
 // candidate.
 std::optional<Preemption> choose_victim(std::span<const SequenceInfo> candidates, SeqId requester,
                                         const VictimPolicy& policy, PreemptionMode mode,
-                                        int32_t host_free_blocks, int32_t block_size);
+                                        absl::FunctionRef<bool(SeqId)> fits_host);
 
 }  // namespace pagedkv::internal
 

@@ -13,6 +13,15 @@
 
 namespace pagedkv::internal {
 
+// One layer group's part of a sequence (see layer_group.h). Entry i of `blocks` holds
+// tokens [i * block_size, (i + 1) * block_size). A windowed group releases the blocks no
+// future token attends to: entries before `first_held` are kNoBlock.
+struct GroupTable {
+  std::vector<BlockId> blocks;       // device table (running; a waiting sequence's claim)
+  std::vector<BlockId> host_blocks;  // while swapped: host copies of entries first_held..
+  int32_t first_held = 0;            // first entry holding a block
+};
+
 // The fields a decode step reads come first, so that a step touches two cache lines of it.
 struct Sequence {
   SequenceState state = SequenceState::kWaiting;
@@ -26,12 +35,13 @@ struct Sequence {
   int32_t settled_tokens = 0;
   uint64_t scheduled_step = 0;
   std::vector<TokenId> tokens;  // prompt, then generated tokens
-  std::vector<BlockId> blocks;  // device block table; may hold lookahead blocks
+  // One table per layer group, in the manager's group order; tables may hold lookahead
+  // blocks.
+  absl::InlinedVector<GroupTable, 1> tables;
 
   SeqId id = 0;
   int32_t priority = 0;
   int64_t arrival = 0;
-  std::vector<BlockId> host_blocks;  // while swapped: ceil(num_computed / block_size)
   absl::InlinedVector<uint64_t, 2> extra_keys;
   std::vector<RetentionRange> retention;  // applied to its blocks as it releases them
   std::vector<BlockHash> block_hashes;    // chained hashes of full token blocks, lazily

@@ -1,42 +1,41 @@
-// StepLedger: ending a step and checking the step's bookkeeping.
+// StepLedger: sizing, ending a step and checking the step's bookkeeping.
 #include "cache/step_ledger.h"
-
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace pagedkv::internal {
 
-StepLedger::StepLedger(int32_t num_device_blocks, int32_t num_host_blocks)
-    : write_mark_(num_device_blocks, 0),
-      device_holds_(num_device_blocks, 0),
-      host_holds_(num_host_blocks, 0) {}
-
-StepOps StepLedger::take(BlockPool& device, BlockPool& host) {
-  for_each_hold([this](Hold side, BlockId block) { hold(side, block, -1); });
-  // Each as a free of its own: a clean one goes to the head of the free queue.
-  auto release_parked = [](std::vector<BlockId>& parked, BlockPool& pool) {
-    for (const BlockId b : parked) {
-      BlockId last_clean = kNoBlock;
-      pool.release_unchecked(b, last_clean);
-    }
-    parked.clear();
-  };
-  // Every hold is dropped, so every parked block goes.
-  release_parked(deferred_device_, device);
-  release_parked(deferred_host_, host);
-  ++step_;
-  return std::exchange(pending_, {});
+StepLedger::StepLedger(std::span<const LayerGroup> groups) {
+  size_t device_blocks = 0;
+  size_t host_blocks = 0;
+  for (const LayerGroup& g : groups) {
+    device_offset_.push_back(device_blocks);
+    host_offset_.push_back(host_blocks);
+    device_blocks += static_cast<size_t>(g.num_blocks);
+    host_blocks += static_cast<size_t>(g.num_host_blocks);
+  }
+  write_mark_.assign(device_blocks, 0);
+  device_holds_.assign(device_blocks, 0);
+  host_holds_.assign(host_blocks, 0);
 }
 
-absl::Status StepLedger::check_invariants(const BlockPool& device) const {
+void StepLedger::drop_holds_and_advance() {
+  for_each_hold([this](Hold side, int32_t group, BlockId block) { hold(side, group, block, -1); });
+  ++step_;
+}
+
+absl::Status StepLedger::check_holds() const {
   auto broken = [](auto&&... parts) {
     return absl::InternalError(absl::StrCat("StepLedger invariant: ", parts...));
   };
   std::vector<int32_t> device_count(device_holds_.size(), 0);
   std::vector<int32_t> host_count(host_holds_.size(), 0);
-  for_each_hold([&](Hold side, BlockId block) {
-    ++(side == Hold::kDevice ? device_count : host_count)[block];
+  for_each_hold([&](Hold side, int32_t group, BlockId block) {
+    if (side == Hold::kDevice) {
+      ++device_count[device(group, block)];
+    } else {
+      ++host_count[host(group, block)];
+    }
   });
   if (device_count != device_holds_) return broken("device holds disagree with the pending ops");
   int64_t total = 0;
@@ -45,18 +44,16 @@ absl::Status StepLedger::check_invariants(const BlockPool& device) const {
     return broken("num_device_holds ", num_device_holds_, " but the holds add up to ", total);
   }
   if (host_count != host_holds_) return broken("host holds disagree with the pending ops");
-  for (const BlockId b : deferred_device_) {
-    if (!holds_device(b)) return broken("device block ", b, " parked but held by no pending copy");
+  for (const Parked& p : deferred_device_) {
+    if (!holds_device(p.group, p.block)) {
+      return broken("group ", p.group, " device block ", p.block,
+                    " parked but held by no pending copy");
+    }
   }
-  for (const BlockId b : deferred_host_) {
-    if (!holds_host(b)) return broken("host block ", b, " parked but held by no pending copy");
-  }
-  for (const OpList& list : kOpLists) {
-    if (list.dst != Hold::kDevice) continue;
-    for (const BlockCopy& op : pending_.*list.ops) {
-      if (device.ref_count_unchecked(op.dst) == 0) {
-        return broken("pending copy into device block ", op.dst, ", which is free");
-      }
+  for (const Parked& p : deferred_host_) {
+    if (!holds_host(p.group, p.block)) {
+      return broken("group ", p.group, " host block ", p.block,
+                    " parked but held by no pending copy");
     }
   }
   return absl::OkStatus();

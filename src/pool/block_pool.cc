@@ -389,8 +389,10 @@ int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
                                                std::span<const BlockHash> hashes, BlockId parent,
                                                const BlockHash* parent_hash,
                                                std::span<const TokenId> tokens,
-                                               std::span<const uint64_t> extra_keys) {
+                                               std::span<const uint64_t> extra_keys,
+                                               std::span<const uint64_t> parent_keys) {
   PAGEDKV_DCHECK(hashes.size() == blocks.size());
+  PAGEDKV_DCHECK(parent_keys.empty() || parent_keys.size() == blocks.size());
   PAGEDKV_DCHECK(tokens.size() == blocks.size() * static_cast<size_t>(block_size_));
   if (!enable_caching_) return 0;
   int32_t entered = 0;  // indexed or standby
@@ -406,7 +408,7 @@ int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
     const BlockId block = blocks[i];
     PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
     const auto block_tokens = tokens.subspan(i * block_size_, block_size_);
-    const BlockId block_parent = i == 0 ? parent : blocks[i - 1];
+    const BlockId block_parent = parent_keys.empty() ? (i == 0 ? parent : blocks[i - 1]) : kNoBlock;
     // A block hashed already, stale, or a standby is not announced and splits the event:
     // the next run names its own parent.
     if (hash_index_->is_cached(block) || marks_stale(block, block_parent)) {
@@ -414,9 +416,10 @@ int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
       continue;
     }
     const BlockHash* block_parent_hash = i == 0 ? parent_hash : &hashes[i - 1];
-    const HashIndex::Insert inserted =
-        hash_index_->insert(block, hashes[i], hash_index_->key_of(block_parent), block_parent_hash,
-                            block_tokens, extra_keys);
+    const uint64_t parent_key =
+        parent_keys.empty() ? hash_index_->key_of(block_parent) : parent_keys[i];
+    const HashIndex::Insert inserted = hash_index_->insert(
+        block, hashes[i], parent_key, block_parent_hash, block_tokens, extra_keys);
     entered += inserted != HashIndex::Insert::kRefused;
     if (inserted != HashIndex::Insert::kIndexed) {
       emit_run();
