@@ -18,6 +18,7 @@
 #include "pagedkv/block_table.h"
 #include "pagedkv/decode_plan.h"
 #include "pagedkv/device.h"
+#include "pagedkv/kv_cache_config.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_cache_metrics.h"
 #include "pagedkv/kv_cache_spec.h"
@@ -127,6 +128,11 @@ absl::StatusOr<int32_t> example_kv_cache_spec() {
   return n;
 }
 
+absl::StatusOr<PoolSplit> example_kv_cache_config() {
+#include "doc_examples/kv_cache_config.inc"
+  return split;
+}
+
 constexpr int D = 4;
 std::vector<float> example_merge_state(const MergeState* part, const float (*part_o)[D],
                                        int num_splits) {
@@ -168,6 +174,13 @@ TEST_CASE("the small-value header examples compute what their comments say", "[d
   const absl::StatusOr<int32_t> blocks = example_kv_cache_spec();
   REQUIRE(blocks.ok());
   CHECK(*blocks == 4096);
+  // 64 GiB split for 32K Gemma-3-27B sequences: 1,447 sliding and 44,903 full blocks
+  // (tests/kv_cache_config_test.cc works them out).
+  const absl::StatusOr<PoolSplit> split = example_kv_cache_config();
+  REQUIRE(split.ok());
+  REQUIRE(split->groups.size() == 2);
+  CHECK(split->groups[0].num_blocks == 1447);
+  CHECK(split->groups[1].num_blocks == 44903);
   example_device();
   // Two splits of one key each, equal scores: the output is the mean of their values.
   const MergeState part[2] = {{.m = 0.0f, .l = 1.0f}, {.m = 0.0f, .l = 1.0f}};
@@ -183,7 +196,7 @@ TEST_CASE("every header and README example is compiled", "[docs]") {
   ++examples;
 #include "doc_examples/list.inc"
 #undef PAGEDKV_DOC_EXAMPLE
-  CHECK(examples == 13);
+  CHECK(examples == 14);
 }
 
 }  // namespace pagedkv::doc_examples
