@@ -27,6 +27,10 @@
 #include "pagedkv/kv_events.h"
 #include "pagedkv/kv_storage.h"
 #include "pagedkv/merge_state.h"
+#if PAGEDKV_HAVE_PLANNER
+#include "pagedkv/capacity_plan.h"
+#include "pagedkv/hf_model_config.h"
+#endif
 
 namespace pagedkv::doc_examples {
 
@@ -77,6 +81,24 @@ absl::Status example_kv_cache_metrics(const KvCacheManager& manager) {
 }
 #else
 void example_kv_cache_metrics() {}
+#endif
+
+// --- the capacity planner: run when built (it needs nlohmann-json) -----------------------------
+
+#if PAGEDKV_HAVE_PLANNER
+absl::StatusOr<HfModelConfig> example_hf_model_config() {
+#include "doc_examples/hf_model_config.inc"
+  return model;
+}
+
+// Compiled only: it reads a config.json by a relative path.
+absl::Status example_capacity_plan() {
+#include "doc_examples/capacity_plan.inc"
+  return plan.status();
+}
+#else
+void example_hf_model_config() {}
+void example_capacity_plan() {}
 #endif
 
 // The README's block is written at file level with a `seq`, a `prompt` and a `sampled`
@@ -188,6 +210,18 @@ TEST_CASE("the small-value header examples compute what their comments say", "[d
   CHECK(example_merge_state(part, part_o, 2) == std::vector<float>{2, 3, 4, 5});
 }
 
+#if PAGEDKV_HAVE_PLANNER
+TEST_CASE("the config.json reader's header example reads two groups", "[docs]") {
+  const absl::StatusOr<HfModelConfig> model = example_hf_model_config();
+  INFO(model.status().ToString());
+  REQUIRE(model.ok());
+  REQUIRE(model->kv.groups.size() == 2);
+  CHECK(model->kv.groups[0].kind == AttentionKind::kSlidingWindow);
+  CHECK(model->kv.groups[0].shape.num_layers == 2);
+  CHECK(model->kv.bytes_per_token(0) == 4096);
+}
+#endif
+
 // Every extracted example has a function above; a new one without fails to compile here.
 TEST_CASE("every header and README example is compiled", "[docs]") {
   int examples = 0;
@@ -196,7 +230,7 @@ TEST_CASE("every header and README example is compiled", "[docs]") {
   ++examples;
 #include "doc_examples/list.inc"
 #undef PAGEDKV_DOC_EXAMPLE
-  CHECK(examples == 14);
+  CHECK(examples == 16);
 }
 
 }  // namespace pagedkv::doc_examples
