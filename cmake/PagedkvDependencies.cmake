@@ -13,6 +13,8 @@ pagedkv_require(xxHash libxxhash-dev)
 pagedkv_require(fmt libfmt-dev CONFIG)
 if(PAGEDKV_BUILD_EXAMPLES OR PAGEDKV_BUILD_BENCH)  # JSON of traces, reports and summaries
   pagedkv_require(nlohmann_json nlohmann-json3-dev 3 CONFIG)
+else()  # the planner library (src/planner) is built when it is there
+  find_package(nlohmann_json 3 CONFIG QUIET)
 endif()
 if(PAGEDKV_BUILD_TESTS)
   pagedkv_require(Catch2 catch2 2 CONFIG)

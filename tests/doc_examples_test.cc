@@ -18,6 +18,7 @@
 #include "pagedkv/block_table.h"
 #include "pagedkv/decode_plan.h"
 #include "pagedkv/device.h"
+#include "pagedkv/kv_cache_config.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_cache_metrics.h"
 #include "pagedkv/kv_cache_spec.h"
@@ -26,6 +27,10 @@
 #include "pagedkv/kv_events.h"
 #include "pagedkv/kv_storage.h"
 #include "pagedkv/merge_state.h"
+#if PAGEDKV_HAVE_PLANNER
+#include "pagedkv/capacity_plan.h"
+#include "pagedkv/hf_model_config.h"
+#endif
 
 namespace pagedkv::doc_examples {
 
@@ -78,6 +83,24 @@ absl::Status example_kv_cache_metrics(const KvCacheManager& manager) {
 void example_kv_cache_metrics() {}
 #endif
 
+// --- the capacity planner: run when built (it needs nlohmann-json) -----------------------------
+
+#if PAGEDKV_HAVE_PLANNER
+absl::StatusOr<HfModelConfig> example_hf_model_config() {
+#include "doc_examples/hf_model_config.inc"
+  return model;
+}
+
+// Compiled only: it reads a config.json by a relative path.
+absl::Status example_capacity_plan() {
+#include "doc_examples/capacity_plan.inc"
+  return plan.status();
+}
+#else
+void example_hf_model_config() {}
+void example_capacity_plan() {}
+#endif
+
 // The README's block is written at file level with a `seq`, a `prompt` and a `sampled`
 // token in scope and `PAGEDKV_OK` standing for the reader's status handling.
 #define PAGEDKV_OK(expr)                                              \
@@ -127,6 +150,11 @@ absl::StatusOr<int32_t> example_kv_cache_spec() {
   return n;
 }
 
+absl::StatusOr<PoolSplit> example_kv_cache_config() {
+#include "doc_examples/kv_cache_config.inc"
+  return split;
+}
+
 constexpr int D = 4;
 std::vector<float> example_merge_state(const MergeState* part, const float (*part_o)[D],
                                        int num_splits) {
@@ -168,12 +196,31 @@ TEST_CASE("the small-value header examples compute what their comments say", "[d
   const absl::StatusOr<int32_t> blocks = example_kv_cache_spec();
   REQUIRE(blocks.ok());
   CHECK(*blocks == 4096);
+  // 64 GiB split for 32K Gemma-3-27B sequences: 1,447 sliding and 44,903 full blocks
+  // (tests/kv_cache_config_test.cc works them out).
+  const absl::StatusOr<PoolSplit> split = example_kv_cache_config();
+  REQUIRE(split.ok());
+  REQUIRE(split->groups.size() == 2);
+  CHECK(split->groups[0].num_blocks == 1447);
+  CHECK(split->groups[1].num_blocks == 44903);
   example_device();
   // Two splits of one key each, equal scores: the output is the mean of their values.
   const MergeState part[2] = {{.m = 0.0f, .l = 1.0f}, {.m = 0.0f, .l = 1.0f}};
   const float part_o[2][D] = {{1, 2, 3, 4}, {3, 4, 5, 6}};
   CHECK(example_merge_state(part, part_o, 2) == std::vector<float>{2, 3, 4, 5});
 }
+
+#if PAGEDKV_HAVE_PLANNER
+TEST_CASE("the config.json reader's header example reads two groups", "[docs]") {
+  const absl::StatusOr<HfModelConfig> model = example_hf_model_config();
+  INFO(model.status().ToString());
+  REQUIRE(model.ok());
+  REQUIRE(model->kv.groups.size() == 2);
+  CHECK(model->kv.groups[0].kind == AttentionKind::kSlidingWindow);
+  CHECK(model->kv.groups[0].shape.num_layers == 2);
+  CHECK(model->kv.bytes_per_token(0) == 4096);
+}
+#endif
 
 // Every extracted example has a function above; a new one without fails to compile here.
 TEST_CASE("every header and README example is compiled", "[docs]") {
@@ -183,7 +230,7 @@ TEST_CASE("every header and README example is compiled", "[docs]") {
   ++examples;
 #include "doc_examples/list.inc"
 #undef PAGEDKV_DOC_EXAMPLE
-  CHECK(examples == 13);
+  CHECK(examples == 16);
 }
 
 }  // namespace pagedkv::doc_examples

@@ -101,6 +101,18 @@ TEST_CASE("storage sized from a byte budget holds whole blocks", "[kv_storage]")
   }
 }
 
+TEST_CASE("storage refuses a latent (MLA) spec rather than size it as K and V", "[kv_storage]") {
+  const KvCacheSpec mla{.num_layers = 2,
+                        .num_kv_heads = 1,
+                        .head_dim = 576,
+                        .dtype = DType::kBFloat16,
+                        .block_size = 16,
+                        .latent = true};
+  absl::StatusOr<KvStorage> s = KvStorage::create(mla, 4, {.device = Device::kCpu});
+  CHECK(s.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.status().message().find("latent (MLA)") != std::string::npos);
+}
+
 TEST_CASE("copy-on-write copies the first num_tokens tokens of every layer exactly",
           "[kv_storage]") {
   for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {

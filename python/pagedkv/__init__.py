@@ -53,6 +53,12 @@ from ._pagedkv import (
 
 KvEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
 
+# The capacity planner is compiled in when its library was built (it needs nlohmann-json).
+try:
+    from ._pagedkv import plan_capacity
+except ImportError:  # pragma: no cover - a build without nlohmann-json
+    pass
+
 
 class KvEventSink(Protocol):
     """What KvCacheManager / BlockPool accept as event_sink (or a KvEventBuffer)."""
@@ -80,3 +86,5 @@ __all__ = [
     "cuda_unavailable_reason", "decode_workspace_bytes", "default_device", "hash_block",
     "paged_decode_attention", "paged_extend_attention", "write_kv",
 ]
+if "plan_capacity" in globals():
+    __all__.append("plan_capacity")

@@ -319,6 +319,9 @@ void bind_block_pool(nb::module_& m);
 void bind_kv_cache_manager(nb::module_& m);
 void bind_kv_storage(nb::module_& m);
 void bind_kernels(nb::module_& m);
+#ifdef PAGEDKV_PYTHON_HAVE_PLANNER
+void bind_capacity_plan(nb::module_& m);  // only when the planner library is built
+#endif
 
 }  // namespace pagedkv::python
 

@@ -118,16 +118,18 @@ void bind_spec(nb::module_& m) {
       .def(
           "__init__",
           [](KvCacheSpec* self, int32_t num_layers, int32_t num_kv_heads, int32_t head_dim,
-             DType dtype, int32_t block_size) {
-            new (self) KvCacheSpec{num_layers, num_kv_heads, head_dim, dtype, block_size};
+             DType dtype, int32_t block_size, bool latent) {
+            new (self) KvCacheSpec{num_layers, num_kv_heads, head_dim, dtype, block_size, latent};
           },
           nb::kw_only(), "num_layers"_a = 1, "num_kv_heads"_a = 1, "head_dim"_a = 128,
-          "dtype"_a = DType::kBFloat16, "block_size"_a = 16)
+          "dtype"_a = DType::kBFloat16, "block_size"_a = 16, "latent"_a = false)
       .def_rw("num_layers", &KvCacheSpec::num_layers)
       .def_rw("num_kv_heads", &KvCacheSpec::num_kv_heads)
       .def_rw("head_dim", &KvCacheSpec::head_dim)
       .def_rw("dtype", &KvCacheSpec::dtype)
       .def_rw("block_size", &KvCacheSpec::block_size)
+      .def_rw("latent", &KvCacheSpec::latent,
+              "one vector of head_dim elements per token per layer serves K and V (MLA)")
       .def("bytes_per_token", &KvCacheSpec::bytes_per_token)
       .def("bytes_per_block", &KvCacheSpec::bytes_per_block)
       .def("validate", [](const KvCacheSpec& s) { raise_if_error(s.validate()); })

@@ -13,4 +13,7 @@ NB_MODULE(_pagedkv, m) {
   bind_kv_cache_manager(m);
   bind_kv_storage(m);
   bind_kernels(m);
+#ifdef PAGEDKV_PYTHON_HAVE_PLANNER
+  bind_capacity_plan(m);
+#endif
 }

@@ -45,10 +45,16 @@ absl::Status KvCacheSpec::validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("KvCacheSpec: block_size is ", block_size, ", must be at least 1"));
   }
+  // A latent vector is shared by all query heads (MLA); more than one would be a
+  // different model, not a latent cache.
+  if (latent && num_kv_heads != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvCacheSpec: a latent (MLA) spec has num_kv_heads ", num_kv_heads, ", must be 1"));
+  }
   // bytes_per_block() must fit int64 with room to spare: each factor is below 2^31, so
   // bound the product before anyone multiplies it by a block count.
-  const double block_bytes = 2.0 * num_layers * num_kv_heads * head_dim * bytes_per_element(dtype) *
-                             static_cast<double>(block_size);
+  const double block_bytes = static_cast<double>(vectors_per_token()) * num_layers * num_kv_heads *
+                             head_dim * bytes_per_element(dtype) * static_cast<double>(block_size);
   if (block_bytes > static_cast<double>(int64_t{1} << 50)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvCacheSpec: one block would take ", block_bytes, " bytes (num_layers ",

@@ -56,6 +56,13 @@ absl::Status cuda_status(const char* fn, cudaError_t err) {
 absl::StatusOr<KvStorage> KvStorage::create(const KvCacheSpec& spec, int32_t num_blocks,
                                             const KvStorageOptions& options) {
   PAGEDKV_RETURN_IF_ERROR(spec.validate());
+  // The pools hold separate K and V vectors; a latent spec is sized for one vector per
+  // token, so storing it here would overrun its own budget.
+  if (spec.latent) {
+    return absl::InvalidArgumentError(
+        "KvStorage: a latent (MLA) spec caches one vector per token; KvStorage holds separate "
+        "K and V pools and does not store latent caches");
+  }
   if (num_blocks < 0 || options.num_host_blocks < 0) {
     return absl::InvalidArgumentError(absl::StrCat("KvStorage: num_blocks ", num_blocks,
                                                    " and num_host_blocks ", options.num_host_blocks,

@@ -1,0 +1,198 @@
+// KvCacheConfig: bytes per token per group, what one sequence keeps, and the split of a
+// byte budget into one pool per layer group.
+#include "pagedkv/kv_cache_config.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pagedkv {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// "group 1 (sliding_window 1024, 52 layers)" for messages.
+std::string describe(const KvCacheConfig& config, int32_t g) {
+  const KvCacheGroup& group = config.groups[static_cast<size_t>(g)];
+  std::string kind = attention_kind_name(group.kind);
+  if (group.kind != AttentionKind::kFull) absl::StrAppend(&kind, " ", group.window);
+  return absl::StrCat("group ", g, " (", kind, ", ", group.shape.num_layers, " layers)");
+}
+
+// A budget beyond 1 PiB is a unit mistake, and the bound keeps budget x demand products
+// well inside 128 bits.
+constexpr int64_t kMaxBudgetBytes = int64_t{1} << 50;
+
+}  // namespace
+
+absl::Status KvCacheConfig::validate() const {
+  if (groups.empty()) {
+    return absl::InvalidArgumentError("KvCacheConfig: no layer groups; a model needs at least one");
+  }
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const KvCacheGroup& group = groups[static_cast<size_t>(g)];
+    switch (group.kind) {
+      case AttentionKind::kFull:
+        if (group.window != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("KvCacheConfig: group ", g, " is full attention with window ",
+                           group.window, "; full attention takes window 0"));
+        }
+        break;
+      case AttentionKind::kSlidingWindow:
+      case AttentionKind::kChunkedLocal:
+        if (group.window <= 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("KvCacheConfig: group ", g, " is ", attention_kind_name(group.kind),
+                           " with window ", group.window, ", must be at least 1 token"));
+        }
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("KvCacheConfig: group ", g, " has attention kind value ",
+                         static_cast<int>(group.kind), ", not an AttentionKind"));
+    }
+    if (absl::Status status = group_spec(g).validate(); !status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvCacheConfig: group ", g, ": ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+KvCacheSpec KvCacheConfig::group_spec(int32_t g) const {
+  KvCacheSpec spec = groups[static_cast<size_t>(g)].shape;
+  spec.dtype = dtype;
+  spec.block_size = block_size;
+  return spec;
+}
+
+int32_t KvCacheConfig::num_layers() const {
+  int32_t layers = 0;
+  for (const KvCacheGroup& group : groups) layers += group.shape.num_layers;
+  return layers;
+}
+
+int64_t KvCacheConfig::bytes_per_token() const {
+  int64_t bytes = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) bytes += bytes_per_token(g);
+  return bytes;
+}
+
+// --- what one sequence keeps ---------------------------------------------------------------
+
+int64_t KvCacheConfig::tokens_attended(int32_t g, int64_t tokens) const {
+  if (tokens <= 0) return 0;
+  const KvCacheGroup& group = groups[static_cast<size_t>(g)];
+  return tokens - first_attended(group.kind, group.window, tokens - 1);
+}
+
+int64_t KvCacheConfig::min_bytes_per_sequence(int64_t tokens) const {
+  int64_t bytes = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    bytes += tokens_attended(g, tokens) * bytes_per_token(g);
+  }
+  return bytes;
+}
+
+int64_t KvCacheConfig::blocks_held(int32_t g, int64_t tokens) const {
+  if (tokens <= 0) return 0;
+  const KvCacheGroup& group = groups[static_cast<size_t>(g)];
+  const int64_t first_block = first_attended(group.kind, group.window, tokens - 1) / block_size;
+  const int64_t last_block = (tokens - 1) / block_size;
+  return last_block - first_block + 1;
+}
+
+int64_t KvCacheConfig::held_bytes_per_sequence(int64_t tokens) const {
+  int64_t bytes = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) bytes += blocks_held(g, tokens) * page_bytes(g);
+  return bytes;
+}
+
+int64_t KvCacheConfig::blocks_per_sequence(int32_t g, int64_t tokens) const {
+  if (tokens <= 0) return 0;
+  const KvCacheGroup& group = groups[static_cast<size_t>(g)];
+  const int64_t all = ceil_div(tokens, block_size);
+  switch (group.kind) {
+    case AttentionKind::kSlidingWindow:
+      return std::min(
+          all,
+          ceil_div(std::min<int64_t>(tokens, int64_t{group.window} - 1 + block_size), block_size) +
+              1);
+    case AttentionKind::kChunkedLocal:
+      return std::min(all, ceil_div(std::min<int64_t>(tokens, group.window), block_size) + 1);
+    case AttentionKind::kFull:
+      break;
+  }
+  return all;
+}
+
+int64_t KvCacheConfig::reserved_bytes_per_sequence(int64_t tokens) const {
+  int64_t bytes = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    bytes += blocks_per_sequence(g, tokens) * page_bytes(g);
+  }
+  return bytes;
+}
+
+// --- the budget split -----------------------------------------------------------------------
+
+absl::StatusOr<PoolSplit> KvCacheConfig::split_budget(int64_t budget_bytes,
+                                                      int64_t target_tokens) const {
+  PAGEDKV_RETURN_IF_ERROR(validate());
+  if (budget_bytes < 0 || budget_bytes > kMaxBudgetBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split_budget: budget is ", budget_bytes, " bytes, must be in [0, 2^50]"));
+  }
+  if (target_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("split_budget: target length is ", target_tokens,
+                                                   " tokens, must be at least 1"));
+  }
+  // Demand of one target-length sequence in each group, in bytes; the budget is shared in
+  // that proportion, so that every pool holds the same number of such sequences.
+  std::vector<__int128> demand(groups.size());
+  __int128 total = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    demand[static_cast<size_t>(g)] =
+        static_cast<__int128>(blocks_per_sequence(g, target_tokens)) * page_bytes(g);
+    total += demand[static_cast<size_t>(g)];
+  }
+  PoolSplit split;
+  split.budget_bytes = budget_bytes;
+  split.target_tokens = target_tokens;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const int64_t share = static_cast<int64_t>(static_cast<__int128>(budget_bytes) *
+                                               demand[static_cast<size_t>(g)] / total);
+    const int64_t page = page_bytes(g);
+    const int64_t blocks = std::min<int64_t>(share / page, std::numeric_limits<int32_t>::max());
+    if (blocks < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split_budget: a budget of ", budget_bytes, " bytes gives ", describe(*this, g), " ",
+          share, " bytes, less than one page of ", page, " bytes (", block_size, " tokens x ",
+          bytes_per_token(g), " bytes); raise the budget"));
+    }
+    const KvCacheGroup& group = groups[static_cast<size_t>(g)];
+    split.groups.push_back(LayerGroup{
+        .kind = group.kind, .window = group.window, .num_blocks = static_cast<int32_t>(blocks)});
+    split.pool_bytes.push_back(blocks * page);
+    split.used_bytes += blocks * page;
+  }
+  split.lost_bytes = budget_bytes - split.used_bytes;
+  return split;
+}
+
+int64_t KvCacheConfig::max_sequences(const PoolSplit& split, int64_t tokens) const {
+  int64_t fewest = std::numeric_limits<int64_t>::max();
+  for (int32_t g = 0; g < num_groups() && g < static_cast<int32_t>(split.groups.size()); ++g) {
+    const int64_t need = blocks_per_sequence(g, tokens);
+    if (need == 0) continue;
+    fewest = std::min<int64_t>(fewest, split.groups[static_cast<size_t>(g)].num_blocks / need);
+  }
+  return fewest == std::numeric_limits<int64_t>::max() ? 0 : fewest;
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,200 @@
+// KvCacheConfig (pagedkv/kv_cache_config.h): bytes per token per group, what one sequence
+// keeps, and the split of a byte budget into one pool per group. Every expected figure is
+// worked out in the comment above it.
+#include "pagedkv/kv_cache_config.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+
+namespace pagedkv {
+namespace {
+
+// Gemma-3-27B: 62 layers, 52 sliding window 1,024 and 10 full, 16 KV heads x 128, bf16.
+// One layer's token: 2 (K, V) x 16 x 128 x 2 bytes = 8,192 bytes.
+const KvCacheConfig kGemma3{
+    .groups = {{.kind = AttentionKind::kSlidingWindow,
+                .window = 1024,
+                .shape = {.num_layers = 52, .num_kv_heads = 16, .head_dim = 128}},
+               {.kind = AttentionKind::kFull,
+                .shape = {.num_layers = 10, .num_kv_heads = 16, .head_dim = 128}}},
+    .dtype = DType::kBFloat16,
+    .block_size = 16};
+
+// Llama-4-Scout: 48 layers, 36 chunked local (chunk 8,192) and 12 full, 8 KV heads x 128.
+// One layer's token: 2 x 8 x 128 x 2 = 4,096 bytes.
+const KvCacheConfig kScout{
+    .groups = {{.kind = AttentionKind::kChunkedLocal,
+                .window = 8192,
+                .shape = {.num_layers = 36, .num_kv_heads = 8, .head_dim = 128}},
+               {.kind = AttentionKind::kFull,
+                .shape = {.num_layers = 12, .num_kv_heads = 8, .head_dim = 128}}},
+    .dtype = DType::kBFloat16,
+    .block_size = 16};
+
+const KvCacheConfig kLlama31_8B{
+    .groups = {{.shape = {.num_layers = 32, .num_kv_heads = 8, .head_dim = 128}}},
+    .dtype = DType::kBFloat16,
+    .block_size = 16};
+
+void expect_invalid(const absl::Status& s, const std::string& fragment) {
+  INFO(s.ToString());
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find(fragment) != std::string::npos);
+}
+
+TEST_CASE("bytes per token and per page are each group's own layers", "[kv_cache_config]") {
+  REQUIRE(kGemma3.validate().ok());
+  CHECK(kGemma3.num_layers() == 62);
+  CHECK(kGemma3.bytes_per_token(0) == 425984);  // 52 x 8,192
+  CHECK(kGemma3.bytes_per_token(1) == 81920);   // 10 x 8,192
+  CHECK(kGemma3.bytes_per_token() == 507904);   // 62 x 8,192
+  CHECK(kGemma3.page_bytes(0) == 6815744);      // 16 tokens x 425,984
+  CHECK(kGemma3.page_bytes(1) == 1310720);      // 16 x 81,920
+  // The config's dtype applies to every group, whatever the shape says.
+  KvCacheConfig fp8 = kGemma3;
+  fp8.dtype = DType::kFloat8E4M3;
+  fp8.groups[0].shape.dtype = DType::kFloat32;
+  CHECK(fp8.bytes_per_token(0) == 212992);  // 52 x 2 x 16 x 128 x 1
+  CHECK(kLlama31_8B.bytes_per_token() == 131072);
+}
+
+TEST_CASE("an MLA group is sized by its latent vector", "[kv_cache_config]") {
+  // DeepSeek-V3: 61 layers x (512 + 64) x 2 bytes = 70,272 bytes per token.
+  const KvCacheConfig mla{
+      .groups = {
+          {.shape = {.num_layers = 61, .num_kv_heads = 1, .head_dim = 576, .latent = true}}}};
+  REQUIRE(mla.validate().ok());
+  CHECK(mla.bytes_per_token() == 70272);
+  CHECK(mla.page_bytes(0) == 1124352);
+}
+
+TEST_CASE("the analytic minimum counts the tokens the last token attends to", "[kv_cache_config]") {
+  CHECK(kGemma3.tokens_attended(0, 32768) == 1024);
+  CHECK(kGemma3.tokens_attended(1, 32768) == 32768);
+  CHECK(kGemma3.tokens_attended(0, 100) == 100);
+  CHECK(kGemma3.tokens_attended(0, 0) == 0);
+  // 1,024 x 425,984 + 32,768 x 81,920 = 436,207,616 + 2,684,354,560.
+  CHECK(kGemma3.min_bytes_per_sequence(32768) == 3120562176);
+  // Chunked: position L - 1 attends to its own chunk, (L - 1) % 8,192 + 1 tokens.
+  CHECK(kScout.tokens_attended(0, 8192) == 8192);
+  CHECK(kScout.tokens_attended(0, 8193) == 1);
+  CHECK(kScout.tokens_attended(0, 10000) == 1808);
+}
+
+TEST_CASE("a Gemma-3-27B sequence of 32K tokens holds at most 1.02x the minimum",
+          "[kv_cache_config]") {
+  // Held at 32,768: sliding keeps blocks 31,744 / 16 = 1,984 .. 32,767 / 16 = 2,047, 64
+  // blocks = exactly the window; full keeps 2,048 blocks. Held == minimum.
+  CHECK(kGemma3.blocks_held(0, 32768) == 64);
+  CHECK(kGemma3.blocks_held(1, 32768) == 2048);
+  CHECK(kGemma3.held_bytes_per_sequence(32768) == 3120562176);
+  // At 32,770 the window 31,746 .. 32,769 straddles blocks 1,984 .. 2,048 (65) and the full
+  // group needs ceil(32,770 / 16) = 2,049: 65 x 6,815,744 + 2,049 x 1,310,720 =
+  // 3,128,688,640 against 1,024 x 425,984 + 32,770 x 81,920 = 3,120,726,016 (1.0026x).
+  CHECK(kGemma3.held_bytes_per_sequence(32770) == 3128688640);
+  CHECK(kGemma3.min_bytes_per_sequence(32770) == 3120726016);
+  // What the split sets aside per sequence: sliding ceil(min(32,768, 1,023 + 16) / 16) + 1
+  // = 65 + 1 = 66 blocks; full 2,048. 66 x 6,815,744 + 2,048 x 1,310,720 = 3,134,193,664,
+  // 1.0044x the minimum.
+  CHECK(kGemma3.blocks_per_sequence(0, 32768) == 66);
+  CHECK(kGemma3.blocks_per_sequence(1, 32768) == 2048);
+  CHECK(kGemma3.reserved_bytes_per_sequence(32768) == 3134193664);
+  for (const int64_t tokens : {32768, 32770, 32783}) {
+    INFO("tokens " << tokens);
+    const double min = static_cast<double>(kGemma3.min_bytes_per_sequence(tokens));
+    CHECK(static_cast<double>(kGemma3.held_bytes_per_sequence(tokens)) <= 1.02 * min);
+    CHECK(static_cast<double>(kGemma3.reserved_bytes_per_sequence(tokens)) <= 1.02 * min);
+  }
+}
+
+TEST_CASE("a windowed group never sets aside more than the sequence's blocks",
+          "[kv_cache_config]") {
+  // 100 tokens: 7 blocks; the window rule's ceil(100 / 16) + 1 = 8 is capped at 7.
+  CHECK(kGemma3.blocks_per_sequence(0, 100) == 7);
+  CHECK(kGemma3.blocks_held(0, 100) == 7);
+  // Chunked at 10,000 tokens: chunk 8,192 .. 9,999 is blocks 512 .. 624 (113) held;
+  // set aside ceil(8,192 / 16) + 1 = 513.
+  CHECK(kScout.blocks_held(0, 10000) == 113);
+  CHECK(kScout.blocks_per_sequence(0, 10000) == 513);
+  CHECK(kScout.blocks_per_sequence(1, 10000) == 625);
+  CHECK(kScout.blocks_per_sequence(0, 0) == 0);
+}
+
+TEST_CASE("a budget is split in proportion to one target-length sequence", "[kv_cache_config]") {
+  // 64 GiB = 68,719,476,736 bytes at 32,768 tokens; demand 449,839,104 (sliding) and
+  // 2,684,354,560 (full) of 3,134,193,664.
+  // Sliding: 68,719,476,736 x 449,839,104 / 3,134,193,664 = 9,863,049,688 bytes
+  //   / 6,815,744 = 1,447.1 -> 1,447 blocks.
+  // Full: 58,856,427,047 bytes / 1,310,720 = 44,903.9 -> 44,903 blocks.
+  // Used 1,447 x 6,815,744 + 44,903 x 1,310,720 = 68,717,641,728; lost 1,835,008 bytes.
+  absl::StatusOr<PoolSplit> split = kGemma3.split_budget(int64_t{64} << 30, 32768);
+  REQUIRE(split.ok());
+  REQUIRE(split->groups.size() == 2);
+  CHECK(split->groups[0].kind == AttentionKind::kSlidingWindow);
+  CHECK(split->groups[0].window == 1024);
+  CHECK(split->groups[0].num_blocks == 1447);
+  CHECK(split->groups[1].kind == AttentionKind::kFull);
+  CHECK(split->groups[1].num_blocks == 44903);
+  CHECK(split->pool_bytes[0] == 1447 * int64_t{6815744});
+  CHECK(split->used_bytes == 68717641728);
+  CHECK(split->lost_bytes == 1835008);
+  CHECK(split->target_tokens == 32768);
+  // Both pools hold 21 target-length sequences (1,447 / 66 and 44,903 / 2,048).
+  CHECK(kGemma3.max_sequences(*split, 32768) == 21);
+  // Shorter sequences: the sliding pool, sized for the target, runs out first
+  // (1,447 / ceil(1,039 / 16) + 1 = 21 against 44,903 / 256 = 175).
+  CHECK(kGemma3.max_sequences(*split, 4096) == 21);
+  // Longer: the full pool does (44,903 / 8,192 = 5).
+  CHECK(kGemma3.max_sequences(*split, 131072) == 5);
+}
+
+TEST_CASE("one group takes the whole budget in whole pages", "[kv_cache_config]") {
+  // 8 GiB / 2,097,152-byte pages = 4,096 blocks, nothing lost; 16 sequences of 4,096.
+  absl::StatusOr<PoolSplit> split = kLlama31_8B.split_budget(int64_t{8} << 30, 4096);
+  REQUIRE(split.ok());
+  CHECK(split->groups[0].num_blocks == 4096);
+  CHECK(split->lost_bytes == 0);
+  CHECK(kLlama31_8B.max_sequences(*split, 4096) == 16);
+  // A remainder below one page is the only loss.
+  split = kLlama31_8B.split_budget((int64_t{8} << 30) + 2097151, 4096);
+  REQUIRE(split.ok());
+  CHECK(split->groups[0].num_blocks == 4096);
+  CHECK(split->lost_bytes == 2097151);
+}
+
+TEST_CASE("split_budget refuses what it cannot split, naming the value and the limit",
+          "[kv_cache_config]") {
+  expect_invalid(kGemma3.split_budget(-1, 32768).status(), "budget is -1 bytes");
+  expect_invalid(kGemma3.split_budget((int64_t{1} << 50) + 1, 32768).status(), "[0, 2^50]");
+  expect_invalid(kGemma3.split_budget(int64_t{1} << 30, 0).status(), "target length is 0");
+  // 7 MiB at 32,768: the sliding group's share is 7,340,032 x 449,839,104 / 3,134,193,664 =
+  // 1,053,487 bytes, less than its 6,815,744-byte page.
+  expect_invalid(kGemma3.split_budget(7 << 20, 32768).status(),
+                 "gives group 0 (sliding_window 1024, 52 layers) 1053487 bytes, less than one "
+                 "page of 6815744 bytes");
+}
+
+TEST_CASE("validate names the group and the field", "[kv_cache_config]") {
+  expect_invalid(KvCacheConfig{}.validate(), "no layer groups");
+  KvCacheConfig c = kGemma3;
+  c.groups[1].window = 4;
+  expect_invalid(c.validate(), "group 1 is full attention with window 4");
+  c = kGemma3;
+  c.groups[0].window = 0;
+  expect_invalid(c.validate(), "group 0 is sliding_window with window 0");
+  c = kScout;
+  c.groups[0].window = -3;
+  expect_invalid(c.validate(), "group 0 is chunked_local with window -3");
+  c = kGemma3;
+  c.groups[1].shape.num_layers = 0;
+  expect_invalid(c.validate(), "group 1: KvCacheSpec: num_layers is 0");
+  c = kGemma3;
+  c.groups[0].shape.latent = true;
+  expect_invalid(c.validate(), "group 0: KvCacheSpec: a latent (MLA) spec has num_kv_heads 16");
+  c = kGemma3;
+  c.block_size = 0;
+  expect_invalid(c.split_budget(int64_t{1} << 30, 4096).status(), "block_size is 0");
+}
+
+}  // namespace
+}  // namespace pagedkv
