@@ -194,6 +194,13 @@ class EngineFeed:
             handled += 1
         return handled
 
+    def receive(self, seq, payload):
+        """Applies one live message (seq, payload) that was read elsewhere, e.g. by a
+        thread that only timestamps them, as poll() applies the ones it reads."""
+        if self.next_seq is None:
+            self.sync()
+        self._live(seq, payload)
+
     def catch_up(self, target_seq):
         """Makes sure every batch before `target_seq` is applied (a lost last message
         leaves no later one to reveal the gap)."""
