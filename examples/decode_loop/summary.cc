@@ -172,8 +172,8 @@ std::string format_text(const Report& r) {
                                  static_cast<double>(s.admit_query_tokens)),
                    s.admit_hit_tokens, s.admit_query_tokens));
   line(fmt::format(
-      "               hit rate of all lookups {:.1f}% ({} of {}, retried admissions included; "
-      "the metrics' prefix_cache_hits_total / _queries_total)",
+      "               hit rate of all lookups {:.1f}% ({} of {}, retries included: the metrics' "
+      "rate)",
       100.0 * ratio(static_cast<double>(m.prefix_hit_tokens),
                     static_cast<double>(m.prefix_query_tokens)),
       m.prefix_hit_tokens, m.prefix_query_tokens));

@@ -8,6 +8,8 @@
 //   - ROUTER socket (optional): a subscriber that saw a gap in the sequence numbers asks for
 //     a replay from a sequence number (vLLM's protocol), or for a snapshot of every cached
 //     block (pagedkv's addition) when the gap is older than the replay buffer.
+//   - Optional ZeroMQ CURVE on both sockets (Options::curve_*): encrypted, and only the
+//     clients whose public keys are listed can connect.
 //
 // Threading: the scheduler thread calls on_event() (through the manager) and end_step()
 // once per engine step; both only copy into a reused staging buffer and, at end_step(),
