@@ -55,7 +55,7 @@ TEST_CASE("a certificate in zmq.auth's format reads: the secret one gives both k
   REQUIRE(*pub == kPublic);
 }
 
-TEST_CASE("written certificates read back; the secret one is private to its owner") {
+TEST_CASE("written certificates read back and the secret one is private to its owner") {
   if (skipped_without_curve()) return;
   TempDir dir;
   const absl::StatusOr<CurveKeyPair> keys = new_curve_key_pair();

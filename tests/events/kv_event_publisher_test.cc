@@ -623,7 +623,7 @@ zmq::socket_t curve_client(zmq::context_t& context, zmq::socket_type type,
   return socket;
 }
 
-TEST_CASE("with CURVE an allowed client receives and replays; others receive nothing") {
+TEST_CASE("with CURVE an allowed client receives and replays while others receive nothing") {
   if (!internal::curve_available()) {
     testing::report_skip("libzmq was built without CURVE (zmq_has(\"curve\") is false)");
     return;
@@ -684,7 +684,7 @@ TEST_CASE("with CURVE an allowed client receives and replays; others receive not
   REQUIRE(s.handshakes_refused >= 2);  // the stranger's SUB and DEALER (they retry)
 }
 
-TEST_CASE("CURVE options are checked: both or neither; key files named when wrong") {
+TEST_CASE("CURVE options are checked: both or neither and key files named when wrong") {
   testing::TempDir dir;
   auto half = KvEventPublisher::create(
       {.endpoint = ipc_endpoint("curve-x"), .curve_secret_key_file = dir.path() + "/s"});
