@@ -122,6 +122,16 @@ ABSL_FLAG(std::string, kv_events, "",
           "publish KV events for routers (vLLM format), e.g. tcp://127.0.0.1:5557");
 ABSL_FLAG(std::string, kv_events_replay, "",
           "replay/snapshot socket for those events, e.g. tcp://127.0.0.1:5558");
+ABSL_FLAG(std::string, kv_events_curve_secret_key, "",
+          "encrypt and authenticate the KV events with ZeroMQ CURVE: this engine's secret "
+          "certificate (NAME.key_secret, from pagedkv-curve-keygen or zmq.auth); needs "
+          "--kv-events-curve-clients");
+ABSL_FLAG(std::string, kv_events_curve_clients, "",
+          "with CURVE: a directory of the public certificates (*.key) of the routers allowed "
+          "to connect");
+ABSL_FLAG(double, min_step_ms, 0.0,
+          "pace the loop: a step takes at least this long (0: as fast as it runs), e.g. to "
+          "keep a small model publishing for a while");
 ABSL_FLAG(std::string, kv_index_out, "",
           "write the final prefix index there (one hex block hash per line)");
 ABSL_FLAG(double, hold_s, 0.0,
@@ -407,16 +417,36 @@ int run(int argc, char** argv) {
   }
   std::unique_ptr<KvEventFeed> events;
   if (const std::string endpoint = absl::GetFlag(FLAGS_kv_events); !endpoint.empty()) {
-    absl::StatusOr<std::unique_ptr<KvEventFeed>> started =
-        KvEventFeed::start(endpoint, absl::GetFlag(FLAGS_kv_events_replay));
+    absl::StatusOr<std::unique_ptr<KvEventFeed>> started = KvEventFeed::start(
+        {.endpoint = endpoint,
+         .replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay),
+         .curve_secret_key_file = absl::GetFlag(FLAGS_kv_events_curve_secret_key),
+         .curve_allowed_clients_dir = absl::GetFlag(FLAGS_kv_events_curve_clients)});
     if (!started.ok()) fail(std::string(started.status().message()));
     events = *std::move(started);
     engine.event_sink = events->sink();
+  } else if (!absl::GetFlag(FLAGS_kv_events_curve_secret_key).empty() ||
+             !absl::GetFlag(FLAGS_kv_events_curve_clients).empty()) {
+    fail("--kv-events-curve-secret-key and --kv-events-curve-clients need --kv-events");
   }
-  if (metrics != nullptr || events != nullptr) {
+  const double min_step_ms = absl::GetFlag(FLAGS_min_step_ms);
+  if (!(min_step_ms >= 0 && min_step_ms <= 60000)) {
+    fail(absl::StrCat("--min-step-ms ", min_step_ms, " must be in [0, 60000]"));
+  }
+  const auto min_step = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double, std::milli>(min_step_ms));
+  auto next_step = std::chrono::steady_clock::now() + min_step;
+  if (metrics != nullptr || events != nullptr || min_step_ms > 0) {
     engine.on_step = [&](const pagedkv::KvCacheManager::Stats& s) {
       if (events != nullptr) events->end_step();  // one batch of KV events per step
-      if (metrics != nullptr) metrics->update(s);
+      if (metrics != nullptr) {
+        metrics->update(s);
+        if (events != nullptr) metrics->update(events->stats());
+      }
+      if (min_step_ms > 0) {
+        std::this_thread::sleep_until(next_step);
+        next_step = std::max(next_step + min_step, std::chrono::steady_clock::now());
+      }
     };
   }
 
@@ -474,7 +504,6 @@ int run(int argc, char** argv) {
     if (!result.ok()) fail(absl::StrCat("verify failed: ", result.status().ToString()));
     report.verify = *std::move(result);
   }
-  const std::string text = absl::GetFlag(FLAGS_json) ? format_json(report) : format_text(report);
   const std::string kv_index_out = absl::GetFlag(FLAGS_kv_index_out);
   if (!kv_index_out.empty() && !write_prefix_index(eng.manager(), kv_index_out)) {
     fail(absl::StrCat("--kv-index-out ", kv_index_out, ": cannot write"));
@@ -485,15 +514,27 @@ int run(int argc, char** argv) {
     if (!events->wait_until_sent(/*timeout_s=*/10)) {
       std::fprintf(stderr, "pagedkv-decode: kv events: the publisher did not send every batch\n");
     }
+    // The summary and the metrics show the same counters.
+    report.kv_events = events->stats();
+    if (metrics != nullptr) metrics->update(*report.kv_events);
     std::fprintf(stderr, "pagedkv-decode: kv events: next seq %lld\n",
-                 static_cast<long long>(events->next_seq()));
+                 static_cast<long long>(report.kv_events->next_seq));
   }
+  const std::string text = absl::GetFlag(FLAGS_json) ? format_json(report) : format_text(report);
   std::fputs(text.c_str(), stdout);
   if (const double hold_s = absl::GetFlag(FLAGS_hold_s); hold_s > 0) {
-    // Let scrapers and routers read the final state.
+    // Let scrapers and routers read the final state; the metrics keep counting the replay
+    // and snapshot requests served meanwhile (the summary shows them up to now).
     std::fflush(stdout);
     std::fflush(stderr);
-    std::this_thread::sleep_for(std::chrono::duration<double>(hold_s));
+    const auto end = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(hold_s));
+    while (std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_until(
+          std::min(end, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
+      if (metrics != nullptr && events != nullptr) metrics->update(events->stats());
+    }
   }
   const bool complete = report.run.requests_completed == report.run.requests;
   if (!complete) std::fprintf(stderr, "pagedkv-decode: not every request completed\n");

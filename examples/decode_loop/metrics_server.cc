@@ -19,6 +19,7 @@ class PrometheusServer : public MetricsServer {
   explicit PrometheusServer(std::unique_ptr<pagedkv::KvCacheMetrics> metrics)
       : metrics_(std::move(metrics)) {}
   void update(const pagedkv::KvCacheManager::Stats& stats) override { metrics_->update(stats); }
+  void update(const pagedkv::KvEventPublisher::Stats& stats) override { metrics_->update(stats); }
 
  private:
   std::unique_ptr<pagedkv::KvCacheMetrics> metrics_;

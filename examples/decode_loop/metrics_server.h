@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_event_publisher.h"
 
 namespace decode_loop {
 
@@ -17,6 +18,8 @@ class MetricsServer {
   static absl::StatusOr<std::unique_ptr<MetricsServer>> start(int port);
   virtual ~MetricsServer() = default;
   virtual void update(const pagedkv::KvCacheManager::Stats& stats) = 0;
+  // The publisher's counters (--kv-events): events published, requests served.
+  virtual void update(const pagedkv::KvEventPublisher::Stats& stats) = 0;
 };
 
 }  // namespace decode_loop

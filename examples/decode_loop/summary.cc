@@ -105,6 +105,22 @@ Json verify_json(const VerifyResult& v, MechanismSet exercised) {
           {"sequences", std::move(sequences)}};
 }
 
+// The publisher's counters under the names of their metrics (docs/events.md, "Metrics").
+Json kv_events_json(const std::optional<pagedkv::KvEventPublisher::Stats>& stats) {
+  if (!stats.has_value()) return nullptr;
+  const pagedkv::KvEventPublisher::Stats& e = *stats;
+  return {{"next_seq", e.next_seq},
+          {"batches_published", e.steps_published},
+          {"events_published", e.events_published},
+          {"events_dropped_subscriber_hwm", e.events_dropped_hwm},
+          {"events_dropped_publisher_queue", e.events_dropped_queue},
+          {"replay_requests", e.replay_requests},
+          {"snapshot_requests", e.snapshot_requests},
+          {"requests_refused", e.requests_refused},
+          {"stalled_peers_dropped", e.stalled_peers_dropped},
+          {"handshakes_refused", e.handshakes_refused}};
+}
+
 Json fault_json(const Report& r) {
   if (r.engine.fault == Fault::kNone) return nullptr;
   return {{"name", r.fault},
@@ -149,10 +165,18 @@ std::string format_text(const Report& r) {
   line(fmt::format("decode         {} tokens in {:.2f} s = {:.0f} tok/s ({} steps)",
                    s.decode_tokens, s.decode_seconds,
                    ratio(static_cast<double>(s.decode_tokens), s.decode_seconds), s.steps));
-  line(fmt::format("prefix cache   hit rate {:.1f}% ({} of {} prompt tokens found at admission)",
+  // Two rates: each admitted request once, and every lookup (what the metrics count: a
+  // request whose allocation failed is looked up again when it is retried).
+  line(fmt::format("prefix cache   hit rate at admission {:.1f}% ({} of {} prompt tokens)",
                    100.0 * ratio(static_cast<double>(s.admit_hit_tokens),
                                  static_cast<double>(s.admit_query_tokens)),
                    s.admit_hit_tokens, s.admit_query_tokens));
+  line(fmt::format(
+      "               hit rate of all lookups {:.1f}% ({} of {}, retries included: the metrics' "
+      "rate)",
+      100.0 * ratio(static_cast<double>(m.prefix_hit_tokens),
+                    static_cast<double>(m.prefix_query_tokens)),
+      m.prefix_hit_tokens, m.prefix_query_tokens));
   if (r.engine.enable_host_cache) {
     line(
         fmt::format("host tier      {} hit tokens promoted from host memory ({:.1f}% of hits); "
@@ -181,6 +205,14 @@ std::string format_text(const Report& r) {
                   "of {} tokens each (utilization {:.1f}%)",
                   s.peak_running, r.contiguous_peak_concurrency, r.contiguous_max_len,
                   100.0 * r.contiguous_utilization));
+  if (r.kv_events.has_value()) {
+    const pagedkv::KvEventPublisher::Stats& e = *r.kv_events;
+    line(fmt::format(
+        "kv events      {} events in {} batches published, {} dropped; {} replay and {} "
+        "snapshot requests served, {} refused",
+        e.events_published, e.steps_published, e.events_dropped_hwm + e.events_dropped_queue,
+        e.replay_requests, e.snapshot_requests, e.requests_refused));
+  }
   line(fmt::format("wall time      {:.2f} s", s.wall_seconds));
   if (r.verify.has_value()) {
     const VerifyResult& v = *r.verify;
@@ -253,11 +285,15 @@ std::string format_json(const Report& r) {
       {"prefill_tokens_per_second",
        ratio(static_cast<double>(s.prefill_tokens), s.prefill_seconds)},
       {"decode_tokens_per_second", ratio(static_cast<double>(s.decode_tokens), s.decode_seconds)},
+      // At admission: each admitted request once.
       {"prefix_cache_hit_rate",
        ratio(static_cast<double>(s.admit_hit_tokens), static_cast<double>(s.admit_query_tokens))},
       {"prefix_hit_tokens", s.admit_hit_tokens},
       {"prefix_query_tokens", s.admit_query_tokens},
-      // The allocator's own counters also count lookups of admissions that were retried.
+      // The allocator's own counters (the metrics' prefix_cache_*_total) count every lookup,
+      // so an admission retried after its allocation failed counts again.
+      {"allocator_prefix_cache_hit_rate",
+       ratio(static_cast<double>(m.prefix_hit_tokens), static_cast<double>(m.prefix_query_tokens))},
       {"allocator_prefix_hit_tokens", m.prefix_hit_tokens},
       {"allocator_prefix_query_tokens", m.prefix_query_tokens},
       // Host tier: hits of admissions found there, and the allocator's tier counters next
@@ -287,6 +323,7 @@ std::string format_json(const Report& r) {
       // Sequences whose K/V went through each mechanism (mechanism.h).
       {"mechanism_sequences", std::move(mechanism_sequences)},
       {"mechanisms_exercised", names_json(s.exercised())},
+      {"kv_events", kv_events_json(r.kv_events)},
       {"fault", fault_json(r)},
       {"verify", r.verify.has_value() ? verify_json(*r.verify, s.exercised()) : Json(nullptr)},
   };

@@ -11,6 +11,7 @@
 
 #include "mechanism.h"
 #include "model.h"
+#include "pagedkv/kv_event_publisher.h"
 #include "scheduler.h"
 #include "verify.h"
 
@@ -32,6 +33,8 @@ struct Report {
   int32_t contiguous_peak_concurrency = 0;  // sequences the same budget holds (at most all)
   double contiguous_utilization = 0.0;      // mean real tokens / reserved slots
   std::optional<VerifyResult> verify;
+  // --kv-events: the publisher's counters when the summary was written (every batch sent).
+  std::optional<pagedkv::KvEventPublisher::Stats> kv_events;
 
   // The mechanisms the verified sequences went through (none without --verify).
   MechanismSet covered() const;

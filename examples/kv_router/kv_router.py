@@ -6,7 +6,8 @@ It speaks vLLM's KV event protocol (docs/events.md) with pyzmq and msgspec:
   - a SUB socket per engine receives (topic, seq, KVEventBatch) messages;
   - a gap in the sequence numbers is filled by a replay request on the engine's ROUTER
     socket (a DEALER here): 8-byte big-endian start seq, answered by the buffered batches
-    from there and an END marker (seq -1);
+    from there and an END marker (seq -1); a busy engine answers END with the marker
+    "busy" instead, and the request is sent again after a pause;
   - when the gap is older than the engine's replay buffer, or on first contact, a snapshot
     request (seq -2, pagedkv's addition) returns AllBlocksCleared plus every cached block
     as BlockStored events, all tagged with the seq S they are consistent with; live
@@ -16,8 +17,12 @@ The index is keyed by content, not by recomputing hashes: each BlockStored block
 (parent hash, its tokens, its extra keys) -> hash, so a query walks its tokens block by
 block through that map, whatever hash function the engine uses.
 
+Engines that publish with CURVE (docs/events.md, "Authenticated events") need the
+router's own secret certificate and each engine's public certificate: CurveKeys.load().
+
 As a program it follows engines and writes their indexes (used by the tests):
   kv_router.py follow --engine NAME PUB_ENDPOINT REPLAY_ENDPOINT [--engine ...]
+      [--client-cert SECRET_CERT --engine-cert NAME PUBLIC_CERT ...]
       [--state FILE] [--until-seq-file FILE] [--index-out PREFIX] [--timeout-s N]
 """
 
@@ -27,8 +32,10 @@ import os
 import pickle
 import sys
 import time
+from typing import NamedTuple
 
 import zmq
+import zmq.auth
 
 import kv_events_schema as schema
 
@@ -41,6 +48,30 @@ HOST_MEDIUM = "CPU"
 # a device hit does, but the engine first copies the block back to the device. Over PCIe
 # 5.0 that takes about 1/21 of recomputing the block (docs/results.md, tier table).
 HOST_HIT_WEIGHT = 0.95
+# The frame an engine puts before END's seq when it refuses a request (too many pending).
+BUSY_MARKER = b"busy"
+
+
+class CurveKeys(NamedTuple):
+    """A CURVE client's keys for one engine, Z85 bytes as zmq.auth loads them."""
+    public: bytes  # the router's own
+    secret: bytes
+    server: bytes  # the engine's public key
+
+    @staticmethod
+    def load(client_secret_cert, server_public_cert):
+        """From the router's NAME.key_secret and the engine's NAME.key (ZeroMQ
+        certificates, as zmq.auth.create_certificates() or pagedkv-curve-keygen write)."""
+        public, secret = zmq.auth.load_certificate(client_secret_cert)
+        if secret is None:
+            raise ValueError(f"{client_secret_cert}: no secret-key (the NAME.key_secret file?)")
+        server, _ = zmq.auth.load_certificate(server_public_cert)
+        return CurveKeys(public, secret, server)
+
+    def apply(self, socket):
+        socket.curve_publickey = self.public
+        socket.curve_secretkey = self.secret
+        socket.curve_serverkey = self.server
 
 
 class EngineIndex:
@@ -127,19 +158,25 @@ class EngineIndex:
 class EngineFeed:
     """One engine's event stream, kept gap-free by replay and snapshot requests."""
 
-    def __init__(self, name, pub_endpoint, replay_endpoint, context, timeout_ms=5000):
+    def __init__(self, name, pub_endpoint, replay_endpoint, context, timeout_ms=5000,
+                 curve=None):
+        """curve: CurveKeys when the engine publishes with CURVE."""
         self.name = name
         self.pub_endpoint = pub_endpoint
         self.replay_endpoint = replay_endpoint
         self.timeout_ms = timeout_ms
         self.index = EngineIndex()
         self.next_seq = None  # None: not synchronised yet
-        self.counters = dict(live=0, replayed=0, replays=0, snapshots=0, snapshot_blocks=0)
+        self.counters = dict(live=0, replayed=0, replays=0, snapshots=0, snapshot_blocks=0,
+                             busy=0)
         self.sub = context.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(pub_endpoint)
         self.dealer = context.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.LINGER, 0)
+        if curve is not None:  # before connecting: the handshake uses them
+            curve.apply(self.sub)
+            curve.apply(self.dealer)
+        self.sub.connect(pub_endpoint)
         self.dealer.connect(replay_endpoint)
 
     def close(self):
@@ -156,6 +193,13 @@ class EngineFeed:
             self._live(schema.seq_from_bytes(seq_bytes), payload)
             handled += 1
         return handled
+
+    def receive(self, seq, payload):
+        """Applies one live message (seq, payload) that was read elsewhere, e.g. by a
+        thread that only timestamps them, as poll() applies the ones it reads."""
+        if self.next_seq is None:
+            self.sync()
+        self._live(seq, payload)
 
     def catch_up(self, target_seq):
         """Makes sure every batch before `target_seq` is applied (a lost last message
@@ -203,16 +247,32 @@ class EngineFeed:
             self.sync()
 
     def _request(self, value):
-        """Sends a replay (value >= 0) or snapshot request; returns [(seq, batch)]."""
-        self.dealer.send_multipart([b"", schema.seq_to_bytes(value)])
+        """Sends a replay (value >= 0) or snapshot request; returns [(seq, batch)]. A busy
+        answer is retried after a pause that doubles, until timeout_ms has passed."""
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        pause = 0.01
+        while True:
+            self.dealer.send_multipart([b"", schema.seq_to_bytes(value)])
+            replies = self._read_reply(deadline)
+            if replies is not None:
+                return replies
+            self.counters["busy"] += 1
+            if time.monotonic() + pause > deadline:
+                raise TimeoutError(f"{self.name}: {self.replay_endpoint} stayed busy")
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    def _read_reply(self, deadline):
+        """The batches of one reply up to its END; None when the engine answered busy."""
         replies = []
         while True:
-            if not self.dealer.poll(self.timeout_ms):
+            wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.dealer.poll(wait_ms):
                 raise TimeoutError(f"{self.name}: no reply from {self.replay_endpoint}")
-            _empty, _topic, seq_bytes, payload = self.dealer.recv_multipart()
+            _empty, marker, seq_bytes, payload = self.dealer.recv_multipart()
             seq = schema.seq_from_bytes(seq_bytes)
             if seq == schema.END_SEQ:
-                return replies
+                return None if marker == BUSY_MARKER else replies
             replies.append((seq, schema.decoder.decode(payload)))
 
 
@@ -220,9 +280,10 @@ class KvRouter:
     """Follows several engines; routes a prompt to the one with the longest cached prefix."""
 
     def __init__(self, engines, context=None):
-        """engines: [(name, pub_endpoint, replay_endpoint)]."""
+        """engines: [(name, pub_endpoint, replay_endpoint[, CurveKeys])]."""
         self.context = context or zmq.Context.instance()
-        self.feeds = [EngineFeed(n, p, r, self.context) for n, p, r in engines]
+        self.feeds = [EngineFeed(*e[:3], self.context, curve=e[3] if len(e) > 3 else None)
+                      for e in engines]
 
     def poll(self, timeout_ms=10):
         return sum(feed.poll(timeout_ms) for feed in self.feeds)
@@ -269,7 +330,12 @@ def _read_targets(path):
 
 
 def follow(args):
-    router = KvRouter([tuple(e) for e in args.engine])
+    certs = dict(args.engine_cert or [])
+    if certs and not args.client_cert:
+        raise SystemExit("--engine-cert needs --client-cert (the router's NAME.key_secret)")
+    engines = [tuple(e) + ((CurveKeys.load(args.client_cert, certs[e[0]]),)
+                           if e[0] in certs else ()) for e in args.engine]
+    router = KvRouter(engines)
     if args.state and os.path.exists(args.state):
         _load_state(router, args.state)  # a restart: resume from the saved seq (replay)
     else:
@@ -304,6 +370,10 @@ def main():
     f = sub.add_parser("follow", help="follow engines until they finish; write their indexes")
     f.add_argument("--engine", nargs=3, action="append", required=True,
                    metavar=("NAME", "PUB", "REPLAY"))
+    f.add_argument("--client-cert", metavar="SECRET_CERT",
+                   help="the router's CURVE secret certificate (NAME.key_secret)")
+    f.add_argument("--engine-cert", nargs=2, action="append", metavar=("NAME", "PUBLIC_CERT"),
+                   help="engine NAME publishes with CURVE; its public certificate (NAME.key)")
     f.add_argument("--state", help="save the index here after each poll; resume from it")
     f.add_argument("--until-seq-file", help='stop once it lists "NAME SEQ" for every engine')
     f.add_argument("--index-out", default="index-", help="write PREFIX<NAME>.json")

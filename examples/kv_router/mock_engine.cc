@@ -8,6 +8,9 @@
 // hits, evicts and splits by salt. With --host-blocks, evicted blocks are demoted to the
 // host tier and promoted back on a hit, so the events carry both media.
 //
+// With --curve-secret-key and --curve-clients both sockets use ZeroMQ CURVE: only routers
+// whose public certificate is in the directory can connect (docs/events.md).
+//
 // Protocol on stdin/stdout, so that a test can drive it:
 //   prints "endpoints <pub> <router>" once the sockets are bound, then waits for a line
 //   "go" on stdin; runs the steps; writes the manager's prefix index (one "hash medium"
@@ -48,6 +51,11 @@ ABSL_FLAG(int, linger_s, 60, "serve replay/snapshot requests after the run, at m
 ABSL_FLAG(uint64_t, seed, 1, "workload seed");
 ABSL_FLAG(std::string, index_out, "",
           "write the final prefix index there, one \"hex-hash medium\" per line");
+ABSL_FLAG(std::string, curve_secret_key, "",
+          "publish with ZeroMQ CURVE: this engine's secret certificate (NAME.key_secret); "
+          "needs --curve-clients");
+ABSL_FLAG(std::string, curve_clients, "",
+          "with CURVE: a directory of the public certificates (*.key) of the allowed routers");
 
 namespace {
 
@@ -64,6 +72,8 @@ struct Flags {  // the values of the flags above
   int linger_s;
   uint64_t seed;
   std::string index_out;
+  std::string curve_secret_key;  // both empty: no CURVE
+  std::string curve_clients;
 };
 
 Flags read_flags() {
@@ -79,7 +89,9 @@ Flags read_flags() {
           .reset_at_step = GetFlag(FLAGS_reset_at_step),
           .linger_s = GetFlag(FLAGS_linger_s),
           .seed = GetFlag(FLAGS_seed),
-          .index_out = GetFlag(FLAGS_index_out)};
+          .index_out = GetFlag(FLAGS_index_out),
+          .curve_secret_key = GetFlag(FLAGS_curve_secret_key),
+          .curve_clients = GetFlag(FLAGS_curve_clients)};
 }
 
 constexpr const char* kUsage = R"(usage: pagedkv-mock-engine [options]
@@ -205,13 +217,19 @@ class Engine {
 };
 
 int run(const Flags& flags) {
-  auto publisher = pagedkv::KvEventPublisher::create({.endpoint = flags.endpoint,
-                                                      .replay_endpoint = flags.replay_endpoint,
-                                                      .replay_buffer_steps = flags.replay_steps});
+  auto publisher =
+      pagedkv::KvEventPublisher::create({.endpoint = flags.endpoint,
+                                         .replay_endpoint = flags.replay_endpoint,
+                                         .replay_buffer_steps = flags.replay_steps,
+                                         .curve_secret_key_file = flags.curve_secret_key,
+                                         .curve_allowed_clients_dir = flags.curve_clients});
   if (!publisher.ok()) {
     std::cerr << publisher.status() << "\n";
     return 2;
   }
+  const bool curve = !flags.curve_secret_key.empty();
+  decode_loop::warn_if_exposed("pagedkv-mock-engine", (*publisher)->endpoint(), curve);
+  decode_loop::warn_if_exposed("pagedkv-mock-engine", (*publisher)->replay_endpoint(), curve);
   auto manager = pagedkv::KvCacheManager::create({.num_blocks = flags.num_blocks,
                                                   .block_size = flags.block_size,
                                                   .num_host_blocks = flags.host_blocks,

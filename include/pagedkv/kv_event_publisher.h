@@ -8,6 +8,8 @@
 //   - ROUTER socket (optional): a subscriber that saw a gap in the sequence numbers asks for
 //     a replay from a sequence number (vLLM's protocol), or for a snapshot of every cached
 //     block (pagedkv's addition) when the gap is older than the replay buffer.
+//   - Optional ZeroMQ CURVE on both sockets (Options::curve_*): encrypted, and only the
+//     clients whose public keys are listed can connect.
 //
 // Threading: the scheduler thread calls on_event() (through the manager) and end_step()
 // once per engine step; both only copy into a reused staging buffer and, at end_step(),
@@ -69,7 +71,8 @@ class KvEventPublisher : public KvEventSink {
     // Replies to replay and snapshot requests go out between live batches, in turns of at
     // most reply_messages_per_turn messages, one per pending reply in turn. A peer has at
     // most one request pending (a second is refused), and at most max_pending_requests
-    // are; a refused request gets no answer (the client's timeout retries). A peer whose
+    // are; a refused request is answered "busy" (kBusyMarker) when the peer's queue has
+    // room, and the client asks again later. A peer whose
     // queue stays full (reply_hwm messages) for stalled_peer_timeout_ms loses its reply.
     // Memory: docs/events.md, "Bounds under load".
     int32_t max_pending_requests = 1024;
@@ -77,6 +80,13 @@ class KvEventPublisher : public KvEventSink {
     int32_t reply_hwm = 64;                  // ROUTER send high-water mark per peer, messages
     int32_t reply_sndbuf_bytes = 256 << 10;  // kernel send buffer per peer (SO_SNDBUF)
     int32_t stalled_peer_timeout_ms = 1000;
+    // Authenticated, encrypted events (ZeroMQ CURVE) on both sockets; off when both are
+    // empty, else give both. The publisher's secret certificate (the NAME.key_secret that
+    // zmq.auth.create_certificates() or pagedkv-curve-keygen writes), and a directory of
+    // the public certificates (*.key) of the clients allowed to connect: a client needs its
+    // own key pair and the publisher's public key. docs/events.md, "Authenticated events".
+    std::string curve_secret_key_file = "";
+    std::string curve_allowed_clients_dir = "";
   };
 
   struct Stats {
@@ -91,6 +101,7 @@ class KvEventPublisher : public KvEventSink {
     int64_t snapshot_requests = 0;
     int64_t requests_refused = 0;       // a reply already pending for the peer, or too many
     int64_t stalled_peers_dropped = 0;  // replies given up: the peer did not read
+    int64_t handshakes_refused = 0;     // CURVE clients whose public key is not allowed
     int64_t cached_blocks = 0;  // blocks in the snapshot state (kept with a replay endpoint)
   };
 
@@ -99,10 +110,18 @@ class KvEventPublisher : public KvEventSink {
   static constexpr int64_t kSnapshotRequest = -2;
   // The sequence number of the END marker that closes a replay or snapshot reply (vLLM's).
   static constexpr int64_t kEndOfReply = -1;
+  // A refused replay or snapshot request is answered by END with this marker in the frame
+  // before the seq, where END has an empty one: [ "", "busy", -1, "" ]. The reply has the
+  // END seq and an empty payload, so a client that knows only END sees an empty reply;
+  // one that knows the marker asks again later.
+  static constexpr char kBusyMarker[] = "busy";
 
   // Binds the sockets and starts the publisher thread. Errors: InvalidArgument for an
-  // empty endpoint or a non-positive buffer or queue size; Unavailable when a socket
-  // cannot bind (the message names the endpoint and ZeroMQ's reason).
+  // empty endpoint, a non-positive buffer or queue size, only one of the CURVE options, or
+  // a key file or directory that cannot be read or holds no valid key (the message names
+  // the file and what is wrong); FailedPrecondition for CURVE options when libzmq was
+  // built without CURVE; Unavailable when a socket cannot bind (the message names the
+  // endpoint and ZeroMQ's reason).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvEventPublisher>> create(Options options);
 
   // Hands the pending step to the publisher thread, then stops it after it has sent every

@@ -21,8 +21,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "events/cache_mirror.h"
+#include "events/curve_keys.h"
 #include "events/staged_batch.h"
 #include "events/wire_format.h"
+#include "events/zap_handler.h"
 
 namespace pagedkv {
 namespace internal {
@@ -69,8 +71,45 @@ absl::Status check_options(const KvEventPublisher::Options& o) {
   if (o.stalled_peer_timeout_ms <= 0) {
     return invalid("stalled_peer_timeout_ms ", o.stalled_peer_timeout_ms, " must be > 0");
   }
+  if (o.curve_secret_key_file.empty() != o.curve_allowed_clients_dir.empty()) {
+    return o.curve_secret_key_file.empty()
+               ? invalid("curve_allowed_clients_dir \"", o.curve_allowed_clients_dir,
+                         "\" is set but curve_secret_key_file is empty: CURVE needs both")
+               : invalid("curve_secret_key_file \"", o.curve_secret_key_file,
+                         "\" is set but curve_allowed_clients_dir is empty: CURVE needs both");
+  }
   return absl::OkStatus();
 }
+
+// The publisher's CURVE keys: its own secret key and the clients it admits.
+struct CurveSetup {
+  CurveKeyPair server;
+  std::vector<std::string> allowed_client_keys;  // raw 32-byte public keys
+};
+
+// Reads the CURVE key files of the options; nullopt when CURVE is off.
+absl::StatusOr<std::optional<CurveSetup>> read_curve_setup(const KvEventPublisher::Options& o) {
+  if (o.curve_secret_key_file.empty()) return std::nullopt;
+  auto prefixed = [](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("KvEventPublisher: ", s.message()));
+  };
+  if (!curve_available()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KvEventPublisher: curve_secret_key_file \"", o.curve_secret_key_file,
+        "\" asks for CURVE, but this libzmq has none (zmq_has(\"curve\") is false: it was built "
+        "without libsodium)"));
+  }
+  absl::StatusOr<CurveKeyPair> server = read_secret_certificate(o.curve_secret_key_file);
+  if (!server.ok()) return prefixed(server.status());
+  absl::StatusOr<std::vector<std::string>> clients =
+      read_allowed_client_keys(o.curve_allowed_clients_dir);
+  if (!clients.ok()) return prefixed(clients.status());
+  return CurveSetup{.server = *std::move(server), .allowed_client_keys = *std::move(clients)};
+}
+
+// ZMQ_ZAP_ENFORCE_DOMAIN (a draft option in libzmq 4.3, so cppzmq does not name it): a
+// CURVE handshake fails, instead of being admitted, when no ZAP handler answers.
+constexpr int kZapEnforceDomain = 93;
 
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -135,9 +174,16 @@ class PublisherCore {
   }
 
   // Binds the sockets and starts the thread; errors leave nothing running.
-  absl::Status start() {
+  absl::Status start(std::optional<CurveSetup> curve) {
+    if (curve) {
+      absl::StatusOr<std::unique_ptr<ZapHandler>> zap =
+          ZapHandler::start(context_, std::move(curve->allowed_client_keys));
+      if (!zap.ok()) return zap.status();
+      zap_ = *std::move(zap);
+    }
     try {
       pub_ = zmq::socket_t(context_, zmq::socket_type::pub);
+      if (curve) secure(pub_, curve->server);
       pub_.set(zmq::sockopt::sndhwm, options_.hwm);
       // Closing waits up to this long for queued messages to leave.
       pub_.set(zmq::sockopt::linger, static_cast<int>(kCloseLinger.count()));
@@ -145,6 +191,7 @@ class PublisherCore {
       endpoint_ = bind(pub_, options_.endpoint);
       if (!options_.replay_endpoint.empty()) {
         router_ = zmq::socket_t(context_, zmq::socket_type::router);
+        if (curve) secure(router_, curve->server);
         // Replies go out in slices between live batches: a peer's queue holds at most
         // reply_hwm messages (and the kernel's reply_sndbuf_bytes); when it is full, a send
         // fails with EAGAIN (ROUTER_MANDATORY) instead of being dropped, and the reply
@@ -207,6 +254,7 @@ class PublisherCore {
     s.snapshot_requests = snapshot_requests_.load(std::memory_order_relaxed);
     s.requests_refused = requests_refused_.load(std::memory_order_relaxed);
     s.stalled_peers_dropped = stalled_peers_dropped_.load(std::memory_order_relaxed);
+    s.handshakes_refused = zap_ ? zap_->refused() : 0;
     s.cached_blocks = cached_blocks_.load(std::memory_order_relaxed);
     return s;
   }
@@ -215,6 +263,17 @@ class PublisherCore {
   const std::string& replay_endpoint() const { return replay_endpoint_; }
 
  private:
+  // A CURVE server socket: encrypted, and a client is admitted only when the ZAP handler
+  // knows its public key (with no handler answering, never).
+  static void secure(zmq::socket_t& socket, const CurveKeyPair& server) {
+    socket.set(zmq::sockopt::curve_server, 1);
+    socket.set(zmq::sockopt::curve_secretkey, server.secret_key);
+    socket.set(zmq::sockopt::zap_domain, "pagedkv");
+    const int enforce = 1;
+    // Best effort: a libzmq without the option still has the handler bound first.
+    (void)zmq_setsockopt(socket.handle(), kZapEnforceDomain, &enforce, sizeof enforce);
+  }
+
   std::string bind(zmq::socket_t& socket, const std::string& endpoint) {
     failed_endpoint_ = endpoint;
     socket.bind(endpoint);
@@ -288,20 +347,20 @@ class PublisherCore {
 
   enum class Sent { kQueued, kFull, kPeerGone };
 
-  // Sends (topic, seq, payload) on the PUB socket (client empty) or to one ROUTER client.
-  // Never blocks. On the ROUTER socket (ROUTER_MANDATORY) a peer's full queue refuses the
-  // identity frame, so a message is queued whole or not at all, and a peer that left is
-  // told apart (EHOSTUNREACH).
+  // Sends (topic, seq, payload) on the PUB socket (client empty) or to one ROUTER client;
+  // `topic` nullopt is Options::topic. Never blocks. On the ROUTER socket
+  // (ROUTER_MANDATORY) a peer's full queue refuses the identity frame, so a message is
+  // queued whole or not at all, and a peer that left is told apart (EHOSTUNREACH).
   Sent send_message(zmq::socket_t& socket, std::string_view client, const std::array<char, 8>& seq,
-                    std::string_view payload, bool with_topic = true) {
+                    std::string_view payload,
+                    std::optional<std::string_view> topic = std::nullopt) {
     constexpr auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
     try {
       if (!client.empty()) {
         if (!socket.send(zmq::buffer(client), more)) return Sent::kFull;
         if (!socket.send(zmq::const_buffer(nullptr, 0), more)) return Sent::kFull;
       }
-      const std::string_view topic = with_topic ? std::string_view(options_.topic) : "";
-      if (!socket.send(zmq::buffer(topic), more)) return Sent::kFull;
+      if (!socket.send(zmq::buffer(topic.value_or(options_.topic)), more)) return Sent::kFull;
       if (!socket.send(zmq::buffer(seq), more)) return Sent::kFull;
       return socket.send(zmq::buffer(payload), zmq::send_flags::dontwait) ? Sent::kQueued
                                                                           : Sent::kFull;
@@ -335,14 +394,18 @@ class PublisherCore {
   }
 
   // A request is (client id, "", big-endian start seq or 8-byte kSnapshotRequest). It
-  // becomes a pending reply, or is refused (no answer; the client's timeout retries) when
-  // its peer already has one pending or max_pending_requests are.
+  // becomes a pending reply, or is refused when its peer already has one pending or
+  // max_pending_requests are: then the peer gets the busy END, if its queue has room.
   void accept_request(const std::vector<zmq::message_t>& frames) {
     if (frames.size() != 3) return;  // not ours: ignore, like vLLM
     std::string client = frames[0].to_string();
     if (std::ssize(replies_) >= options_.max_pending_requests ||
         !peers_with_reply_.insert(client).second) {
       requests_refused_.fetch_add(1, std::memory_order_relaxed);
+      // One small message that never waits: a full queue (a peer flooding requests and
+      // not reading) drops it, and the client's timeout asks again.
+      (void)send_message(router_, client, seq_bytes(KvEventPublisher::kEndOfReply),
+                         /*payload=*/"", KvEventPublisher::kBusyMarker);
       return;
     }
     PendingReply reply;
@@ -425,7 +488,10 @@ class PublisherCore {
       }
     }
     const bool is_end = payload.empty();
-    switch (send_message(router_, reply.client, seq, payload, /*with_topic=*/!is_end)) {
+    // END has an empty frame where a batch has the topic.
+    const std::optional<std::string_view> topic =
+        is_end ? std::optional<std::string_view>("") : std::nullopt;
+    switch (send_message(router_, reply.client, seq, payload, topic)) {
       case Sent::kFull:
         return SendResult::kBlocked;
       case Sent::kPeerGone:
@@ -464,6 +530,9 @@ class PublisherCore {
   const KvEventPublisher::Options options_;
   const WireOptions wire_;
   zmq::context_t context_{1};
+  // Destroyed after the sockets (declared before them): while a socket with CURVE is
+  // open, its handshakes have a handler to ask.
+  std::unique_ptr<ZapHandler> zap_;
   zmq::socket_t pub_;
   zmq::socket_t router_;
   std::string endpoint_;
@@ -503,8 +572,10 @@ class PublisherCore {
 
 absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::create(Options options) {
   if (absl::Status s = internal::check_options(options); !s.ok()) return s;
+  absl::StatusOr<std::optional<internal::CurveSetup>> curve = internal::read_curve_setup(options);
+  if (!curve.ok()) return curve.status();
   auto core = std::make_unique<internal::PublisherCore>(std::move(options));
-  if (absl::Status s = core->start(); !s.ok()) return s;
+  if (absl::Status s = core->start(*std::move(curve)); !s.ok()) return s;
   return std::unique_ptr<KvEventPublisher>(new KvEventPublisher(std::move(core)));
 }
 

@@ -30,6 +30,19 @@ def scrape(port, timeout_s):
     return time.monotonic() - start, response.split(b"\r\n", 1)[0].decode()
 
 
+def hold_connections(port):
+    """Opens IDLE connections that send nothing and HALF_SENT that send part of a request;
+    returns the sockets, to be closed by the caller."""
+    held = []
+    for _ in range(IDLE):
+        held.append(socket.create_connection(("127.0.0.1", port)))
+    for _ in range(HALF_SENT):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0")
+        held.append(s)
+    return held
+
+
 def main():
     server = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
@@ -38,12 +51,7 @@ def main():
         port = int(server.stdout.readline())
         seconds, status = scrape(port, timeout_s=10)
         print(f"baseline scrape: {seconds * 1000:.1f} ms, {status}")
-        for _ in range(IDLE):
-            held.append(socket.create_connection(("127.0.0.1", port)))
-        for _ in range(HALF_SENT):
-            s = socket.create_connection(("127.0.0.1", port))
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0")
-            held.append(s)
+        held = hold_connections(port)
         try:
             seconds, status = scrape(port, timeout_s=60)
         except OSError as e:

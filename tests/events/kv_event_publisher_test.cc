@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <msgpack.hpp>
 #include <string>
 #include <thread>
@@ -17,8 +18,11 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "events/cache_mirror.h"
+#include "events/curve_keys.h"
 #include "events/staged_batch.h"
 #include "events/wire_format.h"
+#include "support/skip.h"
+#include "temp_dir.h"
 
 namespace pagedkv {
 namespace {
@@ -493,6 +497,223 @@ TEST_CASE("reply limits must be positive, and the refusal names the value") {
   REQUIRE(no_timeout.status().code() == absl::StatusCode::kInvalidArgument);
   REQUIRE_THAT(std::string(no_timeout.status().message()),
                Catch::Contains("stalled_peer_timeout_ms -5 must be > 0"));
+}
+
+// Every frame of the next message on `socket`, or none when nothing comes within
+// `timeout_ms`.
+std::vector<zmq::message_t> frames_within(zmq::socket_t& socket, int timeout_ms) {
+  std::vector<zmq::message_t> frames;
+  zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+  if (zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) == 1) {
+    REQUIRE(zmq::recv_multipart(socket, std::back_inserter(frames)));
+  }
+  return frames;
+}
+
+bool is_busy(const std::vector<zmq::message_t>& frames) {
+  return frames.size() == 4 && frames[0].size() == 0 &&
+         frames[1].to_string() == KvEventPublisher::kBusyMarker &&
+         big_endian(frames[2]) == KvEventPublisher::kEndOfReply && frames[3].size() == 0;
+}
+
+TEST_CASE("a request beyond max_pending_requests is answered busy: END with the marker") {
+  auto publisher = KvEventPublisher::create({.endpoint = ipc_endpoint("busy-pub"),
+                                             .replay_endpoint = ipc_endpoint("busy-replay"),
+                                             .max_pending_requests = 1,
+                                             .reply_hwm = 1,
+                                             .reply_sndbuf_bytes = 4096,
+                                             .stalled_peer_timeout_ms = 60000});
+  REQUIRE(publisher.ok());
+  KvEventPublisher& p = **publisher;
+  const std::vector<TokenId> tokens(1024, 7);  // 4 KiB a batch
+  for (int step = 0; step < 200; ++step) {
+    BlockStored e;
+    e.block_hashes = {BlockHash{static_cast<uint64_t>(step), 1}};
+    e.token_ids = tokens;
+    e.block_size = 1024;
+    p.on_event(e);
+    p.end_step();
+  }
+  zmq::context_t context;
+  // A peer that asks for the whole buffer and never reads: its reply stays pending.
+  zmq::socket_t stalled(context, zmq::socket_type::dealer);
+  stalled.set(zmq::sockopt::rcvhwm, 1);
+  stalled.set(zmq::sockopt::rcvbuf, 4096);
+  stalled.connect(p.replay_endpoint());
+  for (int i = 0; i < 5000 && p.stats().steps_published < 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  request(stalled, 0);
+  for (int i = 0; i < 5000 && p.stats().replay_requests == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(p.stats().replay_requests == 1);
+
+  zmq::socket_t asker(context, zmq::socket_type::dealer);
+  asker.connect(p.replay_endpoint());
+  request(asker, 0);
+  REQUIRE(is_busy(frames_within(asker, 5000)));
+  REQUIRE(frames_within(asker, 100).empty());  // nothing else: the request was not queued
+  request(asker, KvEventPublisher::kSnapshotRequest);
+  REQUIRE(is_busy(frames_within(asker, 5000)));
+  const KvEventPublisher::Stats s = p.stats();
+  REQUIRE(s.requests_refused == 2);
+  REQUIRE(s.replay_requests == 1);
+  REQUIRE(s.snapshot_requests == 0);
+}
+
+TEST_CASE("a peer's second request while its reply is pending is answered busy") {
+  auto publisher = KvEventPublisher::create(
+      {.endpoint = ipc_endpoint("busy2-pub"), .replay_endpoint = ipc_endpoint("busy2-replay")});
+  REQUIRE(publisher.ok());
+  KvEventPublisher& p = **publisher;
+  constexpr int kSteps = 500;
+  for (int step = 0; step < kSteps; ++step) {
+    p.on_event(stored({{static_cast<uint64_t>(step), 2}}, std::nullopt));
+    p.end_step();
+  }
+  for (int i = 0; i < 5000 && p.stats().steps_published < kSteps; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  zmq::context_t context;
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.connect(p.replay_endpoint());
+  request(dealer, 0);  // 500 batches: sent over many turns
+  request(dealer, 0);  // read with the first, while it is pending: refused
+  int batches = 0, busy = 0;
+  for (;;) {
+    std::vector<zmq::message_t> frames = frames_within(dealer, 5000);
+    REQUIRE(frames.size() == 4);
+    if (is_busy(frames)) {
+      ++busy;
+      continue;
+    }
+    if (big_endian(frames[2]) == KvEventPublisher::kEndOfReply) break;
+    REQUIRE(big_endian(frames[2]) == batches);  // the first reply, whole and in order
+    ++batches;
+  }
+  REQUIRE(batches == kSteps);
+  REQUIRE(busy == 1);
+  REQUIRE(p.stats().requests_refused == 1);
+}
+
+// Writes a fresh key pair's certificates to DIR/NAME.key and DIR/NAME.key_secret.
+internal::CurveKeyPair make_certificates(const std::string& dir, const std::string& name) {
+  std::filesystem::create_directories(dir);
+  absl::StatusOr<internal::CurveKeyPair> keys = internal::new_curve_key_pair();
+  REQUIRE(keys.ok());
+  REQUIRE(internal::write_certificate(dir + "/" + name + ".key", *keys, false).ok());
+  REQUIRE(internal::write_certificate(dir + "/" + name + ".key_secret", *keys, true).ok());
+  return *keys;
+}
+
+// A client socket with CURVE keys (server_key: the publisher's public key).
+zmq::socket_t curve_client(zmq::context_t& context, zmq::socket_type type,
+                           const internal::CurveKeyPair* own, const std::string& server_key) {
+  zmq::socket_t socket(context, type);
+  socket.set(zmq::sockopt::linger, 0);
+  // A DEALER whose handshakes fail has no peer to queue a request for: never block on it.
+  socket.set(zmq::sockopt::sndtimeo, 100);
+  if (type == zmq::socket_type::sub) socket.set(zmq::sockopt::subscribe, "");
+  if (own != nullptr) {
+    socket.set(zmq::sockopt::curve_serverkey, server_key);
+    socket.set(zmq::sockopt::curve_publickey, own->public_key);
+    socket.set(zmq::sockopt::curve_secretkey, own->secret_key);
+  }
+  return socket;
+}
+
+TEST_CASE("with CURVE an allowed client receives and replays while others receive nothing") {
+  if (!internal::curve_available()) {
+    testing::report_skip("libzmq was built without CURVE (zmq_has(\"curve\") is false)");
+    return;
+  }
+  testing::TempDir dir;
+  const internal::CurveKeyPair server = make_certificates(dir.path(), "engine");
+  const internal::CurveKeyPair router = make_certificates(dir.path() + "/clients", "router");
+  const internal::CurveKeyPair stranger = make_certificates(dir.path() + "/others", "stranger");
+  const internal::CurveKeyPair impostor = make_certificates(dir.path() + "/others", "impostor");
+  auto publisher =
+      KvEventPublisher::create({.endpoint = "tcp://127.0.0.1:*",
+                                .replay_endpoint = "tcp://127.0.0.1:*",
+                                .curve_secret_key_file = dir.path() + "/engine.key_secret",
+                                .curve_allowed_clients_dir = dir.path() + "/clients"});
+  REQUIRE(publisher.ok());
+  KvEventPublisher& p = **publisher;
+
+  zmq::context_t context;
+  zmq::socket_t keyed = curve_client(context, zmq::socket_type::sub, &router, server.public_key);
+  zmq::socket_t unkeyed = curve_client(context, zmq::socket_type::sub, nullptr, "");
+  zmq::socket_t wrong_key =
+      curve_client(context, zmq::socket_type::sub, &stranger, server.public_key);
+  // An allowed key pair, but another server key: the client is talking to someone else.
+  zmq::socket_t wrong_server =
+      curve_client(context, zmq::socket_type::sub, &router, impostor.public_key);
+  zmq::socket_t keyed_dealer =
+      curve_client(context, zmq::socket_type::dealer, &router, server.public_key);
+  zmq::socket_t unkeyed_dealer = curve_client(context, zmq::socket_type::dealer, nullptr, "");
+  zmq::socket_t wrong_dealer =
+      curve_client(context, zmq::socket_type::dealer, &stranger, server.public_key);
+  for (zmq::socket_t* s : {&keyed, &unkeyed, &wrong_key, &wrong_server}) s->connect(p.endpoint());
+  for (zmq::socket_t* s : {&keyed_dealer, &unkeyed_dealer, &wrong_dealer}) {
+    s->connect(p.replay_endpoint());
+  }
+  // The keyed DEALER's round trip proves the handshakes run; give the SUBs time to join.
+  request(keyed_dealer, KvEventPublisher::kSnapshotRequest);
+  REQUIRE(num_events(receive(keyed_dealer, 1).payload) == 1);
+  REQUIRE(receive(keyed_dealer, 1).seq == KvEventPublisher::kEndOfReply);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  for (uint64_t h = 1; h <= 3; ++h) {
+    p.on_event(stored({{h, 0}}, std::nullopt));
+    p.end_step();
+  }
+  for (int64_t seq = 0; seq < 3; ++seq) REQUIRE(receive(keyed).seq == seq);
+  request(keyed_dealer, 1);
+  REQUIRE(receive(keyed_dealer, 1).seq == 1);
+  REQUIRE(receive(keyed_dealer, 1).seq == 2);
+  REQUIRE(receive(keyed_dealer, 1).seq == KvEventPublisher::kEndOfReply);
+
+  request(unkeyed_dealer, 0);
+  request(wrong_dealer, 0);
+  for (zmq::socket_t* s : {&unkeyed, &wrong_key, &wrong_server, &unkeyed_dealer, &wrong_dealer}) {
+    REQUIRE(frames_within(*s, 200).empty());
+  }
+  const KvEventPublisher::Stats s = p.stats();
+  REQUIRE(s.replay_requests == 1);     // the others' requests never reached the publisher
+  REQUIRE(s.handshakes_refused >= 2);  // the stranger's SUB and DEALER (they retry)
+}
+
+TEST_CASE("CURVE options are checked: both or neither and key files named when wrong") {
+  testing::TempDir dir;
+  auto half = KvEventPublisher::create(
+      {.endpoint = ipc_endpoint("curve-x"), .curve_secret_key_file = dir.path() + "/s"});
+  REQUIRE(half.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(half.status().message()),
+               Catch::Contains("is set but curve_allowed_clients_dir is empty"));
+  auto other_half = KvEventPublisher::create(
+      {.endpoint = ipc_endpoint("curve-x"), .curve_allowed_clients_dir = dir.path()});
+  REQUIRE_THAT(std::string(other_half.status().message()),
+               Catch::Contains("is set but curve_secret_key_file is empty"));
+  if (!internal::curve_available()) {
+    testing::report_skip("libzmq was built without CURVE (zmq_has(\"curve\") is false)");
+    return;
+  }
+  auto missing = KvEventPublisher::create({.endpoint = ipc_endpoint("curve-x"),
+                                           .curve_secret_key_file = dir.path() + "/absent",
+                                           .curve_allowed_clients_dir = dir.path()});
+  REQUIRE(missing.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(missing.status().message()),
+               Catch::Contains("KvEventPublisher: CURVE certificate " + dir.path() +
+                               "/absent: cannot open"));
+  make_certificates(dir.path(), "engine");
+  auto no_clients =
+      KvEventPublisher::create({.endpoint = ipc_endpoint("curve-x"),
+                                .curve_secret_key_file = dir.path() + "/engine.key_secret",
+                                .curve_allowed_clients_dir = dir.path() + "/clients"});
+  REQUIRE(no_clients.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(no_clients.status().message()),
+               Catch::Contains("/clients: cannot list"));
 }
 
 }  // namespace

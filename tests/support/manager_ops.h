@@ -164,8 +164,14 @@ class ManagerOpRunner {
   static constexpr int kMaxOps = 2000;
   static constexpr int kMaxTokensPerSeq = 4096;
 
-  ManagerOpRunner(std::span<const uint8_t> data, OpProfile profile)
-      : in_(data), profile_(profile), echo_(std::getenv("PAGEDKV_OPS_TRACE") != nullptr) {}
+  // invariants_every: check_invariants() after every operation (1, the tests' and fuzzers'
+  // setting) or after every N-th and at the end (the soak, scripts/soak.sh); the model
+  // comparison and the data-flow check run after every operation and step either way.
+  ManagerOpRunner(std::span<const uint8_t> data, OpProfile profile, int invariants_every = 1)
+      : in_(data),
+        profile_(profile),
+        invariants_every_(std::max(1, invariants_every)),
+        echo_(std::getenv("PAGEDKV_OPS_TRACE") != nullptr) {}
 
   std::string run() {
     decode_options();
@@ -182,9 +188,11 @@ class ManagerOpRunner {
     device_mem_.assign(static_cast<size_t>(opts_.num_blocks) * bs_, kGarbage);
     host_mem_.assign(static_cast<size_t>(opts_.num_host_blocks) * bs_, kGarbage);
     for (int op = 0; op < kMaxOps && !in_.empty() && error_.empty(); ++op) {
+      --until_invariants_;
       run_one();
       if (error_.empty()) check_all();
     }
+    until_invariants_ = 0;       // the final state is always checked
     if (error_.empty()) step();  // the last step's writes must land too
     return error_;
   }
@@ -1016,9 +1024,12 @@ class ManagerOpRunner {
 
   void check_all() {
     if (!error_.empty()) return;
-    if (const absl::Status s = impl_->check_invariants(); !s.ok()) {
-      fail("check_invariants: ", s);
-      return;
+    if (invariants_every_ == 1 || until_invariants_ <= 0) {
+      until_invariants_ = invariants_every_;
+      if (const absl::Status s = impl_->check_invariants(); !s.ok()) {
+        fail("check_invariants: ", s);
+        return;
+      }
     }
     const ReferenceModel& m = *model_;
     if (impl_->num_sequences() != static_cast<int32_t>(m.sequences().size())) {
@@ -1239,6 +1250,8 @@ class ManagerOpRunner {
   std::deque<std::string> trace_;
   std::string error_;
   int num_ops_ = 0;
+  int invariants_every_ = 1;  // check_invariants() after every N-th operation
+  int until_invariants_ = 1;  // operations until the next check_invariants()
   SeqId last_added_ = -12345;
   SeqId next_fresh_id_ = 100;
   bool echo_ = false;   // PAGEDKV_OPS_TRACE set: print each operation as it runs
