@@ -436,6 +436,9 @@ TEST_CASE("decode work items read exactly the window, in block-aligned splits", 
           p.tokens_per_split = tokens;
           const int32_t first =
               len > 0 ? static_cast<int32_t>(first_attended(kind, window, len - 1)) : 0;
+          for (int32_t pos = 0; pos < len; pos += 7) {  // the kernels' 32-bit first_attended
+            REQUIRE(window_first(p, pos) == first_attended(kind, window, pos));
+          }
           INFO(attention_kind_name(kind)
                << " window " << window << " len " << len << " splits " << splits);
           int32_t covered = first;

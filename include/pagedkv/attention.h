@@ -41,6 +41,10 @@
 //   PAGEDKV_RETURN_IF_ERROR(paged_extend_attention(device, cache, tables.padded(),
 //       {.q = q_new, .out = out_new, .dtype = DType::kFloat32, .num_q_heads = 8,
 //        .qo_indptr = qo_indptr, .max_query_len = longest_prompt}));
+//   // A sliding-window layer group (Gemma 3: 1,024 tokens) reads only its window.
+//   PAGEDKV_RETURN_IF_ERROR(paged_decode_attention(device, cache, tables.padded(),
+//       {.q = q, .out = out, .dtype = DType::kFloat32, .num_q_heads = 8,
+//        .max_context_len = max_len, .kind = AttentionKind::kSlidingWindow, .window = 1024}));
 #ifndef PAGEDKV_ATTENTION_H_
 #define PAGEDKV_ATTENTION_H_
 

@@ -73,9 +73,19 @@ struct AttentionParams {
   int32_t v_dim = 0;
 };
 
-// First context token that the query at position `pos` attends; 0 for kFull.
+// First context token that the query at position `pos` (>= 0) attends: first_attended()
+// of layer_group.h in 32-bit arithmetic (positions are int32 here, and a 64-bit remainder
+// is a subroutine call on the device); tests check that both agree. 0 for kFull.
 PAGEDKV_HOST_DEVICE PAGEDKV_INLINE int32_t window_first(const AttentionParams& p, int32_t pos) {
-  return static_cast<int32_t>(first_attended(p.kind, p.window, pos < 0 ? 0 : pos));
+  switch (p.kind) {
+    case AttentionKind::kSlidingWindow:
+      return pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
+    case AttentionKind::kChunkedLocal:
+      return pos - pos % p.window;
+    case AttentionKind::kFull:
+      break;
+  }
+  return 0;
 }
 
 // Decode splits of a sequence of `len` tokens cover [decode_base(), len): the window start
