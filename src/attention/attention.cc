@@ -620,6 +620,9 @@ absl::Status validate_mla(const char* fn, Device device, const KvCacheView& cach
     if (args.dtype == DType::kFloat32) {
       return invalid(fn, "CUDA needs q/out in fp16 or bf16; fp32 runs on the CPU reference");
     }
+    if (reinterpret_cast<uintptr_t>(args.q) % 16 != 0) {
+      return invalid(fn, "CUDA needs a 16-byte aligned q (its rows are read in 16-byte chunks)");
+    }
   }
   return absl::OkStatus();
 }
