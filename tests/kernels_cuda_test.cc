@@ -871,10 +871,12 @@ TEST_CASE("CUDA storage is sized from a fraction of free device memory", "[gpu]"
   CHECK(storage->bytes() <= *budget);
 }
 
-TEST_CASE("CUDA write_kv writes the same bytes as the CPU", "[gpu]") {
+TEST_CASE("CUDA write_kv writes the same bytes as the CPU (K and V, or K only: MLA)", "[gpu]") {
   if (!have_gpu()) return;
   for (DType cache : {DType::kFloat32, DType::kBFloat16, DType::kFloat8E4M3}) {
-    for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+    for (auto [layout, k_only] :
+         {std::pair{KvLayout::kHND, false}, std::pair{KvLayout::kNHD, false},
+          std::pair{KvLayout::kNHD, true}}) {
       const int32_t blocks = 5, hkv = 2, bs = 16, hd = 128, n = 37;
       const int64_t pool_bytes = int64_t{blocks} * hkv * bs * hd * bytes_per_element(cache);
       std::vector<uint8_t> k_pool(pool_bytes, 0x11), v_pool(pool_bytes, 0x22);
@@ -886,23 +888,23 @@ TEST_CASE("CUDA write_kv writes the same bytes as the CPU", "[gpu]") {
       for (int32_t i = 0; i < n; ++i) slots[i] = i % 7 == 3 ? -1 : (i * 13) % (blocks * bs);
       const std::vector<float> scales = {0.05f, 0.1f};
       const bool fp8 = cache == DType::kFloat8E4M3;
-      KvCacheView cpu_view =
-          make_kv_cache_view(k_pool.data(), v_pool.data(), cache, blocks, hkv, bs, hd, layout);
+      KvCacheView cpu_view = make_kv_cache_view(k_pool.data(), k_only ? nullptr : v_pool.data(),
+                                                cache, blocks, hkv, bs, hd, layout);
       DeviceBuffer dk(k_pool), dv(v_pool), dks(k), dvs(v), dslots(slots), dscales(scales);
       REQUIRE(write_kv(Device::kCpu, cpu_view,
                        {.k = k.data(),
-                        .v = v.data(),
+                        .v = k_only ? nullptr : v.data(),
                         .src_dtype = DType::kFloat32,
                         .slot_mapping = slots.data(),
                         .num_tokens = n,
                         .maybe_k_scale = fp8 ? &scales[0] : nullptr,
                         .maybe_v_scale = fp8 ? &scales[1] : nullptr})
                   .ok());
-      KvCacheView gpu_view =
-          make_kv_cache_view(dk.get(), dv.get(), cache, blocks, hkv, bs, hd, layout);
+      KvCacheView gpu_view = make_kv_cache_view(dk.get(), k_only ? nullptr : dv.get(), cache,
+                                                blocks, hkv, bs, hd, layout);
       REQUIRE(write_kv(Device::kCuda, gpu_view,
                        {.k = dks.get(),
-                        .v = dvs.get(),
+                        .v = k_only ? nullptr : dvs.get(),
                         .src_dtype = DType::kFloat32,
                         .slot_mapping = dslots.get<int64_t>(),
                         .num_tokens = n,

@@ -63,7 +63,8 @@ namespace pagedkv {
 // Arguments of write_kv().
 struct WriteKvArgs {
   const void* k = nullptr;            // [num_tokens, num_kv_heads, head_dim], src_dtype, contiguous
-  const void* v = nullptr;            // same shape and dtype as k
+  const void* v = nullptr;            // same shape and dtype as k; null: K only (an MLA latent
+                                      // cache, whose V pool may be null)
   DType src_dtype = DType::kFloat32;  // fp32, fp16 or bf16
   const int64_t* slot_mapping = nullptr;  // [num_tokens] slots; a negative slot is skipped
   int32_t num_tokens = 0;
@@ -76,6 +77,7 @@ struct WriteKvArgs {
 // Scatters the K and V of `num_tokens` new tokens into their slots of one layer's pools,
 // converting from src_dtype to the cache dtype (rounding to nearest even; fp8 saturates to
 // +-448 after dividing by the scale). Slot s is block s / block_size, offset s % block_size.
+// With v null only K is written: the latents of an MLA cache (paged_mla_decode()).
 // Errors: InvalidArgument for a null pointer, a negative count, an unsupported dtype pair,
 // or (CPU) a slot at or beyond num_blocks * block_size, naming the token and the limit.
 // On CUDA an out-of-range slot is the caller's contract (the kernel skips it).

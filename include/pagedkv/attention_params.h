@@ -155,7 +155,7 @@ PAGEDKV_HOST_DEVICE PAGEDKV_INLINE WorkItem describe_work(const AttentionParams&
 
 struct WriteKvParams {
   const void* k = nullptr;  // [num_tokens, num_kv_heads, head_dim], src_dtype, contiguous
-  const void* v = nullptr;
+  const void* v = nullptr;  // null: K only (MLA latents)
   DType src_dtype = DType::kFloat32;
   const int64_t* slot_mapping = nullptr;  // [num_tokens]; a negative slot is skipped
   int32_t num_tokens = 0;

@@ -391,11 +391,11 @@ absl::Status write_kv(Device device, const KvCacheView& cache, const WriteKvArgs
                       void* stream) {
   constexpr const char* fn = "write_kv";
   PAGEDKV_RETURN_IF_ERROR(check_device(fn, device));
-  PAGEDKV_RETURN_IF_ERROR(validate_cache(fn, device, cache));
+  PAGEDKV_RETURN_IF_ERROR(validate_cache(fn, device, cache, /*need_v=*/args.v != nullptr));
   if (args.num_tokens < 0) return invalid(fn, absl::StrCat("num_tokens is ", args.num_tokens));
   if (args.num_tokens == 0) return absl::OkStatus();
-  if (args.k == nullptr || args.v == nullptr || args.slot_mapping == nullptr) {
-    return invalid(fn, "k, v or slot_mapping is null");
+  if (args.k == nullptr || args.slot_mapping == nullptr) {
+    return invalid(fn, "k or slot_mapping is null");
   }
   if (args.src_dtype == DType::kFloat8E4M3) {
     return invalid(fn, "source dtype fp8_e4m3 is not supported (fp32, fp16, bf16 are)");

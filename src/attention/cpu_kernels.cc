@@ -253,10 +253,12 @@ void write_kv_typed(const WriteKvParams& p) {
       const int64_t dst = slot_offset(kv, slot, h);
       if constexpr (std::is_same_v<Src, Dst>) {
         std::memcpy(k_pool + dst, k + src, sizeof(Src) * head_dim);
-        std::memcpy(v_pool + dst, v + src, sizeof(Src) * head_dim);
+        if (v != nullptr) std::memcpy(v_pool + dst, v + src, sizeof(Src) * head_dim);
       } else {
         for (int32_t d = 0; d < head_dim; ++d) {
           k_pool[dst + d] = from_float<Dst>(to_float(k[src + d]) * k_inv);
+        }
+        for (int32_t d = 0; v != nullptr && d < head_dim; ++d) {
           v_pool[dst + d] = from_float<Dst>(to_float(v[src + d]) * v_inv);
         }
       }
