@@ -13,6 +13,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "decode_kernel_bench.h"
 #include "nlohmann/json.hpp"
 #include "pagedkv/device.h"
@@ -23,22 +25,32 @@ ABSL_FLAG(double, peak_gbps, 4800.0, "peak HBM bandwidth in GB/s; 4800: H200");
 ABSL_FLAG(std::string, sdpa, "",
           "contiguous baseline: lines \"batch context group microseconds\", as "
           "bench/sdpa_contiguous.py writes them; none by default");
+ABSL_FLAG(std::string, sdpa_mla, "",
+          "contiguous MLA baseline: lines \"batch context heads microseconds\", as "
+          "bench/sdpa_contiguous.py --mla-out writes them; none by default");
+ABSL_FLAG(std::string, grids, "gqa,window,mla",
+          "the grids to time, comma-separated: gqa (full attention), window (sliding window, "
+          "chunked local), mla");
 
 namespace pagedkv::bench {
 namespace {
 
 constexpr const char* kUsage =
-    "Usage: decode_kernel_bench [--json=PATH] [--runs=N] [--peak_gbps=G] [--sdpa=PATH]\n\n"
+    "Usage: decode_kernel_bench [--json=PATH] [--runs=N] [--peak_gbps=G] [--sdpa=PATH]\n"
+    "                           [--sdpa_mla=PATH] [--grids=gqa,window,mla]\n\n"
     "Times CUDA paged decode attention over batch x context x GQA group x KV dtype and block\n"
-    "sizes, next to PyTorch SDPA on contiguous KV when --sdpa names its timings, and checks\n"
-    "the issue's targets.";
+    "sizes, windowed decode (sliding window, chunked local) beside full attention over the\n"
+    "window's tokens, and MLA decode over batch x context x heads x latent dtype, next to\n"
+    "PyTorch SDPA on contiguous KV when --sdpa / --sdpa_mla name its timings, and checks the\n"
+    "issues' targets.";
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "decode_kernel_bench: %s\n", message.c_str());
   return 2;
 }
 
-// Baseline timings: lines "batch context group us"; empty when the file is absent.
+// Baseline timings: lines "batch context group us" (MLA: heads for group); empty when the
+// file is absent.
 std::map<Shape, double> read_sdpa(const std::string& path) {
   std::map<Shape, double> sdpa;
   std::ifstream in(path);
@@ -48,19 +60,37 @@ std::map<Shape, double> read_sdpa(const std::string& path) {
   return sdpa;
 }
 
+// Parses --grids; false for an unknown name.
+bool parse_grids(const std::string& text, DecodeBenchGrids* grids) {
+  *grids = {.gqa = false, .window = false, .mla = false};
+  for (absl::string_view name : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    if (name == "gqa") {
+      grids->gqa = true;
+    } else if (name == "window") {
+      grids->window = true;
+    } else if (name == "mla") {
+      grids->mla = true;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 const DecodeBenchResult* find(const std::vector<DecodeBenchResult>& results, int32_t batch,
                               int32_t context, int32_t group, const char* kv,
-                              int32_t block_size = 16) {
+                              int32_t block_size = 16, const char* kind = "gqa") {
   for (const DecodeBenchResult& r : results) {
-    if (r.batch == batch && r.context == context && r.group == group && r.kv == kv &&
-        r.block_size == block_size) {
+    if (r.kind == kind && r.batch == batch && r.context == context && r.group == group &&
+        r.kv == kv && r.block_size == block_size) {
       return &r;
     }
   }
   return nullptr;
 }
 
-// Prints each target of the issue as met or MISSED; true when all are met.
+// Prints each target of the issues as met or MISSED; true when all are met. Targets of a
+// grid that was not run are left out.
 bool report_targets(const std::vector<DecodeBenchResult>& results) {
   std::printf("\ntargets:\n");
   bool all = true;
@@ -70,6 +100,15 @@ bool report_targets(const std::vector<DecodeBenchResult>& results) {
     all = all && ok;
     std::printf("  [%s] %s\n", ok ? "met" : "MISSED", line);
   };
+  // The cost of a windowed group follows its window: at batch >= 16, within 10% of full
+  // attention over as many tokens.
+  for (const DecodeBenchResult& r : results) {
+    if (r.full_us <= 0 || r.batch < 16) continue;
+    report(r.us <= 1.1 * r.full_us,
+           "%s %d batch %d context %d: %.2fx full attention over the window <= 1.1x",
+           r.kind.c_str(), r.window, r.batch, r.context, r.us / r.full_us);
+  }
+  if (find(results, 16, 8192, 1, "bf16") == nullptr) return all;  // no gqa grid
   const int32_t groups[] = {1, 4, 8};
   for (int32_t g : groups) {
     for (int32_t b : {16, 64, 256}) {
@@ -115,9 +154,11 @@ nlohmann::ordered_json to_json(const DecodeBenchRun& run, const DecodeBenchConfi
                                bool all_targets_met) {
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const DecodeBenchResult& r : run.results) {
-    results.push_back({{"batch", r.batch},
+    results.push_back({{"kind", r.kind},
+                       {"batch", r.batch},
                        {"context", r.context},
-                       {"group", r.group},
+                       {r.kind == "mla" ? "heads" : "group", r.group},
+                       {"window", r.window},
                        {"kv", r.kv},
                        {"block_size", r.block_size},
                        {"num_splits", r.num_splits},
@@ -126,6 +167,8 @@ nlohmann::ordered_json to_json(const DecodeBenchRun& run, const DecodeBenchConfi
                        {"pct_peak", to_decimals(r.pct, 2)},
                        {"sdpa_us", to_decimals(r.sdpa_us, 3)},
                        {"ratio_to_sdpa", to_decimals(r.sdpa_us > 0 ? r.us / r.sdpa_us : 0.0, 4)},
+                       {"full_us", to_decimals(r.full_us, 3)},
+                       {"ratio_to_full", to_decimals(r.full_us > 0 ? r.us / r.full_us : 0.0, 4)},
                        {"graph", r.graph}});
   }
   return {{"device", run.device},
@@ -158,10 +201,16 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(pagedkv::bench::kUsage);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) return fail(absl::StrCat("unexpected argument '", positional[1], "'"));
-  const pagedkv::bench::DecodeBenchConfig config{
+  pagedkv::bench::DecodeBenchConfig config{
       .runs = absl::GetFlag(FLAGS_runs),
       .peak_gbps = absl::GetFlag(FLAGS_peak_gbps),
-      .sdpa_us = pagedkv::bench::read_sdpa(absl::GetFlag(FLAGS_sdpa))};
+      .sdpa_us = pagedkv::bench::read_sdpa(absl::GetFlag(FLAGS_sdpa)),
+      .sdpa_mla_us = pagedkv::bench::read_sdpa(absl::GetFlag(FLAGS_sdpa_mla)),
+      .grids = {}};
+  if (!pagedkv::bench::parse_grids(absl::GetFlag(FLAGS_grids), &config.grids)) {
+    return fail(absl::StrCat("--grids=", absl::GetFlag(FLAGS_grids),
+                             ": names gqa, window or mla, comma-separated"));
+  }
   if (config.runs < 100) {
     return fail(absl::StrCat("--runs=", config.runs, ": must be >= 100 (the median of 100 runs)"));
   }

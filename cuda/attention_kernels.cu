@@ -23,6 +23,14 @@
 // output. K/V rows are XOR-swizzled in 16-byte chunks so ldmatrix and the scalar fragment
 // loads are bank-conflict free.
 //
+// Windowed layer groups (sliding window, chunked local) run the same template with
+// WINDOWED set: a work item starts at its first query's window start (describe_work), so
+// nothing before it is read, and each row also selects away the tokens before its own
+// window start (extend: a chunk boundary or the window's slide inside the query tile). With
+// WINDOWED unset (kFull) that lower bound is compiled out: full attention runs exactly the
+// code it ran before windows existed. Sink logits (gpt-oss) join a row's softmax once, where
+// its output is written (here, or in the split combine).
+//
 // Operand types: fp16 q runs fp16 MMAs, bf16 and fp32 q run bf16 MMAs. 16-bit KV is read
 // with ldmatrix; fp8 e4m3 KV is converted two values per instruction while the fragment is
 // built (each element once per CTA in decode); fp32 values are split into three bf16 terms
@@ -35,6 +43,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention_common.h"
 #include "kernels/dispatch.h"
 #include "kernels/launch.h"
 #include "mma.h"
@@ -49,8 +58,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 64;   // context tokens per pipeline stage
 constexpr int kChunk = 16;  // tokens one warp multiplies at a time (the k of P V)
 constexpr int kChunksPerTile = kTile / kChunk;
-
-__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 template <typename QT, typename KVT, int HD, int WARPS_Q>
 struct Config {
@@ -75,21 +82,6 @@ struct Config {
 // four token chunks of scores per warp would not fit in registers beside the output.
 template <typename QT, int HD>
 constexpr bool kWideShape = sizeof(QT) == 2 && HD <= 128;
-
-// 16-byte chunk `chunk` of row `row`, XOR-swizzled so that the 8 rows an ldmatrix (or a
-// quarter of the scalar loads) touches fall into 8 distinct bank groups.
-template <int kRowBytes>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  if constexpr (kRowBytes >= 128) {
-    return chunk ^ (row & 7);
-  } else {  // 64-byte rows: two rows share a 128-byte line
-    return chunk ^ ((row >> 1) & 3);
-  }
-}
-template <int kRowBytes>
-__device__ __forceinline__ char* tile_at(char* base, int row, int byte) {
-  return base + row * kRowBytes + swizzle<kRowBytes>(row, byte >> 4) * 16 + (byte & 15);
-}
 
 struct SmemLayout {
   size_t q, k, v, offsets, merge, total;
@@ -255,7 +247,7 @@ struct CtaShape {
   int32_t row_chunks;  // CTAs along one KV head's item rows (grid.y / num_kv_heads)
 };
 
-template <typename QT, typename KVT, int HD, int WARPS_Q>
+template <typename QT, typename KVT, int HD, int WARPS_Q, bool WINDOWED>
 __global__ void __launch_bounds__(kThreads, 2)
     paged_attention_kernel(const AttentionParams p, const CtaShape shape) {
   using C = Config<QT, KVT, HD, WARPS_Q>;
@@ -277,9 +269,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (rows <= 0) return;  // extend tile past this sequence's new tokens
   const bool decode = p.maybe_qo_indptr == nullptr;
   const int32_t len = p.table.context_lens[seq];
-  // A sequence whose context fits one split is finished by split 0 alone.
-  const bool split = decode && p.num_splits > 1 && len > p.tokens_per_split;
-  if (decode && z > 0 && (!split || w.begin >= w.end)) return;
+  // A sequence whose window fits one split is finished by split 0 alone; splits past its
+  // last one exit (those before it write a partial, empty or not, for the combine).
+  const int32_t live = decode ? decode_live_splits(p, len) : 1;
+  const bool split = live > 1;
+  if (decode && z > 0 && z >= live) return;
 #ifndef NDEBUG
   if (tid == 0)
     assert(len >= 0 && int64_t{len} <= int64_t{p.table.max_blocks} * p.table.block_size);
@@ -375,10 +369,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
   int32_t limit[2];  // tokens < limit are visible to the row (causal, and < end)
+  int32_t first[2];  // WINDOWED: tokens >= first are visible to the row (its window)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int32_t item_row = row0 + 16 * wq + g + 8 * h;
     limit[h] = min(w.end, w.causal_base + item_row / group + 1);
+    first[h] = WINDOWED ? window_first(p, w.causal_base + item_row / group) : 0;
   }
   const bool active = 16 * wq < rows;  // warps of all-padding row tiles only load
   float o[C::kNTiles][4] = {};
@@ -417,7 +413,9 @@ __global__ void __launch_bounds__(kThreads, 2)
           for (int e = 0; e < 4; ++e) {
             const int h = e >> 1;
             const int32_t t = t0 + (wkv + j * C::kWarpsKv) * kChunk + nt * 8 + 2 * quad + (e & 1);
-            const float x = t < limit[h] ? s[j][nt][e] * score_scale : -INFINITY;
+            bool visible = t < limit[h];
+            if constexpr (WINDOWED) visible = visible && t >= first[h];
+            const float x = visible ? s[j][nt][e] * score_scale : -INFINITY;
             s[j][nt][e] = x;
             tile_max[h] = fmaxf(tile_max[h], x);
           }
@@ -555,7 +553,13 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       continue;
     }
-    const float inv = inv_sum(st[h]) * v_scale;
+    // A sink joins the denominator once ({m = sink, l = 1}, no vector): the output's scale
+    // absorbs the rescale of o.
+    float o_scale = v_scale;
+    if (p.maybe_sinks != nullptr) {
+      o_scale *= merge_into(st[h], MergeState{p.maybe_sinks[head] * kLog2e, 1.0f}).self;
+    }
+    const float inv = inv_sum(st[h]) * o_scale;
     QT* out = static_cast<QT*>(p.o) + (q_row * p.num_q_heads + head) * HD;
 #pragma unroll
     for (int nt = 0; nt < C::kNTiles; ++nt) {
@@ -566,84 +570,6 @@ __global__ void __launch_bounds__(kThreads, 2)
       p.maybe_lse[q_row * p.num_q_heads + head] = natural_lse(st[h]);
     }
   }
-}
-
-// Block-wide reduction of one float over kThreads threads (op: max or sum).
-template <typename Op>
-__device__ __forceinline__ float block_reduce(float x, float* scratch, Op op) {
-#pragma unroll
-  for (int s = 16; s > 0; s >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, s));
-  const int warp = static_cast<int>(threadIdx.x) >> 5;
-  __syncthreads();  // scratch may still be read from a previous reduction
-  if ((threadIdx.x & 31) == 0) scratch[warp] = x;
-  __syncthreads();
-  x = scratch[0];
-#pragma unroll
-  for (int i = 1; i < kWarps; ++i) x = op(x, scratch[i]);
-  return x;
-}
-
-// Merges the splits of one (sequence, query head) by log-sum-exp, in parallel: the global
-// max and the total sum first, then each split's vector scaled by 2^(m_z - m), with the
-// threads over (float4 column, split residue) and a fixed-order sum of the residues.
-// Sequences that fit one split were finished by the attention kernel and are skipped.
-template <typename QT, int HD>
-__global__ void __launch_bounds__(kThreads) combine_splits_kernel(const AttentionParams p) {
-  constexpr int kColumns = HD / 4;
-  constexpr int kResidues = kThreads / kColumns;
-  __shared__ float scratch[kWarps];
-  __shared__ float4 partial[kThreads];
-  const int32_t seq = static_cast<int32_t>(blockIdx.x);
-  const int32_t head = static_cast<int32_t>(blockIdx.y);
-  const int tid = static_cast<int>(threadIdx.x);
-  const int32_t len = p.table.context_lens[seq];
-  if (len <= p.tokens_per_split) return;
-  const int32_t n = min(p.num_splits, ceil_div(len, p.tokens_per_split));
-  const int64_t first = int64_t{seq} * p.num_q_heads + head;
-  const int64_t stride = int64_t{p.table.num_seqs} * p.num_q_heads;  // between splits
-  const float* ml = p.maybe_partial_ml;
-
-  float m = -INFINITY;
-  for (int32_t zi = tid; zi < n; zi += kThreads) m = fmaxf(m, ml[(first + zi * stride) * 2]);
-  m = block_reduce(m, scratch, [](float a, float b) { return fmaxf(a, b); });
-  const float base = m == -INFINITY ? 0.0f : m;
-  float l = 0.0f;
-  for (int32_t zi = tid; zi < n; zi += kThreads) {
-    const int64_t idx = first + zi * stride;
-    l += ml[idx * 2 + 1] * exp2f(ml[idx * 2] - base);
-  }
-  l = block_reduce(l, scratch, [](float a, float b) { return a + b; });
-
-  const int col = tid % kColumns;
-  const int residue = tid / kColumns;
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int32_t zi = residue; zi < n; zi += kResidues) {
-    const int64_t idx = first + zi * stride;
-    const float scale = exp2f(ml[idx * 2] - base);
-    const float4 v = reinterpret_cast<const float4*>(p.maybe_partial_o + idx * HD)[col];
-    acc.x += v.x * scale;
-    acc.y += v.y * scale;
-    acc.z += v.z * scale;
-    acc.w += v.w * scale;
-  }
-  partial[tid] = acc;
-  __syncthreads();
-  if (residue != 0) return;
-  for (int r = 1; r < kResidues; ++r) {
-    const float4 v = partial[r * kColumns + col];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
-  }
-  const MergeState total{m, l};
-  const float inv = inv_sum(total) * (p.maybe_v_scale != nullptr ? *p.maybe_v_scale : 1.0f);
-  QT* out = static_cast<QT*>(p.o) + first * HD + 4 * col;
-  out[0] = from_float<QT>(acc.x * inv);
-  out[1] = from_float<QT>(acc.y * inv);
-  out[2] = from_float<QT>(acc.z * inv);
-  out[3] = from_float<QT>(acc.w * inv);
-  if (p.maybe_lse != nullptr && tid == 0) p.maybe_lse[first] = natural_lse(total);
 }
 
 // The CTA shape for `item_rows` rows per work item: 64 rows when more than 16 are needed
@@ -662,39 +588,34 @@ void with_config(int32_t item_rows, F&& f) {
   f(Config<QT, KVT, HD, 1>{});
 }
 
-// Opts a kernel into more than 48 KiB of dynamic shared memory. A failure is cleared from
-// the runtime's last-error slot so it cannot surface at an unrelated later launch.
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, size_t smem) {
-  if (smem <= 48 * 1024) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-  if (err != cudaSuccess) cudaGetLastError();
-  return err;
+// Calls f(std::bool_constant<WINDOWED>) for the kernel variant of `kind`.
+template <typename F>
+void with_windowed(AttentionKind kind, F&& f) {
+  if (kind == AttentionKind::kFull) return f(std::false_type{});
+  f(std::true_type{});
 }
 
 template <typename QT, typename KVT, int HD>
 cudaError_t launch_typed(const AttentionParams& p, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   with_config<QT, KVT, HD>(p.q_tile * p.group_size, [&](auto config) {
-    using C = decltype(config);
-    constexpr size_t smem = smem_layout<C>().total;
-    auto kernel = paged_attention_kernel<QT, KVT, HD, C::kWarpsQ>;
-    err = allow_smem(kernel, smem);
-    if (err != cudaSuccess) return;
-    const CtaShape shape{ceil_div(p.q_tile * p.group_size, C::kCtaRows)};
-    const int32_t num_z = p.maybe_qo_indptr == nullptr ? p.num_splits : p.num_q_tiles;
-    const dim3 grid(static_cast<unsigned>(p.table.num_seqs),
-                    static_cast<unsigned>(p.kv.num_kv_heads * shape.row_chunks),
-                    static_cast<unsigned>(num_z));
-    kernel<<<grid, kThreads, smem, stream>>>(p, shape);
-    err = cudaGetLastError();
+    with_windowed(p.kind, [&](auto windowed) {
+      using C = decltype(config);
+      constexpr size_t smem = smem_layout<C>().total;
+      auto kernel = paged_attention_kernel<QT, KVT, HD, C::kWarpsQ, decltype(windowed)::value>;
+      err = allow_smem(kernel, smem);
+      if (err != cudaSuccess) return;
+      const CtaShape shape{ceil_div(p.q_tile * p.group_size, C::kCtaRows)};
+      const int32_t num_z = p.maybe_qo_indptr == nullptr ? p.num_splits : p.num_q_tiles;
+      const dim3 grid(static_cast<unsigned>(p.table.num_seqs),
+                      static_cast<unsigned>(p.kv.num_kv_heads * shape.row_chunks),
+                      static_cast<unsigned>(num_z));
+      kernel<<<grid, kThreads, smem, stream>>>(p, shape);
+      err = cudaGetLastError();
+    });
   });
-  if (err != cudaSuccess || p.maybe_qo_indptr != nullptr || p.num_splits <= 1) return err;
-  const dim3 combine_grid(static_cast<unsigned>(p.table.num_seqs),
-                          static_cast<unsigned>(p.num_q_heads));
-  combine_splits_kernel<QT, HD><<<combine_grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (err != cudaSuccess || p.maybe_qo_indptr != nullptr) return err;
+  return launch_combine<QT, HD>(p, stream);
 }
 
 }  // namespace
@@ -722,7 +643,7 @@ int32_t attention_cta_rows(DType q_dtype, DType kv_dtype, int32_t head_dim, int3
 }
 
 cudaError_t attention_ctas_per_sm(DType q_dtype, DType kv_dtype, int32_t head_dim, int32_t rows,
-                                  int* ctas_per_sm) {
+                                  bool windowed, int* ctas_per_sm) {
   cudaError_t err = cudaErrorInvalidValue;
   *ctas_per_sm = 0;
   dispatch_attention(q_dtype, kv_dtype, head_dim, [&](auto q_tag, auto kv_tag, auto hd) {
@@ -730,13 +651,18 @@ cudaError_t attention_ctas_per_sm(DType q_dtype, DType kv_dtype, int32_t head_di
     using KVT = typename decltype(kv_tag)::type;
     constexpr int HD = decltype(hd)::value;
     with_config<QT, KVT, HD>(rows, [&](auto config) {
-      using C = decltype(config);
-      constexpr size_t smem = smem_layout<C>().total;
-      auto kernel = paged_attention_kernel<QT, KVT, HD, C::kWarpsQ>;
-      err = allow_smem(kernel, smem);
-      if (err == cudaSuccess) {
-        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, kThreads, smem);
-      }
+      with_windowed(
+          windowed ? AttentionKind::kSlidingWindow : AttentionKind::kFull, [&](auto windowed_tag) {
+            using C = decltype(config);
+            constexpr size_t smem = smem_layout<C>().total;
+            auto kernel =
+                paged_attention_kernel<QT, KVT, HD, C::kWarpsQ, decltype(windowed_tag)::value>;
+            err = allow_smem(kernel, smem);
+            if (err == cudaSuccess) {
+              err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, kThreads,
+                                                                  smem);
+            }
+          });
     });
   });
   return err;

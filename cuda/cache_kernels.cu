@@ -13,7 +13,7 @@
 namespace pagedkv::internal {
 namespace {
 
-// One CTA per token, threads over (kv head, dim).
+// One CTA per token, threads over (kv head, dim). A null v writes K only (MLA latents).
 template <typename Src, typename Dst>
 __global__ void __launch_bounds__(256) write_kv_kernel(const WriteKvParams p) {
   const int32_t i = static_cast<int32_t>(blockIdx.x);
@@ -28,14 +28,19 @@ __global__ void __launch_bounds__(256) write_kv_kernel(const WriteKvParams p) {
   Dst* k_pool = static_cast<Dst*>(kv.k);
   Dst* v_pool = static_cast<Dst*>(kv.v);
   const int32_t per_token = kv.num_kv_heads * kv.head_dim;
-  for (int32_t e = static_cast<int32_t>(threadIdx.x); e < per_token;
-       e += static_cast<int32_t>(blockDim.x)) {
-    const int32_t h = e / kv.head_dim;
-    const int32_t d = e - h * kv.head_dim;
-    const int64_t src = int64_t{i} * per_token + e;
-    const int64_t dst = slot_offset(kv, slot, h) + d;
-    k_pool[dst] = from_float<Dst>(to_float(k[src]) * k_inv);
-    v_pool[dst] = from_float<Dst>(to_float(v[src]) * v_inv);
+  // K, then V unless it is null (MLA latents: K only).
+  for (int pass = 0; pass < 2; ++pass) {
+    const Src* src_rows = pass == 0 ? k : v;
+    Dst* pool = pass == 0 ? k_pool : v_pool;
+    const float inv = pass == 0 ? k_inv : v_inv;
+    if (src_rows == nullptr) return;
+    for (int32_t e = static_cast<int32_t>(threadIdx.x); e < per_token;
+         e += static_cast<int32_t>(blockDim.x)) {
+      const int32_t h = e / kv.head_dim;
+      const int32_t d = e - h * kv.head_dim;
+      pool[slot_offset(kv, slot, h) + d] =
+          from_float<Dst>(to_float(src_rows[int64_t{i} * per_token + e]) * inv);
+    }
   }
 }
 

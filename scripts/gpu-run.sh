@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check, run on a machine with a GPU over a bundle from scripts/gpu-bundle.sh
-# (one run, under 6 minutes on an H200), from the repository root:
-#   1. the [gpu] tests (CUDA kernels against the CPU and fp64 references);
+# (one run, about 8 minutes on an H200), from the repository root:
+#   1. the [gpu] tests (CUDA kernels against the CPU and fp64 references: GQA decode and
+#      extend, windowed (sliding window, chunked local), sinks, MLA decode, storage);
 #   2. compute-sanitizer memcheck, racecheck and initcheck on the [sanitize] tests (every
-#      kernel variant on small shapes);
-#   3. PyTorch SDPA on contiguous KV (bench/sdpa_contiguous.py), then the kernel benchmark
-#      with that baseline beside every figure;
+#      kernel variant on small shapes, the windowed, sink and MLA ones included);
+#   3. PyTorch SDPA on contiguous KV (bench/sdpa_contiguous.py: GQA, and MLA as a
+#      single-KV-head MQA over the latent), then the kernel benchmark (gqa, window and mla
+#      grids) with that baseline beside every figure;
 #   4. the decode loop on the device, and the verification matrix when present
 #      (scripts/decode-verify-matrix.sh).
 # Writes OUT_DIR/gpu-run.log (everything printed) and OUT_DIR/gpu-run.json (exit codes,
@@ -29,7 +31,7 @@ step "device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
 
 step "CUDA tests"
-timeout 150 "$bin/pagedkv_tests" "[gpu]" -d yes > "$out/tests.log" 2>&1
+timeout 240 "$bin/pagedkv_tests" "[gpu]" -d yes > "$out/tests.log" 2>&1
 tests_rc=$?
 grep -Ev '^[0-9.]+ s: ' "$out/tests.log" | tail -25
 grep -E '^[0-9.]+ s: ' "$out/tests.log"
@@ -40,7 +42,7 @@ sanitizers_rc=0
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck initcheck; do
     step "compute-sanitizer $tool"
-    timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+    timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 1 \
       "$bin/pagedkv_tests" "[sanitize]" > "$out/sanitizer-$tool.log" 2>&1
     rc=$?
     tail -3 "$out/sanitizer-$tool.log"
@@ -54,12 +56,13 @@ else
 fi
 
 step "PyTorch SDPA on contiguous KV"
-timeout 120 python3 bench/sdpa_contiguous.py --out "$out/sdpa_contiguous.txt"
+timeout 180 python3 bench/sdpa_contiguous.py --out "$out/sdpa_contiguous.txt" \
+  --mla-out "$out/sdpa_mla.txt"
 sdpa_rc=$?
 
 step "kernel benchmark"
-timeout 150 "$bin/decode_kernel_bench" --json="$out/decode_kernel_bench.json" \
-  --sdpa="$out/sdpa_contiguous.txt"
+timeout 240 "$bin/decode_kernel_bench" --json="$out/decode_kernel_bench.json" \
+  --sdpa="$out/sdpa_contiguous.txt" --sdpa_mla="$out/sdpa_mla.txt"
 bench_rc=$?
 
 step "decode loop on the device"

@@ -2,6 +2,8 @@
 // independently: gathered K/V with our own address math, fp64 accumulation, two-pass
 // softmax. Block ids are a random permutation of a pool 3x the needed size; every unused
 // slot, unused block and padding entry holds NaN, so any read past a context shows up.
+// Windowed layer groups (sliding window, chunked local) and attention sinks are checked the
+// same way, with the blocks before each window released (NaN or kPaddingBlock).
 #include "pagedkv/attention.h"
 
 #include <catch2/catch.hpp>
@@ -11,7 +13,9 @@
 #include <vector>
 
 #include "attention_test_util.h"
+#include "pagedkv/attention_params.h"
 #include "pagedkv/decode_plan.h"
+#include "pagedkv/layer_group.h"
 
 namespace pagedkv {
 namespace {
@@ -33,10 +37,14 @@ Run run_decode_cpu(AttentionFixture& f, int32_t num_splits) {
                   .dtype = c.q_dtype,
                   .num_q_heads = c.num_q_heads,
                   .maybe_k_scale = f.k_scale_ptr(),
-                  .maybe_v_scale = f.v_scale_ptr()};
+                  .maybe_v_scale = f.v_scale_ptr(),
+                  .kind = c.kind,
+                  .window = c.window,
+                  .maybe_sinks = f.sinks_ptr()};
   DecodeOptions options{.num_splits = num_splits};
   const absl::Status status =
       paged_decode_attention(Device::kCpu, f.view(), f.table_view(), args, options);
+  INFO(status.ToString());
   REQUIRE(status.ok());
   return {testing::to_doubles(out, c.q_dtype), lse};
 }
@@ -52,7 +60,10 @@ Run run_extend_cpu(AttentionFixture& f) {
                   .num_q_heads = c.num_q_heads,
                   .maybe_k_scale = f.k_scale_ptr(),
                   .maybe_v_scale = f.v_scale_ptr(),
-                  .qo_indptr = f.qo_indptr.data()};
+                  .qo_indptr = f.qo_indptr.data(),
+                  .kind = c.kind,
+                  .window = c.window,
+                  .maybe_sinks = f.sinks_ptr()};
   const absl::Status status = paged_extend_attention(Device::kCpu, f.view(), f.table_view(), args);
   INFO(status.ToString());
   REQUIRE(status.ok());
@@ -250,6 +261,222 @@ TEST_CASE("decode plan fills the machine's CTA slots by splitting per-sequence c
   CHECK(plan.num_splits == 1);
 }
 
+// --- windowed layer groups and sinks ------------------------------------------------------
+
+void check_extend(const AttentionCase& c) {
+  AttentionFixture f = testing::make_fixture(c);
+  const Outputs ref = testing::reference(f);
+  check_run(f, run_extend_cpu(f), ref, naive_error(f, ref));
+}
+
+TEST_CASE("windowed decode equals dense attention over the window, blocks before it released",
+          "[attention]") {
+  uint64_t seed = 700;
+  for (AttentionKind kind : {AttentionKind::kSlidingWindow, AttentionKind::kChunkedLocal}) {
+    for (int32_t bs : {8, 16}) {
+      // Smaller than a block, one block, several blocks and not block-aligned, beyond every
+      // context.
+      for (int32_t window : {bs / 2 + 1, bs, 3 * bs + 5, 5000}) {
+        AttentionCase c{.head_dim = 64,
+                        .block_size = bs,
+                        .num_q_heads = 8,
+                        .num_kv_heads = 2,
+                        .lens = {0, 1, bs - 1, bs, bs + 1, 97, 300, 33},
+                        .seed = seed++,
+                        .kind = kind,
+                        .window = window};
+        check_decode(c, {1, 3, 16});  // a window start inside a split, and empty splits
+      }
+    }
+  }
+}
+
+TEST_CASE("windowed decode in every dtype pair, both layouts, with and without sinks",
+          "[attention]") {
+  const std::pair<DType, DType> dtypes[] = {{DType::kFloat16, DType::kFloat16},
+                                            {DType::kBFloat16, DType::kBFloat16},
+                                            {DType::kBFloat16, DType::kFloat8E4M3}};
+  uint64_t seed = 750;
+  for (auto [q_dtype, kv_dtype] : dtypes) {
+    for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+      for (bool sinks : {false, true}) {
+        AttentionCase c{
+            .head_dim = 128,
+            .block_size = 16,
+            .num_q_heads = 16,
+            .num_kv_heads = 2,
+            .q_dtype = q_dtype,
+            .kv_dtype = kv_dtype,
+            .layout = layout,
+            .lens = {500, 7, 129, 0, 64},
+            .seed = seed++,
+            .kind = sinks ? AttentionKind::kSlidingWindow : AttentionKind::kChunkedLocal,
+            .window = 100,
+            .sinks = sinks};
+        check_decode(c, {1, 4});
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "windowed extend: chunk boundaries inside the new tokens, windows below and above "
+    "the query tile",
+    "[attention]") {
+  uint64_t seed = 800;
+  for (AttentionKind kind : {AttentionKind::kSlidingWindow, AttentionKind::kChunkedLocal}) {
+    for (int32_t window : {5, 16, 24, 100, 1000}) {
+      for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        AttentionCase c{.head_dim = 64,
+                        .block_size = 16,
+                        .num_q_heads = 8,
+                        .num_kv_heads = 2,
+                        .q_dtype = dtype,
+                        .kv_dtype = dtype,
+                        // Pure prefill, a prefill chunk after cached tokens crossing chunk
+                        // boundaries, one-token steps and a long prompt (> 64 rows).
+                        .lens = {40, 97, 150, 16, 1, 300},
+                        .new_tokens = {40, 30, 130, 5, 1, 70},
+                        .seed = seed++,
+                        .kind = kind,
+                        .window = window};
+        check_extend(c);
+      }
+    }
+  }
+}
+
+TEST_CASE("windowed extend with one new token per sequence equals windowed decode bit for bit",
+          "[attention]") {
+  for (AttentionKind kind : {AttentionKind::kSlidingWindow, AttentionKind::kChunkedLocal}) {
+    AttentionCase c{.head_dim = 128,
+                    .block_size = 16,
+                    .num_q_heads = 32,
+                    .num_kv_heads = 8,
+                    .q_dtype = DType::kBFloat16,
+                    .kv_dtype = DType::kBFloat16,
+                    .lens = {1, 15, 16, 17, 300},
+                    .new_tokens = {1, 1, 1, 1, 1},
+                    .kind = kind,
+                    .window = 40,
+                    .sinks = true};
+    AttentionFixture f = testing::make_fixture(c);
+    const Run extend = run_extend_cpu(f);
+    const Run decode = run_decode_cpu(f, 1);
+    CHECK(extend.out == decode.out);
+    CHECK(extend.lse == decode.lse);
+  }
+}
+
+TEST_CASE("a window at least as long as the context equals full attention bit for bit",
+          "[attention]") {
+  AttentionCase c{.head_dim = 64,
+                  .block_size = 16,
+                  .num_q_heads = 8,
+                  .num_kv_heads = 2,
+                  .lens = {1, 100, 257, 33},
+                  .seed = 900};
+  AttentionFixture full = testing::make_fixture(c);
+  const Run expected = run_decode_cpu(full, 1);
+  for (AttentionKind kind : {AttentionKind::kSlidingWindow, AttentionKind::kChunkedLocal}) {
+    c.kind = kind;
+    c.window = 257;
+    AttentionFixture windowed = testing::make_fixture(c);
+    CHECK(run_decode_cpu(windowed, 1).out == expected.out);
+  }
+}
+
+TEST_CASE("sinks join the softmax denominator in decode (split or not) and extend", "[attention]") {
+  uint64_t seed = 950;
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    AttentionCase c{.head_dim = 64,
+                    .block_size = 8,
+                    .num_q_heads = 8,
+                    .num_kv_heads = 1,
+                    .q_dtype = dtype,
+                    .kv_dtype = dtype,
+                    .lens = {1, 7, 8, 9, 97, 0, 500},
+                    .seed = seed++,
+                    .sinks = true};
+    check_decode(c, {1, 3, 16});
+    c.new_tokens = {1, 7, 3, 9, 50, 0, 70};
+    check_extend(c);
+  }
+  // An empty context with a sink: zeros, and the log-sum-exp is the sink itself.
+  AttentionCase c{.head_dim = 64,
+                  .block_size = 8,
+                  .num_q_heads = 2,
+                  .num_kv_heads = 1,
+                  .lens = {0},
+                  .seed = 960,
+                  .sinks = true};
+  AttentionFixture f = testing::make_fixture(c);
+  const Run run = run_decode_cpu(f, 1);
+  CHECK(std::all_of(run.out.begin(), run.out.end(), [](double x) { return x == 0.0; }));
+  CHECK(run.lse[0] == f.sinks[0]);
+  CHECK(run.lse[1] == f.sinks[1]);
+}
+
+TEST_CASE("decode work items read exactly the window, in block-aligned splits", "[attention]") {
+  // describe_work() is what both kernels read: every item inside [window start, len), the
+  // items of a sequence disjoint and covering it, split boundaries on blocks, and
+  // decode_live_splits() counting the splits up to the last non-empty one.
+  for (AttentionKind kind :
+       {AttentionKind::kFull, AttentionKind::kSlidingWindow, AttentionKind::kChunkedLocal}) {
+    for (int32_t window : {1, 5, 16, 40, 1000}) {
+      for (int32_t len : {0, 1, 15, 16, 17, 100, 1024, 3001}) {
+        for (auto [splits, tokens] : {std::pair{1, 0}, std::pair{4, 64}, std::pair{100, 16}}) {
+          AttentionParams p;
+          p.kv.block_size = 16;
+          p.table.context_lens = &len;
+          p.table.num_seqs = 1;
+          p.kind = kind;
+          p.window = window;
+          p.num_splits = splits;
+          p.tokens_per_split = tokens;
+          const int32_t first =
+              len > 0 ? static_cast<int32_t>(first_attended(kind, window, len - 1)) : 0;
+          for (int32_t pos = 0; pos < len; pos += 7) {  // the kernels' 32-bit first_attended
+            REQUIRE(window_first(p, pos) == first_attended(kind, window, pos));
+          }
+          INFO(attention_kind_name(kind)
+               << " window " << window << " len " << len << " splits " << splits);
+          int32_t covered = first;
+          int32_t last_live = 0;
+          for (int32_t z = 0; z < splits; ++z) {
+            const WorkItem w = describe_work(p, 0, z);
+            if (w.begin >= w.end) continue;
+            CHECK(w.begin == covered);
+            CHECK(w.end <= len);
+            if (z > 0) CHECK(w.begin % 16 == 0);
+            covered = w.end;
+            last_live = z;
+          }
+          CHECK(covered == std::max(len, first));
+          if (len > 0) CHECK(decode_live_splits(p, len) == last_live + 1);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the split plan of a windowed group covers the window, not the context", "[attention]") {
+  std::vector<int32_t> lens = {32768};
+  std::vector<int32_t> table(2048, 0);
+  const KvCacheView view = make_kv_cache_view(nullptr, nullptr, DType::kFloat32, 0, 8, 16, 128);
+  const BlockTableView tv{table.data(), lens.data(), 1, 2048, 16};
+  DecodeArgs args{.num_q_heads = 8, .max_context_len = 32768};
+  // Forced 4 splits of a 32K context: 8192 tokens each; of a 1000-token window: the window
+  // plus a block's worth of rounding, 1015 tokens -> 64 blocks -> 16 blocks per split.
+  CHECK(plan_decode_for(Device::kCpu, view, tv, args, {.num_splits = 4}).tokens_per_split == 8192);
+  args.kind = AttentionKind::kSlidingWindow;
+  args.window = 1000;
+  CHECK(plan_decode_for(Device::kCpu, view, tv, args, {.num_splits = 4}).tokens_per_split == 256);
+  args.kind = AttentionKind::kChunkedLocal;
+  args.window = 8192;
+  CHECK(plan_decode_for(Device::kCpu, view, tv, args, {.num_splits = 4}).tokens_per_split == 2064);
+}
+
 // --- write_kv ---------------------------------------------------------------------------
 
 TEST_CASE("write_kv scatters tokens into their slots and skips negative slots", "[attention]") {
@@ -374,6 +601,34 @@ TEST_CASE("invalid arguments are refused with the value and the limit", "[attent
                  .qo_indptr = indptr.data()};
   expect(paged_extend_attention(Device::kCpu, f.view(), f.table_view(), ext),
          "sequence 0: 10 new tokens, must be in [0, context length 9]");
+
+  DecodeArgs no_window = args;
+  no_window.kind = AttentionKind::kSlidingWindow;
+  expect(paged_decode_attention(Device::kCpu, f.view(), f.table_view(), no_window),
+         "window 0 of a sliding_window group must be > 0 tokens");
+  DecodeArgs bad_kind = args;
+  bad_kind.kind = static_cast<AttentionKind>(7);
+  expect(paged_decode_attention(Device::kCpu, f.view(), f.table_view(), bad_kind),
+         "attention kind 7 is not full (0), sliding_window (1) or chunked_local (2)");
+  const std::vector<float> sinks = {0.5f, NAN, 1.0f, 2.0f};
+  DecodeArgs bad_sink = args;
+  bad_sink.maybe_sinks = sinks.data();
+  expect(paged_decode_attention(Device::kCpu, f.view(), f.table_view(), bad_sink),
+         "sink logit of head 1 is nan");
+
+  // Entries before a window are never read, so they are not checked either; entries in it
+  // are.
+  table = f.table;
+  table[0] = -7;  // sequence 0 (9 tokens): its window of 1 token starts in entry 1
+  tv = f.table_view();
+  tv.block_table = table.data();
+  DecodeArgs windowed = args;
+  windowed.kind = AttentionKind::kSlidingWindow;
+  windowed.window = 1;
+  CHECK(paged_decode_attention(Device::kCpu, f.view(), tv, windowed).ok());
+  windowed.window = 2;  // tokens 7 and 8: entries 0 and 1
+  expect(paged_decode_attention(Device::kCpu, f.view(), tv, windowed),
+         "sequence 0: block table entry 0 is -7");
 
   if (!cuda_device_available()) {
     const absl::Status s = paged_decode_attention(Device::kCuda, f.view(), f.table_view(), args);

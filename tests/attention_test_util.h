@@ -1,6 +1,10 @@
 // Test fixtures for the attention kernels: a paged cache built from a random block
 // permutation with NaN in every unused slot, unused block and padding entry, and
-// references computed independently (own address math, fp64, two-pass softmax).
+// references computed independently (own address math, fp64, two-pass softmax). Windowed
+// cases (sliding window, chunked local) hold only the blocks from the window start of a
+// sequence's first query on: the entries before point at NaN blocks or at kPaddingBlock
+// (released, as the allocator leaves them), and the slots before the window start in the
+// first held block are NaN too. Sinks: one random logit per query head.
 // Shared by attention_test.cc (CPU) and kernels_cuda_test.cc (CUDA vs CPU).
 #ifndef PAGEDKV_TESTS_ATTENTION_TEST_UTIL_H_
 #define PAGEDKV_TESTS_ATTENTION_TEST_UTIL_H_
@@ -18,6 +22,7 @@
 #include "pagedkv/block_table.h"
 #include "pagedkv/dtype.h"
 #include "pagedkv/kv_cache_view.h"
+#include "pagedkv/layer_group.h"
 #include "pagedkv/numeric.h"
 
 namespace pagedkv::testing {
@@ -64,13 +69,23 @@ struct AttentionCase {
   std::vector<int32_t> lens = {};        // context length of each sequence
   std::vector<int32_t> new_tokens = {};  // extend: new tokens per sequence; empty for decode
   uint64_t seed = 1;
+  AttentionKind kind = AttentionKind::kFull;
+  int32_t window = 0;  // tokens, > 0 for the windowed kinds
+  bool sinks = false;  // one sink logit per query head
 
   bool extend() const { return !new_tokens.empty(); }
+  // First token any query of sequence `seq` attends (its first query's window start).
+  int32_t first_read(int32_t seq) const {
+    const int32_t len = lens[seq];
+    const int64_t pos = extend() ? len - new_tokens[seq] : len - 1;
+    return pos <= 0 ? 0 : static_cast<int32_t>(first_attended(kind, window, pos));
+  }
   std::string name() const {
     std::string s = std::string(dtype_name(q_dtype)) + "/" + dtype_name(kv_dtype) +
                     " hd=" + std::to_string(head_dim) + " bs=" + std::to_string(block_size) +
                     " heads=" + std::to_string(num_q_heads) + "/" + std::to_string(num_kv_heads) +
-                    (layout == KvLayout::kHND ? " HND" : " NHD") + " lens=";
+                    (layout == KvLayout::kHND ? " HND" : " NHD") + " " + attention_kind_name(kind) +
+                    " window=" + std::to_string(window) + (sinks ? " sinks" : "") + " lens=";
     for (size_t i = 0; i < lens.size() && i < 8; ++i) s += std::to_string(lens[i]) + ",";
     if (lens.size() > 8) s += "...(" + std::to_string(lens.size()) + ")";
     return s;
@@ -84,7 +99,8 @@ struct AttentionFixture {
   int32_t max_blocks = 0;
   std::vector<uint8_t> k_pool, v_pool;
   std::vector<int32_t> table, lens, qo_indptr;
-  std::vector<uint8_t> q;  // [query rows, num_q_heads, head_dim], q dtype
+  std::vector<uint8_t> q;    // [query rows, num_q_heads, head_dim], q dtype
+  std::vector<float> sinks;  // [num_q_heads] natural-log sink logits; empty without sinks
   int32_t num_q_rows = 0;
   float k_scale = 1.0f;
   float v_scale = 1.0f;
@@ -92,6 +108,7 @@ struct AttentionFixture {
   int32_t num_seqs() const { return static_cast<int32_t>(lens.size()); }
   bool fp8() const { return c.kv_dtype == DType::kFloat8E4M3; }
   const float* k_scale_ptr() const { return fp8() ? &k_scale : nullptr; }
+  const float* sinks_ptr() const { return sinks.empty() ? nullptr : sinks.data(); }
   const float* v_scale_ptr() const { return fp8() ? &v_scale : nullptr; }
   int32_t max_len() const { return *std::max_element(lens.begin(), lens.end()); }
 
@@ -121,17 +138,18 @@ struct AttentionFixture {
   double qv(int64_t row, int32_t head, int32_t d) const {
     return load_elem(q.data(), c.q_dtype, (row * c.num_q_heads + head) * c.head_dim + d);
   }
-  // Query row -> (sequence, causal limit).
-  void row_info(int64_t row, int32_t* seq, int32_t* limit) const {
+  // Query row -> (sequence, causal limit, first attended token: its window start).
+  void row_info(int64_t row, int32_t* seq, int32_t* limit, int32_t* first) const {
     if (!c.extend()) {
       *seq = static_cast<int32_t>(row);
       *limit = lens[row];
-      return;
+    } else {
+      int32_t s = 0;
+      while (qo_indptr[s + 1] <= row) ++s;
+      *seq = s;
+      *limit = lens[s] - c.new_tokens[s] + static_cast<int32_t>(row - qo_indptr[s]) + 1;
     }
-    int32_t s = 0;
-    while (qo_indptr[s + 1] <= row) ++s;
-    *seq = s;
-    *limit = lens[s] - c.new_tokens[s] + static_cast<int32_t>(row - qo_indptr[s]) + 1;
+    *first = *limit > 0 ? static_cast<int32_t>(first_attended(c.kind, c.window, *limit - 1)) : 0;
   }
 };
 
@@ -142,18 +160,23 @@ inline AttentionFixture make_fixture(const AttentionCase& c) {
   std::mt19937_64 rng(c.seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   const int32_t n = f.num_seqs();
+  // Held entries of sequence s: from its first read token's block to ceil(len / bs).
+  std::vector<int32_t> held_from(n);
   int32_t needed = 0;
   int32_t longest = 0;
-  for (int32_t len : c.lens) {
-    needed += num_blocks_for_tokens(len, c.block_size);
-    longest = std::max(longest, num_blocks_for_tokens(len, c.block_size));
+  for (int32_t s = 0; s < n; ++s) {
+    held_from[s] = c.first_read(s) / c.block_size;
+    const int32_t used = num_blocks_for_tokens(c.lens[s], c.block_size);
+    needed += used - held_from[s];
+    longest = std::max(longest, used);
   }
   f.num_blocks = std::max(3 * needed, needed + 8);
   f.max_blocks = longest + 2;
   std::vector<int32_t> perm(f.num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
-  // Rows: used entries from the permutation, padding entries name unused (NaN) blocks.
+  // Rows: held entries from the permutation; padding entries name unused (NaN) blocks;
+  // released entries (before the window) alternate between NaN blocks and kPaddingBlock.
   f.table.assign(static_cast<size_t>(n) * f.max_blocks, 0);
   int32_t next = 0;
   int32_t pad = 0;
@@ -161,8 +184,10 @@ inline AttentionFixture make_fixture(const AttentionCase& c) {
   for (int32_t s = 0; s < n; ++s) {
     const int32_t used = num_blocks_for_tokens(c.lens[s], c.block_size);
     for (int32_t e = 0; e < f.max_blocks; ++e) {
-      f.table[int64_t{s} * f.max_blocks + e] =
-          e < used ? perm[next++] : perm[needed + (pad++ % unused)];
+      int32_t id = perm[needed + (pad++ % unused)];
+      if (e < held_from[s] && e % 2 == 1) id = kPaddingBlock;
+      if (e >= held_from[s] && e < used) id = perm[next++];
+      f.table[int64_t{s} * f.max_blocks + e] = id;
     }
   }
   if (f.fp8()) {
@@ -179,7 +204,7 @@ inline AttentionFixture make_fixture(const AttentionCase& c) {
   for (int64_t i = 0; i < pool * elem; ++i) f.k_pool[i] = nan_bytes[i % elem];
   f.v_pool = f.k_pool;
   for (int32_t s = 0; s < n; ++s) {
-    for (int32_t t = 0; t < c.lens[s]; ++t) {
+    for (int32_t t = c.first_read(s); t < c.lens[s]; ++t) {
       for (int32_t h = 0; h < c.num_kv_heads; ++h) {
         for (int32_t d = 0; d < c.head_dim; ++d) {
           const int64_t i = f.index(s, t, h, d);
@@ -199,6 +224,11 @@ inline AttentionFixture make_fixture(const AttentionCase& c) {
   const int64_t q_elems = int64_t{f.num_q_rows} * c.num_q_heads * c.head_dim;
   f.q.assign(q_elems * bytes_per_element(c.q_dtype), 0);
   for (int64_t i = 0; i < q_elems; ++i) store_elem(f.q.data(), c.q_dtype, i, 2.0f * uni(rng));
+  if (c.sinks) {
+    // Around the scores' range, so each sink takes a noticeable share of its row.
+    f.sinks.resize(c.num_q_heads);
+    for (float& x : f.sinks) x = 1.0f + 1.5f * uni(rng);
+  }
   return f;
 }
 
@@ -221,15 +251,17 @@ inline Gathered gather(const AttentionFixture& f, int32_t seq) {
   for (int32_t t = 0; t < f.lens[seq]; ++t) {
     for (int32_t h = 0; h < c.num_kv_heads; ++h) {
       for (int32_t d = 0; d < c.head_dim; ++d, ++i) {
-        g.k[i] = f.kv(false, seq, t, h, d);
-        g.v[i] = f.kv(true, seq, t, h, d);
+        const bool held = t >= c.first_read(seq);  // before: released, never attended
+        g.k[i] = held ? f.kv(false, seq, t, h, d) : NAN;
+        g.v[i] = held ? f.kv(true, seq, t, h, d) : NAN;
       }
     }
   }
   return g;
 }
 
-// fp64 reference: gathered K/V, two-pass softmax.
+// fp64 reference: gathered K/V, two-pass softmax over each row's window [first, limit),
+// the sink (when given) in the denominator.
 inline Outputs reference(const AttentionFixture& f) {
   const AttentionCase& c = f.c;
   const int32_t group = c.num_q_heads / c.num_kv_heads;
@@ -244,28 +276,33 @@ inline Outputs reference(const AttentionFixture& f) {
   for (int64_t row = 0; row < f.num_q_rows; ++row) {
     int32_t seq = 0;
     int32_t limit = 0;
-    f.row_info(row, &seq, &limit);
+    int32_t first = 0;
+    f.row_info(row, &seq, &limit, &first);
     if (seq != gathered_seq) {
       g = gather(f, seq);
       gathered_seq = seq;
     }
     for (int32_t h = 0; h < c.num_q_heads; ++h) {
-      if (limit == 0) continue;
+      const double sink = f.sinks.empty() ? -INFINITY : double{f.sinks[h]};
+      if (limit == 0) {
+        r.lse[row * c.num_q_heads + h] = sink;  // zeros; the sink alone in the denominator
+        continue;
+      }
       const int32_t kvh = h / group;
       for (int32_t d = 0; d < hd; ++d) q[d] = f.qv(row, h, d);
       scores.assign(limit, 0.0);
-      double m = -INFINITY;
-      for (int32_t t = 0; t < limit; ++t) {
+      double m = sink;
+      for (int32_t t = first; t < limit; ++t) {
         const double* k = &g.k[(int64_t{t} * c.num_kv_heads + kvh) * hd];
         double s = 0.0;
         for (int32_t d = 0; d < hd; ++d) s += q[d] * k[d];
         scores[t] = s * scale;
         m = std::max(m, scores[t]);
       }
-      double l = 0.0;
-      for (int32_t t = 0; t < limit; ++t) l += std::exp(scores[t] - m);
+      double l = std::exp(sink - m);
+      for (int32_t t = first; t < limit; ++t) l += std::exp(scores[t] - m);
       double* o = &r.out[(row * c.num_q_heads + h) * hd];
-      for (int32_t t = 0; t < limit; ++t) {
+      for (int32_t t = first; t < limit; ++t) {
         const double p = std::exp(scores[t] - m) / l;
         const double* v = &g.v[(int64_t{t} * c.num_kv_heads + kvh) * hd];
         for (int32_t d = 0; d < hd; ++d) o[d] += p * v[d];
@@ -290,16 +327,18 @@ inline std::vector<double> naive_bf16(const AttentionFixture& f) {
   for (int64_t row = 0; row < f.num_q_rows; ++row) {
     int32_t seq = 0;
     int32_t limit = 0;
-    f.row_info(row, &seq, &limit);
+    int32_t first = 0;
+    f.row_info(row, &seq, &limit, &first);
     if (seq != gathered_seq) {
       g = gather(f, seq);
       gathered_seq = seq;
     }
     for (int32_t h = 0; h < c.num_q_heads; ++h) {
       const int32_t kvh = h / group;
+      const float sink = f.sinks.empty() ? -INFINITY : f.sinks[h];
       scores.assign(limit, 0.0f);
-      float m = -INFINITY;
-      for (int32_t t = 0; t < limit; ++t) {
+      float m = sink;
+      for (int32_t t = first; t < limit; ++t) {
         float s = 0.0f;
         for (int32_t d = 0; d < c.head_dim; ++d) {
           s += static_cast<float>(f.qv(row, h, d) *
@@ -309,9 +348,9 @@ inline std::vector<double> naive_bf16(const AttentionFixture& f) {
         m = std::max(m, scores[t]);
       }
       if (limit == 0) continue;
-      float l = 0.0f;
+      float l = std::exp(sink - m);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int32_t t = 0; t < limit; ++t) {
+      for (int32_t t = first; t < limit; ++t) {
         const float p = bf(std::exp(scores[t] - m));
         l += p;
         for (int32_t d = 0; d < c.head_dim; ++d) {
@@ -387,6 +426,186 @@ inline void check_run(const AttentionFixture& f, const Run& run, const Outputs& 
 inline double naive_error(const AttentionFixture& f, const Outputs& ref) {
   if (f.c.q_dtype != DType::kBFloat16 || f.c.kv_dtype != DType::kBFloat16) return 0.0;
   return testing::max_abs_error(testing::naive_bf16(f), ref.out);
+}
+
+// --- MLA ---------------------------------------------------------------------------------
+
+// A paged latent cache [num_blocks][block_size][kv_lora_rank + rope] (one latent per token,
+// num_kv_heads 1), absorbed queries, and the fp64 dense reference:
+//   s_t = sm_scale * q . latent_t (all dims),  out = sum_t softmax(s)_t latent_t[0, rank).
+struct MlaCase {
+  int32_t kv_lora_rank = 512;
+  int32_t rope_dim = 64;
+  int32_t num_heads = 16;
+  int32_t block_size = 64;
+  DType q_dtype = DType::kBFloat16;
+  DType kv_dtype = DType::kBFloat16;
+  std::vector<int32_t> lens = {};
+  uint64_t seed = 1;
+
+  int32_t dim() const { return kv_lora_rank + rope_dim; }
+  std::string name() const {
+    std::string s = std::string("MLA ") + dtype_name(q_dtype) + "/" + dtype_name(kv_dtype) +
+                    " rank=" + std::to_string(kv_lora_rank) + " rope=" + std::to_string(rope_dim) +
+                    " heads=" + std::to_string(num_heads) + " bs=" + std::to_string(block_size) +
+                    " lens=";
+    for (size_t i = 0; i < lens.size() && i < 8; ++i) s += std::to_string(lens[i]) + ",";
+    if (lens.size() > 8) s += "...(" + std::to_string(lens.size()) + ")";
+    return s;
+  }
+};
+
+struct MlaFixture {
+  MlaCase c;
+  int32_t num_blocks = 0;
+  int32_t max_blocks = 0;
+  std::vector<uint8_t> pool;  // the latents, kv dtype
+  std::vector<int32_t> table, lens;
+  std::vector<uint8_t> q;  // [num_seqs, num_heads, dim], q dtype
+  float kv_scale = 1.0f;
+  float sm_scale = 0.0f;
+
+  int32_t num_seqs() const { return static_cast<int32_t>(lens.size()); }
+  bool fp8() const { return c.kv_dtype == DType::kFloat8E4M3; }
+  const float* kv_scale_ptr() const { return fp8() ? &kv_scale : nullptr; }
+  int32_t max_len() const { return *std::max_element(lens.begin(), lens.end()); }
+  KvCacheView view() {
+    return make_kv_cache_view(pool.data(), nullptr, c.kv_dtype, num_blocks, 1, c.block_size,
+                              c.dim());
+  }
+  BlockTableView table_view() const {
+    return {table.data(), lens.data(), num_seqs(), max_blocks, c.block_size};
+  }
+  // Independent address math.
+  int64_t index(int32_t seq, int32_t t, int32_t d) const {
+    const int64_t block = table[int64_t{seq} * max_blocks + t / c.block_size];
+    return (block * c.block_size + t % c.block_size) * c.dim() + d;
+  }
+  double latent(int32_t seq, int32_t t, int32_t d) const {
+    const double raw = load_elem(pool.data(), c.kv_dtype, index(seq, t, d));
+    return fp8() ? raw * kv_scale : raw;
+  }
+  double qv(int32_t seq, int32_t h, int32_t d) const {
+    return load_elem(q.data(), c.q_dtype, (int64_t{seq} * c.num_heads + h) * c.dim() + d);
+  }
+};
+
+inline MlaFixture make_mla_fixture(const MlaCase& c) {
+  MlaFixture f;
+  f.c = c;
+  f.lens = c.lens;
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const int32_t n = f.num_seqs();
+  int32_t needed = 0;
+  int32_t longest = 0;
+  for (int32_t len : c.lens) {
+    needed += num_blocks_for_tokens(len, c.block_size);
+    longest = std::max(longest, num_blocks_for_tokens(len, c.block_size));
+  }
+  f.num_blocks = std::max(2 * needed, needed + 4);
+  f.max_blocks = longest + 1;
+  std::vector<int32_t> perm(f.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  f.table.assign(static_cast<size_t>(n) * f.max_blocks, 0);
+  int32_t next = 0;
+  int32_t pad = 0;
+  for (int32_t s = 0; s < n; ++s) {
+    const int32_t used = num_blocks_for_tokens(c.lens[s], c.block_size);
+    for (int32_t e = 0; e < f.max_blocks; ++e) {
+      f.table[int64_t{s} * f.max_blocks + e] =
+          e < used ? perm[next++] : perm[needed + (pad++ % (f.num_blocks - needed))];
+    }
+  }
+  if (f.fp8()) f.kv_scale = 0.01f;
+  f.sm_scale = 1.0f / std::sqrt(static_cast<float>(c.dim() / 3));  // DeepSeek: 1 / sqrt(192)
+  const int64_t elems = int64_t{f.num_blocks} * c.block_size * c.dim();
+  const int64_t elem = bytes_per_element(c.kv_dtype);
+  f.pool.resize(elems * elem);
+  uint8_t nan_bytes[4];
+  store_elem(nan_bytes, c.kv_dtype, 0, NAN);
+  for (int64_t i = 0; i < elems * elem; ++i) f.pool[i] = nan_bytes[i % elem];
+  for (int32_t s = 0; s < n; ++s) {
+    for (int32_t t = 0; t < c.lens[s]; ++t) {
+      for (int32_t d = 0; d < c.dim(); ++d) {
+        store_elem(f.pool.data(), c.kv_dtype, f.index(s, t, d), uni(rng) / f.kv_scale);
+      }
+    }
+  }
+  const int64_t q_elems = int64_t{n} * c.num_heads * c.dim();
+  f.q.resize(q_elems * bytes_per_element(c.q_dtype));
+  for (int64_t i = 0; i < q_elems; ++i) store_elem(f.q.data(), c.q_dtype, i, uni(rng));
+  return f;
+}
+
+// fp64 dense reference, two-pass softmax; with `bf16_naive` the naive bf16 computation
+// instead (scores and probabilities rounded to bf16, fp32 sums, output rounded), whose
+// error sets the bf16 tolerance.
+inline Outputs mla_reference(const MlaFixture& f, bool bf16_naive = false) {
+  const MlaCase& c = f.c;
+  const int32_t rank = c.kv_lora_rank;
+  auto bf = [&](double x) {
+    return bf16_naive ? double{to_float(from_float<BFloat16>(static_cast<float>(x)))} : x;
+  };
+  Outputs r;
+  r.out.assign(int64_t{f.num_seqs()} * c.num_heads * rank, 0.0);
+  r.lse.assign(int64_t{f.num_seqs()} * c.num_heads, -INFINITY);
+  std::vector<double> lat, scores, qh(c.dim());
+  for (int32_t s = 0; s < f.num_seqs(); ++s) {
+    const int32_t len = f.lens[s];
+    lat.resize(static_cast<size_t>(len) * c.dim());
+    for (int32_t t = 0; t < len; ++t) {
+      for (int32_t d = 0; d < c.dim(); ++d) lat[size_t(t) * c.dim() + d] = f.latent(s, t, d);
+    }
+    for (int32_t h = 0; h < c.num_heads && len > 0; ++h) {
+      for (int32_t d = 0; d < c.dim(); ++d) qh[d] = f.qv(s, h, d);
+      scores.assign(len, 0.0);
+      double m = -INFINITY;
+      for (int32_t t = 0; t < len; ++t) {
+        double dot = 0.0;
+        for (int32_t d = 0; d < c.dim(); ++d) dot += qh[d] * lat[size_t(t) * c.dim() + d];
+        scores[t] = bf(bf(dot) * f.sm_scale);
+        m = std::max(m, scores[t]);
+      }
+      double l = 0.0;
+      double* o = &r.out[(int64_t{s} * c.num_heads + h) * rank];
+      for (int32_t t = 0; t < len; ++t) {
+        const double p = bf(std::exp(scores[t] - m));
+        l += p;
+        for (int32_t d = 0; d < rank; ++d) o[d] += p * lat[size_t(t) * c.dim() + d];
+      }
+      for (int32_t d = 0; d < rank; ++d) o[d] = bf(o[d] / l);
+      r.lse[int64_t{s} * c.num_heads + h] = m + std::log(l);
+    }
+  }
+  return r;
+}
+
+// Absolute tolerance of an MLA run (bf16: twice the naive bf16 error).
+inline double mla_tolerance(const MlaFixture& f, const Outputs& ref) {
+  if (f.c.kv_dtype == DType::kFloat8E4M3) return 1e-2;
+  if (f.c.q_dtype == DType::kFloat16) return 1e-3;
+  if (f.c.q_dtype == DType::kBFloat16) {
+    return 2.0 * std::max(max_abs_error(mla_reference(f, /*bf16_naive=*/true).out, ref.out), 1e-4);
+  }
+  return 1e-5;
+}
+
+// Checks an MLA run: finite, within tolerance, lse within 1e-4 relative (-inf when empty).
+inline void check_mla_run(const MlaFixture& f, const Run& run, const Outputs& ref, double tol) {
+  INFO(f.c.name());
+  REQUIRE(all_finite(run.out));
+  const double err = max_abs_error(run.out, ref.out);
+  INFO("error " << err << ", tolerance " << tol);
+  CHECK(err <= tol);
+  for (size_t i = 0; i < ref.lse.size(); ++i) {
+    if (std::isinf(ref.lse[i])) {
+      REQUIRE((std::isinf(run.lse[i]) && run.lse[i] < 0));
+    } else {
+      REQUIRE(std::abs(run.lse[i] - ref.lse[i]) <= 1e-4 * (1.0 + std::abs(ref.lse[i])));
+    }
+  }
 }
 
 }  // namespace pagedkv::testing

@@ -1,5 +1,6 @@
 // CUDA kernels against the CPU reference and the fp64 dense reference: decode (split off,
-// forced, automatic), extend, write_kv, and KvStorage copy / swap round trips on the
+// forced, automatic), extend, windowed decode and extend (sliding window, chunked local),
+// attention sinks, MLA decode, write_kv, and KvStorage copy / swap round trips on the
 // device. Compiled whenever the library is built with CUDA; each test runs only when a
 // device is usable and otherwise WARNs the reason and returns (Catch2 v2 has no SKIP).
 #include <catch2/catch.hpp>
@@ -82,7 +83,10 @@ struct DeviceFixture {
         lens(f.lens),
         q(f.q),
         indptr(f.qo_indptr.empty() ? std::vector<int32_t>{0} : f.qo_indptr),
-        scales(std::vector<float>{f.k_scale, f.v_scale}) {}
+        scales(std::vector<float>{f.k_scale, f.v_scale}),
+        sinks(f.sinks.empty() ? std::vector<float>{0.0f} : f.sinks),
+        has_sinks(!f.sinks.empty()) {}
+  const float* sinks_ptr() const { return has_sinks ? sinks.get<float>() : nullptr; }
   // The fixture's cache and table views, pointing at these device copies.
   KvCacheView cache_view(AttentionFixture& f) const {
     KvCacheView view = f.view();
@@ -96,7 +100,8 @@ struct DeviceFixture {
     view.context_lens = lens.get<int32_t>();
     return view;
   }
-  DeviceBuffer k, v, table, lens, q, indptr, scales;
+  DeviceBuffer k, v, table, lens, q, indptr, scales, sinks;
+  bool has_sinks;
 };
 
 Run run_cuda(AttentionFixture& f, int32_t num_splits, void* workspace = nullptr,
@@ -122,7 +127,10 @@ Run run_cuda(AttentionFixture& f, int32_t num_splits, void* workspace = nullptr,
                                      .maybe_k_scale = k_scale,
                                      .maybe_v_scale = v_scale,
                                      .qo_indptr = d.indptr.get<int32_t>(),
-                                     .max_query_len = longest});
+                                     .max_query_len = longest,
+                                     .kind = c.kind,
+                                     .window = c.window,
+                                     .maybe_sinks = d.sinks_ptr()});
   } else {
     status = paged_decode_attention(Device::kCuda, view, table,
                                     {.q = d.q.get(),
@@ -133,7 +141,10 @@ Run run_cuda(AttentionFixture& f, int32_t num_splits, void* workspace = nullptr,
                                      .maybe_k_scale = k_scale,
                                      .maybe_v_scale = v_scale,
                                      .max_context_len = f.max_len(),
-                                     .total_context_len = total_context_len},
+                                     .total_context_len = total_context_len,
+                                     .kind = c.kind,
+                                     .window = c.window,
+                                     .maybe_sinks = d.sinks_ptr()},
                                     {.num_splits = num_splits,
                                      .maybe_workspace = workspace,
                                      .workspace_bytes = workspace_bytes});
@@ -158,7 +169,10 @@ Run run_cpu(AttentionFixture& f, int32_t num_splits) {
                                      .num_q_heads = c.num_q_heads,
                                      .maybe_k_scale = f.k_scale_ptr(),
                                      .maybe_v_scale = f.v_scale_ptr(),
-                                     .qo_indptr = f.qo_indptr.data()});
+                                     .qo_indptr = f.qo_indptr.data(),
+                                     .kind = c.kind,
+                                     .window = c.window,
+                                     .maybe_sinks = f.sinks_ptr()});
   } else {
     status = paged_decode_attention(Device::kCpu, f.view(), f.table_view(),
                                     {.q = f.q.data(),
@@ -167,7 +181,10 @@ Run run_cpu(AttentionFixture& f, int32_t num_splits) {
                                      .dtype = c.q_dtype,
                                      .num_q_heads = c.num_q_heads,
                                      .maybe_k_scale = f.k_scale_ptr(),
-                                     .maybe_v_scale = f.v_scale_ptr()},
+                                     .maybe_v_scale = f.v_scale_ptr(),
+                                     .kind = c.kind,
+                                     .window = c.window,
+                                     .maybe_sinks = f.sinks_ptr()},
                                     {.num_splits = num_splits});
   }
   REQUIRE(status.ok());
@@ -185,6 +202,7 @@ void check_cuda(const AttentionCase& c, const std::vector<int32_t>& splits,
     const Run gpu = run_cuda(f, s, nullptr, 0, total_context_len);
     testing::check_run(f, gpu, ref, naive);
     const Run cpu = run_cpu(f, s == 0 ? 1 : s);
+    INFO("CUDA vs CPU");
     const double tol =
         c.q_dtype == DType::kBFloat16 ? 2.0 * std::max(naive, 1e-3) : testing::tolerance(c);
     CHECK(testing::max_abs_error(gpu.out, cpu.out) <= tol);
@@ -482,6 +500,283 @@ TEST_CASE("CUDA decode refuses to grow the library workspace during graph captur
   cudaStreamDestroy(stream);
 }
 
+// --- windowed layer groups and sinks ------------------------------------------------------
+
+TEST_CASE("CUDA windowed decode matches the references (sliding, chunked, sinks)", "[gpu]") {
+  if (!have_gpu()) return;
+  const std::pair<DType, DType> dtypes[] = {{DType::kBFloat16, DType::kBFloat16},
+                                            {DType::kBFloat16, DType::kFloat8E4M3},
+                                            {DType::kFloat16, DType::kFloat8E4M3},
+                                            {DType::kFloat32, DType::kFloat32}};
+  uint64_t seed = 1000;
+  for (auto [q_dtype, kv_dtype] : dtypes) {
+    for (AttentionKind kind : {AttentionKind::kSlidingWindow, AttentionKind::kChunkedLocal}) {
+      for (int32_t bs : {8, 16}) {
+        // Smaller than a block, a block, several blocks and not aligned, beyond the context.
+        for (int32_t window : {bs / 2 + 1, bs, 3 * bs + 5, 5000}) {
+          for (auto [hq, hkv] : {std::pair{32, 8}, std::pair{8, 1}, std::pair{40, 2}}) {
+            AttentionCase c{.head_dim = 128,
+                            .block_size = bs,
+                            .num_q_heads = hq,
+                            .num_kv_heads = hkv,
+                            .q_dtype = q_dtype,
+                            .kv_dtype = kv_dtype,
+                            .lens = {1, bs - 1, bs, bs + 1, 97, 0, 700, 33},
+                            .seed = seed++,
+                            .kind = kind,
+                            .window = window,
+                            .sinks = seed % 2 == 0};
+            check_cuda(c, {1, 3, 16, 0});  // window starts inside splits, empty splits
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA windowed decode over every head_dim, layout and a long skewed batch", "[gpu]") {
+  if (!have_gpu()) return;
+  uint64_t seed = 1100;
+  for (int32_t hd : {64, 128, 256}) {
+    for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+      for (AttentionKind kind : {AttentionKind::kSlidingWindow, AttentionKind::kChunkedLocal}) {
+        check_cuda({.head_dim = hd,
+                    .block_size = 16,
+                    .num_q_heads = 16,
+                    .num_kv_heads = 2,
+                    .q_dtype = DType::kBFloat16,
+                    .kv_dtype = DType::kBFloat16,
+                    .layout = layout,
+                    .lens = {4000, 1, 129, 0, 1025},
+                    .seed = seed++,
+                    .kind = kind,
+                    .window = 1000,
+                    .sinks = true},
+                   {1, 5, 0});
+      }
+    }
+  }
+  // One 32K sequence among short ones with a 4K sliding window: the plan splits the window.
+  AttentionCase c{.head_dim = 128,
+                  .block_size = 16,
+                  .num_q_heads = 32,
+                  .num_kv_heads = 8,
+                  .q_dtype = DType::kBFloat16,
+                  .kv_dtype = DType::kFloat8E4M3,
+                  .lens = {1, 32768, 7, 4097},
+                  .seed = 1150,
+                  .kind = AttentionKind::kSlidingWindow,
+                  .window = 4096};
+  int64_t total = 0;
+  for (int32_t len : c.lens) total += len;
+  check_cuda(c, {0}, total);
+}
+
+TEST_CASE("CUDA windowed extend matches the references (chunk boundaries in the query tile)",
+          "[gpu]") {
+  if (!have_gpu()) return;
+  const std::pair<DType, DType> dtypes[] = {{DType::kFloat32, DType::kFloat32},
+                                            {DType::kBFloat16, DType::kBFloat16},
+                                            {DType::kFloat16, DType::kFloat8E4M3}};
+  uint64_t seed = 1200;
+  for (auto [q_dtype, kv_dtype] : dtypes) {
+    for (AttentionKind kind : {AttentionKind::kSlidingWindow, AttentionKind::kChunkedLocal}) {
+      for (int32_t window : {5, 16, 24, 100, 1000}) {
+        for (auto [hq, hkv] : {std::pair{8, 2}, std::pair{32, 32}, std::pair{8, 1}}) {
+          check_cuda({.head_dim = 128,
+                      .block_size = 16,
+                      .num_q_heads = hq,
+                      .num_kv_heads = hkv,
+                      .q_dtype = q_dtype,
+                      .kv_dtype = kv_dtype,
+                      .lens = {40, 97, 150, 16, 1, 300},
+                      .new_tokens = {40, 30, 130, 5, 1, 70},
+                      .seed = seed++,
+                      .kind = kind,
+                      .window = window,
+                      .sinks = window == 24},
+                     {1});
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA sinks join the softmax in decode (split or not) and extend", "[gpu]") {
+  if (!have_gpu()) return;
+  uint64_t seed = 1300;
+  for (auto [q_dtype, kv_dtype] : {std::pair{DType::kBFloat16, DType::kBFloat16},
+                                   std::pair{DType::kFloat16, DType::kFloat8E4M3},
+                                   std::pair{DType::kFloat32, DType::kFloat32}}) {
+    for (int32_t hd : {64, 128, 256}) {
+      AttentionCase c{.head_dim = hd,
+                      .block_size = 16,
+                      .num_q_heads = 64,
+                      .num_kv_heads = 8,
+                      .q_dtype = q_dtype,
+                      .kv_dtype = kv_dtype,
+                      .lens = {1, 15, 16, 17, 300, 0, 1000},
+                      .seed = seed++,
+                      .sinks = true};
+      check_cuda(c, {1, 4, 0});
+      c.new_tokens = {1, 15, 3, 17, 70, 0, 100};
+      check_cuda(c, {1});
+    }
+  }
+}
+
+// --- MLA ---------------------------------------------------------------------------------
+
+using testing::MlaCase;
+using testing::MlaFixture;
+
+Run run_mla(MlaFixture& f, Device device, int32_t num_splits) {
+  const MlaCase& c = f.c;
+  const int64_t out_bytes =
+      int64_t{f.num_seqs()} * c.num_heads * c.kv_lora_rank * bytes_per_element(c.q_dtype);
+  const int64_t lse_count = int64_t{f.num_seqs()} * c.num_heads;
+  MlaDecodeArgs args{.dtype = c.q_dtype,
+                     .num_heads = c.num_heads,
+                     .kv_lora_rank = c.kv_lora_rank,
+                     .qk_rope_head_dim = c.rope_dim,
+                     .sm_scale = f.sm_scale,
+                     .max_context_len = f.max_len()};
+  if (device == Device::kCpu) {
+    std::vector<uint8_t> out(out_bytes);
+    std::vector<float> lse(lse_count);
+    args.q = f.q.data();
+    args.out = out.data();
+    args.maybe_lse = lse.data();
+    args.maybe_kv_scale = f.kv_scale_ptr();
+    const absl::Status status = paged_mla_decode(Device::kCpu, f.view(), f.table_view(), args,
+                                                 {.num_splits = num_splits == 0 ? 1 : num_splits});
+    INFO(status.ToString());
+    REQUIRE(status.ok());
+    return {testing::to_doubles(out, c.q_dtype), lse};
+  }
+  DeviceBuffer pool(f.pool), table(f.table), lens(f.lens), q(f.q),
+      scale(std::vector<float>{f.kv_scale});
+  DeviceBuffer out(out_bytes), lse(sizeof(float) * lse_count);
+  KvCacheView view = f.view();
+  view.k = pool.get();
+  BlockTableView tv = f.table_view();
+  tv.block_table = table.get<int32_t>();
+  tv.context_lens = lens.get<int32_t>();
+  args.q = q.get();
+  args.out = out.get();
+  args.maybe_lse = lse.get<float>();
+  args.maybe_kv_scale = f.fp8() ? scale.get<float>() : nullptr;
+  const absl::Status status =
+      paged_mla_decode(Device::kCuda, view, tv, args, {.num_splits = num_splits});
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  return {testing::to_doubles(out.read<uint8_t>(), c.q_dtype), lse.read<float>()};
+}
+
+// CUDA MLA vs the fp64 reference and vs the CPU reference run.
+void check_cuda_mla(const MlaCase& c, const std::vector<int32_t>& splits) {
+  MlaFixture f = testing::make_mla_fixture(c);
+  const Outputs ref = testing::mla_reference(f);
+  const double tol = testing::mla_tolerance(f, ref);
+  for (int32_t s : splits) {
+    INFO(c.name() << " num_splits " << s);
+    const Run gpu = run_mla(f, Device::kCuda, s);
+    testing::check_mla_run(f, gpu, ref, tol);
+    const Run cpu = run_mla(f, Device::kCpu, s);
+    INFO("CUDA vs CPU");
+    CHECK(testing::max_abs_error(gpu.out, cpu.out) <= tol);
+  }
+}
+
+TEST_CASE("CUDA MLA decode matches the references over heads x dtypes x block sizes", "[gpu]") {
+  if (!have_gpu()) return;
+  const std::pair<DType, DType> dtypes[] = {{DType::kBFloat16, DType::kBFloat16},
+                                            {DType::kBFloat16, DType::kFloat8E4M3},
+                                            {DType::kFloat16, DType::kFloat16},
+                                            {DType::kFloat16, DType::kFloat8E4M3}};
+  uint64_t seed = 1400;
+  for (auto [q_dtype, kv_dtype] : dtypes) {
+    // Every head count tensor parallelism leaves of 128, and padded ones (8, 40, 96).
+    for (int32_t heads : {16, 32, 64, 128, 8, 40, 96}) {
+      for (int32_t bs : {16, 64}) {
+        check_cuda_mla({.num_heads = heads,
+                        .block_size = bs,
+                        .q_dtype = q_dtype,
+                        .kv_dtype = kv_dtype,
+                        .lens = {1, bs - 1, bs, bs + 1, 31, 33, 500, 0},
+                        .seed = seed++},
+                       {1, 5, 0});
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA MLA decode over long and skewed contexts, every forced split count", "[gpu]") {
+  if (!have_gpu()) return;
+  check_cuda_mla({.num_heads = 128,
+                  .block_size = 64,
+                  .q_dtype = DType::kBFloat16,
+                  .kv_dtype = DType::kFloat8E4M3,
+                  .lens = {1, 16384, 3, 8000},
+                  .seed = 1500},
+                 {0, 1});
+  std::vector<int32_t> splits;
+  for (int32_t s = 1; s <= 20; ++s) splits.push_back(s);
+  splits.push_back(200);
+  check_cuda_mla({.num_heads = 16,
+                  .block_size = 16,
+                  .q_dtype = DType::kBFloat16,
+                  .kv_dtype = DType::kBFloat16,
+                  .lens = {1024, 1, 700, 0},
+                  .seed = 1501},
+                 splits);
+}
+
+TEST_CASE("CUDA MLA decode refuses latent dims other than 512 + 64 and fp32 q", "[gpu]") {
+  if (!have_gpu()) return;
+  MlaFixture f = testing::make_mla_fixture(
+      {.kv_lora_rank = 32, .rope_dim = 16, .num_heads = 16, .block_size = 16, .lens = {20}});
+  DeviceBuffer pool(f.pool), table(f.table), lens(f.lens), q(f.q), out(size_t{16} * 32 * 2);
+  KvCacheView view = f.view();
+  view.k = pool.get();
+  BlockTableView tv = f.table_view();
+  tv.block_table = table.get<int32_t>();
+  tv.context_lens = lens.get<int32_t>();
+  MlaDecodeArgs args{.q = q.get(),
+                     .out = out.get(),
+                     .dtype = DType::kBFloat16,
+                     .num_heads = 16,
+                     .kv_lora_rank = 32,
+                     .qk_rope_head_dim = 16,
+                     .sm_scale = 0.1f,
+                     .max_context_len = 20};
+  absl::Status s = paged_mla_decode(Device::kCuda, view, tv, args);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("CUDA supports kv_lora_rank 512 + qk_rope_head_dim 64") !=
+        std::string::npos);
+  MlaFixture g = testing::make_mla_fixture(
+      {.num_heads = 16, .q_dtype = DType::kFloat32, .kv_dtype = DType::kFloat32, .lens = {20}});
+  DeviceBuffer pool32(g.pool), table32(g.table), lens32(g.lens), q32(g.q),
+      out32(size_t{16} * 512 * 4);
+  view = g.view();
+  view.k = pool32.get();
+  tv = g.table_view();
+  tv.block_table = table32.get<int32_t>();
+  tv.context_lens = lens32.get<int32_t>();
+  args = {.q = q32.get(),
+          .out = out32.get(),
+          .dtype = DType::kFloat32,
+          .num_heads = 16,
+          .kv_lora_rank = 512,
+          .qk_rope_head_dim = 64,
+          .sm_scale = 0.1f,
+          .max_context_len = 20};
+  s = paged_mla_decode(Device::kCuda, view, tv, args);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("CUDA needs q/out in fp16 or bf16") != std::string::npos);
+}
+
 TEST_CASE("CUDA kernels over every variant on small shapes (the compute-sanitizer set)",
           "[gpu][sanitize]") {
   if (!have_gpu()) return;
@@ -511,6 +806,54 @@ TEST_CASE("CUDA kernels over every variant on small shapes (the compute-sanitize
   }
 }
 
+TEST_CASE("CUDA windowed, sink and MLA variants on small shapes (the compute-sanitizer set)",
+          "[gpu][sanitize]") {
+  if (!have_gpu()) return;
+  // The windowed kernel of each dtype pair and head_dim in both CTA shapes, decode split
+  // and not and extend, with sinks; then every MLA variant (16, 32, 64 heads per CTA; each
+  // dtype pair) split and not.
+  const std::pair<DType, DType> dtypes[] = {
+      {DType::kFloat32, DType::kFloat32},    {DType::kFloat16, DType::kFloat16},
+      {DType::kBFloat16, DType::kBFloat16},  {DType::kFloat32, DType::kFloat8E4M3},
+      {DType::kFloat16, DType::kFloat8E4M3}, {DType::kBFloat16, DType::kFloat8E4M3}};
+  uint64_t seed = 1600;
+  for (auto [q_dtype, kv_dtype] : dtypes) {
+    for (int32_t hd : {64, 128, 256}) {
+      for (int32_t group : {3, 24}) {
+        AttentionCase c{
+            .head_dim = hd,
+            .block_size = 8,
+            .num_q_heads = group,
+            .num_kv_heads = 1,
+            .q_dtype = q_dtype,
+            .kv_dtype = kv_dtype,
+            .lens = {150, 0, 9},
+            .seed = seed++,
+            .kind = group == 3 ? AttentionKind::kSlidingWindow : AttentionKind::kChunkedLocal,
+            .window = 20,
+            .sinks = true};
+        check_cuda(c, {1, 3});
+        c.new_tokens = {70, 0, 9};
+        check_cuda(c, {1});
+      }
+    }
+  }
+  for (auto [q_dtype, kv_dtype] : {std::pair{DType::kBFloat16, DType::kBFloat16},
+                                   std::pair{DType::kBFloat16, DType::kFloat8E4M3},
+                                   std::pair{DType::kFloat16, DType::kFloat16},
+                                   std::pair{DType::kFloat16, DType::kFloat8E4M3}}) {
+    for (int32_t heads : {16, 32, 128}) {
+      check_cuda_mla({.num_heads = heads,
+                      .block_size = 16,
+                      .q_dtype = q_dtype,
+                      .kv_dtype = kv_dtype,
+                      .lens = {70, 0, 9},
+                      .seed = seed++},
+                     {1, 3});
+    }
+  }
+}
+
 TEST_CASE("CUDA storage is sized from a fraction of free device memory", "[gpu]") {
   if (!have_gpu()) return;
   const KvCacheSpec spec{.num_layers = 32,
@@ -528,10 +871,12 @@ TEST_CASE("CUDA storage is sized from a fraction of free device memory", "[gpu]"
   CHECK(storage->bytes() <= *budget);
 }
 
-TEST_CASE("CUDA write_kv writes the same bytes as the CPU", "[gpu]") {
+TEST_CASE("CUDA write_kv writes the same bytes as the CPU (K and V, or K only: MLA)", "[gpu]") {
   if (!have_gpu()) return;
   for (DType cache : {DType::kFloat32, DType::kBFloat16, DType::kFloat8E4M3}) {
-    for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+    for (auto [layout, k_only] :
+         {std::pair{KvLayout::kHND, false}, std::pair{KvLayout::kNHD, false},
+          std::pair{KvLayout::kNHD, true}}) {
       const int32_t blocks = 5, hkv = 2, bs = 16, hd = 128, n = 37;
       const int64_t pool_bytes = int64_t{blocks} * hkv * bs * hd * bytes_per_element(cache);
       std::vector<uint8_t> k_pool(pool_bytes, 0x11), v_pool(pool_bytes, 0x22);
@@ -543,23 +888,23 @@ TEST_CASE("CUDA write_kv writes the same bytes as the CPU", "[gpu]") {
       for (int32_t i = 0; i < n; ++i) slots[i] = i % 7 == 3 ? -1 : (i * 13) % (blocks * bs);
       const std::vector<float> scales = {0.05f, 0.1f};
       const bool fp8 = cache == DType::kFloat8E4M3;
-      KvCacheView cpu_view =
-          make_kv_cache_view(k_pool.data(), v_pool.data(), cache, blocks, hkv, bs, hd, layout);
+      KvCacheView cpu_view = make_kv_cache_view(k_pool.data(), k_only ? nullptr : v_pool.data(),
+                                                cache, blocks, hkv, bs, hd, layout);
       DeviceBuffer dk(k_pool), dv(v_pool), dks(k), dvs(v), dslots(slots), dscales(scales);
       REQUIRE(write_kv(Device::kCpu, cpu_view,
                        {.k = k.data(),
-                        .v = v.data(),
+                        .v = k_only ? nullptr : v.data(),
                         .src_dtype = DType::kFloat32,
                         .slot_mapping = slots.data(),
                         .num_tokens = n,
                         .maybe_k_scale = fp8 ? &scales[0] : nullptr,
                         .maybe_v_scale = fp8 ? &scales[1] : nullptr})
                   .ok());
-      KvCacheView gpu_view =
-          make_kv_cache_view(dk.get(), dv.get(), cache, blocks, hkv, bs, hd, layout);
+      KvCacheView gpu_view = make_kv_cache_view(dk.get(), k_only ? nullptr : dv.get(), cache,
+                                                blocks, hkv, bs, hd, layout);
       REQUIRE(write_kv(Device::kCuda, gpu_view,
                        {.k = dks.get(),
-                        .v = dvs.get(),
+                        .v = k_only ? nullptr : dvs.get(),
                         .src_dtype = DType::kFloat32,
                         .slot_mapping = dslots.get<int64_t>(),
                         .num_tokens = n,

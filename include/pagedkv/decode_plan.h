@@ -9,7 +9,10 @@
 // `len` tokens covers tokens [z * tokens_per_split, (z + 1) * tokens_per_split) clipped to
 // len, so a short sequence of a skewed batch has few non-empty splits and a long one many;
 // the last split also takes any tokens beyond num_splits * tokens_per_split, so a
-// max_context_len hint that is too small costs balance, never correctness. A sequence
+// max_context_len hint that is too small costs balance, never correctness. For a windowed
+// layer group the splits cover the window (from its start rounded down to a block), and
+// plan_decode_for() passes the window's length (window + block_size - 1 at most) as
+// max_context_len: the plan follows the window, not the context. A sequence
 // that fits one split is finished by split 0 (no partials, no combine); an empty split
 // exits at once, which keeps the grid (num_seqs, num_kv_heads, num_splits) fixed for
 // CUDA graphs.

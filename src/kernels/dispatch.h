@@ -58,19 +58,24 @@ bool dispatch_cache_dtype(DType dtype, F&& f) {
   return dispatch_compute_dtype(dtype, f);
 }
 
-// Attention kernels: q dtype (fp32/fp16/bf16), KV in the q dtype or fp8 e4m3, head_dim
-// 64/128/256. Calls f(TypeTag<QT>, TypeTag<KVT>, integral_constant<int, HD>).
+// Attention dtypes: q dtype (fp32/fp16/bf16), KV in the q dtype or fp8 e4m3. Calls
+// f(TypeTag<QT>, TypeTag<KVT>) and returns what it returns (true: served).
 template <typename F>
-bool dispatch_attention(DType q_dtype, DType kv_dtype, int32_t head_dim, F&& f) {
+bool dispatch_attention_dtypes(DType q_dtype, DType kv_dtype, F&& f) {
   return dispatch_compute_dtype(q_dtype, [&](auto q_tag) {
     using QT = typename decltype(q_tag)::type;
-    if (kv_dtype == DTypeOf<QT>::value) {
-      return dispatch_head_dim(head_dim, [&](auto hd) { f(q_tag, TypeTag<QT>{}, hd); });
-    }
-    if (kv_dtype == DType::kFloat8E4M3) {
-      return dispatch_head_dim(head_dim, [&](auto hd) { f(q_tag, TypeTag<Fp8E4M3>{}, hd); });
-    }
+    if (kv_dtype == DTypeOf<QT>::value) return f(q_tag, TypeTag<QT>{});
+    if (kv_dtype == DType::kFloat8E4M3) return f(q_tag, TypeTag<Fp8E4M3>{});
     return false;
+  });
+}
+
+// Attention kernels: the dtypes above and head_dim 64/128/256. Calls
+// f(TypeTag<QT>, TypeTag<KVT>, integral_constant<int, HD>).
+template <typename F>
+bool dispatch_attention(DType q_dtype, DType kv_dtype, int32_t head_dim, F&& f) {
+  return dispatch_attention_dtypes(q_dtype, kv_dtype, [&](auto q_tag, auto kv_tag) {
+    return dispatch_head_dim(head_dim, [&](auto hd) { f(q_tag, kv_tag, hd); });
   });
 }
 

@@ -25,14 +25,29 @@ inline constexpr int kAttentionThreads = 128;
 size_t attention_smem_bytes(DType q_dtype, DType kv_dtype, int32_t head_dim, int32_t rows);
 int32_t attention_cta_rows(DType q_dtype, DType kv_dtype, int32_t head_dim, int32_t rows);
 
-// Resident attention CTAs per SM on the current device for work items of `rows` rows.
+// Resident attention CTAs per SM on the current device for work items of `rows` rows, of
+// the full-attention kernel or the windowed one.
 cudaError_t attention_ctas_per_sm(DType q_dtype, DType kv_dtype, int32_t head_dim, int32_t rows,
-                                  int* ctas_per_sm);
+                                  bool windowed, int* ctas_per_sm);
 
 // Decode (p.maybe_qo_indptr == null; grid num_seqs x num_kv_heads x row chunks x
 // num_splits, then a combine kernel when num_splits > 1) or extend (grid num_seqs x
-// num_kv_heads x row chunks x num_q_tiles).
+// num_kv_heads x row chunks x num_q_tiles). p.kind picks the full-attention kernel or the
+// windowed one (the same template with a lower bound per query row).
 cudaError_t launch_paged_attention(const AttentionParams& p, cudaStream_t stream);
+
+// MLA decode (kv_lora_rank 512 + rope 64; q fp16/bf16, latent in the q dtype or fp8): a CTA
+// serves up to 64 heads of one (sequence, split); mla_cta_rows() heads per CTA (16, 32 or
+// 64, padded to 16-row MMA tiles), 0 for a head count <= 0. Dynamic shared memory and
+// resident CTAs per SM for `num_heads` heads, 0 / an error for unsupported dtypes.
+int32_t mla_cta_rows(int32_t num_heads);
+size_t mla_smem_bytes(DType q_dtype, DType kv_dtype, int32_t num_heads);
+cudaError_t mla_ctas_per_sm(DType q_dtype, DType kv_dtype, int32_t num_heads, int* ctas_per_sm);
+
+// p as paged_mla_decode() fills it (kv.num_kv_heads 1, kv.head_dim 576, v_dim 512, group
+// = num_q_heads): grid num_seqs x row chunks x num_splits, then the combine kernel when
+// num_splits > 1.
+cudaError_t launch_mla_decode(const AttentionParams& p, cudaStream_t stream);
 
 cudaError_t launch_write_kv(const WriteKvParams& p, cudaStream_t stream);
 
