@@ -292,16 +292,22 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
                                            parent_hash, tokens, seq.extra_keys);
       continue;
     }
-    // After the anchor's blocks (held: a full group releases nothing while running).
+    // Entries released since (a swapped sequence offers again when it comes back) are not
+    // offered; the rest after the anchor's blocks (held: a full group releases nothing).
+    const int32_t from = std::max(first, seq.tables[g.index].first_held);
+    if (from >= full) continue;
+    const auto n = static_cast<size_t>(full - from);
     const std::vector<BlockId>& anchor = seq.tables[anchor_].blocks;
-    parent_keys.resize(count);
-    for (size_t j = 0; j < count; ++j) {
-      const int32_t i = first + static_cast<int32_t>(j);
+    parent_keys.resize(n);
+    for (size_t j = 0; j < n; ++j) {
+      const int32_t i = from + static_cast<int32_t>(j);
       parent_keys[j] = i == 0 ? 0 : groups_[anchor_].device.content_key(anchor[i - 1]);
     }
-    g.device.cache_full_blocks_unchecked(std::span<const BlockId>(blocks).subspan(first, count),
-                                         hashes, kNoBlock, parent_hash, tokens, seq.extra_keys,
-                                         parent_keys);
+    g.device.cache_full_blocks_unchecked(
+        std::span<const BlockId>(blocks).subspan(from, n), hashes.subspan(from - first, n),
+        kNoBlock, from == 0 ? nullptr : &seq.block_hashes[from - 1],
+        tokens.subspan(static_cast<size_t>(from - first) * bs, n * bs), seq.extra_keys,
+        parent_keys);
   }
   seq.num_offered_blocks = full;
 }

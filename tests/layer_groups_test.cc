@@ -1,0 +1,361 @@
+// Tests of KvCacheManager's layer groups (hybrid models): windowed release, slots per
+// group, prefix hits across groups, verification along the anchor, copy-on-write, swap,
+// block tables, all-or-nothing allocation. Exact values are worked out in the comments:
+// a fresh pool hands out its clean blocks in id order, and freed cached blocks join the
+// free queue's tail (tables are freed tail first).
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "pagedkv/kv_cache_manager.h"
+#include "support/manager_test_util.h"
+
+namespace pagedkv {
+namespace {
+
+using namespace pagedkv::testing;  // NOLINT: the shared test helpers
+
+constexpr int32_t kFull = 0;  // group indices of the managers below
+constexpr int32_t kWindow = 1;
+
+// A full-attention group and a windowed one of `window` tokens, blocks of 4 tokens.
+KvCacheManager hybrid(AttentionKind kind, int32_t window, int32_t full_blocks,
+                      int32_t window_blocks, KvCacheManager::Options options = {}) {
+  options.block_size = 4;
+  options.layer_groups = {{.kind = AttentionKind::kFull, .num_blocks = full_blocks},
+                          {.kind = kind, .window = window, .num_blocks = window_blocks}};
+  return make_manager(std::move(options));
+}
+
+Blocks table_of(const KvCacheManager& m, SeqId seq, int32_t group) {
+  auto view = m.sequence(seq, group);
+  REQUIRE(view.ok());
+  return Blocks(view->block_table.begin(), view->block_table.end());
+}
+
+Slots slots_of(const KvCacheManager& m, int32_t group) {
+  const std::span<const int64_t> s = m.slot_mapping(group);
+  return Slots(s.begin(), s.end());
+}
+
+// Tokens of consecutive 4-token blocks, block i starting at firsts[i].
+std::vector<TokenId> blocks_from(std::initializer_list<TokenId> firsts) {
+  std::vector<TokenId> tokens;
+  for (const TokenId f : firsts) {
+    for (TokenId t = f; t < f + 4; ++t) tokens.push_back(t);
+  }
+  return tokens;
+}
+
+// A weak hash: a block's first token, whatever came before it. Chained hashes of
+// different prefixes then collide, and only verification keeps them apart.
+BlockHash first_token_hash(const BlockHash*, std::span<const TokenId> tokens,
+                           std::span<const uint64_t>) {
+  return BlockHash{static_cast<uint64_t>(tokens[0]), 0};
+}
+
+TEST_CASE("layer groups are validated, naming the group and the value", "[layer_groups]") {
+  const LayerGroup full{.kind = AttentionKind::kFull, .num_blocks = 8};
+  const LayerGroup window{.kind = AttentionKind::kSlidingWindow, .window = 16, .num_blocks = 8};
+  require_error(KvCacheManager::create({.num_blocks = 8, .layer_groups = {full, window}}).status(),
+                absl::StatusCode::kInvalidArgument, "must be 0 with layer_groups");
+  LayerGroup no_window = window;
+  no_window.window = 0;
+  require_error(KvCacheManager::create({.layer_groups = {full, no_window}}).status(),
+                absl::StatusCode::kInvalidArgument, "layer_groups[1] (sliding_window): window 0");
+  LayerGroup full_with_window = full;
+  full_with_window.window = 4;
+  require_error(KvCacheManager::create({.layer_groups = {full_with_window}}).status(),
+                absl::StatusCode::kInvalidArgument, "must be 0 for full attention");
+  LayerGroup empty = window;
+  empty.num_blocks = 0;
+  require_error(KvCacheManager::create({.layer_groups = {full, empty}}).status(),
+                absl::StatusCode::kInvalidArgument,
+                "layer_groups[1] (sliding_window): num_blocks 0");
+  require_error(KvCacheManager::create({.layer_groups = {window}}).status(),
+                absl::StatusCode::kInvalidArgument, "need a full-attention group");
+  CHECK(KvCacheManager::create({.enable_prefix_caching = false, .layer_groups = {window}}).ok());
+  LayerGroup full_with_host = full;
+  full_with_host.num_host_blocks = 4;
+  require_error(
+      KvCacheManager::create({.enable_host_cache = true, .layer_groups = {full_with_host, window}})
+          .status(),
+      absl::StatusCode::kInvalidArgument, "needs num_host_blocks > 0 in every group");
+  const KvCacheManager m = make_manager({.layer_groups = {full, window}});
+  CHECK(m.num_groups() == 2);
+  CHECK(m.layer_group(1).window == 16);
+  require_error(m.sequence(0, 2).status(), absl::StatusCode::kNotFound, "unknown sequence 0");
+}
+
+TEST_CASE("a sliding-window group releases the blocks behind the window, a step after writing them",
+          "[layer_groups]") {
+  KvCacheManager m = hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 16, 8);
+  admit(m, 1, iota_tokens(14));
+  // 14 tokens: blocks 0-3 of each pool; the slots are the same in both.
+  CHECK(allocate(m, 1, 14) == Slots{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+  CHECK(slots_of(m, kWindow) == slots_of(m, kFull));
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{200}).ok());
+  // Token 14 attends to [9, 14]: entries 0 and 1 are dead, but this step writes them, so
+  // they stay until a later call.
+  CHECK(allocate(m, 1, 1) == Slots{14});
+  CHECK(table_of(m, 1, kWindow) == Blocks{0, 1, 2, 3});
+  end_step(m);
+  // Nothing new to compute; the next token (15) attends to [10, 15]: entries 0 and 1 go.
+  CHECK(allocate(m, 1, 0).empty());
+  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3});
+  CHECK(m.sequence(1, kWindow)->first_held_block == 2);
+  CHECK(table_of(m, 1, kFull) == Blocks{0, 1, 2, 3});
+  // Both were full and hashed: they stay cached, behind the window pool's clean blocks, in
+  // table order.
+  CHECK(m.device_pool(kWindow).free_queue_order() == Blocks{4, 5, 6, 7, 0, 1});
+  CHECK(m.group_stats(kWindow).released_blocks == 2);
+  CHECK(m.group_stats(kWindow).used_blocks == 2);
+  CHECK(m.group_stats(kFull).used_blocks == 4);
+  end_step(m);
+  // Four more tokens (15-18): block 4 of each pool.
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{201, 202, 203, 204}).ok());
+  CHECK(allocate(m, 1, 4) == Slots{15, 16, 17, 18});
+  CHECK(slots_of(m, kWindow) == Slots{15, 16, 17, 18});
+  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3, 4});
+  // Kernels get padding where the window released its blocks.
+  BlockTables tables;
+  const SeqId seqs[] = {1};
+  REQUIRE(m.build_block_tables(seqs, &tables, kWindow).ok());
+  CHECK(tables.block_table == std::vector<int32_t>{kPaddingBlock, kPaddingBlock, 2, 3, 4});
+  CHECK(tables.context_lens == std::vector<int32_t>{19});
+  CHECK(tables.indices == std::vector<int32_t>{kPaddingBlock, kPaddingBlock, 2, 3, 4});
+  CHECK(tables.last_page_len == std::vector<int32_t>{3});
+  require_error(m.build_block_tables(seqs, &tables, 2), absl::StatusCode::kInvalidArgument,
+                "layer group 2 outside [0, 2)");
+}
+
+TEST_CASE("a prefix hit across groups needs the window before it", "[layer_groups]") {
+  // Window pool of 7: the prompt's 4 blocks, and room for an unrelated prompt to evict.
+  KvCacheManager m = hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 32, 7);
+  const std::vector<TokenId> prompt = iota_tokens(16);
+  admit(m, 1, prompt);
+  allocate(m, 1, 16);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // Freed tail first: window pool [4, 5, 6 clean | 3, 2, 1, 0 cached].
+  CHECK(m.device_pool(kWindow).free_queue_order() == Blocks{4, 5, 6, 3, 2, 1, 0});
+
+  std::vector<TokenId> longer = prompt;
+  longer.insert(longer.end(), {7, 7, 7});
+  SECTION("the whole window is cached: the hit is the full groups' 16 tokens") {
+    admit(m, 2, longer);
+    // Token 16 attends to [11, 16]: entries 2 and 3 of the window group.
+    CHECK(*m.match_prefix(2) == 16);
+    CHECK(table_of(m, 2, kFull) == Blocks{0, 1, 2, 3});
+    CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3});
+    CHECK(m.group_stats(kWindow).hit_blocks == 2);
+    CHECK(m.group_stats(kFull).hit_blocks == 4);
+    require_valid(m);
+  }
+  SECTION("the window lost the last block: the hit ends where a window is whole") {
+    // 16 unrelated tokens take the 3 clean window blocks and evict block 3.
+    admit(m, 3, iota_tokens(16, 900));
+    allocate(m, 3, 16);
+    CHECK(table_of(m, 3, kWindow) == Blocks{4, 5, 6, 3});
+    admit(m, 2, longer);
+    // 16 would need entry 3; 12 needs entries 1 and 2 (token 12 attends to [7, 12]).
+    CHECK(*m.match_prefix(2) == 12);
+    CHECK(table_of(m, 2, kFull) == Blocks{0, 1, 2});
+    CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, 1, 2});
+    CHECK(m.stats().prefix_hit_tokens == 12);
+    require_valid(m);
+  }
+}
+
+TEST_CASE("a chunked-local group needs nothing cached for a hit at a chunk boundary",
+          "[layer_groups]") {
+  // Chunks of 8 tokens, a chunk pool of 4 blocks.
+  KvCacheManager m = hybrid(AttentionKind::kChunkedLocal, /*chunk=*/8, 16, 4);
+  const std::vector<TokenId> prompt = iota_tokens(16);
+  admit(m, 1, prompt);
+  allocate(m, 1, 16);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // Another prompt takes every chunk block: none of the first prompt's is left there.
+  admit(m, 3, iota_tokens(16, 900));
+  allocate(m, 3, 16);
+  std::vector<TokenId> longer = prompt;
+  longer.push_back(7);
+  admit(m, 2, longer);
+  // Token 16 starts a chunk: it attends to nothing before it.
+  CHECK(*m.match_prefix(2) == 16);
+  CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, kNoBlock, kNoBlock});
+  CHECK(m.sequence(2, kWindow)->first_held_block == 4);
+  end_step(m);
+  REQUIRE(m.free(3).ok());
+  // Token 16 then goes into a new block of each group: the full pool's first clean one.
+  CHECK(allocate(m, 2, 1) == Slots{int64_t{8} * 4});
+  CHECK(table_of(m, 2, kWindow).size() == 5);
+  require_valid(m);
+}
+
+TEST_CASE("a windowed block cached after another prefix is never a hit, even when hashes collide",
+          "[layer_groups]") {
+  KvCacheManager::Options options;
+  options.hash_fn = first_token_hash;
+  KvCacheManager m = hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 32, 7, options);
+  const std::vector<TokenId> x = blocks_from({10, 20, 30, 40});
+  admit(m, 1, x);
+  allocate(m, 1, 16);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // Another prompt whose last block holds x's last tokens after other blocks: the window
+  // pool evicts x's block 3 for it and caches its own block 3 under the same (weak) hash.
+  admit(m, 2, blocks_from({50, 60, 70, 40}));
+  allocate(m, 2, 16);
+  CHECK(table_of(m, 2, kWindow) == Blocks{4, 5, 6, 3});
+  end_step(m);
+  REQUIRE(m.free(2).ok());
+  std::vector<TokenId> longer = x;
+  longer.push_back(99);
+  admit(m, 3, longer);
+  // The full group holds x's 4 blocks. The window group's block under hash 40 was cached
+  // after block 70, not 30: verification against the full group's block 2 refuses it,
+  // and the hit ends at 12, whose window (entries 1, 2) is x's.
+  CHECK(*m.match_prefix(3) == 12);
+  CHECK(table_of(m, 3, kWindow) == Blocks{kNoBlock, 1, 2});
+  require_valid(m);
+}
+
+TEST_CASE("forks, copy-on-write and swapping hold in every group", "[layer_groups]") {
+  KvCacheManager m =
+      hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 16, 8, {.num_host_blocks = 0});
+  SECTION("a fork shares every held entry; appending copies the shared partial block per group") {
+    admit(m, 1, iota_tokens(10));
+    allocate(m, 1, 10);
+    end_step(m);
+    REQUIRE(m.fork(1, 2).ok());
+    CHECK(m.device_pool(kWindow).ref_count(2).value() == 2);
+    REQUIRE(m.append_tokens(2, std::vector<TokenId>{7}).ok());
+    // Token 10 goes into block 2 (2 valid tokens), shared: a new block 3 in each pool.
+    CHECK(allocate(m, 2, 1) == Slots{3 * 4 + 2});
+    const StepOps ops = m.take_step_ops();
+    CHECK(ops.copy_on_write ==
+          std::vector<BlockCopy>{{.src = 2, .dst = 3, .num_tokens = 2},
+                                 {.src = 2, .dst = 3, .num_tokens = 2, .group = kWindow}});
+    // The child's token 10 attends to [5, 10]: its entry 0 is released, the parent's stays.
+    CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, 1, 3});
+    CHECK(table_of(m, 1, kWindow) == Blocks{0, 1, 2});
+    CHECK(m.stats().cow_copies == 2);
+    require_valid(m);
+  }
+}
+
+TEST_CASE("swapping copies each group's held entries to its own host pool and back",
+          "[layer_groups]") {
+  KvCacheManager::Options options;
+  options.block_size = 4;
+  options.layer_groups = {
+      {.kind = AttentionKind::kFull, .num_blocks = 16, .num_host_blocks = 8},
+      {.kind = AttentionKind::kSlidingWindow, .window = 6, .num_blocks = 8, .num_host_blocks = 4}};
+  KvCacheManager m = make_manager(options);
+  admit(m, 1, iota_tokens(14));
+  allocate(m, 1, 14);
+  end_step(m);
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{7}).ok());
+  allocate(m, 1, 1);  // releases window entries 0 and 1
+  end_step(m);
+  REQUIRE(m.preempt(1, PreemptionMode::kSwap).ok());
+  // 15 computed tokens: 4 full blocks to the full group's host pool, the 2 held window
+  // entries (2, 3) to the window group's.
+  CHECK(m.sequence(1, kFull)->host_blocks.size() == 4);
+  CHECK(m.sequence(1, kWindow)->host_blocks.size() == 2);
+  CHECK(m.sequence(1, kWindow)->first_held_block == 2);
+  StepOps ops = m.take_step_ops();
+  CHECK(ops.swap_out == std::vector<BlockCopy>{{0, 0, 4, kFull},
+                                               {1, 1, 4, kFull},
+                                               {2, 2, 4, kFull},
+                                               {3, 3, 3, kFull},
+                                               {2, 0, 4, kWindow},
+                                               {3, 1, 3, kWindow}});
+  REQUIRE(m.swap_in(1).ok());
+  CHECK(table_of(m, 1, kWindow).size() == 4);
+  CHECK(table_of(m, 1, kWindow)[0] == kNoBlock);
+  ops = m.take_step_ops();
+  CHECK(ops.swap_in.size() == 6);
+  CHECK(ops.swap_in[4] == BlockCopy{0, table_of(m, 1, kWindow)[2], 4, kWindow});
+  require_valid(m);
+}
+
+TEST_CASE("allocation is all or nothing across groups, naming the group that lacks blocks",
+          "[layer_groups]") {
+  // A window pool of 4 blocks, one of them held by another sequence.
+  KvCacheManager m = hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 16, 4);
+  admit(m, 9, iota_tokens(4, 900));
+  allocate(m, 9, 4);
+  admit(m, 1, iota_tokens(16));
+  const Blocks full_queue = m.device_pool(kFull).free_queue_order();
+  require_error(m.allocate_slots(1, 16).status(), absl::StatusCode::kResourceExhausted,
+                "need 4 blocks in group 1, 3 free of 4");
+  CHECK(m.device_pool(kFull).free_queue_order() == full_queue);
+  CHECK(table_of(m, 1, kFull).empty());
+  // A prefill that could never fit the window pool at once is refused as such.
+  admit(m, 2, iota_tokens(20));
+  require_error(m.allocate_slots(2, 20).status(), absl::StatusCode::kInvalidArgument,
+                "20 slots need 5 blocks in group 1; the pool has 4");
+  REQUIRE(m.free(2).ok());
+  // In chunks it fits: tokens 0-7 into window blocks 1 and 2, tokens 8-11 (which attend
+  // from token 3: entry 0 stays) into block 3.
+  CHECK(allocate(m, 1, 8) == Slots{4, 5, 6, 7, 8, 9, 10, 11});
+  end_step(m);
+  CHECK(allocate(m, 1, 4) == Slots{12, 13, 14, 15});
+  CHECK(table_of(m, 1, kWindow) == Blocks{1, 2, 3});
+  end_step(m);
+  // Tokens 12-15 attend from token 7: entry 0 (block 1) is released and, the pool's only
+  // free block, taken for entry 3.
+  CHECK(allocate(m, 1, 4) == Slots{16, 17, 18, 19});
+  CHECK(slots_of(m, kWindow) == Slots{4, 5, 6, 7});
+  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, 2, 3, 1});
+  require_valid(m);
+}
+
+TEST_CASE("each group's host tier demotes its evicted blocks and promotes the hits it serves",
+          "[layer_groups]") {
+  KvCacheManager::Options options;
+  options.block_size = 4;
+  options.enable_host_cache = true;
+  options.layer_groups = {
+      {.kind = AttentionKind::kFull, .num_blocks = 5, .num_host_blocks = 4},
+      {.kind = AttentionKind::kSlidingWindow, .window = 6, .num_blocks = 5, .num_host_blocks = 4}};
+  KvCacheManager m = make_manager(options);
+  const std::vector<TokenId> prompt = iota_tokens(16);
+  admit(m, 1, prompt);
+  allocate(m, 1, 16);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // An unrelated prompt evicts all four cached blocks of each pool: demoted, per group.
+  admit(m, 3, iota_tokens(20, 900));
+  allocate(m, 3, 20);
+  StepOps ops = m.take_step_ops();
+  REQUIRE(ops.demote.size() == 8);
+  CHECK(ops.demote[0].group == kFull);
+  CHECK(ops.demote[4].group == kWindow);
+  REQUIRE(m.free(3).ok());
+  std::vector<TokenId> longer = prompt;
+  longer.push_back(7);
+  admit(m, 2, longer);
+  // The full group finds its 4 blocks in its host tier; the window group needs entries 2
+  // and 3 (token 16 attends to [11, 16]) and finds them in its own.
+  CHECK(*m.match_prefix(2) == 16);
+  CHECK(m.stats().host_hit_tokens == 16);
+  CHECK(m.group_stats(kFull).blocks_promoted == 4);
+  CHECK(m.group_stats(kWindow).blocks_promoted == 2);
+  const Blocks window = table_of(m, 2, kWindow);
+  REQUIRE(window.size() == 4);
+  CHECK(window[0] == kNoBlock);
+  CHECK(window[1] == kNoBlock);
+  ops = m.take_step_ops();
+  int promoted_into_window = 0;
+  for (const BlockCopy& c : ops.promote) promoted_into_window += c.group == kWindow;
+  for (const BlockCopy& c : ops.exchange) promoted_into_window += c.group == kWindow;
+  CHECK(promoted_into_window == 2);
+  require_valid(m);
+}
+
+}  // namespace
+}  // namespace pagedkv
