@@ -69,21 +69,15 @@ PoolTensor pool_tensor(const KvCacheView& view, void* data, KvLayout layout, int
                     device_id);
 }
 
-// Copy ops as a list of BlockCopy or an integer array [n, 3] of (src, dst, num_tokens): a
-// C-contiguous int32 one is read in place, any other integer one is range-checked into a copy
-// (never truncated), and a float or bool one is refused.
+// Copy ops as a list of BlockCopy or an integer array [n, 3] of (src, dst, num_tokens),
+// the copies of layer group 0: any integer dtype, range-checked (never truncated); a
+// float or bool one is refused.
 using OpsArray = nb::ndarray<nb::ro, nb::shape<-1, 3>, nb::device::cpu>;
-static_assert(sizeof(BlockCopy) == 3 * sizeof(int32_t) && std::is_standard_layout_v<BlockCopy>);
 
-std::span<const BlockCopy> ops_span(const char* function, const OpsArray& ops,
-                                    std::vector<int32_t>& copy) {
-  const size_t num_ops = ops.shape(0);
-  if (ops.dtype() == nb::dtype<int32_t>() &&
-      (num_ops == 0 || (ops.stride(0) == 3 && ops.stride(1) == 1))) {
-    return {static_cast<const BlockCopy*>(ops.data()), num_ops};
-  }
+std::vector<BlockCopy> ops_from_array(const char* function, const OpsArray& ops) {
+  std::vector<int32_t> values;
   std::optional<OutOfRangeEntry> out_of_range;
-  if (!copy_integers(ops, copy, out_of_range)) {
+  if (!copy_integers(ops, values, out_of_range)) {
     PyErr_Format(PyExc_TypeError,
                  "%s: ops is not an integer array; expected int32 [n, 3] of (src, dst, "
                  "num_tokens) or a list of BlockCopy",
@@ -91,7 +85,11 @@ std::span<const BlockCopy> ops_span(const char* function, const OpsArray& ops,
     throw nb::python_error();
   }
   if (out_of_range.has_value()) raise_out_of_range<int32_t>(function, "ops", *out_of_range);
-  return {reinterpret_cast<const BlockCopy*>(copy.data()), num_ops};
+  std::vector<BlockCopy> copies(ops.shape(0));
+  for (size_t i = 0; i < copies.size(); ++i) {
+    copies[i] = {values[3 * i], values[3 * i + 1], values[3 * i + 2]};
+  }
+  return copies;
 }
 
 void* stream_ptr(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
@@ -107,8 +105,7 @@ void bind_copy(nb::class_<PyKvStorage>& cls, const char* name, Method method, co
       .def(
           name,
           [method, name](PyKvStorage& self, const OpsArray& ops, uintptr_t stream) {
-            std::vector<int32_t> copy;
-            raise_if_error((self.storage.*method)(ops_span(name, ops, copy), stream_ptr(stream)));
+            raise_if_error((self.storage.*method)(ops_from_array(name, ops), stream_ptr(stream)));
           },
           "ops"_a, "stream"_a = 0, doc);
 }

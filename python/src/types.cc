@@ -168,20 +168,22 @@ void bind_values(nb::module_& m) {
 
   nb::class_<BlockCopy>(m, "BlockCopy",
                         "Copy of the first num_tokens token slots of block src into dst, all "
-                        "layers.")
+                        "layers of layer group `group` (its pools' block ids).")
       .def(
           "__init__",
-          [](BlockCopy* self, BlockId src, BlockId dst, int32_t num_tokens) {
-            new (self) BlockCopy{src, dst, num_tokens};
+          [](BlockCopy* self, BlockId src, BlockId dst, int32_t num_tokens, int32_t group) {
+            new (self) BlockCopy{src, dst, num_tokens, group};
           },
-          "src"_a, "dst"_a, "num_tokens"_a)
+          "src"_a, "dst"_a, "num_tokens"_a, "group"_a = 0)
       .def_rw("src", &BlockCopy::src)
       .def_rw("dst", &BlockCopy::dst)
       .def_rw("num_tokens", &BlockCopy::num_tokens)
+      .def_rw("group", &BlockCopy::group)
       .def(nb::self == nb::self)
       .def("__repr__", [](const BlockCopy& c) {
         return "BlockCopy(src=" + std::to_string(c.src) + ", dst=" + std::to_string(c.dst) +
-               ", num_tokens=" + std::to_string(c.num_tokens) + ")";
+               ", num_tokens=" + std::to_string(c.num_tokens) +
+               (c.group != 0 ? ", group=" + std::to_string(c.group) : std::string()) + ")";
       });
 
   nb::class_<StepOps>(
