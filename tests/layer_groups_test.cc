@@ -357,5 +357,80 @@ TEST_CASE("each group's host tier demotes its evicted blocks and promotes the hi
   require_valid(m);
 }
 
+TEST_CASE("partial-block reuse copies the first tokens of a cached block that continues the prompt",
+          "[layer_groups][partial_reuse]") {
+  KvCacheManager m =
+      make_manager({.num_blocks = 16, .block_size = 4, .enable_partial_block_reuse = true});
+  admit(m, 1, iota_tokens(12));  // blocks [100-103] [104-107] [108-111]
+  allocate(m, 1, 12);
+  SECTION("a block written this step is not copied before its K/V exists") {
+    admit(m, 2, {100, 101, 102, 103, 104, 105, 7, 7, 7});
+    CHECK(*m.match_prefix(2) == 4);
+    CHECK(m.stats().partial_hit_tokens == 0);
+  }
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  SECTION("the prompt shares 2 tokens of block 1: they are copied into a new block") {
+    admit(m, 2, {100, 101, 102, 103, 104, 105, 7, 7, 7});
+    // Block 0 is a full hit; block 1 starts with 104, 105 and then differs.
+    CHECK(*m.match_prefix(2) == 6);
+    CHECK(table(m, 2) == Blocks{0, 3});  // block 3: the first clean one
+    CHECK(m.stats().partial_hit_tokens == 2);
+    CHECK(m.stats().prefix_hit_tokens == 6);
+    require_valid(m);
+    // The copy runs with the step's ops; block 1 is held until then.
+    CHECK(m.device_pool().ref_count(1).value() == 1);
+    const StepOps ops = m.take_step_ops();
+    CHECK(ops.copy_on_write == std::vector<BlockCopy>{{1, 3, 2}});
+    CHECK(m.device_pool().ref_count(1).value() == 0);
+    // Tokens 6-8 follow in block 3 (offsets 2, 3) and a new block 4.
+    CHECK(allocate(m, 2, 3) == Slots{14, 15, 16});
+    CHECK(table(m, 2) == Blocks{0, 3, 4});
+  }
+  SECTION("never the last token") {
+    admit(m, 2, {100, 101, 102, 103, 104, 105});
+    // At most 5 of 6 tokens: block 0 and token 104.
+    CHECK(*m.match_prefix(2) == 5);
+    CHECK(m.take_step_ops().copy_on_write == std::vector<BlockCopy>{{1, 3, 1}});
+  }
+  SECTION("a prompt diverging at the block's first token reuses nothing") {
+    admit(m, 2, {100, 101, 102, 103, 9, 9, 9, 9, 9});
+    CHECK(*m.match_prefix(2) == 4);
+    CHECK(m.take_step_ops().copy_on_write.empty());
+  }
+}
+
+TEST_CASE("partial-block reuse needs the block in every group", "[layer_groups][partial_reuse]") {
+  KvCacheManager m = hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 16, 7,
+                            {.enable_partial_block_reuse = true});
+  const std::vector<TokenId> prompt = iota_tokens(16);
+  admit(m, 1, prompt);
+  allocate(m, 1, 16);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // Window pool: [4, 5, 6 clean | 3, 2, 1, 0 cached]. The prompt below hits blocks 0-2 and
+  // continues into the first 3 tokens of block 3 ([112-115]).
+  std::vector<TokenId> longer(prompt.begin(), prompt.begin() + 15);
+  longer.insert(longer.end(), {7, 7});
+  SECTION("both groups hold block 3: 3 tokens are copied in each") {
+    admit(m, 2, longer);
+    CHECK(*m.match_prefix(2) == 15);
+    CHECK(m.take_step_ops().copy_on_write ==
+          std::vector<BlockCopy>{{3, 4, 3, kFull}, {3, 4, 3, kWindow}});
+    CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, 1, 2, 4});
+    require_valid(m);
+  }
+  SECTION("the window group lost block 3: no partial reuse") {
+    admit(m, 3, iota_tokens(16, 900));  // evicts the window pool's block 3
+    allocate(m, 3, 16);
+    end_step(m);
+    admit(m, 2, longer);
+    CHECK(*m.match_prefix(2) == 12);
+    CHECK(m.stats().partial_hit_tokens == 0);
+    CHECK(m.take_step_ops().copy_on_write.empty());
+    require_valid(m);
+  }
+}
+
 }  // namespace
 }  // namespace pagedkv

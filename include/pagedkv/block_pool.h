@@ -78,6 +78,9 @@ class BlockPool {
     // Content keys are drawn from here on (> 0). Two pools whose blocks are copied into
     // each other draw from disjoint ranges, so that different contents never share a key.
     uint64_t first_content_key = 1;
+    // Indexed blocks are also found by their first tokens (longest_partial_match()): a
+    // hash-map entry per indexed block, for partial-block reuse.
+    bool index_partial_prefixes = false;
   };
 
   struct Stats {
@@ -279,6 +282,12 @@ class BlockPool {
   }
   // The block indexed under `hash`, or kNoBlock; unverified.
   BlockId indexed_block(const BlockHash& hash) const;
+  // With Options::index_partial_prefixes: the indexed block cached after the contents
+  // `parent_key` names, with `extra_keys`, whose first tokens equal the longest prefix of
+  // `tokens` (at most block_size - 1 of them, verified token by token); *matched is its
+  // length. kNoBlock (and 0) when none matches a token, or without the option.
+  BlockId longest_partial_match(uint64_t parent_key, std::span<const TokenId> tokens,
+                                std::span<const uint64_t> extra_keys, int32_t* matched) const;
   // Whether the cached `block` holds `tokens` and `extra_keys` after the contents
   // `parent_key` names.
   bool holds_contents(BlockId block, uint64_t parent_key, std::span<const TokenId> tokens,

@@ -150,7 +150,13 @@ class KvCacheManager {
     // caching and num_host_blocks > 0.
     bool enable_host_cache = false;
     int32_t max_model_len = 1 << 20;  // most tokens one sequence may hold
-    int32_t watermark_blocks = 0;     // blocks an admission leaves free while others run
+    // Partial-block reuse: where a prompt continues past its full-block hit into the first
+    // k < block_size tokens of a cached block (in every group), match_prefix() reuses
+    // those k tokens through a copy-on-write copy of that block instead of leaving them to
+    // be recomputed. Each device pool then also indexes its cached blocks by their first
+    // token (a hash-map entry per cached block).
+    bool enable_partial_block_reuse = false;
+    int32_t watermark_blocks = 0;  // blocks an admission leaves free while others run
     bool enable_prefix_caching = true;
     PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // default policy's mode
     BlockHashFn hash_fn = hash_block;                             // injectable for collision tests
@@ -181,6 +187,7 @@ class KvCacheManager {
     int32_t used_host_blocks = 0;
     int64_t prefix_query_tokens = 0;  // prompt tokens looked up by match_prefix
     int64_t prefix_hit_tokens = 0;    // of those, found in the cache
+    int64_t partial_hit_tokens = 0;   // of those, reused from part of a cached block
     int64_t evictions = 0;
     int64_t cow_copies = 0;
     int64_t preemptions_recompute = 0;
@@ -247,7 +254,10 @@ class KvCacheManager {
   // Claims the longest verified cached prefix of a waiting sequence, in full blocks, and
   // returns its length in tokens; those tokens count as computed. Never the whole token
   // list: at most len - 1 tokens, since the last token's logits must be computed.
-  // Returns 0 with prefix caching off. Counts prefix query and hit tokens.
+  // Returns 0 with prefix caching off. Counts prefix query and hit tokens. With
+  // Options::enable_partial_block_reuse, the claim may end in a partial block: the first k
+  // tokens of a cached block that continues the prompt, reused through a copy-on-write copy
+  // (StepOps::copy_on_write, so the sequence counts as scheduled in this step).
   // With the host tier, the prefix continues past the device hits into host hits, as far
   // as free device blocks allow (leaving watermark_blocks free while others run): each is
   // promoted into a new device block (a StepOps::promote copy, so the sequence counts as
@@ -486,6 +496,7 @@ class KvCacheManager {
   void share_device_hits(internal::Sequence& seq, internal::GroupPools& g, int32_t first,
                          int32_t p);
   void promote_host_hits(internal::Sequence& seq, internal::GroupPools& g, int32_t p);
+  int32_t reuse_partial_block(internal::Sequence& seq, int32_t hit);
   void hash_full_blocks(internal::Sequence& seq, int32_t num_full_blocks);
   void offer_computed_blocks(internal::Sequence& seq);
   // Preemption (preemption.cc).

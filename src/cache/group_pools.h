@@ -36,6 +36,7 @@ struct GroupMatch {
   std::vector<int32_t> promote_at;
   std::vector<BlockId> promote_hits;
   std::vector<uint64_t> parent_keys;
+  BlockId partial_src = kNoBlock;  // the block partial-block reuse copies from
 
   // Sizes the scratch for `n` entries; a windowed group's entries become unknown.
   void reset(int32_t n, bool windowed) {

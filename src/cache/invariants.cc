@@ -56,8 +56,9 @@ absl::Status check_table(const Sequence& s, const GroupPools& g, int32_t block_s
       }
       break;
     case SequenceState::kWaiting:
-      // Only a claimed prefix of full, computed blocks.
-      if (int64_t{table} * block_size != s.num_computed || host != 0) {
+      // Only a claimed prefix of computed blocks: full ones, and a partial block reused
+      // from a cached one (partial-block reuse).
+      if (table != context_blocks || host != 0) {
         return broken(where, " waiting: table of ", table, " blocks but ", s.num_computed,
                       " computed tokens, ", host, " host blocks");
       }

@@ -119,12 +119,14 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
     std::vector<GroupPools> groups;
     for (size_t i = 0; i < layer_groups.size(); ++i) {
       const LayerGroup& spec = layer_groups[i];
-      auto device = BlockPool::create({.num_blocks = spec.num_blocks,
-                                       .block_size = options.block_size,
-                                       .enable_caching = options.enable_prefix_caching,
-                                       .event_sink = options.event_sink,
-                                       .clock = options.clock,
-                                       .log_evictions = options.enable_host_cache});
+      auto device =
+          BlockPool::create({.num_blocks = spec.num_blocks,
+                             .block_size = options.block_size,
+                             .enable_caching = options.enable_prefix_caching,
+                             .event_sink = options.event_sink,
+                             .clock = options.clock,
+                             .log_evictions = options.enable_host_cache,
+                             .index_partial_prefixes = options.enable_partial_block_reuse});
       if (!device.ok()) return device.status();
       auto host = BlockPool::create({.num_blocks = spec.num_host_blocks,
                                      .block_size = options.block_size,

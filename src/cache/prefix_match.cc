@@ -221,6 +221,46 @@ void KvCacheManager::promote_host_hits(Sequence& seq, GroupPools& g, int32_t p) 
   if (g.index == anchor_) counters_.host_hit_tokens += count * bs;
 }
 
+// Continues a hit of `hit` blocks into the first tokens of a cached block: every group must
+// hold a cached block after its block hit - 1 (a windowed group: after the anchor's) that
+// starts with the prompt's next tokens, and a free block to copy it into. The shortest of
+// those matches is reused: each group's block is copied (copy-on-write) into a new block
+// that ends the table. Returns the tokens reused (0: none).
+int32_t KvCacheManager::reuse_partial_block(Sequence& seq, int32_t hit) {
+  const int32_t bs = options_.block_size;
+  const auto len = static_cast<int32_t>(seq.tokens.size());
+  // Never the last token, and fewer than a block (a whole block would be a full hit).
+  int32_t k = std::min(bs - 1, len - 1 - hit * bs);
+  if (k <= 0) return 0;
+  const auto next = std::span<const TokenId>(seq.tokens).subspan(static_cast<size_t>(hit) * bs);
+  auto parent_key = [&](const GroupPools& g) -> uint64_t {
+    if (hit == 0) return 0;
+    const GroupPools& parent = g.windowed() ? groups_[anchor_] : g;
+    return parent.device.content_key(seq.tables[parent.index].blocks[hit - 1]);
+  };
+  for (GroupPools& g : groups_) {
+    int32_t matched = 0;
+    const BlockId src =
+        g.device.longest_partial_match(parent_key(g), next.first(k), seq.extra_keys, &matched);
+    // Its K/V must be there before this step's copies run, and a block must be free.
+    const int32_t free_src = src != kNoBlock && g.device.ref_count_unchecked(src) == 0;
+    if (src == kNoBlock || ledger_->written(g.index, src) || room(g, free_src) < 1) return 0;
+    g.match.partial_src = src;
+    k = std::min(k, matched);
+  }
+  for (GroupPools& g : groups_) {
+    const BlockId src = g.match.partial_src;
+    g.device.touch_unchecked(src);  // so that the allocation below cannot evict it
+    BlockId dst = kNoBlock;
+    allocate_device_blocks(g, {&dst, 1});
+    ledger_->record(internal::kCopyOnWrite, {src, dst, k, g.index});
+    ledger_->release(g.device, internal::Hold::kDevice, g.index, src);  // parked until the step
+    ledger_->mark_filled_by_copy(g.index, dst);
+    seq.tables[g.index].blocks.push_back(dst);
+  }
+  return k;
+}
+
 absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "match_prefix"));
@@ -246,10 +286,12 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   for (GroupPools& g : groups_) {
     if (g.host_tier != nullptr) promote_host_hits(*s, g, hit);
   }
-  s->num_computed = hit * bs;
+  const int32_t partial = options_.enable_partial_block_reuse ? reuse_partial_block(*s, hit) : 0;
+  s->num_computed = hit * bs + partial;
   s->num_offered_blocks = hit;
-  // A hit on a block another sequence fills in this step holds K/V not written yet.
-  int32_t first_unwritten = hit;
+  // A hit on a block another sequence fills in this step holds K/V not written yet, and
+  // so does a partial block until the step's copies run.
+  int32_t first_unwritten = partial > 0 ? hit : hit + 1;
   for (const GroupPools& g : groups_) {
     const GroupTable& t = s->tables[g.index];
     for (int32_t i = t.first_held; i < std::min(hit, first_unwritten); ++i) {
@@ -259,8 +301,9 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
       }
     }
   }
-  if (first_unwritten < hit) ledger_->mark_scheduled(*s, first_unwritten * bs);
+  if (first_unwritten <= hit) ledger_->mark_scheduled(*s, first_unwritten * bs);
   counters_.prefix_hit_tokens += s->num_computed;
+  counters_.partial_hit_tokens += partial;
   return s->num_computed;
 }
 

@@ -63,6 +63,7 @@ BlockPool::BlockPool(const Options& options)
       hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)) {
   hash_index_->start_content_keys_at(options.first_content_key);
   if (log_evictions_) hash_index_->keep_parent_hashes();  // announced with demoted copies
+  if (options.index_partial_prefixes) hash_index_->index_partial_prefixes();
 }
 
 BlockPool::BlockPool(BlockPool&&) noexcept = default;
@@ -470,6 +471,14 @@ BlockPool::CachedContents BlockPool::cached_contents(BlockId block) const {
 }
 
 uint64_t BlockPool::content_key(BlockId block) const { return hash_index_->content_key(block); }
+
+BlockId BlockPool::longest_partial_match(uint64_t parent_key, std::span<const TokenId> tokens,
+                                         std::span<const uint64_t> extra_keys,
+                                         int32_t* matched) const {
+  *matched = 0;
+  if (!hash_index_->indexes_partial_prefixes()) return kNoBlock;
+  return hash_index_->longest_partial_match(parent_key, tokens, extra_keys, matched);
+}
 
 void BlockPool::set_content_key(BlockId block, uint64_t key) {
   hash_index_->set_content_key(block, key);

@@ -39,6 +39,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "pagedkv/types.h"
+#include "pool/partial_prefix_index.h"
 
 namespace pagedkv::internal {
 
@@ -96,6 +97,7 @@ class HashIndex {
     role_[b] = inserted ? Role::kIndexed : Role::kStandby;
     hash_[b] = hash;
     parent_key_[b] = parent_key;
+    if (inserted && partial_) partial_->add(b, parent_key, tokens[0]);
     if (!parent_hash_.empty()) {
       parent_hash_[b] = parent_hash != nullptr ? std::optional(*parent_hash) : std::nullopt;
     }
@@ -115,10 +117,12 @@ class HashIndex {
     }
     const BlockId successor = next_[b];
     next_[b] = kNoBlock;
+    if (partial_) partial_->remove(b, parent_key_[b], block_tokens(b)[0]);
     if (successor == kNoBlock) {
       index_.erase(hash_[b]);
       return true;
     }
+    if (partial_) partial_->add(successor, parent_key_[successor], block_tokens(successor)[0]);
     // The most recent standby becomes the indexed block, keeping the rest of the chain.
     prev_[successor] = kNoBlock;
     role_[successor] = Role::kIndexed;
@@ -130,6 +134,7 @@ class HashIndex {
   // Forgets every entry and standby.
   void clear() {
     index_.clear();
+    if (partial_) partial_->clear();
     std::fill(role_.begin(), role_.end(), Role::kNone);
     std::fill(next_.begin(), next_.end(), kNoBlock);
     std::fill(prev_.begin(), prev_.end(), kNoBlock);
@@ -160,6 +165,48 @@ class HashIndex {
     return {block_tokens(b), size_t(block_size_)};
   }
   std::span<const uint64_t> extra_keys(BlockId b) const { return extra_keys_[b]; }
+
+  // Keeps indexed blocks findable by their first tokens (longest_partial_match()).
+  void index_partial_prefixes() { partial_.emplace(static_cast<int32_t>(role_.size())); }
+  bool indexes_partial_prefixes() const { return partial_.has_value(); }
+
+  // The indexed block cached after the contents `parent_key` names, with `extra_keys`,
+  // whose first tokens equal the longest prefix of `tokens` (at most block_size - 1 of
+  // them); *matched is that prefix's length (0 and kNoBlock when none). Needs
+  // index_partial_prefixes().
+  BlockId longest_partial_match(uint64_t parent_key, std::span<const TokenId> tokens,
+                                std::span<const uint64_t> extra_keys, int32_t* matched) const {
+    BlockId best = kNoBlock;
+    *matched = 0;
+    if (tokens.empty()) return best;
+    const size_t limit = std::min(tokens.size(), static_cast<size_t>(block_size_ - 1));
+    partial_->for_each(parent_key, tokens[0], [&](BlockId b) {
+      const auto& keys = extra_keys_[b];
+      if (!std::equal(keys.begin(), keys.end(), extra_keys.begin(), extra_keys.end())) return;
+      const TokenId* stored = block_tokens(b);
+      const auto n = static_cast<int32_t>(
+          std::mismatch(tokens.begin(), tokens.begin() + limit, stored).first - tokens.begin());
+      if (n > *matched) {
+        *matched = n;
+        best = b;
+      }
+    });
+    return best;
+  }
+
+  // Whether the partial-prefix index holds exactly the indexed blocks, each under its
+  // parent key and first token (for check_invariants()).
+  bool partial_prefixes_consistent() const {
+    if (!partial_) return true;
+    size_t entries = 0;
+    bool consistent = true;
+    partial_->for_each_entry([&](uint64_t parent_key, TokenId first, BlockId b) {
+      ++entries;
+      consistent &=
+          role_[b] == Role::kIndexed && parent_key_[b] == parent_key && block_tokens(b)[0] == first;
+    });
+    return consistent && entries == index_.size();
+  }
 
   // Calls fn(hash, block) for every indexed entry.
   template <typename Fn>
@@ -214,7 +261,8 @@ class HashIndex {
   std::vector<BlockId> next_;  // standby chain
   std::vector<BlockId> prev_;
   std::vector<absl::InlinedVector<uint64_t, 2>> extra_keys_;
-  std::unique_ptr<TokenId[]> tokens_;  // [num_blocks, block_size]
+  std::unique_ptr<TokenId[]> tokens_;          // [num_blocks, block_size]
+  std::optional<PartialPrefixIndex> partial_;  // see index_partial_prefixes()
 };
 
 }  // namespace pagedkv::internal

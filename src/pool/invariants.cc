@@ -107,6 +107,9 @@ absl::Status BlockPool::check_invariants() const {
   if (!enable_caching_ && indexed + standby != 0) {
     return broken("caching off but ", indexed + standby, " blocks hashed");
   }
+  if (!hash_index_->partial_prefixes_consistent()) {
+    return broken("the partial-prefix index does not hold exactly the indexed blocks");
+  }
   return absl::OkStatus();
 }
 
