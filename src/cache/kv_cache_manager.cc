@@ -175,6 +175,7 @@ KvCacheManager::KvCacheManager(Options options, std::vector<LayerGroup> layer_gr
   windowed_ =
       std::any_of(groups_.begin(), groups_.end(), [](const GroupPools& g) { return g.windowed(); });
   group_counters_.resize(groups_.size());
+  plans_.resize(groups_.size());
 }
 
 KvCacheManager::KvCacheManager(KvCacheManager&&) noexcept = default;
@@ -316,9 +317,9 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   // The watermark keeps headroom for running sequences to grow: an admission leaves it
   // free while another sequence runs, and may use every block when none does.
   const bool admission = seq.state == SequenceState::kWaiting;
-  plans_.resize(groups_.size());
+  GroupTable* const tables = seq.tables.data();  // one lookup of the inlined storage
   for (GroupPools& g : groups_) {
-    const GroupTable& t = seq.tables[g.index];
+    const GroupTable& t = tables[g.index];
     GroupPlan& plan = plans_[g.index];
     int32_t freed = 0;
     plan.release_end = g.windowed() ? release_end(seq, g, freed) : 0;
@@ -355,11 +356,11 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   slot_mapping_.resize(static_cast<size_t>(num_new_tokens) * groups_.size());
   for (GroupPools& g : groups_) {
     const GroupPlan& plan = plans_[g.index];
-    if (plan.release_end > seq.tables[g.index].first_held) {
+    if (plan.release_end > tables[g.index].first_held) {
       release_behind_window(seq, g, plan.release_end);
     }
     if (plan.new_blocks > 0) grow_table(seq, g, plan, write_block, partial);
-    const std::vector<BlockId>& blocks = seq.tables[g.index].blocks;
+    const std::vector<BlockId>& blocks = tables[g.index].blocks;
     // The blocks the new tokens' K/V goes into, once each; then the slots walk (block,
     // offset) from the first new token, with no division per token.
     if (num_new_tokens > 0) {

@@ -326,7 +326,6 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
       std::span<const TokenId>(seq.tokens).subspan(static_cast<size_t>(first) * bs, count * bs);
   const auto hashes = std::span<const BlockHash>(seq.block_hashes).subspan(first, count);
   const BlockHash* parent_hash = first == 0 ? nullptr : &seq.block_hashes[first - 1];
-  std::vector<uint64_t>& parent_keys = groups_[anchor_ < 0 ? 0 : anchor_].match.parent_keys;
   for (GroupPools& g : groups_) {
     const std::vector<BlockId>& blocks = seq.tables[g.index].blocks;
     if (!g.windowed()) {
@@ -341,6 +340,7 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
     if (from >= full) continue;
     const auto n = static_cast<size_t>(full - from);
     const std::vector<BlockId>& anchor = seq.tables[anchor_].blocks;
+    std::vector<uint64_t>& parent_keys = g.match.parent_keys;
     parent_keys.resize(n);
     for (size_t j = 0; j < n; ++j) {
       const int32_t i = from + static_cast<int32_t>(j);
