@@ -480,9 +480,13 @@ class KvCacheManager {
   absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(internal::Sequence& seq,
                                                                int32_t num_new_tokens,
                                                                int32_t num_lookahead);
+  absl::StatusOr<std::span<const int64_t>> allocate_or_preempt_impl(internal::Sequence& seq,
+                                                                    int32_t num_new_tokens,
+                                                                    int32_t num_lookahead);
   int32_t release_end(const internal::Sequence& seq, const internal::GroupPools& g,
                       int32_t& freed) const;
   void release_behind_window(internal::Sequence& seq, internal::GroupPools& g, int32_t end);
+  void write_slots(const BlockId* blocks, int32_t offset, std::span<int64_t> slots) const;
   void grow_table(internal::Sequence& seq, internal::GroupPools& g, const GroupPlan& plan,
                   int32_t write_block, int32_t valid_tokens);
   void allocate_device_blocks(internal::GroupPools& g, std::span<BlockId> out);

@@ -42,28 +42,33 @@ absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_slots_batch(
   int64_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
     const int32_t count = count_of(i);
-    const internal::Sequence* s = find(seqs[i]);
+    // One lookup per sequence: the single calls' errors for an unknown one.
+    internal::Sequence* s = find(seqs[i]);
     absl::StatusOr<std::span<const int64_t>> slots =
-        s != nullptr && s->preempted_batch == batch_id_
+        s == nullptr
+            ? find_or_error(seqs[i], preempt ? "allocate_slots_or_preempt" : "allocate_slots")
+                  .status()
+        : s->preempted_batch == batch_id_
             ? absl::FailedPreconditionError(
                   absl::StrCat("allocate_slots_batch(seq ", seqs[i],
                                "): preempted by an earlier sequence of this batch"))
-        : preempt ? allocate_slots_or_preempt(seqs[i], count, num_lookahead)
-                  : allocate_slots(seqs[i], count, num_lookahead);
-    for (size_t g = 0; g < num_groups; ++g) {
-      const auto out = batch_slots_.begin() + static_cast<int64_t>(g) * total + offset;
-      if (slots.ok()) {
-        const std::span<const int64_t> mine = slot_mapping(static_cast<int32_t>(g));
-        std::copy(mine.begin(), mine.end(), out);
-      } else {
-        std::fill_n(out, std::max(count, 0), int64_t{-1});
+        : preempt ? allocate_or_preempt_impl(*s, count, num_lookahead)
+                  : allocate_slots_impl(*s, count, num_lookahead);
+    // Each group's slots go to its part of batch_slots_; slot_mapping_ holds them group
+    // after group, `n` each (group 0's are the call's result).
+    const auto n = static_cast<size_t>(std::max(count, 0));
+    int64_t* out = batch_slots_.data() + offset;
+    if (slots.ok()) {
+      std::copy(slots->begin(), slots->end(), out);
+      for (size_t g = 1; g < num_groups; ++g) {
+        std::copy_n(slot_mapping_.data() + g * n, n, out + static_cast<int64_t>(g) * total);
       }
-    }
-    if (!slots.ok()) {
+    } else {
+      for (size_t g = 0; g < num_groups; ++g, out += total) std::fill_n(out, n, int64_t{-1});
       batch_statuses_[i] = std::move(slots).status();
       ++num_failed;
     }
-    offset += std::max(count, 0);
+    offset += static_cast<int64_t>(n);
   }
   return SlotBatch{std::span<const int64_t>(batch_slots_).first(total), batch_statuses_,
                    num_failed};

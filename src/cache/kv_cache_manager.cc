@@ -354,36 +354,46 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   // nothing.
   const int32_t last_block = static_cast<int32_t>((new_total - 1) / bs);
   slot_mapping_.resize(static_cast<size_t>(num_new_tokens) * groups_.size());
+  int64_t* slots = slot_mapping_.data();  // each group's after the previous group's
   for (GroupPools& g : groups_) {
     const GroupPlan& plan = plans_[g.index];
     if (plan.release_end > tables[g.index].first_held) {
       release_behind_window(seq, g, plan.release_end);
     }
     if (plan.new_blocks > 0) grow_table(seq, g, plan, write_block, partial);
-    const std::vector<BlockId>& blocks = tables[g.index].blocks;
-    // The blocks the new tokens' K/V goes into, once each; then the slots walk (block,
-    // offset) from the first new token, with no division per token.
+    const BlockId* blocks = tables[g.index].blocks.data();
+    // The blocks the new tokens' K/V goes into, once each; then their slots.
     if (num_new_tokens > 0) {
       for (int32_t i = write_block; i <= last_block; ++i) ledger_->mark_written(g.index, blocks[i]);
     }
-    const auto slots = std::span(slot_mapping_)
-                           .subspan(static_cast<size_t>(num_new_tokens) * g.index,
-                                    static_cast<size_t>(num_new_tokens));
-    int32_t block = write_block;
-    int32_t offset = partial;
-    for (int64_t& slot : slots) {
-      slot = int64_t{blocks[block]} * bs + offset;
-      if (++offset == bs) {
-        offset = 0;
-        ++block;
-      }
-    }
+    write_slots(blocks + write_block, partial, {slots, static_cast<size_t>(num_new_tokens)});
+    slots += num_new_tokens;
   }
   if (num_new_tokens > 0) ledger_->mark_scheduled(seq, seq.num_computed);
   seq.num_computed = static_cast<int32_t>(new_total);
   set_state(seq, SequenceState::kRunning);
   if (seq.num_offered_blocks < seq.num_computed / bs) offer_computed_blocks(seq);
   return std::span<const int64_t>(slot_mapping_).first(num_new_tokens);
+}
+
+// The slots of consecutive tokens from `offset` of blocks[0] on: a decode step's one token
+// directly, longer runs a block at a time, so that the inner loop is a plain run the
+// compiler vectorizes (a prefill writes one slot per token).
+void KvCacheManager::write_slots(const BlockId* blocks, int32_t offset,
+                                 std::span<int64_t> slots) const {
+  const int32_t bs = options_.block_size;
+  if (slots.size() == 1) [[likely]] {
+    slots[0] = int64_t{blocks[0]} * bs + offset;
+    return;
+  }
+  int64_t* out = slots.data();
+  int64_t* const end = out + slots.size();
+  for (; out != end; ++blocks, offset = 0) {
+    const int64_t first_slot = int64_t{*blocks} * bs + offset;
+    const auto n = std::min<int64_t>(bs - offset, end - out);
+    for (int64_t i = 0; i < n; ++i) out[i] = first_slot + i;
+    out += n;
+  }
 }
 
 std::span<const int64_t> KvCacheManager::slot_mapping(int32_t group) const {
@@ -393,20 +403,21 @@ std::span<const int64_t> KvCacheManager::slot_mapping(int32_t group) const {
 
 void KvCacheManager::grow_table(Sequence& seq, GroupPools& g, const GroupPlan& plan,
                                 int32_t write_block, int32_t valid_tokens) {
-  scratch_blocks_.resize(plan.new_blocks);
-  allocate_device_blocks(g, scratch_blocks_);
-  auto fresh = scratch_blocks_.begin();
   std::vector<BlockId>& blocks = seq.tables[g.index].blocks;
+  const size_t old_size = blocks.size();
+  blocks.resize(old_size + plan.new_blocks);
+  allocate_device_blocks(g, std::span(blocks).subspan(old_size));
   if (plan.copy_on_write) {
+    // The first new block takes the place of the shared partial block.
     const BlockId src = blocks[write_block];
-    const BlockId dst = *fresh++;
+    const BlockId dst = blocks[old_size];
     ledger_->record(internal::kCopyOnWrite, {src, dst, valid_tokens, g.index});
     const BlockId released[] = {src};
     g.device.free_unchecked(released);  // still held by the other sharers
     blocks[write_block] = dst;
+    blocks.erase(blocks.begin() + static_cast<int64_t>(old_size));
     ++counters_.cow_copies;
   }
-  blocks.insert(blocks.end(), fresh, scratch_blocks_.end());
 }
 
 // Releases the entries [first_held, end) of a windowed group's table: no future token of

@@ -25,11 +25,16 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preem
     SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "allocate_slots_or_preempt"));
+  return allocate_or_preempt_impl(*s, num_new_tokens, num_lookahead);
+}
+
+absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_or_preempt_impl(
+    Sequence& seq, int32_t num_new_tokens, int32_t num_lookahead) {
   while (true) {
-    auto slots = allocate_slots_impl(*s, num_new_tokens, num_lookahead);
+    auto slots = allocate_slots_impl(seq, num_new_tokens, num_lookahead);
     if (slots.ok() || !absl::IsResourceExhausted(slots.status())) return slots;
-    if (release_one_claim(seq)) continue;
-    const std::optional<Preemption> choice = choose_victim(seq);
+    if (release_one_claim(seq.id)) continue;
+    const std::optional<Preemption> choice = choose_victim(seq.id);
     if (!choice.has_value()) return slots.status();
     PAGEDKV_RETURN_IF_ERROR(preempt(choice->victim, choice->mode));
   }
