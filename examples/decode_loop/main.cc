@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -115,6 +116,12 @@ ABSL_FLAG(bool, treat_as_full, false,
 ABSL_FLAG(int64_t, split_tokens, 0,
           "sequence length the KV budget's split between layer groups balances (0: the "
           "workload's mean prompt + output length)");
+ABSL_FLAG(int32_t, kv_lora_rank, 0,
+          "mla: latent dims per token before the rope dims (0: the preset's 64; the CUDA MLA "
+          "kernel takes 512 only)");
+ABSL_FLAG(int32_t, qk_rope_dim, 0,
+          "mla: RoPE dims of the latent and of each query head (0: the preset's 16; CUDA: 64 "
+          "only)");
 ABSL_FLAG(int32_t, layers, 0,
           "transformer layers (0: the preset's, llama 2, swa 4, mla 2; swa repeats its "
           "pattern)");
@@ -447,6 +454,14 @@ int run(int argc, char** argv) {
       break;
   }
   if (const int32_t layers = absl::GetFlag(FLAGS_layers); layers != 0) config.num_layers = layers;
+  for (const auto& [flag, value, field] :
+       {std::tuple<const char*, int32_t, int32_t*>{
+            "kv-lora-rank", absl::GetFlag(FLAGS_kv_lora_rank), &config.kv_lora_rank},
+        {"qk-rope-dim", absl::GetFlag(FLAGS_qk_rope_dim), &config.qk_rope_head_dim}}) {
+    if (value == 0) continue;
+    if (!config.mla()) fail(absl::StrCat("--", flag, " applies to --model mla only"));
+    *field = value;
+  }
   engine.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   if (engine.prefill_chunk < 0) engine.prefill_chunk = config.kind == ModelKind::kSwa ? 32 : 0;
   config.d_model = absl::GetFlag(FLAGS_d_model);
