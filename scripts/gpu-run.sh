@@ -8,8 +8,10 @@
 #   3. PyTorch SDPA on contiguous KV (bench/sdpa_contiguous.py: GQA, and MLA as a
 #      single-KV-head MQA over the latent), then the kernel benchmark (gqa, window and mla
 #      grids) with that baseline beside every figure;
-#   4. the decode loop on the device, and the verification matrix when present
-#      (scripts/decode-verify-matrix.sh).
+#   4. the decode loop on the device (the llama preset, the hybrid swa preset on the
+#      windowed kernels, and MLA with 512 + 64 latents: the CUDA MLA kernel takes those
+#      dims only, so the CPU CTests' 64 + 16 preset cannot run there), and the
+#      verification matrix when present (scripts/decode-verify-matrix.sh).
 # Writes OUT_DIR/gpu-run.log (everything printed) and OUT_DIR/gpu-run.json (exit codes,
 # summaries, every benchmark row). Exits non-zero when a step failed.
 # Usage: bash scripts/gpu-run.sh [BUNDLE_DIR] [OUT_DIR]
@@ -68,6 +70,13 @@ bench_rc=$?
 step "decode loop on the device"
 timeout 60 "$bin/pagedkv-decode" --device cuda --verify 4
 decode_rc=$?
+step "decode loop on the device: hybrid model (swa, windowed layer groups)"
+timeout 90 "$bin/pagedkv-decode" --device cuda --model swa --kv-dtype bf16 --verify 8
+swa_rc=$?
+step "decode loop on the device: MLA (512 + 64 latents, absorbed; CUDA needs 16-bit q)"
+timeout 120 "$bin/pagedkv-decode" --device cuda --model mla --kv-lora-rank 512 --qk-rope-dim 64 \
+  --kv-dtype bf16 --verify 8
+mla_rc=$?
 matrix_rc=null
 if [ -f scripts/decode-verify-matrix.sh ]; then
   step "decode-loop verification matrix"
@@ -82,10 +91,12 @@ cat > "$out/gpu-run.json" <<JSON
 {"tests_rc": $tests_rc, "tests_summary": $(json_string "$tests_summary"),
  "sanitizers": {${sanitizer_json}"rc": $sanitizers_rc},
  "sdpa_rc": $sdpa_rc, "bench_rc": $bench_rc, "decode_loop_rc": $decode_rc,
+ "decode_loop_swa_rc": $swa_rc, "decode_loop_mla_rc": $mla_rc,
  "verify_matrix_rc": $matrix_rc, "total_s": $total_s,
  "bench": $bench_json}
 JSON
-step "done: tests $tests_rc ($tests_summary), sanitizers $sanitizers_rc, sdpa $sdpa_rc, bench $bench_rc, decode loop $decode_rc, matrix $matrix_rc"
+step "done: tests $tests_rc ($tests_summary), sanitizers $sanitizers_rc, sdpa $sdpa_rc, bench $bench_rc, decode loop $decode_rc (swa $swa_rc, mla $mla_rc), matrix $matrix_rc"
 echo "wrote $out/gpu-run.log and $out/gpu-run.json"
 [ $tests_rc -eq 0 ] && [ $sanitizers_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $decode_rc -eq 0 ] &&
+  [ $swa_rc -eq 0 ] && [ $mla_rc -eq 0 ] &&
   { [ "$matrix_rc" = null ] || [ "$matrix_rc" -eq 0 ]; }

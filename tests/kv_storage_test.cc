@@ -101,16 +101,194 @@ TEST_CASE("storage sized from a byte budget holds whole blocks", "[kv_storage]")
   }
 }
 
-TEST_CASE("storage refuses a latent (MLA) spec rather than size it as K and V", "[kv_storage]") {
+TEST_CASE("a latent (MLA) spec has one pool per layer, the latents, and no V", "[kv_storage]") {
   const KvCacheSpec mla{.num_layers = 2,
                         .num_kv_heads = 1,
-                        .head_dim = 576,
+                        .head_dim = 40,  // e.g. kv_lora_rank 32 + rope 8
                         .dtype = DType::kBFloat16,
                         .block_size = 16,
                         .latent = true};
-  absl::StatusOr<KvStorage> s = KvStorage::create(mla, 4, {.device = Device::kCpu});
-  CHECK(s.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(s.status().message().find("latent (MLA)") != std::string::npos);
+  absl::StatusOr<KvStorage> s =
+      KvStorage::create(mla, 5, {.device = Device::kCpu, .num_host_blocks = 3});
+  REQUIRE(s.ok());
+  // 40 x 2 bytes per token and layer: 1,280 bytes per layer's block, 2,560 per block.
+  CHECK(mla.bytes_per_block() == 2560);
+  CHECK(s->bytes() == 5 * 2560);
+  CHECK(s->host_bytes() == 3 * 2560);
+  const KvCacheView l0 = s->view(0), l1 = s->view(1);
+  CHECK(l0.v == nullptr);
+  CHECK(l1.v == nullptr);
+  CHECK(s->host_view(1).v == nullptr);
+  CHECK(l0.num_kv_heads == 1);
+  CHECK(l0.head_dim == 40);
+  CHECK(static_cast<char*>(l1.k) - static_cast<char*>(l0.k) == 5 * 1280);
+  CHECK(static_cast<char*>(s->host_view(1).k) - static_cast<char*>(s->host_view(0).k) == 3 * 1280);
+
+  // Copies move the latents of every layer, and nothing past them.
+  std::mt19937 rng(31);
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    uint8_t* p = static_cast<uint8_t*>(s->view(layer).k);
+    for (int64_t i = 0; i < 5 * 1280; ++i) p[i] = static_cast<uint8_t>(rng());
+  }
+  auto latents = [&](bool host) {
+    std::vector<uint8_t> all;
+    for (int32_t layer = 0; layer < 2; ++layer) {
+      const KvCacheView v = host ? s->host_view(layer) : s->view(layer);
+      const uint8_t* p = static_cast<const uint8_t*>(v.k);
+      all.insert(all.end(), p, p + v.num_blocks * 1280);
+    }
+    return all;
+  };
+  const std::vector<uint8_t> device = latents(false);
+  REQUIRE(s->copy_blocks(std::vector<BlockCopy>{{.src = 1, .dst = 4, .num_tokens = 5}}).ok());
+  REQUIRE(s->swap_out(std::vector<BlockCopy>{{.src = 2, .dst = 0, .num_tokens = 16},
+                                             {.src = 4, .dst = 2, .num_tokens = 16}})
+              .ok());
+  const std::vector<uint8_t> after_cow = latents(false);
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    const int64_t base = layer * 5 * 1280;
+    for (int32_t t = 0; t < 16; ++t) {
+      const int64_t src = base + (t < 5 ? 1 : 4) * 1280 + t * 80;
+      const int64_t dst = base + 4 * 1280 + t * 80;
+      REQUIRE(
+          std::equal(after_cow.begin() + dst, after_cow.begin() + dst + 80, device.begin() + src));
+    }
+  }
+  std::memset(s->view(0).k, 0x5a, 5 * 1280);
+  std::memset(s->view(1).k, 0xa5, 5 * 1280);
+  REQUIRE(s->swap_in(std::vector<BlockCopy>{{.src = 0, .dst = 2, .num_tokens = 16},
+                                            {.src = 2, .dst = 4, .num_tokens = 16}})
+              .ok());
+  const std::vector<uint8_t> back = latents(false);
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    for (int32_t b : {2, 4}) {
+      const int64_t at = layer * 5 * 1280 + b * 1280;
+      REQUIRE(std::equal(back.begin() + at, back.begin() + at + 1280, after_cow.begin() + at));
+    }
+  }
+}
+
+// Two storages of one hybrid model: group 0 (2 layers of 2 KV heads) and group 1 (1 layer
+// of 1 KV head), pools of their own sizes.
+struct Groups {
+  KvStorage full = make_group({.num_layers = 2,
+                               .num_kv_heads = 2,
+                               .head_dim = 64,
+                               .dtype = DType::kFloat32,
+                               .block_size = 4},
+                              6, 4, 0);
+  KvStorage window = make_group({.num_layers = 1,
+                                 .num_kv_heads = 1,
+                                 .head_dim = 64,
+                                 .dtype = DType::kFloat32,
+                                 .block_size = 4},
+                                3, 2, 1);
+
+  static KvStorage make_group(const KvCacheSpec& spec, int32_t blocks, int32_t host, int32_t g) {
+    absl::StatusOr<KvStorage> s = KvStorage::create(
+        spec, blocks, {.device = Device::kCpu, .num_host_blocks = host, .layer_group = g});
+    REQUIRE(s.ok());
+    return std::move(*s);
+  }
+};
+
+TEST_CASE("a storage per layer group: exact sizes, and each runs its own group's step ops",
+          "[kv_storage]") {
+  Groups g;
+  CHECK(g.full.layer_group() == 0);
+  CHECK(g.window.layer_group() == 1);
+  // 2 layers x (K, V) x 2 heads x 4 tokens x 64 x 4 bytes = 8 KiB per block; 1 x 2 x 1 x
+  // 4 x 64 x 4 = 2 KiB.
+  CHECK(g.full.bytes() == 6 * 8192);
+  CHECK(g.full.host_bytes() == 4 * 8192);
+  CHECK(g.window.bytes() == 3 * 2048);
+  CHECK(g.window.host_bytes() == 2 * 2048);
+  fill_random(g.full, 41);
+  fill_random(g.window, 43);
+  const std::vector<uint8_t> full_device = snapshot(g.full, false);
+  const std::vector<uint8_t> window_device = snapshot(g.window, false);
+  const std::vector<uint8_t> window_host = snapshot(g.window, true);
+  // One step of both groups, the ids of each in its own pools: group 0's block 5 does not
+  // exist in group 1's pool of 3, so running group 0's ops there would be refused.
+  StepOps ops;
+  ops.swap_out = {{.src = 5, .dst = 3, .num_tokens = 4, .group = 0},
+                  {.src = 2, .dst = 1, .num_tokens = 4, .group = 1}};
+  ops.copy_on_write = {{.src = 0, .dst = 1, .num_tokens = 2, .group = 1},
+                       {.src = 4, .dst = 5, .num_tokens = 3, .group = 0}};
+  ops.promote = {{.src = 0, .dst = 2, .num_tokens = 4, .group = 0}};
+  // Expected: group 0 swaps block 5 out (before the copy overwrites it), copies 3 tokens
+  // of block 4 into block 5, promotes host block 0 into block 2; group 1 swaps block 2 out
+  // and copies 2 tokens of block 0 into block 1.
+  REQUIRE(g.full.run_step_ops(ops).ok());
+  REQUIRE(g.window.run_step_ops(ops).ok());
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    const KvCacheView d = g.full.view(layer), h = g.full.host_view(layer);
+    for (bool is_v : {false, true}) {
+      const int64_t pool = (2 * layer + (is_v ? 1 : 0)) * 6 * 2048;  // one pool: 6 blocks
+      for (int32_t head = 0; head < 2; ++head) {
+        for (int32_t t = 0; t < 4; ++t) {
+          auto original = [&](int32_t block) {
+            const int64_t at = pool + elem_offset(d, block, head, t, 0) * 4;
+            return std::vector<uint8_t>(full_device.begin() + at, full_device.begin() + at + 256);
+          };
+          REQUIRE(row(h, is_v, 3, head, t) == original(5));
+          REQUIRE(row(d, is_v, 5, head, t) == original(t < 3 ? 4 : 5));
+          REQUIRE(row(d, is_v, 2, head, t) == row(h, is_v, 0, head, t));
+        }
+      }
+    }
+  }
+  const KvCacheView w = g.window.view(0), wh = g.window.host_view(0);
+  for (bool is_v : {false, true}) {
+    const int64_t pool = (is_v ? 1 : 0) * 3 * 1024;
+    for (int32_t t = 0; t < 4; ++t) {
+      auto original = [&](int32_t block) {
+        const int64_t at = pool + elem_offset(w, block, 0, t, 0) * 4;
+        return std::vector<uint8_t>(window_device.begin() + at, window_device.begin() + at + 256);
+      };
+      REQUIRE(row(wh, is_v, 1, 0, t) == original(2));
+      REQUIRE(row(w, is_v, 1, 0, t) == original(t < 2 ? 0 : 1));
+      REQUIRE(row(w, is_v, 0, 0, t) == original(0));
+      REQUIRE(row(w, is_v, 2, 0, t) == original(2));  // group 0's promotion is not its own
+    }
+  }
+  // Host block 0 of group 1 was not touched (group 0 promoted from its own host block 0).
+  const std::vector<uint8_t> host_now = snapshot(g.window, true);
+  const int64_t host_block = 1024;  // one pool's host block
+  for (int64_t b = 0; b < static_cast<int64_t>(host_now.size()); ++b) {
+    if (b / host_block % 2 != 1) REQUIRE(host_now[b] == window_host[b]);
+  }
+}
+
+TEST_CASE("a storage refuses another layer group's copies, naming the group", "[kv_storage]") {
+  Groups g;
+  fill_random(g.window, 47);
+  const std::vector<uint8_t> device = snapshot(g.window, false), host = snapshot(g.window, true);
+  auto expect = [&](const absl::Status& st, const std::string& fragment) {
+    INFO(st.ToString());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(st.message().find(fragment) != std::string::npos);
+    CHECK(snapshot(g.window, false) == device);  // the valid first op did not run either
+    CHECK(snapshot(g.window, true) == host);
+  };
+  const BlockCopy own{.src = 0, .dst = 1, .num_tokens = 4, .group = 1};
+  const BlockCopy other{.src = 1, .dst = 0, .num_tokens = 4, .group = 0};
+  const std::string message = "op 1: layer group 0 is not this storage's (1)";
+  expect(g.window.copy_blocks(std::vector<BlockCopy>{own, other}), "copy_blocks: " + message);
+  expect(g.window.swap_out(std::vector<BlockCopy>{own, other}), "swap_out: " + message);
+  expect(g.window.swap_in(std::vector<BlockCopy>{own, other}), "swap_in: " + message);
+  expect(g.window.demote(std::vector<BlockCopy>{own, other}), "demote: " + message);
+  expect(g.window.promote(std::vector<BlockCopy>{own, other}), "promote: " + message);
+  expect(g.window.exchange(std::vector<BlockCopy>{own, other}), "exchange: " + message);
+  // Group 0's storage (the default group) refuses group 1's.
+  CHECK(g.full.copy_blocks(std::vector<BlockCopy>{own})
+            .message()
+            .find("copy_blocks: op 0: layer group 1 is not this storage's (0)") !=
+        std::string::npos);
+  absl::StatusOr<KvStorage> negative =
+      KvStorage::create(kSpec, 2, {.device = Device::kCpu, .layer_group = -1});
+  CHECK(negative.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(negative.status().message().find("layer_group -1 must be >= 0") != std::string::npos);
 }
 
 TEST_CASE("copy-on-write copies the first num_tokens tokens of every layer exactly",

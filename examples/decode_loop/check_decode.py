@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
 """CTest checker for pagedkv-decode: runs the binary with --json and checks the summary.
 
-usage: check_decode.py [--full | --expect-mismatch | --host-cache-rise MB] BINARY [ARGS...]
+usage: check_decode.py [--full | --expect-mismatch | --host-cache-rise MB |
+                        --concurrency-gain RATIO] BINARY [ARGS...]
 
 Always checks: exit status 0, the JSON parses, every request completed, verification ran
 and passed (teacher-forced: logits within the dtype's bound, tokens equal or near-ties),
 and when --verify is at least the number of mechanisms the run exercised, a verified
-sequence went through each of them. With --full (the default small workload) also: prefix-cache hit rate > 0, at
-least one preemption of each mode, at least one copy-on-write copy, and swapped blocks
-came back. With --expect-mismatch (runs with --fault): the run must have exercised what
+sequence went through each of them. With --full (the default small workload) also:
+prefix-cache hit rate > 0, at least one preemption of each mode, at least one
+copy-on-write copy, swapped blocks came back, and with a host tier blocks were demoted
+and promoted. With --expect-mismatch (runs with --fault): the run must have exercised what
 the fault breaks and verified a sequence that went through it, and the binary must exit 1
 and its JSON report a failed verification with at least one failing sequence. With
 --host-cache-rise MB: runs ARGS without and with --host-cache-mb MB; both must pass the
 checks above, and with the host tier blocks must be demoted and promoted (every one of
 them copied by the store, an exchange counting as both), some admission must hit the
 host tier, verification must cover a sequence served from it, and the prefix-cache hit
-rate must rise.
+rate must rise. With --concurrency-gain RATIO (a model with windowed layer groups): runs
+ARGS and ARGS --treat-as-full; both must pass the checks above, and with the layer groups
+the mean decode batch must be at least RATIO times that of full treatment.
+With windowed layer groups, every run must release blocks behind the windows in each of
+them; with --full prefix hits must also claim blocks in each.
 """
 import json
 import subprocess
@@ -104,6 +110,15 @@ def check_run(summary, check, full):
                   f"verification covers every mechanism exercised "
                   f"({summary['mechanisms_exercised']}; uncovered "
                   f"{verify['mechanisms_uncovered']})")
+    windowed = [g for g in summary["kv_cache"]["layer_groups"] if g["kind"] != "full"]
+    for g in windowed:
+        check(g["released_blocks"] > 0,
+              f"{g['kind']} {g['window']} group releases blocks behind its window "
+              f"({g['released_blocks']})")
+        if full:
+            check(g["hit_blocks"] > 0,
+                  f"{g['kind']} {g['window']} group: prefix hits claim its blocks "
+                  f"({g['hit_blocks']})")
     if full:
         check(summary["prefix_cache_hit_rate"] > 0,
               f"prefix-cache hit rate > 0 ({summary['prefix_cache_hit_rate']:.3f})")
@@ -115,6 +130,10 @@ def check_run(summary, check, full):
         check(summary["cow_copies"] >= 1, f"copy-on-write copies ({summary['cow_copies']})")
         check(0 < summary["kv_utilization"] <= 1,
               f"KV utilization in (0, 1] ({summary['kv_utilization']:.3f})")
+        if summary["kv_cache"]["host_cache"]:
+            check(summary["blocks_demoted"] > 0 and summary["blocks_promoted"] > 0,
+                  f"the host tier demotes and promotes ({summary['blocks_demoted']} and "
+                  f"{summary['blocks_promoted']} blocks)")
 
 
 def check_host_tier(base, tiered, check):
@@ -132,8 +151,13 @@ def check_host_tier(base, tiered, check):
           "the store ran every demotion and promotion the manager counted "
           f"({tiered['demote_blocks_executed']} demote, {tiered['promote_blocks_executed']} "
           f"promote, {exchanged} exchange copies)")
-    check(tiered["host_hit_tokens"] > 0,
-          f"admissions hit the host tier ({tiered['host_hit_tokens']} tokens)")
+    # A hit whose full-attention chain is on the device may still take windowed groups'
+    # windows from the host tier: those count as promotions, not as host-hit tokens.
+    window_promotions = sum(g["blocks_promoted"] for g in tiered["kv_cache"]["layer_groups"]
+                            if g["kind"] != "full")
+    check(tiered["host_hit_tokens"] > 0 or window_promotions > 0,
+          f"admissions hit the host tier ({tiered['host_hit_tokens']} tokens of full-attention "
+          f"chains, {window_promotions} windowed blocks promoted)")
     covered = tiered["verify"]["mechanisms_covered"] if tiered["verify"] else []
     check("promote" in covered or "exchange" in covered,
           f"verification covers a sequence served from the host tier ({covered})")
@@ -142,10 +166,29 @@ def check_host_tier(base, tiered, check):
           f"prefix-cache hit rate rises with the host tier ({rate:.3f} -> {tiered_rate:.3f})")
 
 
+def check_concurrency_gain(grouped, as_full, ratio, check):
+    """The same workload with layer groups and with every layer treated as full."""
+    check(not grouped["kv_cache"]["treat_as_full"] and as_full["kv_cache"]["treat_as_full"],
+          "the second run treats every layer as full attention")
+    cap = grouped["capacity"]
+    print(f"     capacity at {cap['tokens']} tokens: {cap['sequences']} sequences with layer "
+          f"groups, {cap['sequences_as_full']} as full; held per sequence {cap['held_bytes']} "
+          f"vs {cap['held_bytes_as_full']} bytes (minimum {cap['min_bytes']})")
+    print(f"     peak decoding sequences {grouped['peak_decoding_sequences']} vs "
+          f"{as_full['peak_decoding_sequences']}; steps {grouped['steps']} vs {as_full['steps']}")
+    gain = grouped["mean_decode_batch"] / as_full["mean_decode_batch"]
+    check(gain >= ratio,
+          f"mean decode batch {grouped['mean_decode_batch']:.2f} with layer groups vs "
+          f"{as_full['mean_decode_batch']:.2f} as full: {gain:.2f}x >= {ratio}x")
+    check(grouped["peak_decoding_sequences"] > as_full["peak_decoding_sequences"],
+          "peak decoding sequences higher with layer groups")
+
+
 def main(argv):
     full = False
     expect_mismatch = False
     host_cache_mb = None
+    concurrency_gain = None
     if argv and argv[0] == "--full":
         full = True
         argv = argv[1:]
@@ -154,6 +197,9 @@ def main(argv):
         argv = argv[1:]
     elif len(argv) >= 2 and argv[0] == "--host-cache-rise":
         host_cache_mb = argv[1]
+        argv = argv[2:]
+    elif len(argv) >= 2 and argv[0] == "--concurrency-gain":
+        concurrency_gain = float(argv[1])
         argv = argv[2:]
     if not argv:
         print(__doc__)
@@ -176,6 +222,12 @@ def main(argv):
             return 1
         check_run(tiered, check, full)
         check_host_tier(summary, tiered, check)
+    if concurrency_gain is not None:
+        as_full = run(argv + ["--treat-as-full"])
+        if as_full is None:
+            return 1
+        check_run(as_full, check, full)
+        check_concurrency_gain(summary, as_full, concurrency_gain, check)
     if check.failures:
         print(f"FAIL: {len(check.failures)} check(s) failed")
         return 1

@@ -14,60 +14,82 @@ namespace {
 constexpr float kFp8Max = 448.0f;
 constexpr float kFp8Headroom = 2.0f;
 
-// Causal softmax attention over all n tokens: token i attends to tokens 0..i, with K/V as
-// the cache holds them and q / out as the kernels take them.
+// Causal softmax attention over all n tokens: token i attends to tokens
+// first_attended(kind, window, i)..i of its layer (all of 0..i for full attention). GQA:
+// K/V as the cache holds them, q / out as the kernels take them. MLA: the latents as the
+// cache holds them, up-projected to every head's K and V (W_UK, W_UV), and plain
+// multi-head attention over those; the engine's absorbed form rounds other values (the
+// absorbed queries, the weighted latents) than these, which the reference cannot mirror.
 class CausalAttention {
  public:
-  CausalAttention(const ModelConfig& config, const KvFormat& format)
-      : c_(config), format_(format) {}
+  CausalAttention(const Model& model, const KvFormat& format)
+      : model_(model), c_(model.config()), format_(format) {}
 
   void operator()(const AttentionIo& io) {
     const int32_t n = io.num_tokens;
-    const int32_t hd = c_.head_dim;
-    const int32_t group = c_.num_q_heads / c_.num_kv_heads;
-    k_.resize(static_cast<size_t>(n) * c_.kv_dim());
-    v_.resize(k_.size());
-    for (size_t i = 0; i < k_.size(); ++i) {
-      k_[i] = format_.stored_k(io.layer, io.k[i]);
-      v_[i] = format_.stored_v(io.layer, io.v[i]);
+    const int32_t qk = c_.qk_head_dim();
+    const int32_t vd = c_.value_head_dim();
+    const int32_t kv_heads = c_.mla() ? c_.num_q_heads : c_.num_kv_heads;
+    const int32_t group = c_.num_q_heads / kv_heads;
+    const size_t q_size = static_cast<size_t>(n) * c_.q_dim();
+    q_.assign(io.q, io.q + q_size);
+    if (c_.mla()) {
+      latents_.resize(static_cast<size_t>(n) * c_.latent_dim());
+      for (size_t i = 0; i < latents_.size(); ++i)
+        latents_[i] = format_.stored_k(io.layer, io.k[i]);
+      k_.resize(static_cast<size_t>(n) * kv_heads * qk);
+      v_.resize(static_cast<size_t>(n) * kv_heads * vd);
+      model_.mla_expand(io.layer, latents_.data(), n, k_.data(), v_.data());
+    } else {
+      k_.resize(static_cast<size_t>(n) * c_.kv_dim());
+      v_.resize(k_.size());
+      for (size_t i = 0; i < k_.size(); ++i) {
+        k_[i] = format_.stored_k(io.layer, io.k[i]);
+        v_[i] = format_.stored_v(io.layer, io.v[i]);
+      }
+      for (float& x : q_) x = format_.attention_value(x);
     }
-    q_.resize(static_cast<size_t>(n) * c_.q_dim());
-    for (size_t i = 0; i < q_.size(); ++i) q_[i] = format_.attention_value(io.q[i]);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const LayerAttention attention = c_.attention(io.layer);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
     scores_.resize(n);
     for (int32_t i = 0; i < n; ++i) {
+      const auto first =
+          static_cast<int32_t>(pagedkv::first_attended(attention.kind, attention.window, i));
       for (int32_t h = 0; h < c_.num_q_heads; ++h) {
-        const float* q = q_.data() + (static_cast<size_t>(i) * c_.num_q_heads + h) * hd;
+        const float* q = q_.data() + (static_cast<size_t>(i) * c_.num_q_heads + h) * qk;
         const int32_t kvh = h / group;
         float max = -INFINITY;
-        for (int32_t j = 0; j <= i; ++j) {
-          const float* kj = k_.data() + (static_cast<size_t>(j) * c_.num_kv_heads + kvh) * hd;
+        for (int32_t j = first; j <= i; ++j) {
+          const float* kj = k_.data() + (static_cast<size_t>(j) * kv_heads + kvh) * qk;
           float dot = 0.0f;
-          for (int32_t d = 0; d < hd; ++d) dot += q[d] * kj[d];
+          for (int32_t d = 0; d < qk; ++d) dot += q[d] * kj[d];
           scores_[j] = dot * scale;
           max = std::max(max, scores_[j]);
         }
         float denom = 0.0f;
-        for (int32_t j = 0; j <= i; ++j) {
+        for (int32_t j = first; j <= i; ++j) {
           scores_[j] = std::exp(scores_[j] - max);
           denom += scores_[j];
         }
-        float* out = io.out + (static_cast<size_t>(i) * c_.num_q_heads + h) * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (int32_t j = 0; j <= i; ++j) {
-          const float* vj = v_.data() + (static_cast<size_t>(j) * c_.num_kv_heads + kvh) * hd;
+        float* out = io.out + (static_cast<size_t>(i) * c_.num_q_heads + h) * vd;
+        std::fill(out, out + vd, 0.0f);
+        for (int32_t j = first; j <= i; ++j) {
+          const float* vj = v_.data() + (static_cast<size_t>(j) * kv_heads + kvh) * vd;
           const float p = scores_[j] / denom;
-          for (int32_t d = 0; d < hd; ++d) out[d] += p * vj[d];
+          for (int32_t d = 0; d < vd; ++d) out[d] += p * vj[d];
         }
-        for (int32_t d = 0; d < hd; ++d) out[d] = format_.attention_value(out[d]);
+        if (!c_.mla()) {
+          for (int32_t d = 0; d < vd; ++d) out[d] = format_.attention_value(out[d]);
+        }
       }
     }
   }
 
  private:
+  const Model& model_;
   const ModelConfig& c_;
   const KvFormat& format_;
-  std::vector<float> k_, v_, q_, scores_;
+  std::vector<float> k_, v_, q_, latents_, scores_;
 };
 
 std::vector<int32_t> iota(int32_t n, int32_t first = 0) {
@@ -85,7 +107,7 @@ absl::StatusOr<std::vector<float>> dense_logits(const Model& model, std::span<co
     return absl::InvalidArgumentError(
         absl::StrCat("dense_logits: num_rows ", num_rows, " outside [1, ", n, "]"));
   }
-  CausalAttention attention(model.config(), format);
+  CausalAttention attention(model, format);
   const AttentionFn attend = [&](const AttentionIo& io) {
     attention(io);
     return absl::OkStatus();
@@ -102,14 +124,15 @@ absl::StatusOr<KvFormat> calibrate_fp8(const Model& model, std::span<const Token
   const ModelConfig& c = model.config();
   if (tokens.empty()) return absl::InvalidArgumentError("calibrate_fp8: no calibration tokens");
   const KvFormat fp32;
-  CausalAttention attention(c, fp32);
+  CausalAttention attention(model, fp32);
   std::vector<float> k_amax(c.num_layers, 0.0f);
   std::vector<float> v_amax(c.num_layers, 0.0f);
   const AttentionFn attend = [&](const AttentionIo& io) {
     const size_t count = static_cast<size_t>(io.num_tokens) * c.kv_dim();
     for (size_t i = 0; i < count; ++i) {
       k_amax[io.layer] = std::max(k_amax[io.layer], std::abs(io.k[i]));
-      v_amax[io.layer] = std::max(v_amax[io.layer], std::abs(io.v[i]));
+      // MLA caches only the latents (in K): its V scales stay 1.
+      if (io.v != nullptr) v_amax[io.layer] = std::max(v_amax[io.layer], std::abs(io.v[i]));
     }
     attention(io);
     return absl::OkStatus();

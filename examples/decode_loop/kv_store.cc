@@ -168,20 +168,38 @@ class Staging {
   std::vector<unsigned char> host_;
 };
 
+// One group's batch on the device: its slots and block tables.
+struct GroupBatch {
+  explicit GroupBatch(Device device) : slots(device), block_table(device), context_lens(device) {}
+  Staging slots, block_table, context_lens;
+  const int64_t* d_slots = nullptr;
+  int32_t num_slots = 0;
+  pagedkv::BlockTableView table;
+  int32_t max_context_len = 0;
+  int64_t total_context_len = 0;
+  // MLA prefill: one table row per new token (the host copy of what `table` points at).
+  std::vector<int32_t> row_table, row_lens;
+};
+
 class PagedKvStore final : public KvStore {
  public:
-  PagedKvStore(pagedkv::KvStorage storage, DType attention_dtype)
-      : storage_(std::move(storage)),
+  PagedKvStore(Device device, const Model& model, const CachePlan& plan,
+               std::vector<pagedkv::KvStorage> storages, DType attention_dtype)
+      : device_(device),
+        model_(model),
+        places_(plan.places),
+        storages_(std::move(storages)),
         attention_dtype_(attention_dtype),
-        scales_(storage_.device()),
-        slots_(storage_.device()),
-        block_table_(storage_.device()),
-        context_lens_(storage_.device()),
-        qo_indptr_(storage_.device()),
-        q_(storage_.device()),
-        k_(storage_.device()),
-        v_(storage_.device()),
-        out_(storage_.device()) {}
+        scales_(device),
+        qo_indptr_(device),
+        q_(device),
+        k_(device),
+        v_(device),
+        out_(device) {
+    for (size_t g = 0; g < storages_.size(); ++g) {
+      batches_.push_back(std::make_unique<GroupBatch>(device));
+    }
+  }
 
   // fp8: the per-layer scales, on the device (the kernels read them by pointer).
   absl::Status set_scales(const KvFormat& format) {
@@ -194,32 +212,68 @@ class PagedKvStore final : public KvStore {
     return absl::OkStatus();
   }
 
-  absl::Status execute(const pagedkv::StepOps& ops) override { return storage_.run_step_ops(ops); }
+  absl::Status execute(const pagedkv::StepOps& ops) override {
+    for (pagedkv::KvStorage& storage : storages_) {
+      if (absl::Status s = storage.run_step_ops(ops); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
 
-  absl::Status set_batch(std::span<const int64_t> slots, const pagedkv::BlockTables& tables,
+  absl::Status set_batch(std::span<const std::vector<int64_t>> slots,
+                         std::span<const pagedkv::BlockTables> tables,
                          std::span<const int32_t> qo_indptr, int32_t max_query_len) override {
-    num_slots_ = static_cast<int32_t>(slots.size());
-    absl::StatusOr<void*> d_slots = slots_.upload(slots.data(), slots.size_bytes());
-    if (!d_slots.ok()) return d_slots.status();
-    absl::StatusOr<void*> d_table =
-        block_table_.upload(tables.block_table.data(), tables.block_table.size() * sizeof(int32_t));
-    if (!d_table.ok()) return d_table.status();
-    absl::StatusOr<void*> d_lens = context_lens_.upload(
-        tables.context_lens.data(), tables.context_lens.size() * sizeof(int32_t));
-    if (!d_lens.ok()) return d_lens.status();
-    d_slots_ = static_cast<const int64_t*>(*d_slots);
-    table_ = {.block_table = static_cast<const int32_t*>(*d_table),
-              .context_lens = static_cast<const int32_t*>(*d_lens),
-              .num_seqs = tables.num_seqs,
-              .max_blocks = tables.max_blocks,
-              .block_size = tables.block_size};
-    max_context_len_ = 0;
-    for (int32_t i = 0; i < tables.num_seqs; ++i) {
-      max_context_len_ = std::max(max_context_len_, tables.context_lens[i]);
+    if (slots.size() != storages_.size() || tables.size() != storages_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("set_batch: ", slots.size(), " slot lists and ", tables.size(),
+                       " tables for ", storages_.size(), " layer groups"));
+    }
+    const bool mla_rows = model_.config().mla() && !qo_indptr.empty();
+    for (size_t g = 0; g < storages_.size(); ++g) {
+      GroupBatch& b = *batches_[g];
+      const pagedkv::BlockTables& t = tables[g];
+      b.num_slots = static_cast<int32_t>(slots[g].size());
+      absl::StatusOr<void*> d_slots = b.slots.upload(slots[g].data(), slots[g].size() * 8);
+      if (!d_slots.ok()) return d_slots.status();
+      b.d_slots = static_cast<const int64_t*>(*d_slots);
+      std::span<const int32_t> table = t.block_table;
+      std::span<const int32_t> lens = t.context_lens;
+      int32_t num_rows = t.num_seqs;
+      if (mla_rows) {
+        // Row r of sequence i is its new token at position context_lens[i] - n_i + j:
+        // the sequence's table, with the context ending at that token.
+        b.row_table.clear();
+        b.row_lens.clear();
+        for (int32_t i = 0; i < t.num_seqs; ++i) {
+          const int32_t n = qo_indptr[i + 1] - qo_indptr[i];
+          for (int32_t j = 0; j < n; ++j) {
+            const auto row = table.subspan(static_cast<size_t>(i) * t.max_blocks, t.max_blocks);
+            b.row_table.insert(b.row_table.end(), row.begin(), row.end());
+            b.row_lens.push_back(lens[i] - n + 1 + j);
+          }
+        }
+        table = b.row_table;
+        lens = b.row_lens;
+        num_rows = static_cast<int32_t>(b.row_lens.size());
+      }
+      absl::StatusOr<void*> d_table = b.block_table.upload(table.data(), table.size_bytes());
+      if (!d_table.ok()) return d_table.status();
+      absl::StatusOr<void*> d_lens = b.context_lens.upload(lens.data(), lens.size_bytes());
+      if (!d_lens.ok()) return d_lens.status();
+      b.table = {.block_table = static_cast<const int32_t*>(*d_table),
+                 .context_lens = static_cast<const int32_t*>(*d_lens),
+                 .num_seqs = num_rows,
+                 .max_blocks = t.max_blocks,
+                 .block_size = t.block_size};
+      b.max_context_len = 0;
+      b.total_context_len = 0;
+      for (const int32_t len : lens.first(num_rows)) {
+        b.max_context_len = std::max(b.max_context_len, len);
+        b.total_context_len += len;
+      }
     }
     d_qo_indptr_ = nullptr;
     max_query_len_ = max_query_len;
-    if (!qo_indptr.empty()) {
+    if (!qo_indptr.empty() && !mla_rows) {
       absl::StatusOr<void*> d_qo = qo_indptr_.upload(qo_indptr.data(), qo_indptr.size_bytes());
       if (!d_qo.ok()) return d_qo.status();
       d_qo_indptr_ = static_cast<const int32_t*>(*d_qo);
@@ -227,84 +281,117 @@ class PagedKvStore final : public KvStore {
     return absl::OkStatus();
   }
 
-  absl::Status attend(const AttentionIo& io, int32_t num_q_heads) override {
-    const pagedkv::KvCacheSpec& spec = storage_.spec();
-    const Device device = storage_.device();
-    const KvCacheView view = storage_.view(io.layer);
+  absl::Status attend(const AttentionIo& io) override {
+    const ModelConfig& c = model_.config();
+    const LayerPlace place = places_[io.layer];
+    const pagedkv::KvStorage& storage = storages_[place.group];
+    const GroupBatch& batch = *batches_[place.group];
+    const KvCacheView view = storage.view(place.index);
     const float* k_scale = d_scales_ == nullptr ? nullptr : d_scales_ + io.layer;
-    const float* v_scale = d_scales_ == nullptr ? nullptr : d_scales_ + spec.num_layers + io.layer;
-    if (io.num_tokens != num_slots_) {
+    const float* v_scale = d_scales_ == nullptr ? nullptr : d_scales_ + c.num_layers + io.layer;
+    if (io.num_tokens != batch.num_slots) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "attend: ", io.num_tokens, " tokens but the batch has ", num_slots_, " slots"));
+          "attend: ", io.num_tokens, " tokens but the batch has ", batch.num_slots, " slots"));
     }
-    const size_t kv_bytes =
-        static_cast<size_t>(io.num_tokens) * spec.num_kv_heads * spec.head_dim * sizeof(float);
+    const size_t kv_bytes = static_cast<size_t>(io.num_tokens) * c.kv_dim() * sizeof(float);
     absl::StatusOr<void*> k = k_.upload(io.k, kv_bytes);
     if (!k.ok()) return k.status();
-    absl::StatusOr<void*> v = v_.upload(io.v, kv_bytes);
-    if (!v.ok()) return v.status();
-    absl::Status status = pagedkv::write_kv(device, view,
+    void* v = nullptr;  // MLA: the latents only
+    if (io.v != nullptr) {
+      absl::StatusOr<void*> d_v = v_.upload(io.v, kv_bytes);
+      if (!d_v.ok()) return d_v.status();
+      v = *d_v;
+    }
+    absl::Status status = pagedkv::write_kv(device_, view,
                                             {.k = *k,
-                                             .v = *v,
+                                             .v = v,
                                              .src_dtype = DType::kFloat32,
-                                             .slot_mapping = d_slots_,
+                                             .slot_mapping = batch.d_slots,
                                              .num_tokens = io.num_tokens,
                                              .maybe_k_scale = k_scale,
                                              .maybe_v_scale = v_scale});
     if (!status.ok()) return status;
 
     // The kernels take q and out in the attention dtype: a 16-bit or fp8 cache runs
-    // 16-bit attention.
-    const size_t q_elems = static_cast<size_t>(io.num_tokens) * num_q_heads * spec.head_dim;
-    const DType dtype = attention_dtype_;
-    const size_t q_bytes = q_elems * static_cast<size_t>(pagedkv::bytes_per_element(dtype));
-    const void* q_host = io.q;
-    if (dtype != DType::kFloat32) {
-      q_convert_.resize(q_bytes);
-      convert_from_float(io.q, q_elems, dtype, q_convert_.data());
-      q_host = q_convert_.data();
+    // 16-bit attention. MLA attends with the absorbed queries and returns latents.
+    const float* q_host = io.q;
+    int32_t q_dim = c.qk_head_dim();
+    int32_t out_dim = c.value_head_dim();
+    if (c.mla()) {
+      q_abs_.resize(static_cast<size_t>(io.num_tokens) * c.num_q_heads * c.latent_dim());
+      model_.mla_absorb_queries(io.layer, io.q, io.num_tokens, q_abs_.data());
+      q_host = q_abs_.data();
+      q_dim = c.latent_dim();
+      out_dim = c.kv_lora_rank;
     }
-    absl::StatusOr<void*> q = q_.upload(q_host, q_bytes);
+    const DType dtype = attention_dtype_;
+    const auto elem = static_cast<size_t>(pagedkv::bytes_per_element(dtype));
+    const size_t rows = static_cast<size_t>(io.num_tokens) * c.num_q_heads;
+    absl::StatusOr<void*> q = upload_converted(q_host, rows * q_dim, dtype);
     if (!q.ok()) return q.status();
-    absl::StatusOr<void*> out = out_.reserve(q_bytes);
+    const size_t out_elems = rows * out_dim;
+    absl::StatusOr<void*> out = out_.reserve(out_elems * elem);
     if (!out.ok()) return out.status();
-    if (d_qo_indptr_ == nullptr) {
-      status = pagedkv::paged_decode_attention(device, view, table_,
+    const LayerAttention attention = c.attention(io.layer);
+    if (c.mla()) {
+      status = pagedkv::paged_mla_decode(
+          device_, view, batch.table,
+          {.q = *q,
+           .out = *out,
+           .dtype = dtype,
+           .num_heads = c.num_q_heads,
+           .kv_lora_rank = c.kv_lora_rank,
+           .qk_rope_head_dim = c.qk_rope_head_dim,
+           .sm_scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim())),
+           .maybe_kv_scale = k_scale,
+           .max_context_len = batch.max_context_len,
+           .total_context_len = batch.total_context_len});
+    } else if (d_qo_indptr_ == nullptr) {
+      status = pagedkv::paged_decode_attention(device_, view, batch.table,
                                                {.q = *q,
                                                 .out = *out,
                                                 .dtype = dtype,
-                                                .num_q_heads = num_q_heads,
+                                                .num_q_heads = c.num_q_heads,
                                                 .maybe_k_scale = k_scale,
                                                 .maybe_v_scale = v_scale,
-                                                .max_context_len = max_context_len_});
+                                                .max_context_len = batch.max_context_len,
+                                                .kind = attention.kind,
+                                                .window = attention.window});
     } else {
-      status = pagedkv::paged_extend_attention(device, view, table_,
+      status = pagedkv::paged_extend_attention(device_, view, batch.table,
                                                {.q = *q,
                                                 .out = *out,
                                                 .dtype = dtype,
-                                                .num_q_heads = num_q_heads,
+                                                .num_q_heads = c.num_q_heads,
                                                 .maybe_k_scale = k_scale,
                                                 .maybe_v_scale = v_scale,
                                                 .qo_indptr = d_qo_indptr_,
-                                                .max_query_len = max_query_len_});
+                                                .max_query_len = max_query_len_,
+                                                .kind = attention.kind,
+                                                .window = attention.window});
     }
     if (!status.ok()) return status;
-    if (dtype == DType::kFloat32) return out_.download(io.out, q_bytes);
-    q_convert_.resize(q_bytes);
-    status = out_.download(q_convert_.data(), q_bytes);
-    if (status.ok()) convert_to_float(q_convert_.data(), q_elems, dtype, io.out);
-    return status;
+    float* out_host = io.out;
+    if (c.mla()) {
+      out_latent_.resize(out_elems);
+      out_host = out_latent_.data();
+    }
+    status = download_converted(out_host, out_elems, dtype);
+    if (!status.ok()) return status;
+    if (c.mla()) model_.mla_apply_values(io.layer, out_latent_.data(), io.num_tokens, io.out);
+    return absl::OkStatus();
   }
 
-  absl::Status flip_exponent_bit(int32_t block) override {
-    const pagedkv::KvCacheSpec& spec = storage_.spec();
-    const KvCacheView view = storage_.view(0);
+  absl::Status flip_exponent_bit(int32_t group, int32_t block) override {
+    const pagedkv::KvStorage& storage = storages_[group];
+    const pagedkv::KvCacheSpec& spec = storage.spec();
+    const KvCacheView view = storage.view(0);
     const int64_t elem = pagedkv::bytes_per_element(spec.dtype);
     const int64_t count = int64_t{spec.num_kv_heads} * spec.block_size * spec.head_dim;
     unsigned char* data =
         static_cast<unsigned char*>(view.k) + pagedkv::elem_offset(view, block, 0, 0, 0) * elem;
     std::vector<unsigned char> bytes(static_cast<size_t>(count * elem));
-    absl::Status status = copy_memory(storage_.device(), bytes.data(), data, bytes.size());
+    absl::Status status = copy_memory(storage.device(), bytes.data(), data, bytes.size());
     if (!status.ok()) return status;
     int64_t target = -1;  // the largest magnitude below 1
     float target_abs = 0.0f;
@@ -316,55 +403,79 @@ class PagedKvStore final : public KvStore {
       }
     }
     if (target < 0) {
-      return absl::NotFoundError(absl::StrCat("flip_exponent_bit: block ", block,
-                                              " has no K element of magnitude in (0, 1)"));
+      return absl::NotFoundError(absl::StrCat("flip_exponent_bit: block ", block, " of group ",
+                                              group, " has no K element of magnitude in (0, 1)"));
     }
     unsigned char* e = &bytes[target * elem];
     uint32_t bits = 0;
     std::memcpy(&bits, e, elem);  // little-endian: an element is the low bytes
     bits ^= exponent_top_bit(spec.dtype);
     std::memcpy(e, &bits, elem);
-    return copy_memory(storage_.device(), data + target * elem, e, elem);
+    return copy_memory(storage.device(), data + target * elem, e, elem);
   }
 
-  Device device() const override { return storage_.device(); }
+  Device device() const override { return device_; }
 
  private:
-  pagedkv::KvStorage storage_;
+  // `n` fp32 values from the host, as the kernels' dtype on the device.
+  absl::StatusOr<void*> upload_converted(const float* src, size_t n, DType dtype) {
+    if (dtype == DType::kFloat32) return q_.upload(src, n * sizeof(float));
+    convert_.resize(n * 2);
+    convert_from_float(src, n, dtype, convert_.data());
+    return q_.upload(convert_.data(), n * 2);
+  }
+
+  // The kernels' `n` outputs back to the host as fp32.
+  absl::Status download_converted(float* dst, size_t n, DType dtype) {
+    if (dtype == DType::kFloat32) return out_.download(dst, n * sizeof(float));
+    convert_.resize(n * 2);
+    absl::Status status = out_.download(convert_.data(), n * 2);
+    if (status.ok()) convert_to_float(convert_.data(), n, dtype, dst);
+    return status;
+  }
+
+  Device device_;
+  const Model& model_;
+  std::vector<LayerPlace> places_;
+  std::vector<pagedkv::KvStorage> storages_;          // per group
+  std::vector<std::unique_ptr<GroupBatch>> batches_;  // per group
   DType attention_dtype_;
   Staging scales_;
   const float* d_scales_ = nullptr;
-  Staging slots_, block_table_, context_lens_, qo_indptr_, q_, k_, v_, out_;
-  std::vector<unsigned char> q_convert_;
-  const int64_t* d_slots_ = nullptr;
-  int32_t num_slots_ = 0;
-  pagedkv::BlockTableView table_;
+  Staging qo_indptr_, q_, k_, v_, out_;
+  std::vector<unsigned char> convert_;
+  std::vector<float> q_abs_, out_latent_;  // MLA
   const int32_t* d_qo_indptr_ = nullptr;
-  int32_t max_context_len_ = 0;
   int32_t max_query_len_ = 0;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvStore>> KvStore::create(Device device,
-                                                         const pagedkv::KvCacheSpec& spec,
-                                                         const KvFormat& format, int32_t num_blocks,
-                                                         int32_t num_host_blocks) {
+absl::StatusOr<std::unique_ptr<KvStore>> KvStore::create(Device device, const Model& model,
+                                                         const CachePlan& plan,
+                                                         const KvFormat& format) {
   const bool fp8 = format.cache_dtype == DType::kFloat8E4M3;
-  const auto num_layers = static_cast<size_t>(spec.num_layers);
+  const auto num_layers = static_cast<size_t>(model.config().num_layers);
   const size_t num_scales = fp8 ? num_layers : 0;
-  if (spec.dtype != format.cache_dtype || format.k_scales.size() != num_scales ||
+  if (plan.config.dtype != format.cache_dtype || format.k_scales.size() != num_scales ||
       format.v_scales.size() != num_scales) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KvStore: cache dtype ", pagedkv::dtype_name(format.cache_dtype), " with ",
-        format.k_scales.size(), " K and ", format.v_scales.size(), " V scales for spec dtype ",
-        pagedkv::dtype_name(spec.dtype), " and ", spec.num_layers,
-        " layers (fp8 needs one scale per layer, other dtypes none)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvStore: cache dtype ", pagedkv::dtype_name(format.cache_dtype), " with ",
+                     format.k_scales.size(), " K and ", format.v_scales.size(),
+                     " V scales for plan dtype ", pagedkv::dtype_name(plan.config.dtype), " and ",
+                     num_layers, " layers (fp8 needs one scale per layer, other dtypes none)"));
   }
-  absl::StatusOr<pagedkv::KvStorage> storage = pagedkv::KvStorage::create(
-      spec, num_blocks, {.device = device, .num_host_blocks = num_host_blocks});
-  if (!storage.ok()) return storage.status();
-  auto store = std::make_unique<PagedKvStore>(*std::move(storage), format.attention_dtype());
+  std::vector<pagedkv::KvStorage> storages;
+  for (int32_t g = 0; g < plan.num_groups(); ++g) {
+    const CacheGroup& group = plan.groups[g];
+    absl::StatusOr<pagedkv::KvStorage> storage = pagedkv::KvStorage::create(
+        group.spec, group.num_blocks,
+        {.device = device, .num_host_blocks = group.num_host_blocks, .layer_group = g});
+    if (!storage.ok()) return storage.status();
+    storages.push_back(*std::move(storage));
+  }
+  auto store = std::make_unique<PagedKvStore>(device, model, plan, std::move(storages),
+                                              format.attention_dtype());
   if (absl::Status status = store->set_scales(format); !status.ok()) return status;
   return std::unique_ptr<KvStore>(std::move(store));
 }

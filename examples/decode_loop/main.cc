@@ -1,7 +1,8 @@
 // pagedkv-decode: end-to-end generation on the pagedkv library.
 //
-// A small Llama-layout model with seeded weights serves a workload through a scheduler on
-// KvCacheManager (prefix caching, copy-on-write forks, preemption by recompute and swap),
+// A small Llama-layout model with seeded weights (or, with --model, a hybrid of sliding-window
+// and full layers, or an MLA model) serves a workload through a scheduler on KvCacheManager
+// (prefix caching, copy-on-write forks, preemption by recompute and swap, layer groups),
 // with the KV cache in paged storage read by the library's attention kernels. --verify N
 // checks N sequences against a dense no-cache reference fed the engine's tokens (teacher
 // forcing): logits within the cache dtype's bound, tokens equal or near-ties; it picks
@@ -16,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -27,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "cache_plan.h"
 #include "dense_reference.h"
 #include "kv_event_feed.h"
 #include "kv_format.h"
@@ -98,7 +101,30 @@ ABSL_FLAG(int32_t, max_running, decode_loop::EngineOptions{}.max_running,
           "sequences decoding at once");
 ABSL_FLAG(int32_t, max_prefill_tokens, decode_loop::EngineOptions{}.max_prefill_tokens,
           "prompt tokens per step");
-ABSL_FLAG(int32_t, layers, decode_loop::ModelConfig{}.num_layers, "transformer layers");
+ABSL_FLAG(int32_t, prefill_chunk, -1,
+          "prompt tokens a sequence computes per step (0: its whole prompt; -1: the preset's, "
+          "32 for swa, whose windowed groups then hold a chunk and a window per prefilling "
+          "sequence instead of the whole prompt, else 0)");
+ABSL_FLAG(std::string, model, "llama",
+          "model preset: llama|swa|mla (llama: full-attention GQA layers; swa: sliding-window "
+          "layers of 40 and 12 tokens beside full ones, each kind a layer group of its own; "
+          "mla: multi-head latent attention with small latent and rope dims)");
+ABSL_FLAG(bool, treat_as_full, false,
+          "keep every layer in one full-attention layer group, as an allocator without layer "
+          "groups does (windowed layers still attend to their windows only): the comparison "
+          "for the hybrid model's concurrency gain");
+ABSL_FLAG(int64_t, split_tokens, 0,
+          "sequence length the KV budget's split between layer groups balances (0: the "
+          "workload's mean prompt + output length)");
+ABSL_FLAG(int32_t, kv_lora_rank, 0,
+          "mla: latent dims per token before the rope dims (0: the preset's 64; the CUDA MLA "
+          "kernel takes 512 only)");
+ABSL_FLAG(int32_t, qk_rope_dim, 0,
+          "mla: RoPE dims of the latent and of each query head (0: the preset's 16; CUDA: 64 "
+          "only)");
+ABSL_FLAG(int32_t, layers, 0,
+          "transformer layers (0: the preset's, llama 2, swa 4, mla 2; swa repeats its "
+          "pattern)");
 ABSL_FLAG(int32_t, d_model, decode_loop::ModelConfig{}.d_model, "model width");
 ABSL_FLAG(int32_t, ffn_dim, decode_loop::ModelConfig{}.ffn_dim, "SwiGLU hidden width");
 ABSL_FLAG(uint64_t, seed, decode_loop::WorkloadOptions{}.seed, "weights, prompts and sampling");
@@ -259,6 +285,8 @@ constexpr Choice<PreemptionPolicy> kPreemptionPolicies[] = {
     {"mixed", PreemptionPolicy::kMixed},
     {"recompute", PreemptionPolicy::kRecompute},
     {"swap", PreemptionPolicy::kSwap}};
+constexpr Choice<ModelKind> kModels[] = {
+    {"llama", ModelKind::kLlama}, {"swa", ModelKind::kSwa}, {"mla", ModelKind::kMla}};
 constexpr Choice<Fault> kFaults[] = {{"none", Fault::kNone},
                                      {"skip-copies", Fault::kSkipCopies},
                                      {"skip-swap-in", Fault::kSkipSwapIn},
@@ -293,14 +321,12 @@ int64_t kv_budget_bytes() {
   return static_cast<int64_t>(absl::GetFlag(FLAGS_kv_budget_mb) * (1 << 20));
 }
 
-// Device blocks from --kv-budget-mb; host blocks for swapping and the host tier.
-void size_pools(const pagedkv::KvCacheSpec& spec, EngineOptions* engine) {
+// The pools of every layer group from --kv-budget-mb, --swap-space-mb and --host-cache-mb,
+// split for sequences of `split_tokens` tokens.
+void size_kv_pools(int64_t split_tokens, EngineOptions* engine) {
   const double kv_budget_mb = absl::GetFlag(FLAGS_kv_budget_mb);
-  absl::StatusOr<int32_t> num_blocks = spec.num_blocks_for_budget(kv_budget_bytes());
-  if (!num_blocks.ok()) fail(absl::StrCat("KV cache: ", num_blocks.status().message()));
-  engine->num_blocks = *num_blocks;
-  // One host pool for swapped sequences and the host tier (kv_storage.h: swap first, the
-  // tier caches in the rest): the swap space's blocks plus the host cache's.
+  // One host pool per group for swapped sequences and the host tier (kv_storage.h: swap
+  // first, the tier caches in the rest): the swap space's blocks plus the host cache's.
   const double swap_space_mb = absl::GetFlag(FLAGS_swap_space_mb);
   const double swap_mb = swap_space_mb < 0 ? kv_budget_mb : swap_space_mb;
   const double host_cache_mb = absl::GetFlag(FLAGS_host_cache_mb);
@@ -308,24 +334,47 @@ void size_pools(const pagedkv::KvCacheSpec& spec, EngineOptions* engine) {
     fail(absl::StrCat("--swap-space-mb ", swap_mb, " and --host-cache-mb ", host_cache_mb,
                       " must be >= 0"));
   }
-  auto host_blocks = [&](double mb) {
-    return static_cast<int64_t>(mb * (1 << 20)) / spec.bytes_per_block();
-  };
-  const int64_t cache_blocks = host_blocks(host_cache_mb);
-  if (host_cache_mb > 0 && cache_blocks == 0) {
-    fail(absl::StrCat("--host-cache-mb ", host_cache_mb, ": less than one block of ",
-                      spec.bytes_per_block(), " bytes"));
+  auto bytes = [](double mb) { return static_cast<int64_t>(mb * (1 << 20)); };
+  if (kv_budget_mb < 0 || kv_budget_mb > (1 << 30)) {
+    fail(absl::StrCat("--kv-budget-mb ", kv_budget_mb, " must be in [0, 2^30]"));
   }
-  const int64_t num_host_blocks = host_blocks(swap_mb) + cache_blocks;
-  if (num_host_blocks > pagedkv::BlockPool::kMaxBlocks) {
-    fail(absl::StrCat("--swap-space-mb ", swap_mb, " + --host-cache-mb ", host_cache_mb, ": ",
-                      num_host_blocks, " host blocks, more than the limit ",
-                      pagedkv::BlockPool::kMaxBlocks));
+  const absl::Status sized = size_pools({.device_bytes = kv_budget_bytes(),
+                                         .swap_bytes = bytes(swap_mb),
+                                         .host_cache_bytes = bytes(host_cache_mb)},
+                                        split_tokens, &engine->cache);
+  if (!sized.ok()) fail(absl::StrCat("KV cache: ", sized.message()));
+  engine->enable_host_cache = host_cache_mb > 0;
+  engine->watermark_blocks = watermark_blocks(engine->cache);
+}
+
+// The mean prompt + output length of the workload's requests: the length the budget split
+// balances.
+int64_t mean_sequence_tokens(const Workload& workload) {
+  int64_t tokens = 0;
+  for (const Request& r : workload.requests) {
+    tokens += static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   }
-  engine->num_host_blocks = static_cast<int32_t>(num_host_blocks);
-  engine->host_cache_blocks = static_cast<int32_t>(cache_blocks);
-  engine->enable_host_cache = engine->host_cache_blocks > 0;
-  engine->watermark_blocks = std::max(1, engine->num_blocks / 100);
+  return std::max<int64_t>(1, tokens / std::max<int64_t>(1, std::ssize(workload.requests)));
+}
+
+// What the budget holds at the split length with the model's layer groups and with every
+// layer treated as full, from KvCacheConfig (no run needed).
+CapacityFigures capacity_figures(const ModelConfig& config, const EngineOptions& engine) {
+  CapacityFigures f;
+  const CachePlan& plan = engine.cache;
+  f.tokens = plan.split_tokens;
+  const pagedkv::DType dtype = plan.config.dtype;
+  for (const bool as_full : {false, true}) {
+    absl::StatusOr<CachePlan> p = plan_cache(config, dtype, engine.block_size, as_full);
+    if (!p.ok()) fail(std::string(p.status().message()));
+    absl::StatusOr<pagedkv::PoolSplit> split =
+        p->config.split_budget(plan.budget_bytes, plan.split_tokens);
+    if (!split.ok()) fail(std::string(split.status().message()));
+    (as_full ? f.sequences_as_full : f.sequences) = p->config.max_sequences(*split, f.tokens);
+    (as_full ? f.held_bytes_as_full : f.held_bytes) = p->config.held_bytes_per_sequence(f.tokens);
+    if (!as_full) f.min_bytes = p->config.min_bytes_per_sequence(f.tokens);
+  }
+  return f;
 }
 
 // The same workload under contiguous max-length reservation: every sequence reserves the
@@ -340,10 +389,13 @@ void compare_with_contiguous(const Workload& workload, const EngineOptions& engi
     real_tokens += int64_t{len} * r.num_samples;
     num_seqs += r.num_samples;
   }
-  const int64_t slots = int64_t{engine.num_blocks} * engine.block_size;
+  // The pools' bytes, each sequence reserving max_len tokens of every layer.
+  const CachePlan& plan = engine.cache;
+  const int64_t reserved = int64_t{report->contiguous_max_len} * plan.bytes_per_block_all_groups() /
+                           plan.config.block_size;
   // Capacity-bound, and never more than the workload's sequences.
   report->contiguous_peak_concurrency =
-      static_cast<int32_t>(std::min(slots / report->contiguous_max_len, num_seqs));
+      static_cast<int32_t>(std::min(plan.pool_bytes() / reserved, num_seqs));
   report->contiguous_utilization =
       static_cast<double>(real_tokens) / static_cast<double>(num_seqs * report->contiguous_max_len);
 }
@@ -388,24 +440,55 @@ int run(int argc, char** argv) {
   const std::string fault = absl::GetFlag(FLAGS_fault);
   engine.fault = choose("fault", fault, kFaults);
 
+  const std::string model_name = absl::GetFlag(FLAGS_model);
   ModelConfig config;
-  config.num_layers = absl::GetFlag(FLAGS_layers);
+  switch (choose("model", model_name, kModels)) {
+    case ModelKind::kLlama:
+      config = llama_preset();
+      break;
+    case ModelKind::kSwa:
+      config = swa_preset();
+      break;
+    case ModelKind::kMla:
+      config = mla_preset();
+      break;
+  }
+  if (const int32_t layers = absl::GetFlag(FLAGS_layers); layers != 0) config.num_layers = layers;
+  for (const auto& [flag, value, field] :
+       {std::tuple<const char*, int32_t, int32_t*>{
+            "kv-lora-rank", absl::GetFlag(FLAGS_kv_lora_rank), &config.kv_lora_rank},
+        {"qk-rope-dim", absl::GetFlag(FLAGS_qk_rope_dim), &config.qk_rope_head_dim}}) {
+    if (value == 0) continue;
+    if (!config.mla()) fail(absl::StrCat("--", flag, " applies to --model mla only"));
+    *field = value;
+  }
+  engine.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  if (engine.prefill_chunk < 0) engine.prefill_chunk = config.kind == ModelKind::kSwa ? 32 : 0;
   config.d_model = absl::GetFlag(FLAGS_d_model);
   config.ffn_dim = absl::GetFlag(FLAGS_ffn_dim);
   config.seed = engine.seed;
   if (absl::Status s = validate(config); !s.ok()) fail(std::string(s.message()));
 
-  const pagedkv::KvCacheSpec spec{.num_layers = config.num_layers,
-                                  .num_kv_heads = config.num_kv_heads,
-                                  .head_dim = config.head_dim,
-                                  .dtype = kv_dtype,
-                                  .block_size = engine.block_size};
-  size_pools(spec, &engine);
+  const bool treat_as_full = absl::GetFlag(FLAGS_treat_as_full);
+  absl::StatusOr<CachePlan> plan = plan_cache(config, kv_dtype, engine.block_size, treat_as_full);
+  if (!plan.ok()) fail(std::string(plan.status().message()));
+  engine.cache = *std::move(plan);
 
   WorkloadOptions workload_opts = workload_options();
   workload_opts.vocab_size = config.vocab_size;
-  // Every sequence must fit the pool alone, or it could never run.
-  workload_opts.max_total_len = (engine.num_blocks - engine.watermark_blocks) * engine.block_size;
+  // The budget split balances the workload's mean length (before prompts are cut to fit).
+  int64_t split_tokens = absl::GetFlag(FLAGS_split_tokens);
+  if (split_tokens < 0) fail(absl::StrCat("--split-tokens ", split_tokens, " must be >= 0"));
+  if (split_tokens == 0) {
+    absl::StatusOr<Workload> uncut = make_workload(workload_opts);
+    if (!uncut.ok()) fail(std::string(uncut.status().message()));
+    split_tokens = mean_sequence_tokens(*uncut);
+  }
+  size_kv_pools(split_tokens, &engine);
+  // Every sequence must fit the pools alone, or it could never run.
+  absl::StatusOr<int32_t> max_tokens = max_sequence_tokens(engine.cache, engine.prefill_chunk);
+  if (!max_tokens.ok()) fail(absl::StrCat("KV cache: ", max_tokens.status().message()));
+  workload_opts.max_total_len = *max_tokens;
   absl::StatusOr<Workload> workload = make_workload(workload_opts);
   if (!workload.ok()) fail(std::string(workload.status().message()));
 
@@ -486,9 +569,11 @@ int run(int argc, char** argv) {
   report.preemption_policy = preemption;
   report.fault = fault;
   report.model = config;
+  report.model_name = model_name;
   report.engine = eng.options();
   report.kv_budget_bytes = kv_budget_bytes();
-  report.bytes_per_block = spec.bytes_per_block();
+  report.bytes_per_block = engine.cache.bytes_per_block_all_groups();
+  report.capacity = capacity_figures(config, engine);
   report.run = eng.stats();
   compare_with_contiguous(*workload, engine, &report);
 

@@ -102,15 +102,61 @@ void rms_norm(const float* x, const float* g, float* y, int32_t n, int32_t dim, 
   }
 }
 
+ModelConfig llama_preset() { return ModelConfig{}; }
+
+ModelConfig swa_preset() {
+  using pagedkv::AttentionKind;
+  ModelConfig c;
+  c.kind = ModelKind::kSwa;
+  c.num_layers = 4;
+  c.layer_pattern = {{AttentionKind::kSlidingWindow, 40},
+                     {AttentionKind::kSlidingWindow, 12},
+                     {AttentionKind::kFull, 0},
+                     {AttentionKind::kSlidingWindow, 40}};
+  return c;
+}
+
+ModelConfig mla_preset() {
+  ModelConfig c;
+  c.kind = ModelKind::kMla;
+  c.num_layers = 2;
+  c.num_q_heads = 8;
+  c.kv_lora_rank = 64;
+  c.qk_rope_head_dim = 16;
+  c.qk_nope_head_dim = 32;
+  c.v_head_dim = 32;
+  return c;
+}
+
 absl::Status validate(const ModelConfig& c) {
-  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model: head_dim ", c.head_dim, " must be 64, 128 or 256"));
-  }
-  if (c.num_kv_heads <= 0 || c.num_q_heads <= 0 || c.num_q_heads % c.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model: num_q_heads ", c.num_q_heads,
-                                                   " must be a positive multiple of num_kv_heads ",
-                                                   c.num_kv_heads));
+  if (c.mla()) {
+    for (const auto& [name, value] :
+         {std::pair<const char*, int32_t>{"kv_lora_rank", c.kv_lora_rank},
+          {"qk_nope_head_dim", c.qk_nope_head_dim},
+          {"v_head_dim", c.v_head_dim}}) {
+      if (value <= 0 || value % 8 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model: ", name, " ", value, " must be a positive multiple of 8"));
+      }
+    }
+    if (c.qk_rope_head_dim <= 0 || c.qk_rope_head_dim % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model: qk_rope_head_dim ", c.qk_rope_head_dim,
+                                                     " must be positive and even"));
+    }
+    if (c.num_q_heads <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: num_q_heads ", c.num_q_heads, " must be > 0"));
+    }
+  } else {
+    if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: head_dim ", c.head_dim, " must be 64, 128 or 256"));
+    }
+    if (c.num_kv_heads <= 0 || c.num_q_heads <= 0 || c.num_q_heads % c.num_kv_heads != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: num_q_heads ", c.num_q_heads,
+                       " must be a positive multiple of num_kv_heads ", c.num_kv_heads));
+    }
   }
   for (const auto& [name, value] : {std::pair<const char*, int32_t>{"d_model", c.d_model},
                                     {"ffn_dim", c.ffn_dim},
@@ -124,7 +170,48 @@ absl::Status validate(const ModelConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: num_layers ", c.num_layers, " must be > 0"));
   }
+  for (size_t i = 0; i < c.layer_pattern.size(); ++i) {
+    const LayerAttention& a = c.layer_pattern[i];
+    const bool windowed = a.kind != pagedkv::AttentionKind::kFull;
+    if (windowed ? a.window <= 0 : a.window != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: layer pattern ", i, " (", pagedkv::attention_kind_name(a.kind),
+                       ") has window ", a.window, windowed ? "; must be > 0" : "; must be 0"));
+    }
+    if (windowed && c.mla()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: layer pattern ", i, ": MLA layers here are full attention only"));
+    }
+  }
   return absl::OkStatus();
+}
+
+std::string describe_layers(const ModelConfig& c) {
+  std::vector<std::pair<LayerAttention, int32_t>> counts;  // in order of first appearance
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LayerAttention a = c.attention(l);
+    auto it =
+        std::find_if(counts.begin(), counts.end(), [&](const auto& e) { return e.first == a; });
+    if (it == counts.end()) {
+      counts.emplace_back(a, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  std::string out = absl::StrCat(c.num_layers, c.mla() ? " MLA layers:" : " layers:");
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const auto& [a, n] = counts[i];
+    absl::StrAppend(&out, i == 0 ? " " : ", ", n, " ");
+    if (a.kind == pagedkv::AttentionKind::kFull) {
+      absl::StrAppend(&out, "full");
+    } else {
+      absl::StrAppend(
+          &out,
+          a.kind == pagedkv::AttentionKind::kSlidingWindow ? "sliding window " : "chunked local ",
+          a.window);
+    }
+  }
+  return out;
 }
 
 Model::Model(const ModelConfig& config) : config_(config) {
@@ -138,12 +225,34 @@ Model::Model(const ModelConfig& config) : config_(config) {
     // Queries and keys get a larger scale so that attention is selective, not uniform.
     layer.wq =
         transpose(normal_matrix(rng, c.d_model, c.q_dim(), 2.0 * d_std), c.d_model, c.q_dim());
-    layer.wk =
-        transpose(normal_matrix(rng, c.d_model, c.kv_dim(), 2.0 * d_std), c.d_model, c.kv_dim());
-    layer.wv = transpose(normal_matrix(rng, c.d_model, c.kv_dim(), d_std), c.d_model, c.kv_dim());
+    if (c.mla()) {
+      // W_DKV gives the latent and k_pe; the latent is normalized, and W_UK / W_UV give
+      // keys and values of the GQA model's scales (std 2 and 1).
+      const int32_t rank = c.kv_lora_rank;
+      const double rank_std = 1.0 / std::sqrt(static_cast<double>(rank));
+      layer.wk = transpose(normal_matrix(rng, c.d_model, c.latent_dim(), 2.0 * d_std), c.d_model,
+                           c.latent_dim());
+      layer.kv_norm = gains(rng, rank);
+      // matmul's transposed form, [out, in] per head.
+      layer.w_uk =
+          normal_matrix(rng, int64_t{c.num_q_heads} * c.qk_nope_head_dim, rank, 2.0 * rank_std);
+      layer.w_uv = normal_matrix(rng, int64_t{c.num_q_heads} * c.v_head_dim, rank, rank_std);
+      const auto head_size = static_cast<ptrdiff_t>(c.qk_nope_head_dim) * rank;
+      for (int32_t h = 0; h < c.num_q_heads; ++h) {
+        const std::vector<float> head(layer.w_uk.begin() + h * head_size,
+                                      layer.w_uk.begin() + (h + 1) * head_size);
+        const std::vector<float> t = transpose(head, c.qk_nope_head_dim, rank);
+        layer.w_uk_t.insert(layer.w_uk_t.end(), t.begin(), t.end());
+      }
+    } else {
+      layer.wk =
+          transpose(normal_matrix(rng, c.d_model, c.kv_dim(), 2.0 * d_std), c.d_model, c.kv_dim());
+      layer.wv = transpose(normal_matrix(rng, c.d_model, c.kv_dim(), d_std), c.d_model, c.kv_dim());
+    }
+    const int32_t out_dim = c.attn_out_dim();
     layer.wo = transpose(
-        normal_matrix(rng, c.q_dim(), c.d_model, 1.0 / std::sqrt(static_cast<double>(c.q_dim()))),
-        c.q_dim(), c.d_model);
+        normal_matrix(rng, out_dim, c.d_model, 1.0 / std::sqrt(static_cast<double>(out_dim))),
+        out_dim, c.d_model);
     layer.mlp_norm = gains(rng, c.d_model);
     layer.w1 = transpose(normal_matrix(rng, c.d_model, c.ffn_dim, d_std), c.d_model, c.ffn_dim);
     layer.w3 = transpose(normal_matrix(rng, c.d_model, c.ffn_dim, d_std), c.d_model, c.ffn_dim);
@@ -155,37 +264,86 @@ Model::Model(const ModelConfig& config) : config_(config) {
   final_norm_ = gains(rng, c.d_model);
   w_out_ = transpose(normal_matrix(rng, c.d_model, c.vocab_size, c.logit_scale * d_std), c.d_model,
                      c.vocab_size);
-  inv_freq_.resize(c.head_dim / 2);
-  for (int32_t i = 0; i < c.head_dim / 2; ++i) {
+  const int32_t rope_dim = c.rope_dim();
+  inv_freq_.resize(rope_dim / 2);
+  for (int32_t i = 0; i < rope_dim / 2; ++i) {
     inv_freq_[i] = static_cast<float>(
-        std::pow(static_cast<double>(c.rope_theta), -2.0 * i / static_cast<double>(c.head_dim)));
+        std::pow(static_cast<double>(c.rope_theta), -2.0 * i / static_cast<double>(rope_dim)));
   }
 }
 
 int64_t macs_per_token(const ModelConfig& c) {
-  const int64_t per_layer = int64_t{c.d_model} * (c.q_dim() + 2 * c.kv_dim()) +
-                            int64_t{c.q_dim()} * c.d_model + int64_t{3} * c.d_model * c.ffn_dim;
+  // MLA: W_DKV gives one latent and no separate V; absorbing queries and applying W_UV
+  // per head are counted with attention.
+  const int64_t kv_proj = c.mla() ? c.latent_dim() : 2 * c.kv_dim();
+  const int64_t per_layer = int64_t{c.d_model} * (c.q_dim() + kv_proj) +
+                            int64_t{c.attn_out_dim()} * c.d_model +
+                            int64_t{3} * c.d_model * c.ffn_dim;
   return per_layer * c.num_layers + int64_t{c.d_model} * c.vocab_size;
 }
 
-// Rotary embedding, rotate-half form (Llama): dims i and i + head_dim / 2 form a pair
-// rotated by position * inv_freq[i]. The angle is computed in double so both paths agree.
-void Model::rope(float* x, int32_t num_heads, std::span<const int32_t> positions) const {
-  const int32_t hd = config_.head_dim;
-  const int32_t half = hd / 2;
+// Rotary embedding, rotate-half form (Llama): dims i and i + rope_dim / 2 of the rotated
+// part form a pair rotated by position * inv_freq[i]. The angle is computed in double so
+// both paths agree.
+void Model::rope(float* x, int32_t num_heads, int32_t head_stride, int32_t offset,
+                 std::span<const int32_t> positions) const {
+  const int32_t half = config_.rope_dim() / 2;
   for (size_t t = 0; t < positions.size(); ++t) {
     for (int32_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(positions[t]) * inv_freq_[i];
       const auto cs = static_cast<float>(std::cos(angle));
       const auto sn = static_cast<float>(std::sin(angle));
       for (int32_t h = 0; h < num_heads; ++h) {
-        float* row = x + (t * num_heads + h) * hd;
+        float* row = x + (t * num_heads + h) * head_stride + offset;
         const float a = row[i];
         const float b = row[i + half];
         row[i] = a * cs - b * sn;
         row[i + half] = b * cs + a * sn;
       }
     }
+  }
+}
+
+// Each (token, head) row is multiplied on its own, so the result never depends on the
+// batch.
+void Model::mla_absorb_queries(int32_t layer, const float* q, int32_t n, float* q_abs) const {
+  const ModelConfig& c = config_;
+  const Layer& w = layers_[layer];
+  const int32_t nope = c.qk_nope_head_dim, rank = c.kv_lora_rank, qk = c.qk_head_dim();
+  for (int32_t r = 0; r < n * c.num_q_heads; ++r) {
+    const int32_t h = r % c.num_q_heads;
+    const float* qh = q + static_cast<size_t>(r) * qk;
+    float* out = q_abs + static_cast<size_t>(r) * c.latent_dim();
+    matmul(qh, w.w_uk_t.data() + static_cast<size_t>(h) * rank * nope, out, 1, nope, rank);
+    std::copy_n(qh + nope, c.qk_rope_head_dim, out + rank);
+  }
+}
+
+void Model::mla_apply_values(int32_t layer, const float* out_latent, int32_t n, float* out) const {
+  const ModelConfig& c = config_;
+  const Layer& w = layers_[layer];
+  const int32_t rank = c.kv_lora_rank, vd = c.v_head_dim;
+  for (int32_t r = 0; r < n * c.num_q_heads; ++r) {
+    const int32_t h = r % c.num_q_heads;
+    matmul(out_latent + static_cast<size_t>(r) * rank,
+           w.w_uv.data() + static_cast<size_t>(h) * vd * rank, out + static_cast<size_t>(r) * vd, 1,
+           rank, vd);
+  }
+}
+
+void Model::mla_expand(int32_t layer, const float* latents, int32_t n, float* k, float* v) const {
+  const ModelConfig& c = config_;
+  const Layer& w = layers_[layer];
+  const int32_t nope = c.qk_nope_head_dim, rank = c.kv_lora_rank, qk = c.qk_head_dim();
+  const int32_t vd = c.v_head_dim;
+  for (int32_t r = 0; r < n * c.num_q_heads; ++r) {
+    const int32_t h = r % c.num_q_heads;
+    const float* latent = latents + static_cast<size_t>(r / c.num_q_heads) * c.latent_dim();
+    matmul(latent, w.w_uk.data() + static_cast<size_t>(h) * nope * rank,
+           k + static_cast<size_t>(r) * qk, 1, rank, nope);
+    std::copy_n(latent + rank, c.qk_rope_head_dim, k + static_cast<size_t>(r) * qk + nope);
+    matmul(latent, w.w_uv.data() + static_cast<size_t>(h) * vd * rank,
+           v + static_cast<size_t>(r) * vd, 1, rank, vd);
   }
 }
 
@@ -204,8 +362,8 @@ absl::Status Model::forward(std::span<const TokenId> tokens, std::span<const int
   ws->xn.resize(rows * c.d_model);
   ws->q.resize(rows * c.q_dim());
   ws->k.resize(rows * c.kv_dim());
-  ws->v.resize(rows * c.kv_dim());
-  ws->attn.resize(rows * c.q_dim());
+  ws->v.resize(c.mla() ? 0 : rows * c.kv_dim());
+  ws->attn.resize(rows * c.attn_out_dim());
   ws->proj.resize(rows * c.d_model);
   ws->h1.resize(rows * c.ffn_dim);
   ws->h3.resize(rows * c.ffn_dim);
@@ -222,17 +380,28 @@ absl::Status Model::forward(std::span<const TokenId> tokens, std::span<const int
     rms_norm(ws->x.data(), layer.attn_norm.data(), ws->xn.data(), n, c.d_model, c.rms_eps);
     matmul(ws->xn.data(), layer.wq.data(), ws->q.data(), n, c.d_model, c.q_dim());
     matmul(ws->xn.data(), layer.wk.data(), ws->k.data(), n, c.d_model, c.kv_dim());
-    matmul(ws->xn.data(), layer.wv.data(), ws->v.data(), n, c.d_model, c.kv_dim());
-    rope(ws->q.data(), c.num_q_heads, positions);
-    rope(ws->k.data(), c.num_kv_heads, positions);
+    if (c.mla()) {
+      // The latent part of each row normalized (DeepSeek's kv_a_layernorm); RoPE on the
+      // rope parts of q and of the latent row (k_pe, shared by every head).
+      for (int32_t t = 0; t < n; ++t) {
+        float* latent = ws->k.data() + static_cast<size_t>(t) * c.latent_dim();
+        rms_norm(latent, layer.kv_norm.data(), latent, 1, c.kv_lora_rank, c.rms_eps);
+      }
+      rope(ws->q.data(), c.num_q_heads, c.qk_head_dim(), c.qk_nope_head_dim, positions);
+      rope(ws->k.data(), 1, c.latent_dim(), c.kv_lora_rank, positions);
+    } else {
+      matmul(ws->xn.data(), layer.wv.data(), ws->v.data(), n, c.d_model, c.kv_dim());
+      rope(ws->q.data(), c.num_q_heads, c.head_dim, 0, positions);
+      rope(ws->k.data(), c.num_kv_heads, c.head_dim, 0, positions);
+    }
     const absl::Status status = attend({.layer = l,
                                         .num_tokens = n,
                                         .q = ws->q.data(),
                                         .k = ws->k.data(),
-                                        .v = ws->v.data(),
+                                        .v = c.mla() ? nullptr : ws->v.data(),
                                         .out = ws->attn.data()});
     if (!status.ok()) return status;
-    matmul(ws->attn.data(), layer.wo.data(), ws->proj.data(), n, c.q_dim(), c.d_model);
+    matmul(ws->attn.data(), layer.wo.data(), ws->proj.data(), n, c.attn_out_dim(), c.d_model);
     for (size_t i = 0; i < ws->x.size(); ++i) ws->x[i] += ws->proj[i];
     rms_norm(ws->x.data(), layer.mlp_norm.data(), ws->xn.data(), n, c.d_model, c.rms_eps);
     matmul(ws->xn.data(), layer.w1.data(), ws->h1.data(), n, c.d_model, c.ffn_dim);

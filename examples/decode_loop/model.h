@@ -11,6 +11,18 @@
 // live: the paged engine writes them into the paged KV cache and runs the library's
 // kernels; the dense reference keeps them in plain arrays and attends over all of them.
 //
+// Three presets (--model):
+//   llama  every layer full attention, grouped-query heads (the default)
+//   swa    a hybrid: layers repeat a pattern of sliding-window and full attention layers
+//          (Gemma 3, gpt-oss), each a GQA layer; a layer at position p attends to
+//          [first_attended(kind, window, p), p] (layer_group.h)
+//   mla    multi-head latent attention (DeepSeek-V2/V3) with small dims: each token's K/V
+//          are one latent vector (kv_lora_rank normalized dims + qk_rope_head_dim RoPE
+//          dims) from which every head's K and V are up-projected (W_UK, W_UV). The
+//          callback gets the latents; mla_absorb_queries() and mla_apply_values() serve an
+//          engine that attends over the latents (absorbed), mla_expand() a reference that
+//          up-projects them to per-head K/V.
+//
 // Determinism: every row of every projection is computed by the same loop in the same
 // order, whatever the batch holds, so a token's activations do not depend on which other
 // tokens share its batch. Only attention differs between the paged and dense paths.
@@ -20,16 +32,28 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "pagedkv/layer_group.h"
 #include "pagedkv/types.h"
 
 namespace decode_loop {
 
 using pagedkv::TokenId;
 
+// Which tokens one layer's attention sees (layer_group.h).
+struct LayerAttention {
+  pagedkv::AttentionKind kind = pagedkv::AttentionKind::kFull;
+  int32_t window = 0;  // tokens; > 0 for the windowed kinds, 0 for full attention
+  bool operator==(const LayerAttention&) const = default;
+};
+
+enum class ModelKind { kLlama, kSwa, kMla };
+
 struct ModelConfig {
+  ModelKind kind = ModelKind::kLlama;
   int32_t vocab_size = 1024;
   int32_t d_model = 256;
   int32_t num_layers = 2;
@@ -41,16 +65,52 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   float logit_scale = 4.0f;  // std of the logits; large enough that sampling is peaked
   uint64_t seed = 1;
+  // Layer l attends as layer_pattern[l % size] (empty: every layer full attention).
+  std::vector<LayerAttention> layer_pattern;
+  // MLA (kind kMla): num_q_heads heads, each with qk_nope_head_dim + qk_rope_head_dim
+  // query / key dims and v_head_dim value dims; one latent of kv_lora_rank +
+  // qk_rope_head_dim per token (num_kv_heads and head_dim do not apply).
+  int32_t kv_lora_rank = 0;
+  int32_t qk_rope_head_dim = 0;
+  int32_t qk_nope_head_dim = 0;
+  int32_t v_head_dim = 0;
 
-  int32_t q_dim() const { return num_q_heads * head_dim; }
-  int32_t kv_dim() const { return num_kv_heads * head_dim; }
+  bool mla() const { return kind == ModelKind::kMla; }
+  LayerAttention attention(int32_t layer) const {
+    return layer_pattern.empty() ? LayerAttention{}
+                                 : layer_pattern[static_cast<size_t>(layer) % layer_pattern.size()];
+  }
+  // Per head: query / key dims, value dims.
+  int32_t qk_head_dim() const { return mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
+  int32_t value_head_dim() const { return mla() ? v_head_dim : head_dim; }
+  int32_t q_dim() const { return num_q_heads * qk_head_dim(); }
+  int32_t attn_out_dim() const { return num_q_heads * value_head_dim(); }
+  // K (or V) elements cached per token and layer: the latent for MLA.
+  int32_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }
+  int32_t kv_dim() const { return mla() ? latent_dim() : num_kv_heads * head_dim; }
+  // The rotary dims: the whole head, or MLA's rope part.
+  int32_t rope_dim() const { return mla() ? qk_rope_head_dim : head_dim; }
 };
+
+// The presets of --model. swa: 4 layers (repeating with --layers) of sliding window 40,
+// sliding window 12, full, sliding window 40: two windowed groups beside a full one, one
+// window below a 16-token block and one not a multiple of it. mla: 2 layers, 8 heads of
+// 32 + 16 query / key dims and 32 value dims, latents of 64 + 16.
+ModelConfig llama_preset();
+ModelConfig swa_preset();
+ModelConfig mla_preset();
 
 // The activations of one layer's attention for a batch of n new tokens, row-major:
 //   q   [n, num_q_heads, head_dim]   after RoPE
 //   k   [n, num_kv_heads, head_dim]  after RoPE
 //   v   [n, num_kv_heads, head_dim]
 //   out [n, num_q_heads, head_dim]   written by the callback
+// For MLA:
+//   q   [n, num_q_heads, qk_nope_head_dim + qk_rope_head_dim]  rope part after RoPE
+//   k   [n, kv_lora_rank + qk_rope_head_dim]  the latents: normalized c_kv, then k_pe
+//                                             after RoPE (one for all heads)
+//   v   null
+//   out [n, num_q_heads, v_head_dim]
 struct AttentionIo {
   int32_t layer = 0;
   int32_t num_tokens = 0;
@@ -71,8 +131,12 @@ struct Workspace {
 int64_t macs_per_token(const ModelConfig& config);
 
 // InvalidArgument naming the first size that the model or the library's kernels cannot
-// take (head_dim 64/128/256, heads divisible, dimensions multiples of 8).
+// take (head_dim 64/128/256, heads divisible, dimensions multiples of 8, windows > 0,
+// MLA dims positive and multiples of 8, rope dims even).
 absl::Status validate(const ModelConfig& config);
+
+// "4 layers: 2 sliding window 40, 1 sliding window 12, 1 full" for summaries.
+std::string describe_layers(const ModelConfig& config);
 
 class Model {
  public:
@@ -88,12 +152,30 @@ class Model {
                        const AttentionFn& attend, std::span<const int32_t> logit_rows,
                        std::vector<float>* logits, Workspace* ws) const;
 
+  // MLA, the absorbed form (an engine attending over the cached latents):
+  // q_abs [n, num_q_heads, latent_dim()] = per head (q_nope W_UK, q_pe): a query whose dot
+  // product with a latent is the head's q . k.
+  void mla_absorb_queries(int32_t layer, const float* q, int32_t n, float* q_abs) const;
+  // out [n, num_q_heads, v_head_dim] = per head W_UV of the probability-weighted latents
+  // out_latent [n, num_q_heads, kv_lora_rank].
+  void mla_apply_values(int32_t layer, const float* out_latent, int32_t n, float* out) const;
+  // MLA, the full up-projection (the dense reference): per head K = (W_UK c, k_pe)
+  // [n, num_q_heads, qk_head_dim()] and V = W_UV c [n, num_q_heads, v_head_dim] of the
+  // latents [n, latent_dim()].
+  void mla_expand(int32_t layer, const float* latents, int32_t n, float* k, float* v) const;
+
  private:
   struct Layer {
     std::vector<float> attn_norm, wq, wk, wv, wo, mlp_norm, w1, w3, w2;
+    // MLA: wk is W_DKV [latent_dim, d_model] (latent and k_pe), kv_norm the latent's gain,
+    // w_uk [num_q_heads][qk_nope][kv_lora_rank], w_uv [num_q_heads][v_head_dim][kv_lora_rank].
+    std::vector<float> kv_norm, w_uk, w_uk_t, w_uv;  // w_uk_t: [num_q_heads][kv_lora_rank][qk_nope]
   };
 
-  void rope(float* x, int32_t num_heads, std::span<const int32_t> positions) const;
+  // RoPE on `rows` rows of `num_heads` heads each `head_stride` elements apart, rotating
+  // rope_dim() dims from `offset` in each head.
+  void rope(float* x, int32_t num_heads, int32_t head_stride, int32_t offset,
+            std::span<const int32_t> positions) const;
 
   ModelConfig config_;
   std::vector<float> embedding_;  // [vocab, d_model]

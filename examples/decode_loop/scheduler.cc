@@ -47,11 +47,13 @@ MechanismSet RunStats::exercised() const {
   return set;
 }
 
-void Engine::Batch::clear() {
+void Engine::Batch::clear(int32_t num_groups) {
   seqs.clear();
   tokens.clear();
   positions.clear();
-  slots.clear();
+  slots.resize(num_groups);
+  for (std::vector<int64_t>& group : slots) group.clear();
+  logit_index.clear();
   qo_indptr.assign(1, 0);
   logit_rows.clear();
   max_query_len = 0;
@@ -65,38 +67,52 @@ Engine::~Engine() = default;
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
                                                        const EngineOptions& options) {
   std::unique_ptr<Engine> engine(new Engine(model, options));
-  const ModelConfig& c = model.config();
-  const pagedkv::KvCacheSpec spec{.num_layers = c.num_layers,
-                                  .num_kv_heads = c.num_kv_heads,
-                                  .head_dim = c.head_dim,
-                                  .dtype = options.kv_format.cache_dtype,
-                                  .block_size = options.block_size};
-  absl::StatusOr<std::unique_ptr<KvStore>> store = KvStore::create(
-      options.device, spec, options.kv_format, options.num_blocks, options.num_host_blocks);
+  const CachePlan& plan = options.cache;
+  absl::StatusOr<std::unique_ptr<KvStore>> store =
+      KvStore::create(options.device, model, plan, options.kv_format);
   if (!store.ok()) return store.status();
   engine->store_ = *std::move(store);
+  // Each layer group gets its own pools; the manager's group g is the plan's group g and
+  // the store's storage g.
+  std::vector<pagedkv::LayerGroup> groups;
+  for (const CacheGroup& g : plan.groups) {
+    groups.push_back({.kind = g.kind,
+                      .window = g.window,
+                      .num_blocks = g.num_blocks,
+                      .num_host_blocks = g.num_host_blocks});
+  }
   Engine* self = engine.get();
   absl::StatusOr<pagedkv::KvCacheManager> manager = pagedkv::KvCacheManager::create(
-      {.num_blocks = options.num_blocks,
-       .block_size = options.block_size,
-       .num_host_blocks = options.num_host_blocks,
+      {.block_size = options.block_size,
        .enable_host_cache = options.enable_host_cache,
        .watermark_blocks = options.watermark_blocks,
        .event_sink = options.event_sink,
        .preemption_hooks = self,
-       .victim_policy = [self](std::span<const pagedkv::SequenceInfo> running, SeqId requester) {
-         return self->choose_victim(running, requester);
-       }});
+       .victim_policy = [self](std::span<const pagedkv::SequenceInfo> running,
+                               SeqId requester) { return self->choose_victim(running, requester); },
+       .layer_groups = std::move(groups)});
   if (!manager.ok()) return manager.status();
   engine->manager_ = std::make_unique<pagedkv::KvCacheManager>(*std::move(manager));
+  engine->tables_.resize(plan.num_groups());
+  engine->stats_.peak_group_blocks.assign(plan.num_groups(), 0);
+  engine->prefill_.clear(plan.num_groups());
+  engine->decode_.clear(plan.num_groups());
   return engine;
 }
 
 // --- preemption ----------------------------------------------------------------------------
 
-PreemptionMode Engine::mode_for(int32_t num_computed_tokens) {
-  const int32_t blocks = pagedkv::num_blocks_for_tokens(num_computed_tokens, options_.block_size);
-  const bool swap_fits = blocks <= manager_->host_pool().num_free_blocks();
+PreemptionMode Engine::mode_for(SeqId victim) {
+  // A swap copies the blocks the victim holds in every group to that group's host pool.
+  bool swap_fits = true;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(victim, g);
+    if (!view.ok()) return PreemptionMode::kRecompute;
+    const int32_t blocks =
+        pagedkv::num_blocks_for_tokens(view->num_computed_tokens, options_.block_size) -
+        view->first_held_block;
+    swap_fits = swap_fits && blocks <= manager_->host_pool(g).num_free_blocks();
+  }
   switch (options_.preemption) {
     case PreemptionPolicy::kRecompute:
       return PreemptionMode::kRecompute;
@@ -124,7 +140,7 @@ std::optional<pagedkv::Preemption> Engine::choose_victim(
     }
   }
   if (victim == nullptr) return std::nullopt;
-  return pagedkv::Preemption{victim->id, mode_for(victim->num_computed_tokens)};
+  return pagedkv::Preemption{victim->id, mode_for(victim->id)};
 }
 
 // PreemptionHooks: the manager has released (recompute) or scheduled the copy-out (swap)
@@ -136,6 +152,7 @@ void Engine::on_preempt(SeqId victim, PreemptionMode mode) {
   ++preemption_count_;
   if (mode == PreemptionMode::kRecompute) {
     rec.where = Where::kWaiting;
+    rec.decoding = false;         // its tokens are computed again from its first uncached block
     waiting_.push_front(victim);  // resumes first, with all its tokens to recompute
   } else {
     rec.where = Where::kSwapped;
@@ -143,24 +160,55 @@ void Engine::on_preempt(SeqId victim, PreemptionMode mode) {
   }
 }
 
-absl::Status Engine::preempt_self(SeqId seq) {
-  absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
-  if (!view.ok()) return view.status();
-  return manager_->preempt(seq, mode_for(view->num_computed_tokens));
+absl::Status Engine::preempt_self(SeqId seq) { return manager_->preempt(seq, mode_for(seq)); }
+
+int32_t Engine::next_tokens(const SequenceRecord& rec, int32_t computed) const {
+  const int32_t remaining = static_cast<int32_t>(rec.tokens.size()) - computed;
+  return options_.prefill_chunk > 0 ? std::min(remaining, options_.prefill_chunk) : remaining;
+}
+
+void Engine::add_rows(Batch& batch, SeqId seq, int32_t first, int32_t n,
+                      std::optional<size_t> batch_offset) {
+  const SequenceRecord& rec = records_.at(seq);
+  batch.seqs.push_back(seq);
+  for (int32_t t = first; t < first + n; ++t) {
+    batch.tokens.push_back(rec.tokens[t]);
+    batch.positions.push_back(t);
+  }
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const std::span<const int64_t> slots =
+        batch_offset.has_value() ? manager_->batch_slot_mapping(g).subspan(*batch_offset, n)
+                                 : manager_->slot_mapping(g);
+    batch.slots[g].insert(batch.slots[g].end(), slots.begin(), slots.end());
+  }
+  batch.qo_indptr.push_back(static_cast<int32_t>(batch.tokens.size()));
+  batch.max_query_len = std::max(batch.max_query_len, n);
+  const bool last = first + n == static_cast<int32_t>(rec.tokens.size());
+  partial_prefills_ += last ? 0 : 1;
+  batch.logit_index.push_back(last ? static_cast<int32_t>(batch.logit_rows.size()) : -1);
+  if (last) batch.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
 }
 
 // --- scheduling ------------------------------------------------------------------------------
 
-// One decode token for every running sequence, in one batched call that preempts while
-// blocks are short (the manager offers only sequences without slots this step as victims);
-// a sequence preempted by an earlier one of the batch fails there.
+// Every running sequence in one batched call that preempts while blocks are short (the
+// manager offers only sequences without slots this step as victims): a decoding one gets
+// one slot, a prefilling one its next chunk. A sequence preempted by an earlier one of the
+// batch fails there.
 absl::Status Engine::schedule_running() {
   const std::vector<SeqId> batch = running_;
-  const int32_t one_token[] = {1};
+  std::vector<int32_t> counts, firsts;
+  for (const SeqId seq : batch) {
+    absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
+    if (!view.ok()) return view.status();
+    firsts.push_back(view->num_computed_tokens);
+    counts.push_back(next_tokens(records_.at(seq), view->num_computed_tokens));
+  }
   absl::StatusOr<pagedkv::KvCacheManager::SlotBatch> slots =
-      manager_->allocate_slots_batch(batch, one_token, /*num_lookahead=*/0, /*preempt=*/true);
+      manager_->allocate_slots_batch(batch, counts, /*num_lookahead=*/0, /*preempt=*/true);
   if (!slots.ok()) return slots.status();
-  for (size_t i = 0; i < batch.size(); ++i) {
+  size_t offset = 0;  // of sequence i's slots in the batch's
+  for (size_t i = 0; i < batch.size(); offset += counts[i], ++i) {
     const SeqId seq = batch[i];
     SequenceRecord& rec = records_.at(seq);
     if (const absl::Status& status = slots->statuses[i]; !status.ok()) {
@@ -171,12 +219,8 @@ absl::Status Engine::schedule_running() {
       continue;
     }
     scheduled_.insert(seq);
-    const auto pos = static_cast<int32_t>(rec.tokens.size()) - 1;
-    decode_.seqs.push_back(seq);
-    decode_.tokens.push_back(rec.tokens[pos]);
-    decode_.positions.push_back(pos);
-    decode_.slots.push_back(slots->slots[i]);  // one slot per sequence
-    decode_.logit_rows.push_back(static_cast<int32_t>(decode_.logit_rows.size()));
+    if (!rec.decoding && rec.num_generated() > 0) stats_.recompute_tokens += counts[i];
+    add_rows(rec.decoding ? decode_ : prefill_, seq, firsts[i], counts[i], offset);
   }
   return absl::OkStatus();
 }
@@ -184,32 +228,38 @@ absl::Status Engine::schedule_running() {
 absl::Status Engine::schedule_swapped() {
   while (!swapped_.empty() && !preempted_this_step_) {
     const SeqId seq = swapped_.front();
+    SequenceRecord& rec = records_.at(seq);
     absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
     if (!view.ok()) return view.status();
-    const auto needed = static_cast<int32_t>(view->host_blocks.size()) + 1;
-    if (needed > manager_->device_pool().num_free_blocks()) break;
+    const int32_t computed = view->num_computed_tokens;
+    const int32_t n = next_tokens(rec, computed);
+    // Room in every group for its blocks and those of its next tokens.
+    const int32_t new_blocks = (n + options_.block_size - 1) / options_.block_size + 1;
+    bool room = true;
+    for (int32_t g = 0; g < num_groups() && room; ++g) {
+      absl::StatusOr<pagedkv::SequenceView> group_view = manager_->sequence(seq, g);
+      if (!group_view.ok()) return group_view.status();
+      const auto needed = static_cast<int32_t>(group_view->host_blocks.size()) + new_blocks;
+      room = needed <= manager_->device_pool(g).num_free_blocks();
+    }
+    if (!room) break;
     absl::Status status = manager_->swap_in(seq);
     if (!status.ok()) return status;
     swapped_.pop_front();
-    SequenceRecord& rec = records_.at(seq);
     rec.where = Where::kRunning;
     running_.push_back(seq);
     scheduled_.insert(seq);
-    absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, 1);
+    absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, n);
     if (!slots.ok()) return slots.status();  // room was checked above
-    const auto pos = static_cast<int32_t>(rec.tokens.size()) - 1;
-    decode_.seqs.push_back(seq);
-    decode_.tokens.push_back(rec.tokens[pos]);
-    decode_.positions.push_back(pos);
-    decode_.slots.push_back((*slots)[0]);
-    decode_.logit_rows.push_back(static_cast<int32_t>(decode_.logit_rows.size()));
+    if (!rec.decoding && rec.num_generated() > 0) stats_.recompute_tokens += n;
+    add_rows(rec.decoding ? decode_ : prefill_, seq, computed, n);
   }
   return absl::OkStatus();
 }
 
 absl::Status Engine::schedule_waiting() {
-  int32_t prefill_tokens = 0;
-  while (!waiting_.empty() && swapped_.empty() && !preempted_this_step_ &&
+  int32_t prefill_tokens = static_cast<int32_t>(prefill_.tokens.size());  // continued chunks
+  while (!waiting_.empty() && swapped_.empty() && !preempted_this_step_ && partial_prefills_ == 0 &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
     const SeqId seq = waiting_.front();
     SequenceRecord& rec = records_.at(seq);
@@ -224,7 +274,7 @@ absl::Status Engine::schedule_waiting() {
     if (!cached.ok()) return cached.status();
     const int64_t host_hits = manager_->stats().host_hit_tokens - host_hits_before;
     const auto len = static_cast<int32_t>(rec.tokens.size());
-    const int32_t num_new = len - *cached;
+    const int32_t num_new = next_tokens(rec, *cached);
     absl::StatusOr<std::span<const int64_t>> slots =
         prefill_tokens > 0 && prefill_tokens + num_new > options_.max_prefill_tokens
             ? absl::ResourceExhaustedError("step's prefill token budget is spent")
@@ -239,6 +289,7 @@ absl::Status Engine::schedule_waiting() {
     }
     waiting_.pop_front();
     rec.where = Where::kRunning;
+    rec.decoding = false;
     running_.push_back(seq);
     scheduled_.insert(seq);
     // Host hits are marked by their promote and exchange ops (record_mechanisms).
@@ -251,15 +302,7 @@ absl::Status Engine::schedule_waiting() {
       stats_.recompute_tokens += num_new;
     }
     prefill_tokens += num_new;
-    prefill_.seqs.push_back(seq);
-    prefill_.slots.insert(prefill_.slots.end(), slots->begin(), slots->end());
-    for (int32_t t = *cached; t < len; ++t) {
-      prefill_.tokens.push_back(rec.tokens[t]);
-      prefill_.positions.push_back(t);
-    }
-    prefill_.qo_indptr.push_back(static_cast<int32_t>(prefill_.tokens.size()));
-    prefill_.logit_rows.push_back(static_cast<int32_t>(prefill_.tokens.size()) - 1);
-    prefill_.max_query_len = std::max(prefill_.max_query_len, num_new);
+    add_rows(prefill_, seq, *cached, num_new);
   }
   return absl::OkStatus();
 }
@@ -293,30 +336,44 @@ absl::Status Engine::execute_kv_ops() {
 // block it fills, in the order the store runs them (a promotion may read a host block this
 // step's demotion wrote).
 void Engine::record_mechanisms(const pagedkv::StepOps& ops) {
-  absl::flat_hash_map<pagedkv::BlockId, MechanismSet> filled;  // device block -> what filled it
-  const auto host_hit = [&](Mechanism mechanism, pagedkv::BlockId host_block) {
+  // block_key(group, device block) -> what filled it
+  absl::flat_hash_map<int64_t, MechanismSet> filled;
+  const auto host_hit = [&](Mechanism mechanism, const pagedkv::BlockCopy& op,
+                            pagedkv::BlockId host_block) {
     MechanismSet set = {mechanism};
-    if (demoted_host_blocks_.contains(host_block)) set.add(Mechanism::kDemote);
+    if (demoted_host_blocks_.contains(block_key(op.group, host_block))) set.add(Mechanism::kDemote);
     return set;
   };
-  for (const pagedkv::BlockCopy& op : ops.swap_out) demoted_host_blocks_.erase(op.dst);
-  for (const pagedkv::BlockCopy& op : ops.demote) demoted_host_blocks_.insert(op.dst);
-  for (const pagedkv::BlockCopy& op : ops.exchange) {  // reads host dst, then demotes into it
-    filled[op.src] |= host_hit(Mechanism::kExchange, op.dst);
-    demoted_host_blocks_.insert(op.dst);
+  for (const pagedkv::BlockCopy& op : ops.swap_out) {
+    demoted_host_blocks_.erase(block_key(op.group, op.dst));
   }
-  for (const pagedkv::BlockCopy& op : ops.copy_on_write) filled[op.dst].add(Mechanism::kCowCopy);
-  for (const pagedkv::BlockCopy& op : ops.swap_in) filled[op.dst].add(Mechanism::kSwapIn);
+  for (const pagedkv::BlockCopy& op : ops.demote) {
+    demoted_host_blocks_.insert(block_key(op.group, op.dst));
+  }
+  for (const pagedkv::BlockCopy& op : ops.exchange) {  // reads host dst, then demotes into it
+    filled[block_key(op.group, op.src)] |= host_hit(Mechanism::kExchange, op, op.dst);
+    demoted_host_blocks_.insert(block_key(op.group, op.dst));
+  }
+  for (const pagedkv::BlockCopy& op : ops.copy_on_write) {
+    filled[block_key(op.group, op.dst)].add(Mechanism::kCowCopy);
+  }
+  for (const pagedkv::BlockCopy& op : ops.swap_in) {
+    filled[block_key(op.group, op.dst)].add(Mechanism::kSwapIn);
+  }
   for (const pagedkv::BlockCopy& op : ops.promote) {
-    filled[op.dst] |= host_hit(Mechanism::kPromote, op.src);
+    filled[block_key(op.group, op.dst)] |= host_hit(Mechanism::kPromote, op, op.src);
   }
   if (filled.empty()) return;
   for (const SeqId seq : running_) {
-    absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
-    if (!view.ok()) continue;
     MechanismSet& mechanisms = records_.at(seq).mechanisms;
-    for (const pagedkv::BlockId block : view->block_table) {
-      if (const auto it = filled.find(block); it != filled.end()) mechanisms |= it->second;
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq, g);
+      if (!view.ok()) continue;
+      for (const pagedkv::BlockId block : view->block_table.subspan(view->first_held_block)) {
+        if (const auto it = filled.find(block_key(g, block)); it != filled.end()) {
+          mechanisms |= it->second;
+        }
+      }
     }
   }
 }
@@ -328,7 +385,7 @@ absl::Status Engine::corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_i
   for (const pagedkv::BlockCopy& op : swap_ins) {
     // A block with no element below 1 (fp8's scales make most stored values larger; a
     // last block may hold a single token) stays as it is.
-    absl::Status status = store_->flip_exponent_bit(op.dst);
+    absl::Status status = store_->flip_exponent_bit(op.group, op.dst);
     if (!status.ok() && !absl::IsNotFound(status)) return status;
   }
   return absl::OkStatus();
@@ -337,18 +394,18 @@ absl::Status Engine::corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_i
 absl::Status Engine::run_batch(Batch& batch, bool prefill) {
   if (batch.seqs.empty()) return absl::OkStatus();
   const int64_t start = now_ns();
-  absl::Status status = manager_->build_block_tables(batch.seqs, &tables_);
-  if (!status.ok()) return status;
-  status = store_->set_batch(
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    absl::Status status = manager_->build_block_tables(batch.seqs, &tables_[g], g);
+    if (!status.ok()) return status;
+  }
+  absl::Status status = store_->set_batch(
       batch.slots, tables_,
       prefill ? std::span<const int32_t>(batch.qo_indptr) : std::span<const int32_t>(),
       batch.max_query_len);
   if (!status.ok()) return status;
-  const int32_t num_q_heads = model_.config().num_q_heads;
   status = model_.forward(
-      batch.tokens, batch.positions,
-      [&](const AttentionIo& io) { return store_->attend(io, num_q_heads); }, batch.logit_rows,
-      &logits_, &ws_);
+      batch.tokens, batch.positions, [&](const AttentionIo& io) { return store_->attend(io); },
+      batch.logit_rows, &logits_, &ws_);
   if (!status.ok()) return status;
   const double seconds = static_cast<double>(now_ns() - start) * 1e-9;
   if (prefill) {
@@ -357,6 +414,7 @@ absl::Status Engine::run_batch(Batch& batch, bool prefill) {
   } else {
     stats_.decode_seconds += seconds;
     stats_.decode_tokens += static_cast<int64_t>(batch.tokens.size());
+    ++stats_.decode_steps;
   }
   return commit(batch);
 }
@@ -365,7 +423,10 @@ absl::Status Engine::commit(const Batch& batch) {
   const int32_t vocab = model_.config().vocab_size;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const SeqId seq = batch.seqs[i];
-    const std::span<const float> logits(logits_.data() + i * vocab, vocab);
+    if (batch.logit_index[i] < 0) continue;  // a prefill chunk: its prompt goes on next step
+    records_.at(seq).decoding = true;
+    const std::span<const float> logits(
+        logits_.data() + static_cast<size_t>(batch.logit_index[i]) * vocab, vocab);
     // Parallel samples: fork after the prompt's prefill; every sample shares the prompt's
     // blocks and copies the partial last block on its first append (copy-on-write).
     std::vector<SeqId> family = {seq};
@@ -419,33 +480,47 @@ absl::Status Engine::finish(SequenceRecord& rec) {
   return absl::OkStatus();
 }
 
-// Token slots holding real tokens versus slots of used blocks, shared blocks counted once.
+// Token slots holding real tokens versus slots of used blocks, shared blocks counted once,
+// over every group's held blocks; and the peaks of blocks and bytes in use.
 void Engine::record_utilization() {
-  const pagedkv::KvCacheManager::Stats s = manager_->stats();
-  stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, s.used_blocks);
   stats_.peak_running = std::max(stats_.peak_running, static_cast<int32_t>(running_.size()));
-  absl::flat_hash_map<pagedkv::BlockId, int32_t> filled;
+  stats_.peak_decoding =
+      std::max(stats_.peak_decoding, static_cast<int32_t>(running_.size()) - partial_prefills_);
   const int32_t bs = options_.block_size;
-  for (const SeqId seq : running_) {
-    absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
-    if (!view.ok()) continue;
-    for (size_t i = 0; i < view->block_table.size(); ++i) {
-      const int32_t n = std::clamp(view->num_computed_tokens - static_cast<int32_t>(i) * bs, 0, bs);
-      int32_t& f = filled[view->block_table[i]];
-      f = std::max(f, n);
+  int64_t used_slots = 0;
+  int64_t used_bytes = 0;
+  int64_t real = 0;
+  absl::flat_hash_map<int64_t, int32_t> filled;  // block_key -> real tokens in it
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const pagedkv::KvCacheManager::GroupStats s = manager_->group_stats(g);
+    stats_.peak_group_blocks[g] = std::max(stats_.peak_group_blocks[g], s.used_blocks);
+    used_slots += int64_t{s.used_blocks} * bs;
+    used_bytes += int64_t{s.used_blocks} * options_.cache.groups[g].spec.bytes_per_block();
+    for (const SeqId seq : running_) {
+      absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq, g);
+      if (!view.ok()) continue;
+      for (auto i = static_cast<size_t>(view->first_held_block); i < view->block_table.size();
+           ++i) {
+        const int32_t n =
+            std::clamp(view->num_computed_tokens - static_cast<int32_t>(i) * bs, 0, bs);
+        int32_t& f = filled[block_key(g, view->block_table[i])];
+        f = std::max(f, n);
+      }
     }
   }
-  int64_t real = 0;
+  stats_.peak_used_blocks = stats_.peak_group_blocks[0];
+  stats_.peak_used_bytes = std::max(stats_.peak_used_bytes, used_bytes);
   for (const auto& [block, n] : filled) real += n;
   stats_.real_slot_steps += static_cast<double>(real);
-  stats_.used_slot_steps += static_cast<double>(s.used_blocks) * bs;
+  stats_.used_slot_steps += static_cast<double>(used_slots);
 }
 
 absl::Status Engine::step() {
   preempted_this_step_ = false;
+  partial_prefills_ = 0;
   scheduled_.clear();
-  prefill_.clear();
-  decode_.clear();
+  prefill_.clear(num_groups());
+  decode_.clear(num_groups());
   absl::Status status = schedule_running();
   if (status.ok()) status = schedule_swapped();
   if (status.ok()) status = schedule_waiting();
@@ -520,6 +595,8 @@ absl::Status Engine::run(const std::vector<Request>& requests) {
   if (!status.ok()) return status;
   stats_.wall_seconds = static_cast<double>(now_ns() - start) * 1e-9;
   stats_.manager = manager_->stats();
+  for (int32_t g = 0; g < num_groups(); ++g)
+    stats_.manager_groups.push_back(manager_->group_stats(g));
   if (options_.on_step) options_.on_step(stats_.manager);
   absl::flat_hash_map<int64_t, bool> complete;
   for (const auto& [seq, rec] : records_) {

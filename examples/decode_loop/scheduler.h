@@ -3,19 +3,22 @@
 // The engine of the example: a scheduler that drives pagedkv::KvCacheManager, a KV store
 // that holds the bytes, and the model. One call to step() is one engine iteration:
 //
-//   schedule   1. running sequences: reserve one slot each (allocate_slots_or_preempt);
-//                 when the pool is short, the victim policy preempts a sequence that is
-//                 not yet scheduled this step (recompute or swap), or the requester itself
+//   schedule   1. running sequences: reserve one slot each (allocate_slots_or_preempt), or
+//                 a prefilling one its next prompt chunk (--prefill-chunk); when the pool
+//                 is short, the victim policy preempts a sequence that is not yet scheduled
+//                 this step (recompute or swap), or the requester itself
 //              2. swapped sequences: swap_in() when nothing was preempted this step
 //              3. waiting sequences (new, or preempted by recompute): add_sequence,
 //                 match_prefix (device hits, then host-tier hits it promotes),
-//                 allocate_slots for the uncached part
+//                 allocate_slots for the uncached part (its first chunk when chunked)
 //   move KV    take_step_ops(), executed by the KV store before any write, in StepOps'
 //              order: swap_out, demote and exchange, copy-on-write copies, swap_in and
 //              promote; each op marks its mechanism on the sequences whose blocks it fills
 //              (mechanism.h)
 //   compute    prefill batch: write_kv + paged_extend_attention per layer
 //              decode batch:  write_kv + paged_decode_attention per layer, batched tables
+//              (each layer in its layer group's pools, with that group's slots and tables:
+//              slot_mapping(group), build_block_tables(..., group); cache_plan.h)
 //   commit     pick tokens (greedy or keyed sampling), fork samples after a prompt's
 //              prefill (copy-on-write on their first append), append_tokens, free when done
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_SCHEDULER_H_
@@ -26,12 +29,14 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cache_plan.h"
 #include "kv_format.h"
 #include "kv_store.h"
 #include "mechanism.h"
@@ -72,16 +77,21 @@ struct EngineOptions {
   pagedkv::Device device = pagedkv::Device::kCpu;
   KvFormat kv_format;  // cache dtype and fp8 scales
   int32_t block_size = 16;
-  int32_t num_blocks = 0;       // device KV blocks (from --kv-budget-mb)
-  int32_t num_host_blocks = 0;  // host blocks, shared by swapping and the host tier
-  // The prefix cache's host tier (KvCacheManager::Options::enable_host_cache); its share of
-  // num_host_blocks, from --host-cache-mb.
+  // The layer groups and their pools (device blocks from --kv-budget-mb; host blocks,
+  // shared by swapping and the host tier, from --swap-space-mb and --host-cache-mb).
+  CachePlan cache;
+  // The prefix cache's host tier (KvCacheManager::Options::enable_host_cache).
   bool enable_host_cache = false;
-  int32_t host_cache_blocks = 0;
-  int32_t watermark_blocks = 1;
+  int32_t watermark_blocks = 1;  // of group 0; the manager scales it to the others
   PreemptionPolicy preemption = PreemptionPolicy::kMixed;
   int32_t max_running = 256;          // sequences decoding at once
   int32_t max_prefill_tokens = 2048;  // new prompt tokens per step
+  // Prompt tokens a sequence computes per step (0: its whole prompt in one step). A
+  // windowed layer group holds a prefill's blocks until the next step releases those
+  // behind the window, so chunks keep its pool to window + chunk tokens per sequence. One
+  // sequence at a time prefills in chunks (vLLM's max_num_partial_prefills default): a
+  // waiting one is admitted only when no other is partway through its prompt.
+  int32_t prefill_chunk = 0;
   uint64_t seed = 1;
   bool progress = false;  // status line on stderr
   Fault fault = Fault::kNone;
@@ -109,6 +119,9 @@ struct SequenceRecord {
   SamplingParams sampling;
   Where where = Where::kWaiting;
   bool in_manager = false;
+  // Its tokens (prompt, and after a recompute preemption the generated ones) are
+  // computed: it decodes one token a step. False while its prefill runs in chunks.
+  bool decoding = false;
   MechanismSet mechanisms;  // what reached its K/V besides its own writes (mechanism.h)
   // [num_generated, vocab_size]: the logits token i was sampled from (record_logits only).
   std::vector<float> logits;
@@ -126,6 +139,12 @@ struct RunStats {
   int64_t recompute_tokens = 0;  // of those, tokens recomputed after preemption
   int64_t generated_tokens = 0;  // committed tokens, all samples
   int64_t decode_tokens = 0;     // tokens processed by decode steps
+  int64_t decode_steps = 0;      // steps that ran a decode batch
+  // decode_tokens / decode_steps: the sequences a step decodes on average, the
+  // concurrency the budget sustains (peaks include sequences preempted soon after).
+  double mean_decode_batch() const {
+    return decode_steps > 0 ? static_cast<double>(decode_tokens) / decode_steps : 0.0;
+  }
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;
   double wall_seconds = 0.0;
@@ -133,9 +152,14 @@ struct RunStats {
   int64_t admit_hit_tokens = 0;       // of those, found in the prefix cache
   int64_t admit_host_hit_tokens = 0;  // of those, found in the host tier (promoted)
   int32_t peak_running = 0;
-  int32_t peak_used_blocks = 0;
-  double real_slot_steps = 0.0;  // sum over steps of token slots holding real tokens
-  double used_slot_steps = 0.0;  // sum over steps of slots of used blocks
+  // Peak running sequences whose prompt is computed by the end of the step (not partway
+  // through a chunked prefill): the batch the budget sustains.
+  int32_t peak_decoding = 0;
+  int32_t peak_used_blocks = 0;            // group 0's
+  std::vector<int32_t> peak_group_blocks;  // per layer group
+  int64_t peak_used_bytes = 0;             // device blocks in use x page bytes, all groups
+  double real_slot_steps = 0.0;            // sum over steps of token slots holding real tokens
+  double used_slot_steps = 0.0;            // sum over steps of slots of used blocks
   int64_t swap_out_blocks_executed = 0;
   int64_t swap_in_blocks_executed = 0;
   int64_t cow_copies_executed = 0;
@@ -144,7 +168,8 @@ struct RunStats {
   int64_t exchange_blocks_executed = 0;  // a promotion and a demotion in one copy
   // Per mechanism, in kMechanisms order: sequences whose K/V went through it.
   std::array<int64_t, kMechanisms.size()> mechanism_sequences{};
-  pagedkv::KvCacheManager::Stats manager;  // at the end
+  pagedkv::KvCacheManager::Stats manager;                           // at the end
+  std::vector<pagedkv::KvCacheManager::GroupStats> manager_groups;  // at the end, per group
 
   MechanismSet exercised() const;  // the mechanisms some sequence went through
 };
@@ -171,11 +196,14 @@ class Engine : private pagedkv::PreemptionHooks {
     std::vector<SeqId> seqs;
     std::vector<TokenId> tokens;
     std::vector<int32_t> positions;
-    std::vector<int64_t> slots;
-    std::vector<int32_t> qo_indptr;  // prefill: [seqs + 1]
+    std::vector<std::vector<int64_t>> slots;  // per layer group, a slot per token
+    std::vector<int32_t> qo_indptr;           // prefill: [seqs + 1]
     std::vector<int32_t> logit_rows;
+    // Per sequence: its row of the logits, or -1 for a prefill chunk that does not end
+    // the sequence's tokens (nothing to sample yet).
+    std::vector<int32_t> logit_index;
     int32_t max_query_len = 0;
-    void clear();
+    void clear(int32_t num_groups);
   };
 
   absl::Status step();
@@ -185,6 +213,14 @@ class Engine : private pagedkv::PreemptionHooks {
   absl::Status execute_kv_ops();
   void record_mechanisms(const pagedkv::StepOps& ops);
   absl::Status corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_ins);
+  // The tokens `rec` computes in its next step, from its `computed` ones: one to decode,
+  // or its prompt's next chunk.
+  int32_t next_tokens(const SequenceRecord& rec, int32_t computed) const;
+  // Appends `seq`'s `n` new tokens from position `first`, with the slots of every group
+  // from the last allocate_slots() call, or from the last allocate_slots_batch() call at
+  // `batch_offset`; the last token gets a logit row if it is the sequence's last.
+  void add_rows(Batch& batch, SeqId seq, int32_t first, int32_t n,
+                std::optional<size_t> batch_offset = std::nullopt);
   absl::Status finish(SequenceRecord& rec);
   absl::Status run_batch(Batch& batch, bool prefill);
   absl::Status commit(const Batch& batch);
@@ -195,10 +231,15 @@ class Engine : private pagedkv::PreemptionHooks {
   // Victim policy and hooks.
   std::optional<pagedkv::Preemption> choose_victim(std::span<const pagedkv::SequenceInfo> running,
                                                    SeqId requester);
-  pagedkv::PreemptionMode mode_for(int32_t num_computed_tokens);
+  pagedkv::PreemptionMode mode_for(SeqId victim);
   void on_preempt(SeqId victim, pagedkv::PreemptionMode mode) override;
 
   static SeqId seq_id(int64_t request, int32_t sample) { return request * 64 + sample; }
+  // A block of one group's pool: ids of different groups name different blocks.
+  static int64_t block_key(int32_t group, pagedkv::BlockId block) {
+    return (int64_t{group} << 32) | static_cast<uint32_t>(block);
+  }
+  int32_t num_groups() const { return options_.cache.num_groups(); }
 
   const Model& model_;
   EngineOptions options_;
@@ -208,14 +249,16 @@ class Engine : private pagedkv::PreemptionHooks {
   std::deque<SeqId> waiting_;
   std::deque<SeqId> swapped_;
   std::vector<SeqId> running_;  // in admission order
-  // Host blocks whose K/V a demotion wrote (Mechanism::kDemote when one is promoted).
-  absl::flat_hash_set<pagedkv::BlockId> demoted_host_blocks_;
+  // Host blocks whose K/V a demotion wrote (Mechanism::kDemote when one is promoted), as
+  // block_key(group, block).
+  absl::flat_hash_set<int64_t> demoted_host_blocks_;
   absl::flat_hash_set<SeqId> scheduled_;
   bool preempted_this_step_ = false;
+  int32_t partial_prefills_ = 0;  // sequences this step leaves partway through their prompt
   int64_t preemption_count_ = 0;
   Batch prefill_;
   Batch decode_;
-  pagedkv::BlockTables tables_;
+  std::vector<pagedkv::BlockTables> tables_;  // per layer group
   std::vector<float> logits_;
   Workspace ws_;
   RunStats stats_;

@@ -2,6 +2,7 @@
 #include "summary.h"
 
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,66 @@ Json kv_events_json(const std::optional<pagedkv::KvEventPublisher::Stats>& stats
           {"handshakes_refused", e.handshakes_refused}};
 }
 
+// "2, 5" for a group's layers.
+std::string layer_list(const CacheGroup& g) {
+  std::string out;
+  for (const int32_t l : g.layers) out += fmt::format("{}{}", out.empty() ? "" : ", ", l);
+  return out;
+}
+
+std::string model_line(const Report& r) {
+  const ModelConfig& c = r.model;
+  const std::string rest =
+      fmt::format("d_model {}, ffn {}, vocab {} ({:.1f} MMAC/token)", c.d_model, c.ffn_dim,
+                  c.vocab_size, static_cast<double>(macs_per_token(c)) * 1e-6);
+  if (c.mla()) {
+    return fmt::format(
+        "  model        {} ({}), {} heads of {} + {} query / key and {} value dims, latent {} "
+        "+ rope {}, {}",
+        r.model_name, describe_layers(c), c.num_q_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
+        c.v_head_dim, c.kv_lora_rank, c.qk_rope_head_dim, rest);
+  }
+  const std::string layers = c.layer_pattern.empty()
+                                 ? fmt::format("{} layers", c.num_layers)
+                                 : fmt::format("{} ({})", r.model_name, describe_layers(c));
+  return fmt::format("  model        {}, {} query / {} KV heads x {}, {}", layers, c.num_q_heads,
+                     c.num_kv_heads, c.head_dim, rest);
+}
+
+std::string host_note(const Report& r, const CacheGroup& g) {
+  return r.engine.enable_host_cache
+             ? fmt::format("swap, and the host tier's {}", g.host_cache_blocks)
+             : "swap";
+}
+
+Json groups_json(const Report& r) {
+  Json groups = Json::array();
+  const CachePlan& plan = r.engine.cache;
+  for (int32_t g = 0; g < plan.num_groups(); ++g) {
+    const CacheGroup& group = plan.groups[g];
+    Json entry = {{"kind", pagedkv::attention_kind_name(group.kind)},
+                  {"window", group.window},
+                  {"layers", group.layers},
+                  {"num_blocks", group.num_blocks},
+                  {"num_host_blocks", group.num_host_blocks},
+                  {"host_cache_blocks", group.host_cache_blocks},
+                  {"bytes_per_block", group.spec.bytes_per_block()}};
+    if (g < std::ssize(r.run.peak_group_blocks)) {
+      entry["peak_used_blocks"] = r.run.peak_group_blocks[g];
+    }
+    if (g < std::ssize(r.run.manager_groups)) {
+      const auto& s = r.run.manager_groups[g];
+      entry["released_blocks"] = s.released_blocks;
+      entry["hit_blocks"] = s.hit_blocks;
+      entry["evictions"] = s.evictions;
+      entry["blocks_demoted"] = s.blocks_demoted;
+      entry["blocks_promoted"] = s.blocks_promoted;
+    }
+    groups.push_back(std::move(entry));
+  }
+  return groups;
+}
+
 Json fault_json(const Report& r) {
   if (r.engine.fault == Fault::kNone) return nullptr;
   return {{"name", r.fault},
@@ -136,22 +197,32 @@ std::string format_text(const Report& r) {
   const auto& m = s.manager;
   std::string out;
   auto line = [&out](std::string text) { out += text + "\n"; };
+  const CachePlan& plan = r.engine.cache;
+  const CacheGroup& group0 = plan.groups.front();
   line(fmt::format("pagedkv decode loop on {}", r.device));
-  line(
-      fmt::format("  model        {} layers, d_model {}, {} query / {} KV heads x {}, ffn {}, "
-                  "vocab {} ({:.1f} MMAC/token)",
-                  r.model.num_layers, r.model.d_model, r.model.num_q_heads, r.model.num_kv_heads,
-                  r.model.head_dim, r.model.ffn_dim, r.model.vocab_size,
-                  static_cast<double>(macs_per_token(r.model)) * 1e-6));
-  line(
-      fmt::format("  KV cache     {} blocks x {} tokens ({} KV, {:.2f} MiB budget, {} KiB/block), "
-                  "{} host blocks ({})",
-                  r.engine.num_blocks, r.engine.block_size, r.kv_dtype,
-                  static_cast<double>(r.kv_budget_bytes) / (1 << 20), r.bytes_per_block / 1024,
-                  r.engine.num_host_blocks,
-                  r.engine.enable_host_cache
-                      ? fmt::format("swap, and the host tier's {}", r.engine.host_cache_blocks)
-                      : "swap"));
+  line(model_line(r));
+  if (plan.num_groups() == 1) {
+    line(fmt::format(
+        "  KV cache     {} blocks x {} tokens ({} KV{}, {:.2f} MiB budget, {} KiB/block), {} host "
+        "blocks ({}){}",
+        group0.num_blocks, r.engine.block_size, r.kv_dtype, group0.spec.latent ? " latents" : "",
+        static_cast<double>(r.kv_budget_bytes) / (1 << 20), r.bytes_per_block / 1024,
+        group0.num_host_blocks, host_note(r, group0),
+        plan.treat_as_full ? ", every layer treated as full attention" : ""));
+  } else {
+    line(fmt::format(
+        "  KV cache     {} layer groups of {}-token blocks ({} KV, {:.2f} MiB budget split for "
+        "sequences of {} tokens)",
+        plan.num_groups(), r.engine.block_size, r.kv_dtype,
+        static_cast<double>(r.kv_budget_bytes) / (1 << 20), plan.split_tokens));
+    for (int32_t g = 0; g < plan.num_groups(); ++g) {
+      const CacheGroup& group = plan.groups[g];
+      line(fmt::format("    group {}    {} (layers {}): {} blocks x {} KiB, {} host blocks ({})", g,
+                       group.name(), layer_list(group), group.num_blocks,
+                       group.spec.bytes_per_block() / 1024, group.num_host_blocks,
+                       host_note(r, group)));
+    }
+  }
   line(fmt::format("  workload     {}", r.workload));
   line("");
   line(fmt::format("requests       {} completed of {} ({} sequences incl. forked samples)",
@@ -162,9 +233,11 @@ std::string format_text(const Report& r) {
                   "{:.2f} s = {:.0f} tok/s",
                   s.prefill_tokens, s.recompute_tokens, s.prefill_seconds,
                   ratio(static_cast<double>(s.prefill_tokens), s.prefill_seconds)));
-  line(fmt::format("decode         {} tokens in {:.2f} s = {:.0f} tok/s ({} steps)",
-                   s.decode_tokens, s.decode_seconds,
-                   ratio(static_cast<double>(s.decode_tokens), s.decode_seconds), s.steps));
+  line(fmt::format(
+      "decode         {} tokens in {:.2f} s = {:.0f} tok/s ({} steps, {:.1f} sequences a step)",
+      s.decode_tokens, s.decode_seconds,
+      ratio(static_cast<double>(s.decode_tokens), s.decode_seconds), s.steps,
+      s.mean_decode_batch()));
   // Two rates: each admitted request once, and every lookup (what the metrics count: a
   // request whose allocation failed is looked up again when it is retried).
   line(fmt::format("prefix cache   hit rate at admission {:.1f}% ({} of {} prompt tokens)",
@@ -189,10 +262,20 @@ std::string format_text(const Report& r) {
                     m.host_evictions, m.cached_host_blocks));
   }
   line(
-      fmt::format("KV blocks      peak {} of {} in use, utilization {:.1f}% (real token slots / "
+      fmt::format("KV blocks      peak {} of {} in use{}, utilization {:.1f}% (real token slots / "
                   "allocated slots, mean over steps)",
-                  s.peak_used_blocks, r.engine.num_blocks,
+                  s.peak_used_blocks, group0.num_blocks, plan.num_groups() > 1 ? " in group 0" : "",
                   100.0 * ratio(s.real_slot_steps, s.used_slot_steps)));
+  for (int32_t g = 1; g < plan.num_groups() && g < std::ssize(s.manager_groups); ++g) {
+    const auto& gs = s.manager_groups[g];
+    line(fmt::format(
+        "               group {}: peak {} of {} in use, {} released behind the window, {} "
+        "claimed by prefix hits",
+        g, s.peak_group_blocks[g], plan.groups[g].num_blocks, gs.released_blocks, gs.hit_blocks));
+  }
+  line(fmt::format("KV bytes       peak {:.3f} MiB of {:.3f} MiB of pools in use",
+                   static_cast<double>(s.peak_used_bytes) / (1 << 20),
+                   static_cast<double>(plan.pool_bytes()) / (1 << 20)));
   line(fmt::format("preemptions    {} recompute, {} swap ({} blocks out, {} in)",
                    m.preemptions_recompute, m.preemptions_swap, m.blocks_swapped_out,
                    m.blocks_swapped_in));
@@ -200,11 +283,25 @@ std::string format_text(const Report& r) {
   line(fmt::format("evictions      {} cached blocks reallocated", m.evictions));
   line(fmt::format("mechanisms     sequences through each: {}", mechanism_counts(s)));
   if (r.engine.fault != Fault::kNone) line(fault_line(r));
-  line(
-      fmt::format("concurrency    peak {} sequences paged vs {} with a contiguous reservation "
-                  "of {} tokens each (utilization {:.1f}%)",
-                  s.peak_running, r.contiguous_peak_concurrency, r.contiguous_max_len,
-                  100.0 * r.contiguous_utilization));
+  line(fmt::format(
+      "concurrency    peak {} sequences paged{} vs {} with a contiguous reservation "
+      "of {} tokens each (utilization {:.1f}%)",
+      s.peak_running,
+      s.peak_decoding == s.peak_running ? ""
+                                        : fmt::format(" ({} past their prompt)", s.peak_decoding),
+      r.contiguous_peak_concurrency, r.contiguous_max_len, 100.0 * r.contiguous_utilization));
+  const CapacityFigures& cap = r.capacity;
+  if (cap.sequences_as_full != cap.sequences || cap.held_bytes != cap.held_bytes_as_full) {
+    line(fmt::format(
+        "capacity       the budget's pools hold {} sequences of {} tokens with layer groups, {} "
+        "with every layer full ({:.2f}x); one holds {:.1f} KiB vs {:.1f} KiB (minimum {:.1f} "
+        "KiB)",
+        cap.sequences, cap.tokens, cap.sequences_as_full,
+        ratio(static_cast<double>(cap.sequences), static_cast<double>(cap.sequences_as_full)),
+        static_cast<double>(cap.held_bytes) / 1024,
+        static_cast<double>(cap.held_bytes_as_full) / 1024,
+        static_cast<double>(cap.min_bytes) / 1024));
+  }
   if (r.kv_events.has_value()) {
     const pagedkv::KvEventPublisher::Stats& e = *r.kv_events;
     line(fmt::format(
@@ -253,22 +350,30 @@ std::string format_json(const Report& r) {
       {"device", r.device},
       {"workload", r.workload},
       {"model",
-       {{"num_layers", r.model.num_layers},
+       {{"name", r.model_name},
+        {"layers", describe_layers(r.model)},
+        {"num_layers", r.model.num_layers},
         {"d_model", r.model.d_model},
         {"num_q_heads", r.model.num_q_heads},
         {"num_kv_heads", r.model.num_kv_heads},
         {"head_dim", r.model.head_dim},
         {"ffn_dim", r.model.ffn_dim},
         {"vocab_size", r.model.vocab_size}}},
+      // num_blocks, num_host_blocks and host_cache_blocks: group 0's (the whole cache of a
+      // model of one group); layer_groups: each group's.
       {"kv_cache",
-       {{"num_blocks", r.engine.num_blocks},
+       {{"num_blocks", r.engine.cache.groups.front().num_blocks},
         {"block_size", r.engine.block_size},
         {"dtype", r.kv_dtype},
         {"budget_bytes", r.kv_budget_bytes},
+        {"pool_bytes", r.engine.cache.pool_bytes()},
         {"bytes_per_block", r.bytes_per_block},
-        {"num_host_blocks", r.engine.num_host_blocks},
+        {"num_host_blocks", r.engine.cache.groups.front().num_host_blocks},
         {"host_cache", r.engine.enable_host_cache},
-        {"host_cache_blocks", r.engine.host_cache_blocks}}},
+        {"host_cache_blocks", r.engine.cache.groups.front().host_cache_blocks},
+        {"treat_as_full", r.engine.cache.treat_as_full},
+        {"split_tokens", r.engine.cache.split_tokens},
+        {"layer_groups", groups_json(r)}}},
       {"preemption_policy", r.preemption_policy},
       {"requests", s.requests},
       {"requests_completed", s.requests_completed},
@@ -278,6 +383,8 @@ std::string format_json(const Report& r) {
       {"prefill_tokens", s.prefill_tokens},
       {"recompute_tokens", s.recompute_tokens},
       {"decode_tokens", s.decode_tokens},
+      {"decode_steps", s.decode_steps},
+      {"mean_decode_batch", s.mean_decode_batch()},
       {"steps", s.steps},
       {"prefill_seconds", s.prefill_seconds},
       {"decode_seconds", s.decode_seconds},
@@ -308,6 +415,7 @@ std::string format_json(const Report& r) {
       {"host_evictions", m.host_evictions},
       {"cached_host_blocks", m.cached_host_blocks},
       {"peak_used_blocks", s.peak_used_blocks},
+      {"peak_used_bytes", s.peak_used_bytes},
       {"kv_utilization", ratio(s.real_slot_steps, s.used_slot_steps)},
       {"preemptions_recompute", m.preemptions_recompute},
       {"preemptions_swap", m.preemptions_swap},
@@ -316,6 +424,14 @@ std::string format_json(const Report& r) {
       {"cow_copies", m.cow_copies},
       {"evictions", m.evictions},
       {"peak_running_sequences", s.peak_running},
+      {"peak_decoding_sequences", s.peak_decoding},
+      {"capacity",
+       {{"tokens", r.capacity.tokens},
+        {"sequences", r.capacity.sequences},
+        {"sequences_as_full", r.capacity.sequences_as_full},
+        {"held_bytes", r.capacity.held_bytes},
+        {"held_bytes_as_full", r.capacity.held_bytes_as_full},
+        {"min_bytes", r.capacity.min_bytes}}},
       {"contiguous",
        {{"reserved_tokens_per_sequence", r.contiguous_max_len},
         {"peak_concurrency", r.contiguous_peak_concurrency},

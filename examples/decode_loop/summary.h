@@ -17,8 +17,21 @@
 
 namespace decode_loop {
 
+// What the KV budget holds at the split length (CachePlan::split_tokens), from the sizing
+// alone (KvCacheConfig): with the model's layer groups, and with every layer treated as
+// full attention in one group.
+struct CapacityFigures {
+  int64_t tokens = 0;             // the sequence length
+  int64_t sequences = 0;          // sequences of that length the groups' pools hold
+  int64_t sequences_as_full = 0;  // the same budget, every layer in one full group
+  int64_t held_bytes = 0;         // KV one such sequence holds (whole blocks, every group)
+  int64_t held_bytes_as_full = 0;
+  int64_t min_bytes = 0;  // the analytic minimum: the tokens it attends to, no rounding
+};
+
 struct Report {
   std::string device;
+  std::string model_name;  // the --model preset
   std::string workload;
   std::string kv_dtype;
   std::string preemption_policy;
@@ -26,7 +39,8 @@ struct Report {
   ModelConfig model;
   EngineOptions engine;
   int64_t kv_budget_bytes = 0;
-  int64_t bytes_per_block = 0;
+  int64_t bytes_per_block = 0;  // one block of every layer group
+  CapacityFigures capacity;
   RunStats run;
   // Contiguous max-length reservation of the same workload, for comparison.
   int32_t contiguous_max_len = 0;           // tokens reserved per sequence

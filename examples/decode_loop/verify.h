@@ -45,9 +45,9 @@ namespace decode_loop {
 // Top-k of the greedy near-tie criterion.
 inline constexpr int32_t kNearTieTopK = 5;
 
-// Largest |engine logit - reference logit| accepted with a cache of `dtype` (see
-// docs/decode-loop.md for the derivation and the measured differences).
-float logit_bound(pagedkv::DType dtype);
+// Largest |engine logit - reference logit| accepted with a cache of `dtype` for the model
+// preset `model` (see docs/decode-loop.md for the derivation and the measured differences).
+float logit_bound(pagedkv::DType dtype, ModelKind model = ModelKind::kLlama);
 
 class VerifySelection {
  public:

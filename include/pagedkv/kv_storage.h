@@ -20,7 +20,16 @@
 //
 // Layout: each pool is [num_blocks][num_kv_heads][block_size][head_dim] (HND, default)
 // or [num_blocks][block_size][num_kv_heads][head_dim] (NHD), see kv_cache_view.h. The
-// host pool has the same layout. Buffers are zero-filled at creation.
+// host pool has the same layout. Buffers are zero-filled at creation. A latent (MLA) spec
+// (KvCacheSpec::latent) has one pool per layer, the latents, in the K slot of its view: V
+// is null, as paged_mla_decode() and write_kv() with a null v expect.
+//
+// Layer groups (layer_group.h): a hybrid model keeps one KvStorage per layer group, each
+// with the group's spec (its layers' count and shape) and the group's pools
+// (LayerGroup::num_blocks and num_host_blocks); KvStorageOptions::layer_group says which.
+// Block ids of different groups name blocks of different pools, so a storage runs only
+// the copies of its own group: run_step_ops() takes the whole step and runs those, and
+// the single-list calls refuse a copy of another group.
 //
 // Threading and streams: like a container, one owner; CUDA calls are queued on the stream
 // given (default: the legacy default stream) and storage calls must use one stream, as
@@ -47,6 +56,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,12 +73,15 @@ struct KvStorageOptions {
   KvLayout layout = KvLayout::kHND;
   // Blocks of the host pool, shared by swapped sequences and the host tier (0: neither).
   int32_t num_host_blocks = 0;
+  // The layer group whose K/V the storage holds (>= 0): the BlockCopy::group of the copies
+  // it runs. 0 for a model of one group.
+  int32_t layer_group = 0;
 };
 
 class KvStorage {
  public:
   // Allocates the pools. Errors: InvalidArgument for an invalid spec, a negative block
-  // count, or (CUDA) head_dim x element size not a multiple of 16 bytes;
+  // count or layer group, or (CUDA) head_dim x element size not a multiple of 16 bytes;
   // FailedPrecondition for kCuda without a usable device; ResourceExhausted when the
   // memory cannot be allocated (the message names the bytes).
   [[nodiscard]] static absl::StatusOr<KvStorage> create(const KvCacheSpec& spec, int32_t num_blocks,
@@ -93,12 +106,14 @@ class KvStorage {
   KvLayout layout() const { return layout_; }
   int32_t num_blocks() const { return num_blocks_; }
   int32_t num_host_blocks() const { return num_host_blocks_; }
-  // Bytes of all layers' K and V pools (main and host).
-  int64_t bytes() const { return 2 * int64_t{spec_.num_layers} * pool_bytes_; }
-  int64_t host_bytes() const { return 2 * int64_t{spec_.num_layers} * host_pool_bytes_; }
+  int32_t layer_group() const { return layer_group_; }
+  // Bytes of all layers' pools (main and host): K and V, or the latents of a latent spec;
+  // num_blocks x spec().bytes_per_block() (and num_host_blocks x it).
+  int64_t bytes() const { return num_pools() * pool_bytes_; }
+  int64_t host_bytes() const { return num_pools() * host_pool_bytes_; }
 
-  // Layer `layer`'s pools (0 <= layer < num_layers), on the storage device. Views stay
-  // valid for the storage's life.
+  // Layer `layer`'s pools (0 <= layer < num_layers), on the storage device; v is null for
+  // a latent spec. Views stay valid for the storage's life.
   KvCacheView view(int32_t layer) const;
   // Layer `layer`'s pools in the host pool (host pointers; num_blocks = host blocks).
   KvCacheView host_view(int32_t layer) const;
@@ -108,8 +123,9 @@ class KvStorage {
   // Copy-on-write: for every op, copies the first num_tokens tokens (all layers, K and V)
   // of block src into block dst of the main pool; num_tokens == block_size copies the
   // whole block and 0 nothing. The ops run in one batch, so no dst may repeat or be the
-  // src of another op. Errors: InvalidArgument naming the op, the value and the limit;
-  // nothing is copied then. Internal for a failed CUDA launch.
+  // src of another op. Errors: InvalidArgument naming the op, the value and the limit
+  // (also for an op of another layer group than layer_group()); nothing is copied then.
+  // Internal for a failed CUDA launch.
   [[nodiscard]] absl::Status copy_blocks(std::span<const BlockCopy> ops, void* stream = nullptr);
 
   // KvStorage::swap_out() / swap_in()
@@ -141,8 +157,10 @@ class KvStorage {
   // KvStorage::run_step_ops()
   //
   // Runs every list of a step's ops in StepOps' order: swap_out, demote, exchange,
-  // copy_on_write (copy_blocks()), swap_in, promote. Errors: the first list's that fails;
-  // the lists before it have run (their copies are queued), the rest have not.
+  // copy_on_write (copy_blocks()), swap_in, promote; of each list, the copies of this
+  // storage's layer group (the others are another group's storage's). Errors: the first
+  // list's that fails; the lists before it have run (their copies are queued), the rest
+  // have not.
   [[nodiscard]] absl::Status run_step_ops(const StepOps& ops, void* stream = nullptr);
 
   // Waits for the storage's queued CUDA work (a no-op on CPU).
@@ -154,6 +172,12 @@ class KvStorage {
   KvStorage() = default;
   absl::Status run_copies(const char* fn, Target target, std::span<const BlockCopy> ops,
                           void* stream);
+  // The ops of `ops` whose group is layer_group_: `ops` itself when all are (one group),
+  // else a copy in group_ops_.
+  std::span<const BlockCopy> own_group(std::span<const BlockCopy> ops);
+  // Pools per layer: 2 (K, V), or 1 for a latent spec.
+  int64_t pools_per_layer() const { return spec_.vectors_per_token(); }
+  int64_t num_pools() const { return pools_per_layer() * spec_.num_layers; }
   void release();
 
   KvCacheSpec spec_;
@@ -161,13 +185,15 @@ class KvStorage {
   KvLayout layout_ = KvLayout::kHND;
   int32_t num_blocks_ = 0;
   int32_t num_host_blocks_ = 0;
+  int32_t layer_group_ = 0;
   int64_t pool_bytes_ = 0;            // one layer's K (or V) pool in the main buffer
   int64_t host_pool_bytes_ = 0;       // the same in the host buffer
-  char* data_ = nullptr;              // [num_layers][K, V][pool_bytes_]
+  char* data_ = nullptr;              // [num_layers][K, V (not latent)][pool_bytes_]
   char* host_data_ = nullptr;         // [num_layers][K, V][host_pool_bytes_], host pointer
   char* host_data_device_ = nullptr;  // CUDA: host_data_ as the device sees it
   int32_t* ops_scratch_ = nullptr;    // CUDA: device copy of a batch's ops
   int64_t ops_capacity_ = 0;          // entries of ops_scratch_
+  std::vector<BlockCopy> group_ops_;  // run_step_ops(): one list's ops of this group
 };
 
 }  // namespace pagedkv

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <new>
 #include <utility>
 #include <vector>
@@ -56,17 +57,14 @@ absl::Status cuda_status(const char* fn, cudaError_t err) {
 absl::StatusOr<KvStorage> KvStorage::create(const KvCacheSpec& spec, int32_t num_blocks,
                                             const KvStorageOptions& options) {
   PAGEDKV_RETURN_IF_ERROR(spec.validate());
-  // The pools hold separate K and V vectors; a latent spec is sized for one vector per
-  // token, so storing it here would overrun its own budget.
-  if (spec.latent) {
-    return absl::InvalidArgumentError(
-        "KvStorage: a latent (MLA) spec caches one vector per token; KvStorage holds separate "
-        "K and V pools and does not store latent caches");
-  }
   if (num_blocks < 0 || options.num_host_blocks < 0) {
     return absl::InvalidArgumentError(absl::StrCat("KvStorage: num_blocks ", num_blocks,
                                                    " and num_host_blocks ", options.num_host_blocks,
                                                    " must not be negative"));
+  }
+  if (options.layer_group < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvStorage: layer_group ", options.layer_group, " must be >= 0"));
   }
   const int64_t elem = bytes_per_element(spec.dtype);
   if (options.device == Device::kCuda) {
@@ -86,6 +84,7 @@ absl::StatusOr<KvStorage> KvStorage::create(const KvCacheSpec& spec, int32_t num
   s.layout_ = options.layout;
   s.num_blocks_ = num_blocks;
   s.num_host_blocks_ = options.num_host_blocks;
+  s.layer_group_ = options.layer_group;
   const int64_t block_bytes = int64_t{spec.num_kv_heads} * spec.block_size * spec.head_dim * elem;
   s.pool_bytes_ = block_bytes * num_blocks;
   s.host_pool_bytes_ = block_bytes * options.num_host_blocks;
@@ -185,6 +184,7 @@ KvStorage& KvStorage::operator=(KvStorage&& other) noexcept {
     layout_ = other.layout_;
     num_blocks_ = other.num_blocks_;
     num_host_blocks_ = other.num_host_blocks_;
+    layer_group_ = other.layer_group_;
     pool_bytes_ = other.pool_bytes_;
     host_pool_bytes_ = other.host_pool_bytes_;
     data_ = std::exchange(other.data_, nullptr);
@@ -192,6 +192,7 @@ KvStorage& KvStorage::operator=(KvStorage&& other) noexcept {
     host_data_device_ = std::exchange(other.host_data_device_, nullptr);
     ops_scratch_ = std::exchange(other.ops_scratch_, nullptr);
     ops_capacity_ = std::exchange(other.ops_capacity_, 0);
+    group_ops_ = std::move(other.group_ops_);
   }
   return *this;
 }
@@ -219,18 +220,20 @@ void KvStorage::release() {
 
 // --- views -----------------------------------------------------------------------------
 
+// A layer's pools start at [layer][K, V] (or [layer][latent]) in the buffer.
 KvCacheView KvStorage::view(int32_t layer) const {
   PAGEDKV_DCHECK(layer >= 0 && layer < spec_.num_layers);
-  char* k = data_ == nullptr ? nullptr : data_ + 2 * int64_t{layer} * pool_bytes_;
-  char* v = k == nullptr ? nullptr : k + pool_bytes_;
+  char* k = data_ == nullptr ? nullptr : data_ + pools_per_layer() * layer * pool_bytes_;
+  char* v = k == nullptr || spec_.latent ? nullptr : k + pool_bytes_;
   return make_kv_cache_view(k, v, spec_.dtype, num_blocks_, spec_.num_kv_heads, spec_.block_size,
                             spec_.head_dim, layout_);
 }
 
 KvCacheView KvStorage::host_view(int32_t layer) const {
   PAGEDKV_DCHECK(layer >= 0 && layer < spec_.num_layers);
-  char* k = host_data_ == nullptr ? nullptr : host_data_ + 2 * int64_t{layer} * host_pool_bytes_;
-  char* v = k == nullptr ? nullptr : k + host_pool_bytes_;
+  char* k =
+      host_data_ == nullptr ? nullptr : host_data_ + pools_per_layer() * layer * host_pool_bytes_;
+  char* v = k == nullptr || spec_.latent ? nullptr : k + host_pool_bytes_;
   return make_kv_cache_view(k, v, spec_.dtype, num_host_blocks_, spec_.num_kv_heads,
                             spec_.block_size, spec_.head_dim, layout_);
 }
@@ -241,13 +244,21 @@ absl::Status KvStorage::copy_blocks(std::span<const BlockCopy> ops, void* stream
   return run_copies("copy_blocks", Target::kCopy, ops, stream);
 }
 
+std::span<const BlockCopy> KvStorage::own_group(std::span<const BlockCopy> ops) {
+  const auto own = [this](const BlockCopy& op) { return op.group == layer_group_; };
+  if (std::all_of(ops.begin(), ops.end(), own)) return ops;  // one group: no copy
+  group_ops_.clear();
+  std::copy_if(ops.begin(), ops.end(), std::back_inserter(group_ops_), own);
+  return group_ops_;
+}
+
 absl::Status KvStorage::run_step_ops(const StepOps& ops, void* stream) {
-  PAGEDKV_RETURN_IF_ERROR(swap_out(ops.swap_out, stream));
-  PAGEDKV_RETURN_IF_ERROR(demote(ops.demote, stream));
-  PAGEDKV_RETURN_IF_ERROR(exchange(ops.exchange, stream));
-  PAGEDKV_RETURN_IF_ERROR(copy_blocks(ops.copy_on_write, stream));
-  PAGEDKV_RETURN_IF_ERROR(swap_in(ops.swap_in, stream));
-  return promote(ops.promote, stream);
+  PAGEDKV_RETURN_IF_ERROR(swap_out(own_group(ops.swap_out), stream));
+  PAGEDKV_RETURN_IF_ERROR(demote(own_group(ops.demote), stream));
+  PAGEDKV_RETURN_IF_ERROR(exchange(own_group(ops.exchange), stream));
+  PAGEDKV_RETURN_IF_ERROR(copy_blocks(own_group(ops.copy_on_write), stream));
+  PAGEDKV_RETURN_IF_ERROR(swap_in(own_group(ops.swap_in), stream));
+  return promote(own_group(ops.promote), stream);
 }
 
 absl::Status KvStorage::swap_out(std::span<const BlockCopy> ops, void* stream) {
@@ -287,6 +298,11 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
   packed.reserve(ops.size() * 3);
   for (size_t i = 0; i < ops.size(); ++i) {
     const BlockCopy& op = ops[i];
+    if (op.group != layer_group_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": op ", i, ": layer group ", op.group, " is not this storage's (",
+                       layer_group_, "): each group's copies run on its own storage"));
+    }
     if (op.src < 0 || op.src >= src_blocks) {
       return absl::InvalidArgumentError(absl::StrCat(fn, ": op ", i, ": src block ", op.src,
                                                      " outside [0, ", src_blocks, ") of the ",
@@ -340,12 +356,12 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
   char* dst = dst_host ? host_data_device_ : data_;
   const int64_t src_pool = src_host ? host_pool_bytes_ : pool_bytes_;
   const int64_t dst_pool = dst_host ? host_pool_bytes_ : pool_bytes_;
-  const int32_t num_pools = 2 * spec_.num_layers;
+  const auto pools = static_cast<int32_t>(num_pools());
 
   if (device_ == Device::kCpu) {
     for (int32_t i = 0; i < num_ops; ++i) {
       const int32_t s = packed[3 * i], d = packed[3 * i + 1], n = packed[3 * i + 2];
-      for (int32_t pool = 0; pool < num_pools; ++pool) {
+      for (int32_t pool = 0; pool < pools; ++pool) {
         const char* from = src + pool * src_pool + s * block_bytes;
         char* to = dst + pool * dst_pool + d * block_bytes;
         if (exchange) {
@@ -384,7 +400,7 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
   p.dst = dst;
   p.src_pool_bytes = src_pool;
   p.dst_pool_bytes = dst_pool;
-  p.num_pools = num_pools;
+  p.num_pools = pools;
   p.ops = ops_scratch_;
   p.num_ops = num_ops;
   p.block_size = spec_.block_size;
