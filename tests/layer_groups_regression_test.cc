@@ -21,7 +21,8 @@ using testing::require_valid;
 // hash index out of bounds (check_invariants() then reports "num_standby 2 but 1 counted"
 // here; in the decode loop "index entry points at invalid id -1" or "index entry for block
 // 16 does not match the block's hash", and the heap is corrupted). The decode loop hit it
-// with `--model swa` at its first swap-in.
+// with `--model swa` at its first swap-in. offer_computed_blocks() now offers a windowed
+// table's held entries only.
 TEST_CASE("swap_in of a windowed sequence offers only its held blocks to the index",
           "[layer_groups]") {
   KvCacheManager m = make_manager(
@@ -45,7 +46,7 @@ TEST_CASE("swap_in of a windowed sequence offers only its held blocks to the ind
   require_valid(m);
   end_step(m);
   REQUIRE(m.swap_in(1).ok());
-  require_valid(m);  // fails: the index holds an entry for block -1
+  require_valid(m);  // failed before the fix: the index held an entry for block -1
 }
 
 }  // namespace
