@@ -410,7 +410,10 @@ class PagedkvReplay {
       free_sequence();
     }
     result.requests = static_cast<int64_t>(streams_.requests.size());
-    for (const PagedGroup& g : groups_) result.evictions.push_back(g.pool.evictions());
+    for (const PagedGroup& g : groups_) {
+      result.evictions.push_back(g.pool.evictions());
+      result.refused.push_back(g.pool.refusals());
+    }
     if (analysis_ != nullptr) finish_analysis(lost_by_cut);
     return result;
   }
@@ -584,6 +587,10 @@ class PagedkvReplay {
     if (hold == 0) return;
     const int32_t bs = streams_.block_size;
     const auto kind = static_cast<size_t>(points_.at(req.ids[hold - 1]));
+    if (seen_points_.empty()) seen_points_.assign(static_cast<size_t>(streams_.num_ids), 0);
+    if (!std::exchange(seen_points_[static_cast<size_t>(req.ids[hold - 1])], 1)) {
+      ++analysis_->distinct_points;
+    }
     ++analysis_->hits_by_point[kind];
     analysis_->hold_tokens_by_point[kind] += int64_t{hold} * bs;
     if (hit == hold) return;
@@ -637,6 +644,7 @@ class PagedkvReplay {
   int32_t anchor_ = 0;
   std::vector<uint64_t> died_;            // anchor contents that left its pool, not yet buried
   std::vector<PagedGroup*> offer_order_;  // the order in which groups cache their blocks
+  std::vector<uint8_t> seen_points_;      // CutAnalysis::distinct_points
 };
 
 // --- vLLM -----------------------------------------------------------------------------------

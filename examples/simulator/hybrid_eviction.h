@@ -146,6 +146,7 @@ struct CutAnalysis {
   int64_t lost_tokens = 0;  // full-hold tokens minus hit tokens, over those requests
   // The hit points (where the full groups' chain ended) of every hit and of the cut ones,
   // by kind (indexed by HitPoint): requests and full-hold tokens.
+  int64_t distinct_points = 0;  // distinct hit points (full-chain ends) of all hits
   int64_t hits_by_point[4] = {};
   int64_t hold_tokens_by_point[4] = {};
   int64_t cuts_by_point[4] = {};
@@ -172,7 +173,10 @@ struct HitReplayResult {
   int64_t hit_tokens = 0;          // served by every group (what match_prefix claims)
   int64_t full_hold_tokens = 0;    // what the full-attention groups alone hold at each match
   int64_t cut_hits = 0;            // requests with hit_tokens below their full hold
-  std::vector<int64_t> evictions;  // cached blocks evicted, per group (vLLM: per KV group)
+  std::vector<int64_t> evictions;  // cached blocks evicted, per group (vLLM: one pool)
+  // pagedkv model, per group: computed blocks whose key a copy cached after other parent
+  // contents held (refused and left uncached; with replace_stale, they replace it).
+  std::vector<int64_t> refused;
   double hit_rate() const {
     return prompt_tokens == 0 ? 0.0 : static_cast<double>(hit_tokens) / prompt_tokens;
   }

@@ -263,7 +263,8 @@ OrderedJson hit_json(const HitReplayResult& r) {
           {"full_hold_tokens", r.full_hold_tokens},
           {"of_full_hold", figure(r.of_full_hold())},
           {"cut_hits", r.cut_hits},
-          {"evictions", r.evictions}};
+          {"evictions", r.evictions},
+          {"refused", r.refused}};
 }
 
 OrderedJson cut_json(const CutAnalysis& a) {
@@ -272,6 +273,7 @@ OrderedJson cut_json(const CutAnalysis& a) {
   };
   return {{"cut_hits", a.cut_hits},
           {"lost_tokens", a.lost_tokens},
+          {"distinct_points", a.distinct_points},
           {"hits_by_point", by_point(a.hits_by_point)},
           {"hold_tokens_by_point", by_point(a.hold_tokens_by_point)},
           {"cuts_by_point", by_point(a.cuts_by_point)},
