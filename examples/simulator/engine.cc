@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
@@ -22,6 +23,7 @@ struct Seq {
   int32_t generated = 0;  // output tokens generated so far
   State state = State::kWaiting;
   bool registered = false;  // added to the allocator
+  bool prefilled = false;   // its prompt (or recomputed context) is computed
 };
 
 struct Group {
@@ -42,7 +44,11 @@ class Engine {
  public:
   Engine(const Trace& trace, const AllocatorSetup& setup, const EngineOptions& options,
          SimAllocator& alloc)
-      : trace_(trace), setup_(setup), opt_(options), alloc_(alloc) {
+      : trace_(trace),
+        setup_(setup),
+        opt_(options),
+        alloc_(alloc),
+        budget_(setup.hybrid ? setup.hybrid->budget_bytes : setup.budget_tokens) {
     groups_.resize(trace.requests.size());
     request_stamp_.assign(trace.requests.size(), -1);
     alloc_.set_preemption_listener(
@@ -149,8 +155,51 @@ class Engine {
       swapped_.push_back(id);
     } else {
       s.state = State::kWaiting;
+      s.prefilled = false;
       waiting_.push_front(id);  // resumes before new requests
     }
+  }
+
+  // The most prompt tokens `s` may compute now: the rest of the step's budget while its
+  // prefill is chunked, else all.
+  int32_t chunk_limit(const Seq& s, int64_t prefill_tokens) const {
+    if (!opt_.chunked_prefill || s.prefilled) return std::numeric_limits<int32_t>::max();
+    return static_cast<int32_t>(std::max<int64_t>(0, opt_.max_prefill_tokens - prefill_tokens));
+  }
+
+  // A sequence computed `work`: prefill time counts, and once its prompt is done it
+  // generates from this step on (and forks its samples and beams).
+  absl::Status computed(SeqId id, const Work& work, bool admission, int64_t& prefill_tokens) {
+    Seq& s = seqs_.at(id);
+    if (s.prefilled) return absl::OkStatus();
+    if (admission || opt_.chunked_prefill) prefill_tokens += work.tokens;
+    if (work.remaining > 0) return absl::OkStatus();
+    s.prefilled = true;
+    return fork_pending(id);
+  }
+
+  // Parallel samples and beams share the prompt: they fork after its prefill.
+  absl::Status fork_pending(SeqId id) {
+    // Copies: emplace() below may rehash seqs_ and move the parent.
+    const int32_t request = seqs_.at(id).request;
+    const int32_t generated = seqs_.at(id).generated;
+    Group& g = groups_[request];
+    for (; g.forks_pending > 0; --g.forks_pending) {
+      const SeqId child = next_id_++;
+      absl::Status f = timed([&] { return alloc_.fork(id, child); });
+      if (!f.ok()) return fail("fork", id, f);
+      seqs_.emplace(child, Seq{.request = request,
+                               .sample = g.next_sample++,
+                               .generated = generated,
+                               .state = State::kRunning,
+                               .registered = true,
+                               .prefilled = true});
+      g.members.push_back(child);
+      ++g.live;
+      running_.push_back(child);
+      scheduled_.push_back(child);
+    }
+    return absl::OkStatus();
   }
 
   absl::Status fail(const char* what, SeqId id, const absl::Status& s) const {
@@ -163,14 +212,18 @@ class Engine {
     scheduled_.clear();
     int64_t prefill_tokens = 0;
 
-    // 1. Decode: every running sequence reserves its last generated token.
+    // 1. Decode: every running sequence reserves its last generated token (or the next
+    // chunk of its prompt).
     const std::vector<SeqId> snapshot = running_;
     for (SeqId id : snapshot) {
       Seq& s = seqs_.at(id);
       if (s.state != State::kRunning) continue;  // preempted earlier in this step
-      absl::StatusOr<int32_t> work = timed([&] { return alloc_.reserve(id, true); });
+      const int32_t limit = chunk_limit(s, prefill_tokens);
+      if (limit == 0) continue;  // its prefill waits for a step with budget left
+      absl::StatusOr<Work> work = timed([&] { return alloc_.reserve(id, true, limit); });
       if (work.ok()) {
         scheduled_.push_back(id);
+        if (absl::Status c = computed(id, *work, false, prefill_tokens); !c.ok()) return c;
         continue;
       }
       if (!absl::IsResourceExhausted(work.status())) return fail("reserve", id, work.status());
@@ -187,9 +240,12 @@ class Engine {
       swapped_.pop_front();
       seqs_.at(id).state = State::kRunning;
       running_.push_back(id);
-      absl::StatusOr<int32_t> work = timed([&] { return alloc_.reserve(id, false); });
+      const int32_t limit = chunk_limit(seqs_.at(id), prefill_tokens);
+      if (limit == 0) continue;
+      absl::StatusOr<Work> work = timed([&] { return alloc_.reserve(id, false, limit); });
       if (work.ok()) {
         scheduled_.push_back(id);
+        if (absl::Status c = computed(id, *work, false, prefill_tokens); !c.ok()) return c;
       } else if (!absl::IsResourceExhausted(work.status())) {
         return fail("reserve", id, work.status());
       }
@@ -215,7 +271,8 @@ class Engine {
         if (!add.ok()) return fail("add", id, add);
         s.registered = true;
       }
-      absl::StatusOr<int32_t> work = timed([&] { return alloc_.admit(id); });
+      const int32_t limit = chunk_limit(s, prefill_tokens);
+      absl::StatusOr<Work> work = timed([&] { return alloc_.admit(id, limit); });
       if (absl::IsResourceExhausted(work.status())) {
         last_admit_error_ = std::string(work.status().message());
         break;
@@ -225,25 +282,7 @@ class Engine {
       s.state = State::kRunning;
       running_.push_back(id);
       scheduled_.push_back(id);
-      prefill_tokens += *work;
-      // Parallel samples and beams share the prompt: fork after its prefill. (Copies:
-      // emplace() below may rehash seqs_ and move `s`.)
-      const int32_t request = s.request;
-      const int32_t generated = s.generated;
-      for (; g.forks_pending > 0; --g.forks_pending) {
-        const SeqId child = next_id_++;
-        absl::Status f = timed([&] { return alloc_.fork(id, child); });
-        if (!f.ok()) return fail("fork", id, f);
-        seqs_.emplace(child, Seq{.request = request,
-                                 .sample = g.next_sample++,
-                                 .generated = generated,
-                                 .state = State::kRunning,
-                                 .registered = true});
-        g.members.push_back(child);
-        ++g.live;
-        running_.push_back(child);
-        scheduled_.push_back(child);
-      }
+      if (absl::Status c = computed(id, *work, true, prefill_tokens); !c.ok()) return c;
     }
     timed([&] { alloc_.run_copies(); });
     if (opt_.check_invariants) {
@@ -286,6 +325,7 @@ class Engine {
     for (SeqId id : scheduled_) {
       Seq& s = seqs_.at(id);
       if (s.state != State::kRunning) continue;  // preempted after it was scheduled
+      if (!s.prefilled) continue;                // mid-prefill: no token yet
       ++s.generated;
       ++result_.generated_tokens;
       const Request& req = request_of(s);
@@ -387,7 +427,9 @@ class Engine {
       util_time_ += dt;
     }
     memory_weighted_ += static_cast<double>(usage.token_slots) /
-                        static_cast<double>(std::max<int64_t>(setup_.budget_tokens, 1)) * dt;
+                        static_cast<double>(std::max<int64_t>(budget_, 1)) * dt;
+    reserved_weighted_ += static_cast<double>(usage.reserved_slots) /
+                          static_cast<double>(std::max<int64_t>(budget_, 1)) * dt;
     conc_weighted_ += concurrency * dt;
     busy_time_ += dt;
     result_.peak_concurrency = std::max(result_.peak_concurrency, concurrency);
@@ -407,6 +449,7 @@ class Engine {
     result_.cow_copies = c.cow_copies;
     result_.mean_utilization = util_time_ > 0 ? util_weighted_ / util_time_ : 0;
     result_.mean_memory_use = busy_time_ > 0 ? memory_weighted_ / busy_time_ : 0;
+    result_.mean_reserved = busy_time_ > 0 ? reserved_weighted_ / busy_time_ : 0;
     result_.mean_concurrency = busy_time_ > 0 ? conc_weighted_ / busy_time_ : 0;
     const double start = trace_.requests.empty() ? 0 : trace_.requests.front().arrival_s;
     const double span = result_.sim_time_s - start;
@@ -443,6 +486,7 @@ class Engine {
   const AllocatorSetup& setup_;
   const EngineOptions& opt_;
   SimAllocator& alloc_;
+  int64_t budget_;  // token slots, or bytes for hybrid pools
 
   EngineResult result_;
   double now_ = 0;
@@ -452,8 +496,8 @@ class Engine {
   int64_t alloc_ns_ = 0;
   int64_t promotions_charged_ = 0;  // blocks promoted whose link time a step has paid
   double latency_sum_ = 0;
-  double util_weighted_ = 0, util_time_ = 0, memory_weighted_ = 0, conc_weighted_ = 0,
-         busy_time_ = 0;
+  double util_weighted_ = 0, util_time_ = 0, memory_weighted_ = 0, reserved_weighted_ = 0,
+         conc_weighted_ = 0, busy_time_ = 0;
 
   absl::flat_hash_map<SeqId, Seq> seqs_;
   std::vector<Group> groups_;
@@ -489,9 +533,14 @@ absl::StatusOr<EngineResult> run_engine(const Trace& trace, const AllocatorSetup
   if (options.beam_interval < 1) {
     return absl::InvalidArgumentError("beam_interval must be >= 1");
   }
-  absl::StatusOr<std::unique_ptr<SimAllocator>> alloc = make_allocator(setup);
+  if (options.chunked_prefill && options.max_prefill_tokens < 1) {
+    return absl::InvalidArgumentError("chunked prefill needs max_prefill_tokens >= 1");
+  }
+  AllocatorSetup chunked = setup;
+  if (options.chunked_prefill) chunked.max_chunk_tokens = options.max_prefill_tokens;
+  absl::StatusOr<std::unique_ptr<SimAllocator>> alloc = make_allocator(chunked);
   if (!alloc.ok()) return alloc.status();
-  Engine engine(trace, setup, options, **alloc);
+  Engine engine(trace, chunked, options, **alloc);
   return engine.run();
 }
 

@@ -9,6 +9,11 @@
 //     and nothing is swapped, waiting requests are admitted in order while their prompt
 //     fits (paged: leaving the watermark free; contiguous: a first-fit reservation), up to
 //     max_num_seqs running sequences and max_prefill_tokens prompt tokens per step.
+//   - Chunked prefill (chunked_prefill, as vLLM schedules): a step computes at most
+//     max_prefill_tokens prompt tokens in all; a prompt that does not fit the rest of the
+//     step's budget is admitted with a chunk of it and continues in later steps (before
+//     new admissions), generating its first token in the step that computes its last
+//     chunk. A sequence whose prefill waits for budget holds its blocks.
 //   - A step takes step_ms plus prefill_ms_per_1k_tokens per 1,000 prompt tokens
 //     computed, plus the time to promote the step's host-tier hits (the KV bytes of the
 //     blocks the allocator promoted, over host_link_bytes_per_s; demotions are taken to
@@ -44,6 +49,7 @@ struct EngineOptions {
   int32_t series_points = 400;           // samples of the over-time series
   bool measure_allocator_time = false;   // time allocator calls (wall clock)
   bool check_invariants = false;         // check the allocator's invariants every step (tests)
+  bool chunked_prefill = false;          // prompts in chunks of the step's prefill budget
   // Called every ~progress_every steps with (steps, completed, total requests).
   std::function<void(int64_t, int64_t, int64_t)> progress;
   int64_t progress_every = 20000;
@@ -61,9 +67,12 @@ struct EngineResult {
   int64_t completed = 0;
   int64_t rejected = 0;  // could never fit the budget
   int64_t steps = 0;
-  double sim_time_s = 0;         // last completion time
+  double sim_time_s = 0;  // last completion time
+  // Hybrid pools (AllocatorSetup::hybrid) count bytes: the running sequences' analytic
+  // need for token slots, the bytes of blocks in use for reserved slots, the budget bytes.
   double mean_utilization = 0;   // step-time weighted mean of token / reserved slots
   double mean_memory_use = 0;    // step-time weighted mean of token slots / budget
+  double mean_reserved = 0;      // step-time weighted mean of reserved slots / budget
   int32_t peak_concurrency = 0;  // requests with a running sequence
   double mean_concurrency = 0;   // step-time weighted, over steps with work
   double throughput_rps = 0;     // completed / sim_time_s

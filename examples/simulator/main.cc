@@ -94,6 +94,24 @@ ABSL_FLAG(double, prefill_ms_per_1k, pagedkv::sim::EngineOptions{}.prefill_ms_pe
           "prefill time in ms per 1,000 prompt tokens");
 ABSL_FLAG(int32_t, max_num_seqs, pagedkv::sim::EngineOptions{}.max_num_seqs,
           "running sequences at most");
+ABSL_FLAG(bool, hybrid, false,
+          "also run the hybrid-model study: utilization and concurrency of hybrid pools against "
+          "every layer full, and (Mooncake) prefix hits against vLLM's rule");
+ABSL_FLAG(bool, hybrid_only, false, "run only the hybrid-model study");
+ABSL_FLAG(std::vector<std::string>, hybrid_models, kDefaults.hybrid_options.models,
+          "hybrid models, comma-separated: gemma-3-27b, gpt-oss-120b");
+ABSL_FLAG(std::vector<std::string>, hybrid_fractions,
+          std::vector<std::string>({"1", "0.5", "0.25", "0.125", "0.0625"}),
+          "hit study pool sizes as fractions of the trace's footprint, comma-separated");
+ABSL_FLAG(int32_t, hybrid_chunk, kDefaults.hybrid_options.chunk_tokens,
+          "hybrid study: prefill chunk in tokens (the engine's prefill tokens per step)");
+ABSL_FLAG(int32_t, hybrid_checkpoint, kDefaults.hybrid_options.checkpoint_tokens,
+          "the proposed windowed eviction rule: its coarsest checkpoints, every this many tokens "
+          "(0: branch points only)");
+ABSL_FLAG(int32_t, hybrid_checkpoint_levels, kDefaults.hybrid_options.checkpoint_levels,
+          "the proposed rule's checkpoint levels, each at half the spacing of the one before");
+ABSL_FLAG(bool, hybrid_models_only, false,
+          "hit study: the block-level models only, without replaying the KvCacheManager");
 ABSL_FLAG(std::string, out_dir, "out/sim", "where results.json and results-utilization.svg go");
 ABSL_FLAG(bool, no_progress, false, "no progress line");
 
@@ -140,8 +158,22 @@ absl::Status validate_flags() {
            check_flag(FLAGS_step_ms, GetFlag(FLAGS_step_ms) > 0, "> 0"),
            check_flag(FLAGS_prefill_ms_per_1k, GetFlag(FLAGS_prefill_ms_per_1k) >= 0, ">= 0"),
            check_flag(FLAGS_max_num_seqs, count_in(GetFlag(FLAGS_max_num_seqs), 1), count_range(1)),
+           check_flag(FLAGS_hybrid_chunk, count_in(GetFlag(FLAGS_hybrid_chunk), 0), count_range(0)),
+           check_flag(FLAGS_hybrid_checkpoint, count_in(GetFlag(FLAGS_hybrid_checkpoint), 0),
+                      count_range(0)),
+           check_flag(FLAGS_hybrid_checkpoint_levels,
+                      GetFlag(FLAGS_hybrid_checkpoint_levels) >= 1 &&
+                          GetFlag(FLAGS_hybrid_checkpoint_levels) <= 16,
+                      "in [1, 16]"),
        }) {
     if (!status.ok()) return status;
+  }
+  for (const std::string& f : GetFlag(FLAGS_hybrid_fractions)) {
+    double x;
+    if (!absl::SimpleAtod(f, &x) || !(x > 0) || x > 1e6) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hybrid_fractions: '", f, "' is not a fraction > 0"));
+    }
   }
   return absl::OkStatus();
 }
@@ -178,6 +210,19 @@ SimOptions options_from_flags() {
   options.engine.prefill_ms_per_1k_tokens = GetFlag(FLAGS_prefill_ms_per_1k);
   options.engine.max_num_seqs = GetFlag(FLAGS_max_num_seqs);
   options.engine.measure_allocator_time = true;
+  options.hybrid = GetFlag(FLAGS_hybrid);
+  options.hybrid_only = GetFlag(FLAGS_hybrid_only);
+  options.hybrid_options.models = GetFlag(FLAGS_hybrid_models);
+  options.hybrid_options.fractions.clear();
+  for (const std::string& f : GetFlag(FLAGS_hybrid_fractions)) {
+    double x = 0;
+    (void)absl::SimpleAtod(f, &x);
+    options.hybrid_options.fractions.push_back(x);
+  }
+  options.hybrid_options.chunk_tokens = GetFlag(FLAGS_hybrid_chunk);
+  options.hybrid_options.checkpoint_tokens = GetFlag(FLAGS_hybrid_checkpoint);
+  options.hybrid_options.checkpoint_levels = GetFlag(FLAGS_hybrid_checkpoint_levels);
+  options.hybrid_options.manager = !GetFlag(FLAGS_hybrid_models_only);
   return options;
 }
 
@@ -227,6 +272,15 @@ int main(int argc, char** argv) {
     fmt::print(
         "Tier study on {} (device + host LRU tiers against one LRU pool of the same total):\n{}\n",
         report->eviction_trace, pagedkv::sim::format_tier_table(report->tiers, report->tier_costs));
+  }
+  if (!report->hybrid_util.empty()) {
+    fmt::print(
+        "Hybrid models: KV bytes and running requests, hybrid pools against every layer "
+        "full at the same budget (need: the analytic minimum of the running sequences):\n{}\n",
+        pagedkv::sim::format_hybrid_util_runs(report->hybrid_util));
+  }
+  for (const pagedkv::sim::HybridHitStudy& study : report->hybrid_hits) {
+    fmt::print("{}\n", pagedkv::sim::format_hybrid_hit_study(study));
   }
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);

@@ -159,6 +159,7 @@ OrderedJson allocator_json(const EngineResult& r) {
       {"sim_time_s", figure(r.sim_time_s)},
       {"mean_utilization", figure(r.mean_utilization)},
       {"mean_memory_use", figure(r.mean_memory_use)},
+      {"mean_reserved", figure(r.mean_reserved)},
       {"peak_concurrency", r.peak_concurrency},
       {"mean_concurrency", figure(r.mean_concurrency)},
       {"throughput_rps", figure(r.throughput_rps)},
@@ -246,6 +247,103 @@ OrderedJson tiers_json(const SimReport& report) {
           {"rows", rows}};
 }
 
+OrderedJson groups_json(std::span<const LayerGroup> groups) {
+  OrderedJson out = OrderedJson::array();
+  for (const LayerGroup& g : groups) {
+    out.push_back({{"kind", attention_kind_name(g.kind)},
+                   {"window", g.window},
+                   {"num_blocks", g.num_blocks}});
+  }
+  return out;
+}
+
+OrderedJson hit_json(const HitReplayResult& r) {
+  return {{"prompt_tokens", r.prompt_tokens},
+          {"hit_tokens", r.hit_tokens},
+          {"full_hold_tokens", r.full_hold_tokens},
+          {"of_full_hold", figure(r.of_full_hold())},
+          {"cut_hits", r.cut_hits},
+          {"evictions", r.evictions},
+          {"refused", r.refused}};
+}
+
+OrderedJson cut_json(const CutAnalysis& a) {
+  auto by_point = [](const int64_t(&v)[4]) {
+    return OrderedJson{{"prompt_end", v[1]}, {"known_branch", v[2]}, {"new_branch", v[3]}};
+  };
+  return {{"cut_hits", a.cut_hits},
+          {"lost_tokens", a.lost_tokens},
+          {"distinct_points", a.distinct_points},
+          {"hits_by_point", by_point(a.hits_by_point)},
+          {"hold_tokens_by_point", by_point(a.hold_tokens_by_point)},
+          {"cuts_by_point", by_point(a.cuts_by_point)},
+          {"lost_tokens_by_point", by_point(a.lost_tokens_by_point)},
+          {"missing_released_mid", a.missing_released_mid},
+          {"missing_released_at_free", a.missing_released_at_free},
+          {"missing_never_cached", a.missing_never_cached},
+          {"median_requests_since_eviction", a.median_requests_since_eviction},
+          {"window_evictions_mid", a.window_evictions_mid},
+          {"window_evictions_at_free", a.window_evictions_at_free},
+          {"window_mean_age_requests", figure(a.window_mean_age_requests)},
+          {"full_mean_age_requests", figure(a.full_mean_age_requests)}};
+}
+
+OrderedJson hybrid_json(const SimReport& report) {
+  OrderedJson util = OrderedJson::array();
+  for (const HybridUtilRun& run : report.hybrid_util) {
+    util.push_back({{"trace", run.trace},
+                    {"model", run.model},
+                    {"requests", run.requests},
+                    {"budget_bytes", run.budget_bytes},
+                    {"target_tokens", run.target_tokens},
+                    {"groups", groups_json(run.groups)},
+                    {"full_blocks", run.full_blocks},
+                    {"headroom_groups", groups_json(run.headroom_groups)},
+                    {"hybrid", allocator_json(run.hybrid)},
+                    {"headroom", allocator_json(run.headroom)},
+                    {"full", allocator_json(run.full)}});
+  }
+  OrderedJson hits = OrderedJson::array();
+  for (const HybridHitStudy& study : report.hybrid_hits) {
+    OrderedJson rows = OrderedJson::array();
+    for (const HybridHitRow& row : study.rows) {
+      OrderedJson r = {{"fraction", figure(row.fraction)},
+                       {"budget_bytes", row.budget_bytes},
+                       {"groups", groups_json(row.groups)},
+                       {"vllm_blocks", row.vllm_blocks}};
+      if (row.has_manager) {
+        r["manager"] = hit_json(row.manager);
+        r["manager_full_group_first"] = hit_json(row.manager_fixed);
+      }
+      r["lru_model"] = hit_json(row.lru);
+      r["anchor_first_model"] = hit_json(row.fixed);
+      r["proposed_model"] = hit_json(row.proposed);
+      r["vllm_model"] = hit_json(row.vllm);
+      OrderedJson ablation = OrderedJson::array();
+      for (const HybridVariant& v : row.ablation) {
+        ablation.push_back({{"name", v.name}, {"result", hit_json(v.result)}});
+      }
+      r["ablation"] = std::move(ablation);
+      r["lru_analysis"] = cut_json(row.analysis);
+      r["anchor_first_analysis"] = cut_json(row.fixed_analysis);
+      r["proposed_analysis"] = cut_json(row.proposed_analysis);
+      rows.push_back(std::move(r));
+    }
+    hits.push_back({{"model", study.model},
+                    {"trace", study.trace},
+                    {"requests", study.requests},
+                    {"target_tokens", study.target_tokens},
+                    {"footprint_blocks", study.footprint_blocks},
+                    {"footprint_bytes", study.footprint_bytes},
+                    {"chunk_tokens", study.chunk_tokens},
+                    {"checkpoint_tokens", study.checkpoint_tokens},
+                    {"checkpoint_levels", study.checkpoint_levels},
+                    {"vllm_grouping", study.vllm_grouping},
+                    {"rows", rows}});
+  }
+  return {{"utilization", util}, {"hits", hits}};
+}
+
 }  // namespace
 
 std::string to_json(const SimReport& report) {
@@ -257,6 +355,9 @@ std::string to_json(const SimReport& report) {
                       {"runs", runs}};
   if (!report.eviction_trace.empty()) json["eviction"] = eviction_json(report);
   if (!report.tiers.empty()) json["tiers"] = tiers_json(report);
+  if (!report.hybrid_util.empty() || !report.hybrid_hits.empty()) {
+    json["hybrid"] = hybrid_json(report);
+  }
   // A trace named by a file whose name is not UTF-8 gets U+FFFD rather than an exception.
   return json.dump(2, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace) + "\n";
 }

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "engine.h"
 #include "eviction.h"
+#include "hybrid.h"
 #include "trace.h"
 
 namespace pagedkv::sim {
@@ -39,6 +40,8 @@ struct SimReport {
   std::vector<EvictionRow> eviction;
   std::vector<TierRow> tiers;  // the tier study on the same trace
   TierCostModel tier_costs;
+  std::vector<HybridUtilRun> hybrid_util;  // the hybrid-model study (hybrid.h)
+  std::vector<HybridHitStudy> hybrid_hits;
 };
 
 // The engine results of one trace as an aligned text table.

@@ -60,7 +60,7 @@ class ContiguousAllocator final : public SimAllocator {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<int32_t> admit(SeqId seq) override {
+  absl::StatusOr<Work> admit(SeqId seq, int32_t max_tokens) override {
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("admit: unknown ", seq));
     Seq& s = it->second;
@@ -80,21 +80,17 @@ class ContiguousAllocator final : public SimAllocator {
     s.offset = taken[0];
     s.spare.assign(taken.begin() + 1, taken.end());
     s.num_forks = 0;
-    const int32_t work = s.num_tokens - s.computed;
-    s.computed = s.num_tokens;
-    return work;
+    return compute(s, max_tokens);
   }
 
-  absl::StatusOr<int32_t> reserve(SeqId seq, bool /*may_preempt*/) override {
+  absl::StatusOr<Work> reserve(SeqId seq, bool /*may_preempt*/, int32_t max_tokens) override {
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("reserve: unknown ", seq));
     Seq& s = it->second;
     if (s.offset < 0) {
       return absl::FailedPreconditionError(absl::StrCat("reserve(seq ", seq, "): not running"));
     }
-    const int32_t work = s.num_tokens - s.computed;
-    s.computed = s.num_tokens;
-    return work;
+    return compute(s, max_tokens);
   }
 
   absl::Status preempt(SeqId seq) override {
@@ -189,6 +185,13 @@ class ContiguousAllocator final : public SimAllocator {
     std::vector<int64_t> spare;  // reserved for children not yet forked
   };
 
+  // Up to max_tokens of the sequence's uncomputed tokens (its region is reserved already).
+  static Work compute(Seq& s, int32_t max_tokens) {
+    const int32_t work = std::min(s.num_tokens - s.computed, std::max(max_tokens, 0));
+    s.computed += work;
+    return {.tokens = work, .remaining = s.num_tokens - s.computed};
+  }
+
   void release_regions(Seq& s) {
     if (s.offset >= 0) (void)arena_.release(s.offset);
     for (int64_t o : s.spare) (void)arena_.release(o);
@@ -212,34 +215,55 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     if (bs <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("block_size ", bs, " must be > 0"));
     }
-    const int64_t blocks = setup.budget_tokens / bs;
-    if (blocks < 2 || blocks > INT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat("budget of ", setup.budget_tokens,
-                                                     " tokens gives ", blocks, " blocks of ", bs,
-                                                     "; need 2 to 2^31-1"));
-    }
     auto a = std::unique_ptr<PagedAllocator>(new PagedAllocator());
     KvCacheManager::Options o;
-    o.num_blocks = static_cast<int32_t>(blocks);
     o.block_size = bs;
-    // One host budget: swap space first, the host tier caches in the rest.
-    const int64_t swap_blocks =
-        setup.preemption_mode == PreemptionMode::kSwap ? setup.host_budget_tokens / bs : 0;
     o.enable_prefix_caching = setup.config.kind == AllocatorKind::kPagedPrefix;
-    const int64_t host_cache_blocks = o.enable_prefix_caching ? setup.host_cache_tokens / bs : 0;
-    o.num_host_blocks =
-        static_cast<int32_t>(std::min<int64_t>(swap_blocks + host_cache_blocks, INT32_MAX));
-    o.enable_host_cache = host_cache_blocks > 0;
     o.max_model_len = setup.max_model_len;
-    o.watermark_blocks = std::min<int32_t>(
-        static_cast<int32_t>(std::floor(setup.watermark_fraction * static_cast<double>(blocks))),
-        o.num_blocks - 1);
-    o.preemption_mode = swap_blocks > 0 ? setup.preemption_mode : PreemptionMode::kRecompute;
     o.preemption_hooks = a.get();
+    o.preemption_mode = PreemptionMode::kRecompute;
+    if (setup.hybrid) {
+      const HybridPools& h = *setup.hybrid;
+      if (h.groups.empty() || h.pools.num_groups() != static_cast<int32_t>(h.groups.size()) ||
+          h.pools.block_size != bs) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hybrid pools: ", h.groups.size(), " layer groups for a config of ",
+                         h.pools.num_groups(), " groups of ", h.pools.block_size,
+                         "-token blocks (block size ", bs, ")"));
+      }
+      if (setup.host_cache_tokens > 0 || setup.preemption_mode == PreemptionMode::kSwap) {
+        return absl::InvalidArgumentError("hybrid pools: no host tier or swap in the simulator");
+      }
+      o.layer_groups = h.groups;
+      for (LayerGroup& g : o.layer_groups) g.num_host_blocks = 0;
+      o.watermark_blocks = watermark(setup, h.groups[0].num_blocks);
+      for (int32_t g = 0; g < h.pools.num_groups(); ++g) {
+        a->page_bytes_.push_back(h.pools.page_bytes(g));
+      }
+      a->hybrid_ = h;
+    } else {
+      const int64_t blocks = setup.budget_tokens / bs;
+      if (blocks < 2 || blocks > INT32_MAX) {
+        return absl::InvalidArgumentError(absl::StrCat("budget of ", setup.budget_tokens,
+                                                       " tokens gives ", blocks, " blocks of ", bs,
+                                                       "; need 2 to 2^31-1"));
+      }
+      o.num_blocks = static_cast<int32_t>(blocks);
+      // One host budget: swap space first, the host tier caches in the rest.
+      const int64_t swap_blocks =
+          setup.preemption_mode == PreemptionMode::kSwap ? setup.host_budget_tokens / bs : 0;
+      const int64_t host_cache_blocks = o.enable_prefix_caching ? setup.host_cache_tokens / bs : 0;
+      o.num_host_blocks =
+          static_cast<int32_t>(std::min<int64_t>(swap_blocks + host_cache_blocks, INT32_MAX));
+      o.enable_host_cache = host_cache_blocks > 0;
+      o.watermark_blocks = watermark(setup, o.num_blocks);
+      o.preemption_mode = swap_blocks > 0 ? setup.preemption_mode : PreemptionMode::kRecompute;
+    }
     absl::StatusOr<KvCacheManager> manager = KvCacheManager::create(std::move(o));
     if (!manager.ok()) return manager.status();
     a->manager_.emplace(std::move(*manager));
     a->block_size_ = bs;
+    a->max_chunk_tokens_ = setup.max_chunk_tokens;
     return a;
   }
 
@@ -249,18 +273,27 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
 
   absl::Status add(SeqId seq, std::span<const TokenId> prompt, int32_t final_tokens,
                    int32_t /*num_forks*/) override {
-    const KvCacheManager::Options& o = manager_->options();
-    const int32_t admissible = o.num_blocks - o.watermark_blocks;
-    if (num_blocks_for_tokens(final_tokens, block_size_) > admissible) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("add(seq ", seq, "): ", final_tokens, " tokens need ",
-                       num_blocks_for_tokens(final_tokens, block_size_),
-                       " blocks; the pool admits ", admissible));
+    // Every group must hold the most blocks the sequence ever holds there at once, beside
+    // the group's watermark.
+    for (int32_t g = 0; g < manager_->num_groups(); ++g) {
+      const LayerGroup& group = manager_->layer_group(g);
+      const int64_t first = manager_->layer_group(0).num_blocks;
+      const int64_t watermark =
+          (int64_t{manager_->options().watermark_blocks} * group.num_blocks + first - 1) / first;
+      const int64_t admissible =
+          group.num_blocks - std::min<int64_t>(watermark, group.num_blocks - 1);
+      const int64_t need = peak_blocks(group, static_cast<int32_t>(prompt.size()), final_tokens);
+      if (need > admissible) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("add(seq ", seq, "): ", final_tokens, " tokens need ", need, " blocks",
+                         manager_->num_groups() > 1 ? absl::StrCat(" in group ", g) : "",
+                         "; the pool admits ", admissible));
+      }
     }
     return manager_->add_sequence(seq, prompt);
   }
 
-  absl::StatusOr<int32_t> admit(SeqId seq) override {
+  absl::StatusOr<Work> admit(SeqId seq, int32_t max_tokens) override {
     // A sequence whose admission failed keeps its matched prefix until it retries next
     // step (match_prefix() takes references), so that its host-tier promotions are
     // written before the claim is given back. The retry matches again: the claim's blocks
@@ -289,27 +322,30 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     if (!cached.ok()) return cached.status();
     const auto promoted = static_cast<int32_t>(manager_->stats().host_hit_tokens - host_before);
     matched_[seq] = {.cached_tokens = *cached, .host_tokens = promoted_before + promoted};
-    absl::StatusOr<int32_t> work = uncomputed(seq);
-    if (!work.ok()) return work.status();
-    absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, *work);
+    absl::StatusOr<int32_t> left = uncomputed(seq);
+    if (!left.ok()) return left.status();
+    const int32_t work = std::min(*left, std::max(max_tokens, 0));
+    absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_slots(seq, work);
     if (!slots.ok()) return slots.status();  // ResourceExhausted: keeps its matched prefix
-    // Prefix statistics count admitted prefills only, not retries.
+    // Prefix statistics count admitted prefills only, not retries: the whole prompt, the
+    // chunks to come included.
     const Claim claim = matched_.at(seq);
-    query_tokens_ += claim.cached_tokens + *work;
+    query_tokens_ += claim.cached_tokens + *left;
     hit_tokens_ += claim.cached_tokens;
     host_hit_tokens_ += claim.host_tokens;
     matched_.erase(seq);
-    return *work;
+    return Work{.tokens = work, .remaining = *left - work};
   }
 
-  absl::StatusOr<int32_t> reserve(SeqId seq, bool may_preempt) override {
-    absl::StatusOr<int32_t> work = uncomputed(seq);
-    if (!work.ok()) return work.status();
+  absl::StatusOr<Work> reserve(SeqId seq, bool may_preempt, int32_t max_tokens) override {
+    absl::StatusOr<int32_t> left = uncomputed(seq);
+    if (!left.ok()) return left.status();
+    const int32_t work = std::min(*left, std::max(max_tokens, 0));
     absl::StatusOr<std::span<const int64_t>> slots =
-        may_preempt ? manager_->allocate_slots_or_preempt(seq, *work)
-                    : manager_->allocate_slots(seq, *work);
+        may_preempt ? manager_->allocate_slots_or_preempt(seq, work)
+                    : manager_->allocate_slots(seq, work);
     if (!slots.ok()) return slots.status();
-    return *work;
+    return Work{.tokens = work, .remaining = *left - work};
   }
 
   absl::Status preempt(SeqId seq) override {
@@ -339,6 +375,7 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
   }
 
   AllocatorUsage usage(std::span<const SeqId> running) const override {
+    if (hybrid_) return hybrid_usage(running);
     const int32_t bs = block_size_;
     AllocatorUsage u;
     u.reserved_slots = int64_t{manager_->stats().used_blocks} * bs;
@@ -378,15 +415,51 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
   }
 
   std::string describe() const override {
-    const KvCacheManager::Stats s = manager_->stats();
+    std::string pools;
+    for (int32_t g = 0; g < manager_->num_groups(); ++g) {
+      const KvCacheManager::GroupStats s = manager_->group_stats(g);
+      absl::StrAppend(&pools, g == 0 ? "" : ", ", s.used_blocks, " of ", s.num_blocks);
+    }
     return absl::StrCat(manager_->num_sequences(), " sequences (",
                         manager_->running_sequences().size(), " running, ", matched_.size(),
-                        " holding a matched prefix), ", s.used_blocks, " of ", s.num_blocks,
-                        " blocks used");
+                        " holding a matched prefix), ", pools, " blocks used");
   }
 
  private:
   PagedAllocator() = default;
+
+  static int32_t watermark(const AllocatorSetup& setup, int32_t blocks) {
+    return std::min<int32_t>(
+        static_cast<int32_t>(std::floor(setup.watermark_fraction * static_cast<double>(blocks))),
+        blocks - 1);
+  }
+
+  // The most blocks a sequence of `prompt` tokens growing to `final_tokens` holds at once
+  // in `group`: a full group all of them; a windowed one the blocks that a step of at most
+  // max_chunk_tokens new tokens (the whole prompt when 0) writes, and those before it that
+  // the step's first token still attends to, straddling block boundaries.
+  int64_t peak_blocks(const LayerGroup& group, int32_t prompt, int32_t final_tokens) const {
+    const int64_t all = num_blocks_for_tokens(final_tokens, block_size_);
+    if (group.kind == AttentionKind::kFull) return all;
+    const int64_t step = max_chunk_tokens_ > 0 ? std::min(max_chunk_tokens_, prompt) : prompt;
+    return std::min(all, (step + group.window - 1) / block_size_ + 2);
+  }
+
+  // Hybrid: the running sequences' analytic need against the bytes of every group's
+  // blocks in use.
+  AllocatorUsage hybrid_usage(std::span<const SeqId> running) const {
+    AllocatorUsage u;
+    for (int32_t g = 0; g < manager_->num_groups(); ++g) {
+      u.reserved_slots += int64_t{manager_->group_stats(g).used_blocks} * page_bytes_[g];
+    }
+    auto account = [&](SeqId id) {
+      absl::StatusOr<SequenceView> v = manager_->sequence(id);
+      if (v.ok()) u.token_slots += hybrid_->model.min_bytes_per_sequence(v->num_computed_tokens);
+    };
+    for (SeqId id : running) account(id);
+    for (const auto& [id, cached] : matched_) account(id);
+    return u;
+  }
 
   absl::StatusOr<int32_t> uncomputed(SeqId seq) const {
     absl::StatusOr<SequenceView> v = manager_->sequence(seq);
@@ -408,6 +481,9 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
 
   std::optional<KvCacheManager> manager_;
   int32_t block_size_ = 16;
+  int32_t max_chunk_tokens_ = 0;
+  std::optional<HybridPools> hybrid_;
+  std::vector<int64_t> page_bytes_;            // hybrid: per group
   absl::flat_hash_map<SeqId, Claim> matched_;  // waiting sequences holding a matched prefix
   int64_t query_tokens_ = 0;                   // prompt tokens of admitted prefills
   int64_t hit_tokens_ = 0;                     // of those, served from the prefix cache
@@ -425,6 +501,9 @@ absl::StatusOr<std::unique_ptr<SimAllocator>> make_allocator(const AllocatorSetu
   switch (setup.config.kind) {
     case AllocatorKind::kContiguousMax:
     case AllocatorKind::kContiguousOracle:
+      if (setup.hybrid) {
+        return absl::InvalidArgumentError("hybrid pools need a paged allocator");
+      }
       return std::unique_ptr<SimAllocator>(
           new ContiguousAllocator(setup.budget_tokens, setup.max_model_len,
                                   setup.config.kind == AllocatorKind::kContiguousOracle));

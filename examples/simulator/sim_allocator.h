@@ -13,6 +13,9 @@
 // engine model's vocabulary. Contiguous sequences never grow past their reservation, so
 // they are never preempted.
 //
+// Hybrid models (AllocatorSetup::hybrid): the manager gets one pool per layer group
+// (KvCacheManager::Options::layer_groups), and usage() counts KV bytes.
+//
 // Host tier (paged+prefix, host_cache_tokens > 0): the manager's own (issue 13,
 // docs/allocator.md "Host tier"). Swap space and the tier share one host pool of
 // (swap + tier) blocks, swap first and the tier caching in the rest. Evicted cached device
@@ -24,10 +27,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "pagedkv/kv_cache_config.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/types.h"
 
@@ -43,10 +49,28 @@ struct AllocatorConfig {
 // "contiguous-max", "paged+prefix/16", ...
 std::string allocator_name(const AllocatorConfig& config);
 
-// Memory held at one instant.
+// Memory held at one instant. A hybrid setup counts bytes instead of token slots: the KV
+// bytes its running sequences need at least (KvCacheConfig::min_bytes_per_sequence() of
+// their computed tokens) and the bytes of the blocks held in every group.
 struct AllocatorUsage {
   int64_t token_slots = 0;     // slots holding a token's KV (computed tokens)
   int64_t reserved_slots = 0;  // slots set aside for running sequences
+};
+
+// What one admit() or reserve() call computes.
+struct Work {
+  int32_t tokens = 0;     // tokens whose slots the call reserved (to compute this step)
+  int32_t remaining = 0;  // tokens of the sequence still to compute after them
+};
+
+// A hybrid model's pools (paged allocators): the layer groups KvCacheManager gets, the
+// arrangement they come from (page bytes per group) and the model whose analytic need
+// usage() reports. For every layer treated as full attention, `pools` is one full group.
+struct HybridPools {
+  std::vector<LayerGroup> groups;  // KvCacheConfig::split_budget() of `pools`
+  KvCacheConfig pools;
+  KvCacheConfig model;
+  int64_t budget_bytes = 0;
 };
 
 struct AllocatorCounters {
@@ -73,6 +97,12 @@ struct AllocatorSetup {
   int32_t max_model_len = 8192;
   double watermark_fraction = 0.01;  // paged admission leaves this share of blocks free
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+  // Paged only: layer groups with pools of their own (budget_tokens then only says that
+  // the budget is not empty); no swap space or host tier.
+  std::optional<HybridPools> hybrid;
+  // The most tokens one admit() or reserve() computes (0: any); sizes what a windowed
+  // group holds at once. run_engine() sets it from EngineOptions.
+  int32_t max_chunk_tokens = 0;
 };
 
 class SimAllocator {
@@ -89,14 +119,17 @@ class SimAllocator {
   [[nodiscard]] virtual absl::Status add(SeqId seq, std::span<const TokenId> prompt,
                                          int32_t final_tokens, int32_t num_forks) = 0;
 
-  // Admits a waiting sequence: claims its cached prefix and reserves all its uncomputed
-  // tokens. Returns the tokens to compute (the prefill work; host-tier hits are promoted,
-  // not computed). ResourceExhausted: not now.
-  [[nodiscard]] virtual absl::StatusOr<int32_t> admit(SeqId seq) = 0;
+  // Admits a waiting sequence: claims its cached prefix and reserves its uncomputed
+  // tokens, at most `max_tokens` of them (chunked prefill: the rest in later reserve()
+  // calls). Returns the tokens to compute (the prefill work; host-tier hits are promoted,
+  // not computed) and those left. ResourceExhausted: not now.
+  [[nodiscard]] virtual absl::StatusOr<Work> admit(SeqId seq, int32_t max_tokens) = 0;
 
-  // Reserves a running sequence's uncomputed tokens (its last generated token), preempting
-  // others when `may_preempt`. Returns the tokens to compute. ResourceExhausted: no room.
-  [[nodiscard]] virtual absl::StatusOr<int32_t> reserve(SeqId seq, bool may_preempt) = 0;
+  // Reserves a running sequence's uncomputed tokens (its last generated token, or the next
+  // chunk of its prompt), at most `max_tokens`, preempting others when `may_preempt`.
+  // ResourceExhausted: no room.
+  [[nodiscard]] virtual absl::StatusOr<Work> reserve(SeqId seq, bool may_preempt,
+                                                     int32_t max_tokens) = 0;
 
   // Preempts a running sequence itself (the listener is called).
   [[nodiscard]] virtual absl::Status preempt(SeqId seq) = 0;
@@ -131,7 +164,8 @@ class SimAllocator {
   PreemptionListener listener_;
 };
 
-// Errors: InvalidArgument for a budget that holds no block / slot, or a bad block size.
+// Errors: InvalidArgument for a budget that holds no block / slot, a bad block size, or
+// hybrid pools with a contiguous allocator, swap space or a host tier.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<SimAllocator>> make_allocator(
     const AllocatorSetup& setup);
 

@@ -55,7 +55,11 @@ std::string resolve_trace_path(const SimOptions& options, const std::string& tra
   return (std::filesystem::path(options.traces_dir) / trace).string();
 }
 
-absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions& options) {
+namespace {
+
+// The trace's settings with the options' overrides. Errors: InvalidArgument out of range.
+absl::StatusOr<TraceSettings> settings_for(const Trace& trace, TraceKind kind,
+                                           const SimOptions& options) {
   TraceSettings settings = default_settings(kind, trace.name);
   if (options.budget_gib) settings.budget_gib = *options.budget_gib;
   if (options.time_scale) settings.time_scale = *options.time_scale;
@@ -66,9 +70,53 @@ absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions
                      settings.time_scale, ") must be > 0 and max_model_len (",
                      settings.max_model_len, ") >= 2"));
   }
+  return settings;
+}
+
+int64_t max_requests(const SimOptions& options) {
+  return options.quick ? options.quick_requests : options.max_requests;
+}
+
+// The hybrid study on one loaded trace: utilization for each model, and prefix hits when
+// the trace has hash ids.
+absl::Status run_hybrid(const Trace& loaded, TraceKind kind, const SimOptions& options,
+                        SimReport& report) {
+  absl::StatusOr<TraceSettings> settings = settings_for(loaded, kind, options);
+  if (!settings.ok()) return settings.status();
+  const HybridStudyOptions& h = options.hybrid_options;
+  for (const std::string& name : h.models) {
+    absl::StatusOr<HybridModel> model = hybrid_model(name);
+    if (!model.ok()) return model.status();
+    if (kind == TraceKind::kMooncake) {
+      Trace trace = loaded;
+      truncate_trace(trace, max_requests(options));
+      absl::StatusOr<HybridHitStudy> hits = hybrid_hit_study(trace, *model, h);
+      if (!hits.ok()) return hits.status();
+      report.hybrid_hits.push_back(*std::move(hits));
+    }
+    Trace trace = loaded;
+    truncate_trace(trace, max_requests(options));
+    clamp_to_model_len(trace, settings->max_model_len);
+    scale_arrivals(trace, settings->time_scale);
+    const int64_t tokens =
+        kind == TraceKind::kMooncake ? h.mooncake_budget_tokens : h.azure_budget_tokens;
+    absl::StatusOr<HybridUtilRun> util =
+        hybrid_util_run(trace, *model, tokens * model->config.bytes_per_token(),
+                        settings->max_model_len, h, options.engine);
+    if (!util.ok()) return util.status();
+    report.hybrid_util.push_back(*std::move(util));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions& options) {
+  absl::StatusOr<TraceSettings> checked = settings_for(trace, kind, options);
+  if (!checked.ok()) return checked.status();
+  const TraceSettings settings = *checked;
   if (absl::Status s = options.spec.validate(); !s.ok()) return s;
-  const int64_t max_requests = options.quick ? options.quick_requests : options.max_requests;
-  truncate_trace(trace, max_requests);
+  truncate_trace(trace, max_requests(options));
 
   TraceRun run;
   run.trace = trace.name;
@@ -139,6 +187,10 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
     absl::StatusOr<Trace> trace = read_trace(path);
     if (!trace.ok()) return trace.status();
     const TraceKind kind = kind_of(path);
+    if (options.hybrid || options.hybrid_only) {
+      if (absl::Status s = run_hybrid(*trace, kind, options, report); !s.ok()) return s;
+      if (options.hybrid_only) continue;
+    }
     if (kind == TraceKind::kMooncake && !eviction_done) {
       // The eviction study always replays the whole trace: it takes well under a second.
       absl::StatusOr<std::vector<EvictionRow>> rows =
@@ -157,7 +209,7 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
     if (!run.ok()) return run.status();
     report.runs.push_back(std::move(*run));
   }
-  if (synthetic) {
+  if (synthetic && !options.hybrid_only) {
     absl::StatusOr<Trace> trace = generate_synthetic(options.synthetic_options);
     if (!trace.ok()) return trace.status();
     absl::StatusOr<TraceRun> run = run_trace(std::move(*trace), TraceKind::kSynthetic, options);

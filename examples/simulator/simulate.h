@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine.h"
+#include "hybrid.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "report.h"
 #include "synthetic.h"
@@ -60,6 +61,12 @@ struct SimOptions {
   // (engine.prefill_ms_per_1k_tokens).
   std::vector<TierSize> tier_sizes = {{1024, 3072},  {4096, 12288}, {16384, 49152}, {1024, 0, 2},
                                       {1024, 0, 32}, {4096, 0, 2},  {4096, 0, 32}};
+  // The hybrid-model study (hybrid.h): utilization and concurrency on every trace, prefix
+  // hits on the Mooncake traces, for each of hybrid_options.models. hybrid_only skips the
+  // allocator comparison and the eviction and tier studies.
+  bool hybrid = false;
+  bool hybrid_only = false;
+  HybridStudyOptions hybrid_options;
   // Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x 2 bytes x 2 = 128 KiB per token.
   KvCacheSpec spec{.num_layers = 32,
                    .num_kv_heads = 8,

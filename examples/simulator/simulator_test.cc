@@ -433,6 +433,73 @@ TEST_CASE("engine: utilization is token slots over reserved slots, step by step"
   }
 }
 
+TEST_CASE("engine: chunked prefill computes a prompt over several steps", "[simulator]") {
+  // Prompt 40 tokens, output 3, 16 prompt tokens per step: steps 1-3 compute 16, 16 and 8
+  // prompt tokens (the third also generates the first token), steps 4 and 5 one token each.
+  Trace t;
+  t.name = "chunked";
+  t.requests = {make_request(40, 3)};
+  AllocatorSetup setup;
+  setup.config = {.kind = AllocatorKind::kPaged, .block_size = 4};
+  setup.budget_tokens = 256;
+  setup.max_model_len = 64;
+  setup.watermark_fraction = 0;
+  EngineOptions engine;
+  engine.chunked_prefill = true;
+  engine.max_prefill_tokens = 16;
+  engine.check_invariants = true;
+  absl::StatusOr<EngineResult> r = run_engine(t, setup, engine);
+  REQUIRE(r.ok());
+  CHECK(r->completed == 1);
+  CHECK(r->steps == 5);
+  CHECK(r->generated_tokens == 3);
+  CHECK(r->sim_time_s == Approx(5 * 0.020 + 0.050 * 40 / 1000));
+  engine.chunked_prefill = false;
+  r = run_engine(t, setup, engine);
+  REQUIRE(r.ok());
+  CHECK(r->steps == 3);
+}
+
+TEST_CASE("engine: hybrid pools count KV bytes against the analytic need", "[simulator]") {
+  // One request of 100 prompt + 2 output tokens, window 32, blocks of 16: the window group
+  // holds the blocks of the last chunk and those before it that its first token attends to.
+  Trace t;
+  t.name = "hybrid";
+  t.requests = {make_request(100, 2)};
+  const KvCacheConfig config{
+      .groups = {{.kind = AttentionKind::kSlidingWindow, .window = 32, .shape = {.num_layers = 3}},
+                 {.kind = AttentionKind::kFull, .shape = {.num_layers = 1}}},
+      .block_size = 16};
+  AllocatorSetup setup;
+  setup.config = {.kind = AllocatorKind::kPaged, .block_size = 16};
+  setup.budget_tokens = 1;
+  setup.max_model_len = 128;
+  setup.watermark_fraction = 0;
+  setup.hybrid =
+      HybridPools{.groups = {{.kind = AttentionKind::kSlidingWindow, .window = 32, .num_blocks = 8},
+                             {.kind = AttentionKind::kFull, .num_blocks = 16}},
+                  .pools = config,
+                  .model = config,
+                  .budget_bytes = 8 * config.page_bytes(0) + 16 * config.page_bytes(1)};
+  EngineOptions engine;
+  engine.chunked_prefill = true;
+  engine.max_prefill_tokens = 32;
+  engine.check_invariants = true;
+  absl::StatusOr<EngineResult> r = run_engine(t, setup, engine);
+  REQUIRE(r.ok());
+  CHECK(r->completed == 1);
+  CHECK(r->steps == 5);  // 32 + 32 + 32 + 4 prompt tokens, then one decode step
+  CHECK(r->mean_utilization > 0.3);
+  CHECK(r->mean_utilization < 1.0);
+  CHECK(r->mean_reserved < 1.0);
+  // The whole prompt in one step would need 7 window blocks; a pool of 4 refuses it.
+  setup.hybrid->groups[0].num_blocks = 4;
+  engine.chunked_prefill = false;
+  r = run_engine(t, setup, engine);
+  REQUIRE(r.ok());
+  CHECK(r->rejected == 1);
+}
+
 TEST_CASE("engine: a pool too small for two growing requests preempts and still finishes",
           "[simulator]") {
   // Two requests of 6 prompt + 12 output tokens in 6 blocks of 4 tokens: both are
