@@ -432,5 +432,109 @@ TEST_CASE("partial-block reuse needs the block in every group", "[layer_groups][
   }
 }
 
+// Windowed eviction (docs/allocator.md, "Eviction in windowed groups"). Window of 6 tokens,
+// blocks of 4: a hit of p blocks needs windowed entries p - 2 and p - 1.
+TEST_CASE("windowed blocks that complete a checkpoint's window outlive the others",
+          "[layer_groups][windowed_eviction]") {
+  // Checkpoints every 16 tokens (4 blocks): entries 2, 3 (point 4) and 6, 7 (point 8) of a
+  // 33-token prompt rank above entries 0, 1, 4, 5. The window pool holds that prompt's 9
+  // blocks and nothing more.
+  auto run = [](int32_t checkpoint_tokens) {
+    KvCacheManager m =
+        hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 64, 9,
+               {.window_checkpoint_tokens = checkpoint_tokens, .window_checkpoint_levels = 1});
+    const std::vector<TokenId> prompt = iota_tokens(33);
+    admit(m, 1, prompt);
+    allocate(m, 1, 33);
+    end_step(m);
+    REQUIRE(m.free(1).ok());
+    // 17 unrelated tokens take the clean partial block and evict four cached ones.
+    admit(m, 2, iota_tokens(17, 5000));
+    allocate(m, 2, 17);
+    end_step(m);
+    REQUIRE(m.free(2).ok());
+    CHECK(m.group_stats(kWindow).evictions == 4);
+    // The first 32 tokens again, then others: the full group holds 8 blocks.
+    std::vector<TokenId> again(prompt.begin(), prompt.begin() + 32);
+    for (TokenId t = 9000; t < 9005; ++t) again.push_back(t);
+    REQUIRE(m.add_sequence(3, again).ok());
+    absl::StatusOr<int32_t> hit = m.match_prefix(3);
+    REQUIRE(hit.ok());
+    require_valid(m);
+    return *hit;
+  };
+  // The rule evicts entries 0, 1, 4, 5 and keeps the window of 8 blocks.
+  CHECK(run(16) == 32);
+  // Without checkpoints the prompt's entries share one class and go least recently
+  // released first: 7, 6, 5, 4 (freed tail first); the longest window left is of 4 blocks.
+  CHECK(run(0) == 16);
+}
+
+TEST_CASE("the window of a match's branch point outlives blocks released after it",
+          "[layer_groups][windowed_eviction]") {
+  // No checkpoints: a windowed block ranks top if it completes a branch point of the match
+  // of the sequence that releases it, else lowest.
+  KvCacheManager m =
+      hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 64, 12, {.window_checkpoint_tokens = 0});
+  const std::vector<TokenId> prompt = iota_tokens(33);
+  admit(m, 1, prompt);
+  allocate(m, 1, 33);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // A prompt that shares the first 20 tokens hits all 5 blocks (window entries 3 and 4)
+  // and releases entries 3 and 4 in the top class.
+  std::vector<TokenId> branch(prompt.begin(), prompt.begin() + 20);
+  branch.push_back(7000);
+  REQUIRE(m.add_sequence(2, branch).ok());
+  REQUIRE(*m.match_prefix(2) == 20);
+  allocate(m, 2, 1);
+  end_step(m);
+  REQUIRE(m.free(2).ok());
+  // 60 unrelated tokens, a block per step, hold 3 blocks at a time and release the rest
+  // behind the window: 15 blocks, the first 4 clean, then 11 evictions. Least recently
+  // released first, those would reach entries 4 and 3 after the first prompt's other six;
+  // in their class the evictions take the first prompt's six, then five of the new
+  // prompt's own released blocks.
+  admit(m, 3, iota_tokens(60, 5000));
+  for (int32_t k = 0; k < 15; ++k) {
+    allocate(m, 3, 4);
+    end_step(m);
+  }
+  CHECK(m.group_stats(kWindow).evictions == 11);
+  REQUIRE(m.free(3).ok());
+  // The branch point's window is still there; the 8-block prefix's (entries 6, 7) is not,
+  // so a prompt that shares 32 tokens hits the same 20.
+  for (const auto& [length, seq] : {std::pair{20, 10}, std::pair{32, 11}}) {
+    std::vector<TokenId> again(prompt.begin(), prompt.begin() + length);
+    again.push_back(8000);
+    REQUIRE(m.add_sequence(seq, again).ok());
+    CHECK(*m.match_prefix(seq) == 20);
+    REQUIRE(m.free(seq).ok());
+  }
+  require_valid(m);
+}
+
+TEST_CASE("windowed blocks cached after an evicted anchor block are reused first",
+          "[layer_groups][windowed_eviction]") {
+  // Full pool of 10, window pool of 20. A 33-token prompt caches 8 blocks in each group;
+  // 33 unrelated tokens then take the full pool's 2 clean blocks and evict 7 of the
+  // prompt's cached ones, freed tail first: 7 down to 1. No hit can verify the window
+  // entries cached after them (entries 2 to 7) any more: they become clean.
+  KvCacheManager m = hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 10, 20);
+  admit(m, 1, iota_tokens(33));
+  allocate(m, 1, 33);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  CHECK(m.device_pool(kWindow).stats().cached_blocks == 8);
+  admit(m, 2, iota_tokens(33, 5000));
+  allocate(m, 2, 33);
+  CHECK(m.group_stats(kFull).evictions == 7);
+  // Entries 0 and 1 (cached after no block and after block 0) stay; the second prompt
+  // cached 8 of its own.
+  CHECK(m.device_pool(kWindow).stats().cached_blocks == 2 + 8);
+  CHECK(m.group_stats(kWindow).evictions == 0);
+  require_valid(m);
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -116,12 +116,16 @@ int64_t median_request_tokens(const Trace& trace) {
 
 absl::StatusOr<HitReplayResult> replay_manager_hits(const Trace& trace,
                                                     std::span<const LayerGroup> groups,
-                                                    int32_t block_size, int32_t chunk_tokens) {
+                                                    int32_t block_size, int32_t chunk_tokens,
+                                                    int32_t checkpoint_tokens,
+                                                    int32_t checkpoint_levels) {
   int32_t longest = 1;
   for (const Request& r : trace.requests) longest = std::max(longest, r.input_length);
   absl::StatusOr<KvCacheManager> created = KvCacheManager::create(
       {.block_size = block_size,
        .max_model_len = longest,
+       .window_checkpoint_tokens = checkpoint_tokens,
+       .window_checkpoint_levels = checkpoint_levels,
        .enable_prefix_caching = true,
        .layer_groups = std::vector<LayerGroup>(groups.begin(), groups.end())});
   if (!created.ok()) return created.status();
@@ -229,11 +233,13 @@ absl::StatusOr<HybridHitStudy> hybrid_hit_study(const Trace& trace, const Hybrid
     }
     if (options.manager) {
       absl::StatusOr<HitReplayResult> manager =
-          replay_manager_hits(trace, row.groups, options.block_size, options.chunk_tokens);
+          replay_manager_hits(trace, row.groups, options.block_size, options.chunk_tokens,
+                              options.checkpoint_tokens, options.checkpoint_levels);
       if (!manager.ok()) return manager.status();
       row.manager = *std::move(manager);
       manager = replay_manager_hits(trace, full_first(row.groups), options.block_size,
-                                    options.chunk_tokens);
+                                    options.chunk_tokens, options.checkpoint_tokens,
+                                    options.checkpoint_levels);
       if (!manager.ok()) return manager.status();
       row.manager_fixed = *std::move(manager);
       row.has_manager = true;
@@ -264,7 +270,7 @@ absl::StatusOr<HybridHitStudy> hybrid_hit_study(const Trace& trace, const Hybrid
     fresh.replace_stale = fresh.uncache_dead_windows = false;
     HybridReplayOptions unfixed = proposed;
     unfixed.anchor_cached_first = false;
-    row.ablation.push_back({"LRU (the manager today)", row.lru});
+    row.ablation.push_back({"LRU (the manager before the rule)", row.lru});
     row.ablation.push_back({"+ anchor cached first", row.fixed});
     for (const auto& [name, o] :
          {std::pair<std::string, HybridReplayOptions>{"+ branch-point class", classes},
@@ -275,7 +281,7 @@ absl::StatusOr<HybridHitStudy> hybrid_hit_study(const Trace& trace, const Hybrid
     }
     row.ablation.push_back(
         {absl::StrCat("+ checkpoints every ", commas(options.checkpoint_tokens), " tokens, ",
-                      options.checkpoint_levels, " levels (proposed)"),
+                      options.checkpoint_levels, " levels (the manager)"),
          row.proposed});
     for (const auto& [name, o] :
          {std::pair<std::string, HybridReplayOptions>{
@@ -381,26 +387,26 @@ std::string format_hybrid_hit_study(const HybridHitStudy& s) {
       commas(s.target_tokens), commas(s.chunk_tokens), s.vllm_grouping);
   out += fmt::format(
       "{:>6} {:>8} {:>32} {:>10} | {:>11} {:>5} | {:>11} {:>5} | {:>11} {:>5} | "
-      "{:>11} {:>5} | {:>7} {:>7} | {}\n",
-      "pool", "GiB", "pagedkv pools (blocks)", "vLLM blocks", "manager", "ratio", "anchor 1st",
-      "ratio", "proposed", "ratio", "vLLM rule", "ratio", "mgr/vLLM", "prop/vLLM",
-      "models = manager");
+      "{:>11} {:>5} | {:>7} | {}\n",
+      "pool", "GiB", "pagedkv pools (blocks)", "vLLM blocks", "LRU", "ratio", "anchor 1st", "ratio",
+      "manager", "ratio", "vLLM rule", "ratio", "mgr/vLLM", "model = manager");
   for (const HybridHitRow& r : s.rows) {
-    const HitReplayResult& today = r.has_manager ? r.manager : r.lru;
-    const HitReplayResult& fixed = r.has_manager ? r.manager_fixed : r.fixed;
+    // The manager's rule is the proposed one; without a manager run, its model stands in.
+    const HitReplayResult& manager = r.has_manager ? r.manager : r.proposed;
     auto same = [](const HitReplayResult& a, const HitReplayResult& b) {
       return a.hit_tokens == b.hit_tokens && a.full_hold_tokens == b.full_hold_tokens;
     };
     out += fmt::format(
         "{:>5.1f}% {:>8.1f} {:>32} {:>10} | {:>11} {:>5.3f} | {:>11} {:>5.3f} | {:>11} {:>5.3f} | "
-        "{:>11} {:>5.3f} | {:>7.3f} {:>7.3f} | {}\n",
+        "{:>11} {:>5.3f} | {:>7.3f} | {}\n",
         100 * r.fraction, gib(r.budget_bytes), pools_text(r.groups), commas(r.vllm_blocks),
-        commas(today.hit_tokens), today.of_full_hold(), commas(fixed.hit_tokens),
-        fixed.of_full_hold(), commas(r.proposed.hit_tokens), r.proposed.of_full_hold(),
+        commas(r.lru.hit_tokens), r.lru.of_full_hold(), commas(r.fixed.hit_tokens),
+        r.fixed.of_full_hold(), commas(manager.hit_tokens), manager.of_full_hold(),
         commas(r.vllm.hit_tokens), r.vllm.of_full_hold(),
-        ratio(today.hit_tokens, r.vllm.hit_tokens), ratio(r.proposed.hit_tokens, r.vllm.hit_tokens),
-        r.has_manager ? (same(r.manager, r.lru) && same(r.manager_fixed, r.fixed) ? "yes" : "NO")
-                      : "not run");
+        ratio(manager.hit_tokens, r.vllm.hit_tokens),
+        r.has_manager
+            ? (same(r.manager, r.proposed) && same(r.manager_fixed, r.proposed) ? "yes" : "NO")
+            : "not run");
   }
   out += "The proposed rule built up (hit tokens / full hold):\n";
   if (!s.rows.empty()) {
@@ -419,7 +425,7 @@ std::string format_hybrid_hit_study(const HybridHitStudy& s) {
       "mid-prompt / at free / never cached or stale), median requests since its eviction; "
       "window pool evictions (mid / at free) and mean age in requests, full pool's:\n";
   for (const HybridHitRow& r : s.rows) {
-    for (const auto& [name, a] : {std::pair<const char*, const CutAnalysis&>{"today", r.analysis},
+    for (const auto& [name, a] : {std::pair<const char*, const CutAnalysis&>{"LRU", r.analysis},
                                   {"anchor 1st", r.fixed_analysis},
                                   {"proposed", r.proposed_analysis}}) {
       out += fmt::format(

@@ -56,11 +56,12 @@ int64_t median_request_tokens(const Trace& trace);
 // The replay rule through a KvCacheManager with `groups` (prefix caching on): per request
 // add_sequence, the full-attention groups' verified chain (what they hold, read through
 // BlockPool::find_cached on the first full group's pool), match_prefix, allocate_slots in
-// chunks of chunk_tokens (0: the whole prompt) each ended by take_step_ops, free.
-// Errors: the manager's, with the request.
+// chunks of chunk_tokens (0: the whole prompt) each ended by take_step_ops, free. The
+// windowed groups' checkpoints are the manager's Options::window_checkpoint_tokens and
+// window_checkpoint_levels. Errors: the manager's, with the request.
 [[nodiscard]] absl::StatusOr<HitReplayResult> replay_manager_hits(
     const Trace& trace, std::span<const LayerGroup> groups, int32_t block_size,
-    int32_t chunk_tokens);
+    int32_t chunk_tokens, int32_t checkpoint_tokens = 16384, int32_t checkpoint_levels = 5);
 
 struct HybridStudyOptions {
   std::vector<std::string> models = {"gemma-3-27b", "gpt-oss-120b"};
@@ -92,14 +93,14 @@ struct HybridHitRow {
   std::vector<LayerGroup> groups;  // pagedkv's pools, in the planner's order
   int64_t vllm_blocks = 0;         // vLLM's usable blocks (its pool less the null block)
   bool has_manager = false;
-  HitReplayResult manager;              // the KvCacheManager, groups as the planner lists them
-  HitReplayResult manager_fixed;        // the KvCacheManager, the full group listed first
-  HitReplayResult lru;                  // the model of the manager's rule (equal to `manager`)
-  HitReplayResult fixed;                // the model, anchor cached first (equal to manager_fixed)
-  HitReplayResult proposed;             // the model with HybridReplayOptions::proposed()
-  HitReplayResult vllm;                 // the model of vLLM's rule
+  HitReplayResult manager;        // the KvCacheManager, groups as the planner lists them
+  HitReplayResult manager_fixed;  // the KvCacheManager, the full group listed first
+  HitReplayResult lru;            // the model of plain LRU pools (the manager before its rule)
+  HitReplayResult fixed;          // plain LRU, the anchor cached first
+  HitReplayResult proposed;       // HybridReplayOptions::proposed(): the manager's rule
+  HitReplayResult vllm;           // the model of vLLM's rule
   std::vector<HybridVariant> ablation;  // the proposed rule built up step by step
-  CutAnalysis analysis;                 // where the manager's rule loses hits (its model)
+  CutAnalysis analysis;                 // where plain LRU loses hits (its model)
   CutAnalysis fixed_analysis;
   CutAnalysis proposed_analysis;
 };

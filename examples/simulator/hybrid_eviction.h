@@ -19,10 +19,10 @@
 // group's verified chain from block 0 (each block after its parent's content), then each
 // windowed group the longest prefix whose window it holds (each entry verified after the
 // anchor's block before it, the anchor being the first full group), in turn until they
-// agree (KvCacheManager::match_prefix). With WindowRule::kLru this is KvCacheManager's own
-// rule: the tests check that the model hits, token for token, what the manager hits on the
-// same replay. WindowRule::kRetainHitPoints is the windowed eviction rule proposed in
-// docs/results.md ("Hybrid models").
+// agree (KvCacheManager::match_prefix). HybridReplayOptions::proposed() is
+// KvCacheManager's own rule (docs/results.md, "Hybrid models"): the tests check that the
+// model hits, token for token, what the manager hits on the same replay. WindowRule::kLru
+// with the other options off is the manager before that rule (plain LRU pools).
 //
 // vLLM (replay_vllm_model): one shared pool of equal blocks (vLLM's grouping with padding,
 // capacity_plan.h vllm_grouping()), one free queue over (hash, KV cache group) blocks,
@@ -92,7 +92,7 @@ enum class HitPoint : uint8_t {
 
 // The windowed groups' eviction rule (pagedkv arrangement).
 enum class WindowRule : uint8_t {
-  kLru,  // KvCacheManager today: one LRU per pool
+  kLru,  // one LRU per pool (the manager before kRetainHitPoints)
   // The proposed rule's retention classes: a windowed block goes, when released, to an
   // LRU list by the most useful hit point it completes (it is among the windowed entries
   // that point needs): highest a branch point (where the full groups' chain ended at the
@@ -104,8 +104,8 @@ enum class WindowRule : uint8_t {
 
 struct HybridReplayOptions {
   int32_t chunk_tokens = 8192;  // prompt tokens per step; 0: the whole prompt at once
-  // KvCacheManager::offer_computed_blocks() today caches group after group in index
-  // order, a windowed group after the anchor's content keys as they are then; a windowed
+  // false: the blocks are cached group after group in index order (the manager before
+  // the fix), a windowed group after the anchor's content keys as they are then; a windowed
   // group listed before the anchor (as the planner lists Gemma 3 and gpt-oss) reads the
   // keys of recomputed anchor blocks before they become standbys and take the indexed
   // copy's key, so it caches them after contents that never verify. true: the anchor's

@@ -81,6 +81,14 @@ class BlockPool {
     // Indexed blocks are also found by their first tokens (longest_partial_match()): a
     // hash-map entry per indexed block, for partial-block reuse.
     bool index_partial_prefixes = false;
+    // For the anchor group of a hybrid model: the content keys whose last cached copy left
+    // the index (evicted or uncached, no standby left) are logged (take_dead_contents()).
+    bool log_dead_contents = false;
+    // For a windowed layer group: cached blocks are also found by their parent content
+    // key (uncache_children()), and a block whose hash, tokens and extra keys an indexed
+    // block holds after other parent contents replaces that stale copy (and its standbys,
+    // which become uncached) instead of being refused.
+    bool index_children = false;
   };
 
   struct Stats {
@@ -273,6 +281,21 @@ class BlockPool {
   // for two tiers).
   void reset_prefix_cache(bool emit_event);
 
+  // The windowed groups' interface (Options::log_dead_contents, index_children).
+  struct DeadContent {
+    BlockHash hash;
+    uint64_t content_key = 0;
+  };
+  // Moves the contents logged as dead since the last call into `out` (cleared first).
+  void take_dead_contents(std::vector<DeadContent>& out) {
+    out.clear();
+    out.swap(dead_contents_);
+  }
+  bool has_dead_contents() const { return !dead_contents_.empty(); }
+  // Uncaches every cached block entered after the contents `parent_key` names: no hit
+  // can verify it again. Free ones become clean (reused first).
+  void uncache_children(uint64_t parent_key);
+
   // The host tier's interface: evictions, lookups by content key, imported copies.
   bool has_evictions() const { return !evicted_.empty(); }
   // Moves the evictions logged since the last call into `out` (cleared first).
@@ -328,6 +351,10 @@ class BlockPool {
   void expire_retention();
   int64_t now_ms() const;
   void emit_removed(const BlockHash& hash);
+  void left_index(BlockId block, const BlockHash& hash);
+  void drop_from_cache(BlockId block);
+  void replace_stale_copies(const BlockHash& hash, uint64_t parent_key,
+                            std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys);
 
   // Invariants (checked by check_invariants()):
   //   used_blocks_ + free_clean + cached_free_blocks_ == num_blocks_
@@ -352,6 +379,10 @@ class BlockPool {
   std::vector<Expiry> expiries_;  // min-heap by time; entries of re-queued blocks are stale
   bool log_evictions_ = false;    // Options::log_evictions
   std::vector<EvictedBlock> evicted_;
+  bool log_dead_contents_ = false;  // Options::log_dead_contents
+  std::vector<DeadContent> dead_contents_;
+  bool replace_stale_ = false;  // Options::index_children
+  std::vector<BlockId> scratch_children_;
   std::unique_ptr<internal::FreeQueue> free_queue_;
   std::unique_ptr<internal::HashIndex> hash_index_;
 };

@@ -156,6 +156,14 @@ class KvCacheManager {
     // be recomputed. Each device pool then also indexes its cached blocks by their first
     // token (a hash-map entry per cached block).
     bool enable_partial_block_reuse = false;
+    // Windowed groups' eviction (docs/allocator.md, "Eviction in windowed groups"): a block
+    // released behind a window, or with its sequence, keeps a retention class by the hit
+    // points whose windows it completes: where a match's full-group chain and its hit
+    // ended (branch points), then checkpoints every window_checkpoint_tokens and each of
+    // window_checkpoint_levels - 1 finer levels at half the spacing; the rest is evicted
+    // first. 0 tokens or 0 levels: no checkpoint classes.
+    int32_t window_checkpoint_tokens = 16384;
+    int32_t window_checkpoint_levels = 5;
     int32_t watermark_blocks = 0;  // blocks an admission leaves free while others run
     bool enable_prefix_caching = true;
     PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // default policy's mode
@@ -486,12 +494,15 @@ class KvCacheManager {
   int32_t release_end(const internal::Sequence& seq, const internal::GroupPools& g,
                       int32_t& freed) const;
   void release_behind_window(internal::Sequence& seq, internal::GroupPools& g, int32_t end);
+  int32_t window_priority(const internal::Sequence& seq, const internal::GroupPools& g,
+                          int32_t entry) const;
+  void bury_dead_windows();
   void write_slots(const BlockId* blocks, int32_t offset, std::span<int64_t> slots) const;
   void grow_table(internal::Sequence& seq, internal::GroupPools& g, const GroupPlan& plan,
                   int32_t write_block, int32_t valid_tokens);
   void allocate_device_blocks(internal::GroupPools& g, std::span<BlockId> out);
   // Prefix matching (prefix_match.cc).
-  int32_t find_hit(const internal::Sequence& seq, int32_t max_blocks);
+  int32_t find_hit(const internal::Sequence& seq, int32_t max_blocks, int32_t* chain_end);
   int32_t match_chain(const internal::Sequence& seq, internal::GroupPools& g, int32_t max_blocks);
   bool window_entry(const internal::Sequence& seq, internal::GroupPools& g, int32_t i);
   int32_t window_hit(const internal::Sequence& seq, internal::GroupPools& g, int32_t p);
@@ -547,6 +558,7 @@ class KvCacheManager {
   std::vector<absl::Status> batch_statuses_;
   Stats counters_;  // the manager's own counters; stats() adds the pools' and the tiers'
   std::vector<GroupStats> group_counters_;  // per group: hits and window releases
+  std::vector<BlockPool::DeadContent> dead_;  // scratch of bury_dead_windows()
 };
 
 }  // namespace pagedkv

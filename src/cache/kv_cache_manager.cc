@@ -30,6 +30,10 @@ namespace {
 // In int64: a lookahead near INT32_MAX must not wrap the block count.
 int64_t div_ceil(int64_t a, int32_t b) { return (a + b - 1) / b; }
 
+// Windowed eviction classes map to retention priorities just below the default, so a
+// user's retention range (a higher priority) still wins.
+constexpr int32_t kMaxCheckpointLevels = 16;
+
 // " in group g" for models of several groups: messages of one-group models stay as they were.
 std::string in_group(const GroupPools& g, size_t num_groups) {
   return num_groups > 1 ? absl::StrCat(" in group ", g.index) : std::string();
@@ -96,6 +100,13 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
   if (options.hash_fn == nullptr) {
     return absl::InvalidArgumentError("KvCacheManager: hash_fn must not be null");
   }
+  if (options.window_checkpoint_tokens < 0 || options.window_checkpoint_levels < 0 ||
+      options.window_checkpoint_levels > kMaxCheckpointLevels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheManager: window_checkpoint_tokens ", options.window_checkpoint_tokens,
+                     " must be >= 0 and window_checkpoint_levels ",
+                     options.window_checkpoint_levels, " in [0, ", kMaxCheckpointLevels, "]"));
+  }
   if (options.enable_host_cache &&
       (!options.enable_prefix_caching || (!grouped && options.num_host_blocks == 0))) {
     return absl::InvalidArgumentError(
@@ -115,18 +126,31 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
         absl::StrCat("KvCacheManager: watermark_blocks ", options.watermark_blocks,
                      " must be in [0, num_blocks ", first_blocks, ")"));
   }
+  // With windowed groups that cache, the anchor reports contents it loses, and the
+  // windowed pools drop the blocks cached after them (docs/allocator.md).
+  const bool windowed_caching =
+      options.enable_prefix_caching &&
+      std::any_of(layer_groups.begin(), layer_groups.end(),
+                  [](const LayerGroup& g) { return g.kind != AttentionKind::kFull; });
+  const auto anchor = static_cast<size_t>(
+      std::find_if(layer_groups.begin(), layer_groups.end(),
+                   [](const LayerGroup& g) { return g.kind == AttentionKind::kFull; }) -
+      layer_groups.begin());
   try {
     std::vector<GroupPools> groups;
     for (size_t i = 0; i < layer_groups.size(); ++i) {
       const LayerGroup& spec = layer_groups[i];
-      auto device =
-          BlockPool::create({.num_blocks = spec.num_blocks,
-                             .block_size = options.block_size,
-                             .enable_caching = options.enable_prefix_caching,
-                             .event_sink = options.event_sink,
-                             .clock = options.clock,
-                             .log_evictions = options.enable_host_cache,
-                             .index_partial_prefixes = options.enable_partial_block_reuse});
+      const bool windowed = spec.kind != AttentionKind::kFull;
+      const bool logs_deaths = windowed_caching && i == anchor;
+      auto device = BlockPool::create({.num_blocks = spec.num_blocks,
+                                       .block_size = options.block_size,
+                                       .enable_caching = options.enable_prefix_caching,
+                                       .event_sink = options.event_sink,
+                                       .clock = options.clock,
+                                       .log_evictions = options.enable_host_cache,
+                                       .index_partial_prefixes = options.enable_partial_block_reuse,
+                                       .log_dead_contents = logs_deaths,
+                                       .index_children = windowed_caching && windowed});
       if (!device.ok()) return device.status();
       auto host = BlockPool::create({.num_blocks = spec.num_host_blocks,
                                      .block_size = options.block_size,
@@ -137,7 +161,9 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                                      // Host blocks take the content keys of the device
                                      // blocks they copy: the host's own keys (blocks renewed
                                      // for swapping) are drawn apart from the device's.
-                                     .first_content_key = uint64_t{1} << 63});
+                                     .first_content_key = uint64_t{1} << 63,
+                                     .log_dead_contents = logs_deaths,
+                                     .index_children = windowed_caching && windowed});
       if (!host.ok()) return host.status();
       // The watermark scaled to the group's pool, rounded up: the same headroom share.
       const int64_t watermark =
@@ -373,6 +399,9 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   seq.num_computed = static_cast<int32_t>(new_total);
   set_state(seq, SequenceState::kRunning);
   if (seq.num_offered_blocks < seq.num_computed / bs) offer_computed_blocks(seq);
+  if (windowed_ && anchor_ >= 0) [[unlikely]] {
+    bury_dead_windows();
+  }
   return std::span<const int64_t>(slot_mapping_).first(num_new_tokens);
 }
 
@@ -422,16 +451,74 @@ void KvCacheManager::grow_table(Sequence& seq, GroupPools& g, const GroupPlan& p
 
 // Releases the entries [first_held, end) of a windowed group's table: no future token of
 // the sequence attends to them. Hashed blocks stay cached, so a later prompt can still hit
-// them; they go in table order, so the free queue evicts a window from its start.
+// them, in the retention class of the hit points they complete (window_priority()); they
+// go in table order, so within a class the free queue evicts a window from its start.
 void KvCacheManager::release_behind_window(Sequence& seq, GroupPools& g, int32_t end) {
   GroupTable& t = seq.tables[g.index];
   BlockId last_clean = kNoBlock;
   for (int32_t i = t.first_held; i < end; ++i) {
+    g.device.set_retention_unchecked(t.blocks[i], window_priority(seq, g, i), 0);
     ledger_->release(g.device, Hold::kDevice, g.index, t.blocks[i], last_clean);
     t.blocks[i] = kNoBlock;
   }
   group_counters_[g.index].released_blocks += end - t.first_held;
   t.first_held = end;
+}
+
+// The retention priority of entry i of a windowed group when `seq` releases it: the class
+// of the most useful hit point whose window holds the entry (a hit of p blocks needs
+// entries first_needed_block(p x block_size) to p - 1). Top: the branch points of the
+// sequence's match (its full-group chain's end, its hit's end: a later prompt is likely to
+// stop there again); below, the checkpoints, coarser ones higher; lowest, none.
+int32_t KvCacheManager::window_priority(const Sequence& seq, const GroupPools& g,
+                                        int32_t entry) const {
+  const int32_t bs = options_.block_size;
+  const int32_t levels =
+      options_.window_checkpoint_tokens > 0 ? options_.window_checkpoint_levels : 0;
+  const int32_t top = 2 + levels;
+  // A hit point lies within the sequence's full blocks: past them, no later prompt with
+  // this content can stop there.
+  const int64_t full_blocks = static_cast<int64_t>(seq.tokens.size()) / bs;
+  auto completes = [&](int64_t point) {  // in blocks
+    return point > entry && point <= full_blocks && g.first_needed_block(point * bs, bs) <= entry;
+  };
+  int32_t cls = 1;
+  if (completes(seq.match_chain_end) || completes(seq.match_hit)) {
+    cls = top;
+  } else {
+    int64_t spacing = options_.window_checkpoint_tokens;
+    for (int32_t level = 0; level < levels && spacing >= bs; ++level, spacing /= 2) {
+      // The first checkpoint past the entry; a later one's window starts later still.
+      const int64_t k = div_ceil(int64_t{entry + 1} * bs, static_cast<int32_t>(spacing));
+      if (completes(k * spacing / bs)) {
+        cls = top - 1 - level;
+        break;
+      }
+    }
+  }
+  return kDefaultRetentionPriority - (top - cls);
+}
+
+// Drops the windowed blocks cached after anchor contents that are gone from both of the
+// anchor's pools: no hit can verify them again, and they would outlive their anchors.
+void KvCacheManager::bury_dead_windows() {
+  GroupPools& anchor = groups_[anchor_];
+  for (BlockPool* pool : {&anchor.device, &anchor.host}) {
+    if (!pool->has_dead_contents()) continue;
+    pool->take_dead_contents(dead_);
+    for (const BlockPool::DeadContent& d : dead_) {
+      auto holds = [&](const BlockPool& p) {
+        const BlockId b = p.indexed_block(d.hash);
+        return b != kNoBlock && p.content_key(b) == d.content_key;
+      };
+      if (holds(anchor.device) || holds(anchor.host)) continue;
+      for (GroupPools& g : groups_) {
+        if (!g.windowed()) continue;
+        g.device.uncache_children(d.content_key);
+        g.host.uncache_children(d.content_key);
+      }
+    }
+  }
 }
 
 // Device allocation with the host tier's side: cached blocks it evicts are demoted.
@@ -477,6 +564,7 @@ absl::Status KvCacheManager::free(SeqId seq) {
   release_host_blocks(*s);
   set_state(*s, SequenceState::kWaiting);  // leaves the running count
   sequences_.erase(seq);
+  if (windowed_ && anchor_ >= 0) bury_dead_windows();
   return absl::OkStatus();
 }
 
@@ -508,6 +596,11 @@ void KvCacheManager::release_device_blocks(Sequence& seq) {
     GroupTable& t = seq.tables[g.index];
     if (!seq.retention.empty()) [[unlikely]] {
       apply_retention(seq, g);
+    }
+    if (g.windowed() && options_.enable_prefix_caching) {
+      for (auto i = t.first_held; i < std::ssize(t.blocks); ++i) {
+        g.device.set_retention_unchecked(t.blocks[i], window_priority(seq, g, i), 0);
+      }
     }
     const auto held = std::span<const BlockId>(t.blocks).subspan(t.first_held);
     // Tail first, as one free: a prompt's later blocks are evicted before its shared

@@ -168,6 +168,7 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
   set_state(*s, SequenceState::kRunning);
   ledger_->mark_scheduled(*s, /*settled_tokens=*/0);  // nothing is on the device before swap-in
   offer_computed_blocks(*s);
+  if (windowed_ && anchor_ >= 0) bury_dead_windows();
   return absl::OkStatus();
 }
 
@@ -191,6 +192,7 @@ void KvCacheManager::drop_claim(Sequence& seq) {
   seq.num_offered_blocks = 0;
   seq.kv_before_reset = false;
   internal::StepLedger::unschedule(seq);
+  if (windowed_ && anchor_ >= 0) bury_dead_windows();
 }
 
 }  // namespace pagedkv

@@ -126,11 +126,13 @@ int32_t KvCacheManager::window_hit(const Sequence& seq, GroupPools& g, int32_t p
 }
 
 // The longest prefix, in blocks, that every group can serve; changes nothing.
-int32_t KvCacheManager::find_hit(const Sequence& seq, int32_t max_blocks) {
+// *chain_end: the full groups' part of it, before the windowed groups cut it.
+int32_t KvCacheManager::find_hit(const Sequence& seq, int32_t max_blocks, int32_t* chain_end) {
   int32_t p = max_blocks;
   for (GroupPools& g : groups_) {
     if (!g.windowed()) p = std::min(p, match_chain(seq, g, max_blocks));
   }
+  *chain_end = p;
   if (!windowed_) return p;
   for (GroupPools& g : groups_) {
     if (g.windowed()) g.match.reset(max_blocks, /*windowed=*/true);
@@ -277,7 +279,8 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   const int32_t bs = options_.block_size;
   const int32_t max_blocks = (len - 1) / bs;
   hash_full_blocks(*s, max_blocks);
-  const int32_t hit = find_hit(*s, max_blocks);
+  int32_t chain_end = 0;  // what the full groups hold, before the windowed ones cut it
+  const int32_t hit = find_hit(*s, max_blocks, &chain_end);
   for (GroupPools& g : groups_) {
     const int32_t first = g.windowed() ? g.first_needed_block(int64_t{hit} * bs, bs) : 0;
     share_device_hits(*s, g, first, hit);
@@ -304,6 +307,11 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   if (first_unwritten <= hit) ledger_->mark_scheduled(*s, first_unwritten * bs);
   counters_.prefix_hit_tokens += s->num_computed;
   counters_.partial_hit_tokens += partial;
+  if (windowed_) {
+    s->match_chain_end = chain_end;
+    s->match_hit = hit;
+    bury_dead_windows();
+  }
   return s->num_computed;
 }
 
@@ -326,14 +334,18 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
       std::span<const TokenId>(seq.tokens).subspan(static_cast<size_t>(first) * bs, count * bs);
   const auto hashes = std::span<const BlockHash>(seq.block_hashes).subspan(first, count);
   const BlockHash* parent_hash = first == 0 ? nullptr : &seq.block_hashes[first - 1];
+  // The full groups first: a recomputed anchor block may become a standby and take the
+  // indexed copy's content key, and the windowed groups must cache after that key.
   for (GroupPools& g : groups_) {
+    if (g.windowed()) continue;
     const std::vector<BlockId>& blocks = seq.tables[g.index].blocks;
-    if (!g.windowed()) {
-      g.device.cache_full_blocks_unchecked(std::span<const BlockId>(blocks).subspan(first, count),
-                                           hashes, first == 0 ? kNoBlock : blocks[first - 1],
-                                           parent_hash, tokens, seq.extra_keys);
-      continue;
-    }
+    g.device.cache_full_blocks_unchecked(std::span<const BlockId>(blocks).subspan(first, count),
+                                         hashes, first == 0 ? kNoBlock : blocks[first - 1],
+                                         parent_hash, tokens, seq.extra_keys);
+  }
+  for (GroupPools& g : groups_) {
+    if (!g.windowed()) continue;
+    const std::vector<BlockId>& blocks = seq.tables[g.index].blocks;
     // Entries released since (a swapped sequence offers again when it comes back) are not
     // offered; the rest after the anchor's blocks (held: a full group releases nothing).
     const int32_t from = std::max(first, seq.tables[g.index].first_held);

@@ -46,6 +46,10 @@ struct Sequence {
   std::vector<RetentionRange> retention;  // applied to its blocks as it releases them
   std::vector<BlockHash> block_hashes;    // chained hashes of full token blocks, lazily
   uint64_t preempted_batch = 0;           // the batched call that last preempted it
+  // Where its last match_prefix()'s full-group chain ended and where its hit ended, in
+  // blocks: branch points whose windows the windowed groups keep longest.
+  int32_t match_chain_end = 0;
+  int32_t match_hit = 0;
 };
 
 inline const char* state_name(SequenceState state) {

@@ -59,11 +59,14 @@ BlockPool::BlockPool(const Options& options)
       stale_(options.num_blocks, 0),
       priority_(options.num_blocks, kNoPriority),
       log_evictions_(options.log_evictions),
+      log_dead_contents_(options.log_dead_contents),
+      replace_stale_(options.index_children),
       free_queue_(std::make_unique<FreeQueue>(options.num_blocks)),
       hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)) {
   hash_index_->start_content_keys_at(options.first_content_key);
   if (log_evictions_) hash_index_->keep_parent_hashes();  // announced with demoted copies
   if (options.index_partial_prefixes) hash_index_->index_partial_prefixes();
+  if (options.index_children) hash_index_->index_children();
 }
 
 BlockPool::BlockPool(BlockPool&&) noexcept = default;
@@ -99,7 +102,7 @@ void BlockPool::allocate_unchecked(std::span<BlockId> out) {
       // the hash (its contents stay cached).
       const BlockHash hash = hash_index_->hash(b);
       if (hash_index_->erase(b)) {
-        emit_removed(hash);
+        left_index(b, hash);
         if (log_evictions_) {
           evicted_.push_back({b, hash, hash_index_->content_key(b), priority_[b], duration_of(b)});
         }
@@ -120,6 +123,12 @@ void BlockPool::allocate_unchecked(std::span<BlockId> out) {
 // Builds the event only for a sink: an eviction without one allocates nothing.
 void BlockPool::emit_removed(const BlockHash& hash) {
   if (event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}, medium_});
+}
+
+// `block`'s hash left the index with no copy to take its place: its contents are gone.
+void BlockPool::left_index(BlockId block, const BlockHash& hash) {
+  emit_removed(hash);
+  if (log_dead_contents_) dead_contents_.push_back({hash, hash_index_->content_key(block)});
 }
 
 // --- touch and free --------------------------------------------------------------------
@@ -419,6 +428,7 @@ int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
     const BlockHash* block_parent_hash = i == 0 ? parent_hash : &hashes[i - 1];
     const uint64_t parent_key =
         parent_keys.empty() ? hash_index_->key_of(block_parent) : parent_keys[i];
+    if (replace_stale_) replace_stale_copies(hashes[i], parent_key, block_tokens, extra_keys);
     const HashIndex::Insert inserted = hash_index_->insert(
         block, hashes[i], parent_key, block_parent_hash, block_tokens, extra_keys);
     entered += inserted != HashIndex::Insert::kRefused;
@@ -507,9 +517,43 @@ void BlockPool::uncache_unchecked(BlockId block) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_);
   if (!hash_index_->is_cached(block)) return;
   const BlockHash hash = hash_index_->hash(block);
-  const bool left_index = hash_index_->erase(block);
+  const bool gone = hash_index_->erase(block);
   cached_free_blocks_ -= ref_count_[block] == 0;
-  if (left_index) emit_removed(hash);
+  if (gone) left_index(block, hash);
+}
+
+// Uncaches `block`; a free one leaves its retention list for the clean list's head.
+void BlockPool::drop_from_cache(BlockId block) {
+  if (ref_count_[block] == 0) {
+    free_queue_->remove(block);
+    uncache_unchecked(block);
+    free_queue_->insert_clean_after(kNoBlock, block);
+    if (priority_[block] != kNoPriority) clear_retention(block);
+  } else {
+    uncache_unchecked(block);
+  }
+}
+
+void BlockPool::uncache_children(uint64_t parent_key) {
+  scratch_children_.clear();
+  hash_index_->for_each_child(parent_key, [&](BlockId b) { scratch_children_.push_back(b); });
+  for (const BlockId b : scratch_children_) drop_from_cache(b);
+}
+
+// Index_children pools: the copy indexed under `hash` holds these tokens and extra keys
+// after other parent contents, which were recomputed since (a real collision of the
+// chained hash aside): it can never verify again, so it and its standbys give way.
+void BlockPool::replace_stale_copies(const BlockHash& hash, uint64_t parent_key,
+                                     std::span<const TokenId> tokens,
+                                     std::span<const uint64_t> extra_keys) {
+  const BlockId indexed = hash_index_->find(hash);
+  if (indexed == kNoBlock || hash_index_->parent_key(indexed) == parent_key ||
+      !hash_index_->holds_tokens(indexed, tokens, extra_keys)) {
+    return;
+  }
+  for (BlockId b = hash_index_->find(hash); b != kNoBlock; b = hash_index_->find(hash)) {
+    drop_from_cache(b);
+  }
 }
 
 void BlockPool::reset_prefix_cache() {

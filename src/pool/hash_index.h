@@ -39,7 +39,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "pagedkv/types.h"
-#include "pool/partial_prefix_index.h"
+#include "pool/keyed_block_lists.h"
 
 namespace pagedkv::internal {
 
@@ -97,7 +97,8 @@ class HashIndex {
     role_[b] = inserted ? Role::kIndexed : Role::kStandby;
     hash_[b] = hash;
     parent_key_[b] = parent_key;
-    if (inserted && partial_) partial_->add(b, parent_key, tokens[0]);
+    if (inserted && partial_) partial_->add(b, {parent_key, tokens[0]});
+    if (children_) children_->add(b, parent_key);
     if (!parent_hash_.empty()) {
       parent_hash_[b] = parent_hash != nullptr ? std::optional(*parent_hash) : std::nullopt;
     }
@@ -111,18 +112,19 @@ class HashIndex {
   bool erase(BlockId b) {
     const Role role = role_[b];
     role_[b] = Role::kNone;
+    if (children_) children_->remove(b, parent_key_[b]);
     if (role == Role::kStandby) {
       unlink_standby(b);
       return false;
     }
     const BlockId successor = next_[b];
     next_[b] = kNoBlock;
-    if (partial_) partial_->remove(b, parent_key_[b], block_tokens(b)[0]);
+    if (partial_) partial_->remove(b, {parent_key_[b], block_tokens(b)[0]});
     if (successor == kNoBlock) {
       index_.erase(hash_[b]);
       return true;
     }
-    if (partial_) partial_->add(successor, parent_key_[successor], block_tokens(successor)[0]);
+    if (partial_) partial_->add(successor, {parent_key_[successor], block_tokens(successor)[0]});
     // The most recent standby becomes the indexed block, keeping the rest of the chain.
     prev_[successor] = kNoBlock;
     role_[successor] = Role::kIndexed;
@@ -135,6 +137,7 @@ class HashIndex {
   void clear() {
     index_.clear();
     if (partial_) partial_->clear();
+    if (children_) children_->clear();
     std::fill(role_.begin(), role_.end(), Role::kNone);
     std::fill(next_.begin(), next_.end(), kNoBlock);
     std::fill(prev_.begin(), prev_.end(), kNoBlock);
@@ -180,7 +183,7 @@ class HashIndex {
     *matched = 0;
     if (tokens.empty()) return best;
     const size_t limit = std::min(tokens.size(), static_cast<size_t>(block_size_ - 1));
-    partial_->for_each(parent_key, tokens[0], [&](BlockId b) {
+    partial_->for_each({parent_key, tokens[0]}, [&](BlockId b) {
       const auto& keys = extra_keys_[b];
       if (!std::equal(keys.begin(), keys.end(), extra_keys.begin(), extra_keys.end())) return;
       const TokenId* stored = block_tokens(b);
@@ -200,12 +203,39 @@ class HashIndex {
     if (!partial_) return true;
     size_t entries = 0;
     bool consistent = true;
-    partial_->for_each_entry([&](uint64_t parent_key, TokenId first, BlockId b) {
+    partial_->for_each_entry([&](const PrefixStart& key, BlockId b) {
       ++entries;
-      consistent &=
-          role_[b] == Role::kIndexed && parent_key_[b] == parent_key && block_tokens(b)[0] == first;
+      consistent &= role_[b] == Role::kIndexed && parent_key_[b] == key.parent_key &&
+                    block_tokens(b)[0] == key.first_token;
     });
     return consistent && entries == index_.size();
+  }
+
+  // Keeps every cached block (indexed or standby) findable by its parent content key
+  // (for_each_child()).
+  void index_children() { children_.emplace(static_cast<int32_t>(role_.size())); }
+  // Calls fn(block) for each cached block entered after the contents `parent_key` names;
+  // fn must not change the index.
+  template <typename Fn>
+  void for_each_child(uint64_t parent_key, Fn fn) const {
+    children_->for_each(parent_key, fn);
+  }
+  // Whether the children index holds exactly the cached blocks, each under its parent key.
+  bool children_consistent() const {
+    if (!children_) return true;
+    int64_t entries = 0;
+    bool consistent = true;
+    children_->for_each_entry([&](uint64_t parent_key, BlockId b) {
+      ++entries;
+      consistent &= role_[b] != Role::kNone && parent_key_[b] == parent_key;
+    });
+    return consistent && entries == std::ssize(index_) + num_standby_;
+  }
+
+  // Whether `b` holds `tokens` and `extra_keys`, whatever it was cached after.
+  bool holds_tokens(BlockId b, std::span<const TokenId> tokens,
+                    std::span<const uint64_t> extra_keys) const {
+    return same_contents(b, tokens, extra_keys);
   }
 
   // Calls fn(hash, block) for every indexed entry.
@@ -262,7 +292,8 @@ class HashIndex {
   std::vector<BlockId> prev_;
   std::vector<absl::InlinedVector<uint64_t, 2>> extra_keys_;
   std::unique_ptr<TokenId[]> tokens_;          // [num_blocks, block_size]
-  std::optional<PartialPrefixIndex> partial_;  // see index_partial_prefixes()
+  std::optional<KeyedBlockLists<PrefixStart>> partial_;  // see index_partial_prefixes()
+  std::optional<KeyedBlockLists<uint64_t>> children_;    // see index_children()
 };
 
 }  // namespace pagedkv::internal

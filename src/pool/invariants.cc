@@ -110,6 +110,9 @@ absl::Status BlockPool::check_invariants() const {
   if (!hash_index_->partial_prefixes_consistent()) {
     return broken("the partial-prefix index does not hold exactly the indexed blocks");
   }
+  if (!hash_index_->children_consistent()) {
+    return broken("the children index does not hold exactly the cached blocks");
+  }
   return absl::OkStatus();
 }
 
