@@ -93,6 +93,7 @@ Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs, bo
     const KvCacheManager::Stats s = runner.stats();
     totals.runs_created += s.num_blocks > 0;
     totals.stats.prefix_hit_tokens += s.prefix_hit_tokens;
+    totals.stats.partial_hit_tokens += s.partial_hit_tokens;
     totals.stats.evictions += s.evictions;
     totals.stats.cow_copies += s.cow_copies;
     totals.stats.preemptions_recompute += s.preemptions_recompute;
@@ -120,11 +121,13 @@ Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs, bo
   if (groups) {
     std::printf(
         "property test (layer groups): runs created with 1 / 2 / 3 groups: %lld / %lld / %lld; "
-        "windowed groups: %lld sliding, %lld chunked; they released %lld blocks behind the "
-        "window, hit %lld, evicted %lld, demoted %lld, promoted %lld\n",
+        "partial-block hit tokens %lld; windowed groups: %lld sliding, %lld chunked; they "
+        "released %lld blocks behind the window, hit %lld, evicted %lld, demoted %lld, promoted "
+        "%lld\n",
         static_cast<long long>(totals.runs_by_groups[1]),
         static_cast<long long>(totals.runs_by_groups[2]),
         static_cast<long long>(totals.runs_by_groups[3]),
+        static_cast<long long>(totals.stats.partial_hit_tokens),
         static_cast<long long>(totals.sliding_groups),
         static_cast<long long>(totals.chunked_groups),
         static_cast<long long>(totals.windowed_released),
@@ -165,6 +168,7 @@ void require_reached_groups(const Totals& t) {
   }
   CHECK(t.ops >= 1000);
   CHECK(t.stats.prefix_hit_tokens > 0);
+  CHECK(t.stats.partial_hit_tokens > 0);
   CHECK(t.stats.evictions > 0);
   CHECK(t.stats.cow_copies > 0);
   CHECK(t.stats.preemptions_recompute > 0);

@@ -10,12 +10,16 @@
 // and extreme counts; append_tokens; fork; free; release_claim; preempt in both modes;
 // swap_in; "steps" that take the pending copies and swaps (the manager's clock advances by
 // 1 ms per step); reset_prefix_cache; block tables in all three forms; and decode rounds.
-// Options include the host tier, and sequences retention ranges with durations. Each operation runs
+// Options include the host tier, and sequences retention ranges with durations. An input whose
+// first byte is kGroupsMarker runs a manager of 1 to 3 layer groups (full, sliding window,
+// chunked local, each with pools of its own) and, in half of those runs, partial-block reuse;
+// every group is then checked as below. Each operation runs
 // on a KvCacheManager and on the ReferenceModel, and after each one the driver checks:
 //   1. the same status code and returned value (hit length, slot mapping, copies, tables);
-//   2. the same state: every sequence (state, tokens, computed count, tables), every ref
-//      count, both free queues in order, which blocks are cached, the counters, the KV
-//      events and the preemption hooks;
+//   2. the same state: every sequence (state, tokens, computed count, every group's table),
+//      every ref count, every free queue in order, which blocks are cached, the counters
+//      (Stats and each group's GroupStats), slot mappings of every group, the KV events and
+//      the preemption hooks;
 //   3. check_invariants() is OK;
 //   4. data flow: a simulated engine keeps one fingerprint per KV slot (device and host).
 //      A step runs swap-out, demote and exchange copies, then copy-on-write copies, then
@@ -386,6 +390,10 @@ class ManagerOpRunner {
                                         [](const LayerGroup& g) { return g.num_host_blocks > 0; });
     opts_.enable_host_cache =
         host_mode == 3 || (host_mode != 0 && every_host && opts_.enable_prefix_caching);
+    // Options one-group runs do not decode (their bytes are fixed by saved inputs): bit 0
+    // partial-block reuse; the other bits are free for options to come.
+    const uint8_t x = in_.u8();
+    opts_.enable_partial_block_reuse = (x & 1) != 0;
   }
 
   // Victim policies other than the default, including unhelpful ones: each is a pure
@@ -426,7 +434,8 @@ class ManagerOpRunner {
         << " watermark=" << opts_.watermark_blocks << " caching=" << opts_.enable_prefix_caching
         << " mode=" << (opts_.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute")
         << " hash=" << weak_hash::kNames[hash_index_] << " policy=" << policy_
-        << " host_cache=" << opts_.enable_host_cache;
+        << " host_cache=" << opts_.enable_host_cache
+        << " partial_reuse=" << opts_.enable_partial_block_reuse;
     for (const LayerGroup& g : opts_.layer_groups) {
       out << " group(" << attention_kind_name(g.kind) << " window=" << g.window
           << " blocks=" << g.num_blocks << " host=" << g.num_host_blocks << ")";
@@ -892,13 +901,6 @@ class ManagerOpRunner {
 
   void op_swap_in() {
     const SeqId id = pick_id();
-    // An open manager bug (reference_model.h, kAvoidSwapInWithReleasedEntries) makes this
-    // call undefined behaviour: skip it until it is fixed.
-    if (const ReferenceModel::Seq* s = model_->find(id);
-        s != nullptr && model_->swap_in_meets_known_bug(*s)) {
-      log("swap_in(", id, ") skipped: known bug");
-      return;
-    }
     log("swap_in(", id, ")");
     const Code expected = model_->swap_in(id);
     expect_code("swap_in", impl_->swap_in(id), expected);
@@ -1315,6 +1317,7 @@ class ManagerOpRunner {
         {"used_host_blocks", {s.used_host_blocks, m.used_host_blocks()}},
         {"prefix_query_tokens", {s.prefix_query_tokens, c.prefix_query_tokens}},
         {"prefix_hit_tokens", {s.prefix_hit_tokens, c.prefix_hit_tokens}},
+        {"partial_hit_tokens", {s.partial_hit_tokens, c.partial_hit_tokens}},
         {"evictions", {s.evictions, m.evictions()}},
         {"cow_copies", {s.cow_copies, c.cow_copies}},
         {"preemptions_recompute", {s.preemptions_recompute, c.preemptions_recompute}},

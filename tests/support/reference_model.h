@@ -39,6 +39,9 @@
 //     (device hits, then host hits as far as free device blocks allow) reaches p and every
 //     windowed group holds, on the device or in its host tier, every entry the token at
 //     p * block_size attends to, with its promotions fitting its free device blocks;
+//   - partial-block reuse (Options::enable_partial_block_reuse): the hit continues into the
+//     first tokens of a cached block that every group holds after its previous entry,
+//     copied (copy-on-write) into a new block of each group;
 //   - counters (Stats, GroupStats), KV events and preemption hooks.
 // Contract choices the header leaves open are marked "NOTE (contract)"; the model follows
 // the implementation there so that a disagreement means a bug, not a taste difference.
@@ -79,12 +82,6 @@ inline constexpr bool kEmulateWindowedOfferBeforeAnchor = true;
 // releases them at the default priority; docs/allocator.md says retention ranges apply to
 // each group's blocks when the sequence releases them.
 inline constexpr bool kEmulateNoRetentionBehindWindow = true;
-// "swap_in of a sequence with released window entries offers only its held entries":
-// swap_in() offers the table from entry 0 (num_offered_blocks is 0 after a swap-out), so it
-// hands kNoBlock to BlockPool::cache_full_blocks_unchecked (out-of-bounds accesses). The
-// model does it right; the driver (manager_ops.h) skips such swap_in calls while this is
-// on, since the manager's behaviour is undefined.
-inline constexpr bool kAvoidSwapInWithReleasedEntries = true;
 
 // "free of a swapped sequence with released window entries releases its host blocks":
 // free() -> release_device_blocks() takes subspan(first_held) of the swapped sequence's
@@ -140,7 +137,8 @@ class ReferenceModel {
     std::vector<uint64_t> extra_keys;
     int32_t priority = kNone;  // set since it left the free queue; kNone: the default applies
     int64_t duration = 0;
-    uint64_t stamp = 0;  // when it last joined a priority's list
+    uint64_t stamp = 0;       // when it last joined a priority's list
+    uint64_t indexed_at = 0;  // when it last became the indexed block of its hash
     bool cached() const { return role != Role::kNone; }
     int32_t effective_priority() const {
       return priority == kNone ? kDefaultRetentionPriority : priority;
@@ -152,6 +150,7 @@ class ReferenceModel {
   struct Counters {
     int64_t prefix_query_tokens = 0;
     int64_t prefix_hit_tokens = 0;
+    int64_t partial_hit_tokens = 0;
     int64_t cow_copies = 0;
     int64_t preemptions_recompute = 0;
     int64_t preemptions_swap = 0;
@@ -336,21 +335,24 @@ class ReferenceModel {
                 anchor_ >= 0 ? chains[anchor_].keys : std::vector<uint64_t>{});
       }
     }
-    s->computed = hit * bs;
+    const int32_t partial = opts_.enable_partial_block_reuse ? reuse_partial_block(*s, hit) : 0;
+    s->computed = hit * bs + partial;
     s->offered = hit;
-    // Hitting a block that this step still fills makes the sequence scheduled from there.
-    int32_t first_unwritten = hit;
+    // Hitting a block that this step still fills makes the sequence scheduled from there;
+    // so does a partial block, filled by this step's copy.
+    int32_t first_unwritten = partial > 0 ? hit : hit + 1;
     for (size_t g = 0; g < groups_.size(); ++g) {
       const Table& t = s->tables[g];
-      for (int32_t i = t.first_held; i < first_unwritten; ++i) {
+      for (int32_t i = t.first_held; i < std::min(hit, first_unwritten); ++i) {
         if (groups_[g].device.blocks[t.blocks[i]].write_step == step_) {
           first_unwritten = i;
           break;
         }
       }
     }
-    if (first_unwritten < hit) mark_scheduled(*s, first_unwritten * bs);
+    if (first_unwritten <= hit) mark_scheduled(*s, first_unwritten * bs);
     counters_.prefix_hit_tokens += s->computed;
+    counters_.partial_hit_tokens += partial;
     return {Code::kOk, s->computed};
   }
 
@@ -640,18 +642,6 @@ class ReferenceModel {
                        [](const Table& t) { return t.first_held > 0; });
   }
 
-  // Whether `s`'s swap-in would meet the open bug kAvoidSwapInWithReleasedEntries: a
-  // windowed group with released entries and blocks to offer.
-  bool swap_in_meets_known_bug(const Seq& s) const {
-    if (!kAvoidSwapInWithReleasedEntries || s.state != SequenceState::kSwapped ||
-        !opts_.enable_prefix_caching || s.kv_before_reset ||
-        s.offered >= s.computed / opts_.block_size) {
-      return false;
-    }
-    return std::any_of(s.tables.begin(), s.tables.end(),
-                       [&](const Table& t) { return t.first_held > s.offered; });
-  }
-
  private:
   using Key = std::pair<uint64_t, uint64_t>;
   static Key key(const BlockHash& h) { return {h.lo, h.hi}; }
@@ -676,6 +666,7 @@ class ReferenceModel {
     std::map<Key, std::vector<BlockId>> standby;  // per hash, newest first
     uint64_t next_content;
     uint64_t last_stamp = 0;
+    uint64_t last_indexed = 0;
     int64_t evictions = 0;
     std::vector<Expiry> expiries;
   };
@@ -935,6 +926,7 @@ class ReferenceModel {
     }
     p.index[k] = standby.front();
     p.blocks[standby.front()].role = Role::kIndexed;
+    p.blocks[standby.front()].indexed_at = ++p.last_indexed;
     standby.erase(standby.begin());
     return false;
   }
@@ -1089,6 +1081,74 @@ class ReferenceModel {
     group.counters.blocks_promoted += static_cast<int64_t>(at.size());
     counters_.blocks_promoted += static_cast<int64_t>(at.size());
     if (g == anchor_) counters_.host_hit_tokens += static_cast<int64_t>(at.size()) * bs;
+  }
+
+  // Partial-block reuse: a hit of `hit` blocks continues into the first k tokens (fewer
+  // than a block, never the last token) of a cached block in every group, the block
+  // cached after the table's block hit - 1 (a windowed group: the anchor's) with the same
+  // extra keys and starting with the prompt's next tokens. The shortest of the groups'
+  // matches is reused: every group copies that many tokens (copy-on-write) into a new block
+  // that ends its table. Nothing is reused when a group has no match, its block is filled
+  // in this step, or no device block is free for the copy (its block counts if it is free).
+  // NOTE (contract): the groups are asked in order, each for the longest match of the
+  // tokens that the groups before it matched, so a later group may pick another block than
+  // it would for all of them. Returns k (0: none).
+  int32_t reuse_partial_block(Seq& s, int32_t hit) {
+    const int32_t bs = opts_.block_size;
+    int32_t k = std::min<int32_t>(bs - 1, static_cast<int32_t>(s.tokens.size()) - 1 - hit * bs);
+    if (k <= 0) return 0;
+    std::vector<BlockId> sources;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const std::vector<TokenId> next(s.tokens.begin() + int64_t{hit} * bs,
+                                      s.tokens.begin() + int64_t{hit} * bs + k);
+      const Group& group = groups_[g];
+      const int32_t parent_group = group.windowed() ? anchor_ : static_cast<int32_t>(g);
+      const uint64_t parent = hit == 0 ? 0
+                                       : content_of(groups_[parent_group].device,
+                                                    s.tables[parent_group].blocks[hit - 1]);
+      const auto [src, matched] = partial_match(group.device, parent, next, s.extra_keys);
+      if (src == kNoBlock || group.device.blocks[src].write_step == step_ ||
+          room(group, group.device.blocks[src].ref == 0) < 1) {
+        return 0;
+      }
+      sources.push_back(src);
+      k = std::min(k, matched);
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const auto gi = static_cast<int32_t>(g);
+      Group& group = groups_[g];
+      touch(group.device, sources[g]);  // the allocation below cannot evict it
+      const BlockId dst = allocate(gi, Medium::kDevice, 1)[0];
+      pending_.copy_on_write.push_back({sources[g], dst, k, gi});
+      release_device_blocks(gi, {sources[g]});  // parked until the step if it was free
+      group.device.blocks[dst].write_step = step_;
+      group.device.blocks[dst].copy_only = true;
+      s.tables[g].blocks.push_back(dst);
+    }
+    return k;
+  }
+
+  // The indexed block of `p` cached after `parent` with `extra_keys` whose first tokens
+  // match the most of `tokens` (at least one), and how many. NOTE (contract): of equally
+  // long matches, the block indexed last.
+  std::pair<BlockId, int32_t> partial_match(const Pool& p, uint64_t parent,
+                                            const std::vector<TokenId>& tokens,
+                                            const std::vector<uint64_t>& extra_keys) const {
+    BlockId best = kNoBlock;
+    int32_t best_n = 0;
+    for (BlockId b = 0; b < static_cast<BlockId>(p.blocks.size()); ++b) {
+      const Block& d = p.blocks[b];
+      if (d.role != Role::kIndexed || d.parent_content != parent || d.extra_keys != extra_keys) {
+        continue;
+      }
+      int32_t n = 0;
+      while (n < static_cast<int32_t>(tokens.size()) && d.tokens[n] == tokens[n]) ++n;
+      if (n > 0 && (n > best_n || (n == best_n && d.indexed_at > p.blocks[best].indexed_at))) {
+        best = b;
+        best_n = n;
+      }
+    }
+    return {best, best_n};
   }
 
   void touch(Pool& p, BlockId b) {
@@ -1446,6 +1506,7 @@ class ReferenceModel {
         standby.insert(standby.begin(), b);
       } else {
         d.role = Role::kIndexed;
+        d.indexed_at = ++p.last_indexed;
         p.index[key(h)] = b;
       }
       d.hash = h;
