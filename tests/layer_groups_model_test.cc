@@ -117,7 +117,7 @@ Lockstep evicted_middle(bool host_tier) {
 }
 
 TEST_CASE("a windowed group that cuts the hit makes the groups before it answer again",
-          "[layer-groups]") {
+          "[layer_groups]") {
   // Round 1: group 0 serves 5 blocks (entry 4 is there), group 1 cuts to 4 (entry 4 is
   // gone; 4 needs no entry). Round 2: group 0 cannot serve 4 (entry 3 is gone) and cuts to
   // 3 (entry 2), which group 1 serves (entry 2). One round would claim 4 blocks with group
@@ -133,7 +133,7 @@ TEST_CASE("a windowed group that cuts the hit makes the groups before it answer 
 }
 
 TEST_CASE("windowed entries in the host tier come back by promotion and keep the hit",
-          "[layer-groups]") {
+          "[layer_groups]") {
   // With the tier the evicted entries were demoted: group 1 promotes its entry 4, and the
   // hit keeps all 5 blocks (group 0 needs only entry 4, which it holds on the device).
   Lockstep s = evicted_middle(/*host_tier=*/true);
