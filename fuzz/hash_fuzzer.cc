@@ -4,7 +4,10 @@
 // prompts are built from adversarial contents (two-token alphabets, repeated block patterns,
 // INT32_MIN/MAX tokens, salts). The reference model uses the same hash function and checks
 // exact hit lengths; the data-flow simulation checks that no sequence ever reads a block
-// whose content (prefix tokens and extra keys) differs from its own.
+// whose content (prefix tokens and extra keys) differs from its own. An input whose first
+// byte is ManagerOpRunner::kGroupsMarker (252) runs layer groups: windowed groups verify
+// their blocks along the first full group's chain, so collisions must not be shared there
+// either.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

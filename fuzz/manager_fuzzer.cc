@@ -1,7 +1,9 @@
 // libFuzzer target: the input bytes decode to manager options and a sequence of valid and
 // invalid KvCacheManager operations (tests/support/manager_ops.h), checked after every
 // operation against check_invariants(), the reference model and the KV data-flow simulation.
-// Uses the real XXH3-128 block hash. A failed check prints the report and aborts.
+// An input whose first byte is ManagerOpRunner::kGroupsMarker (252) runs a manager of 1 to 3
+// layer groups (full, sliding window, chunked local), checked group by group. Uses the real
+// XXH3-128 block hash. A failed check prints the report and aborts.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

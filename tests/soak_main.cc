@@ -3,8 +3,9 @@
 // runs it.
 //
 // Each run decodes seeded random bytes (the property tests' sizes, 200..3200 bytes, about
-// 400 operations; the manager and weak-hash profiles in turn) into manager options and
-// operations, host tier, retention ranges and claim releases among them. Every operation is
+// 400 operations; the manager and weak-hash profiles in turn, and every third pair of runs
+// with layer groups) into manager options and operations, host tier, retention ranges and
+// claim releases among them. Every operation is
 // compared with the reference model (status, returned values, the whole observable state),
 // every step's KV data flow is checked, and check_invariants() runs after every 64th
 // operation and at the end of each run. Run r of seed s is the bytes of
@@ -81,11 +82,16 @@ Args parse(int argc, char** argv) {
   return args;
 }
 
-// The bytes of run `run`: as tests/property_test.cc draws them.
+// Runs 4, 5, 10, 11, ... (every third pair) have layer groups.
+bool run_grouped(int64_t run) { return run / 2 % 3 == 2; }
+
+// The bytes of run `run`: as tests/property_test.cc draws them, with the driver's layer-group
+// marker first in a grouped run.
 std::vector<uint8_t> run_bytes(uint64_t seed, int64_t run) {
   std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(run));
   std::vector<uint8_t> bytes(200 + rng() % 3000);
   for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  if (run_grouped(run)) bytes[0] = ManagerOpRunner::kGroupsMarker;
   return bytes;
 }
 
@@ -94,11 +100,18 @@ OpProfile run_profile(int64_t run) { return run % 2 == 0 ? OpProfile::kManager :
 struct Totals {
   int64_t runs = 0;
   int64_t ops = 0;
-  KvCacheManager::Stats stats;  // sums of the counters that show what the runs reached
+  KvCacheManager::Stats stats;    // sums of the counters that show what the runs reached
+  int64_t windowed_released = 0;  // blocks windowed groups released behind the window
+  int64_t windowed_hits = 0;      // blocks prefix hits claimed in windowed groups
 
   void add(const ManagerOpRunner& runner) {
     ++runs;
     ops += runner.num_ops();
+    for (const ManagerOpRunner::GroupTotals& g : runner.group_totals()) {
+      if (g.group.kind == pagedkv::AttentionKind::kFull) continue;
+      windowed_released += g.stats.released_blocks;
+      windowed_hits += g.stats.hit_blocks;
+    }
     const KvCacheManager::Stats s = runner.stats();
     stats.prefix_hit_tokens += s.prefix_hit_tokens;
     stats.evictions += s.evictions;
@@ -114,6 +127,8 @@ struct Totals {
   void add(const Totals& t) {
     runs += t.runs;
     ops += t.ops;
+    windowed_released += t.windowed_released;
+    windowed_hits += t.windowed_hits;
     stats.prefix_hit_tokens += t.stats.prefix_hit_tokens;
     stats.evictions += t.stats.evictions;
     stats.cow_copies += t.stats.cow_copies;
@@ -191,14 +206,17 @@ int main(int argc, char** argv) {
       "failures: %d\n"
       "  reached: prefix hit tokens %lld, evictions %lld, CoW copies %lld, preemptions %lld "
       "recompute / %lld swap, blocks swapped in %lld, claims released %lld, host tier %lld "
-      "demoted / %lld promoted / %lld evicted\n",
+      "demoted / %lld promoted / %lld evicted; windowed groups %lld blocks released behind the "
+      "window / %lld hit\n",
       static_cast<long long>(totals.ops), static_cast<long long>(totals.runs), seconds,
       static_cast<double>(totals.ops) / std::max(seconds, 1e-9), failed ? 1 : 0,
       static_cast<long long>(s.prefix_hit_tokens), static_cast<long long>(s.evictions),
       static_cast<long long>(s.cow_copies), static_cast<long long>(s.preemptions_recompute),
       static_cast<long long>(s.preemptions_swap), static_cast<long long>(s.blocks_swapped_in),
       static_cast<long long>(s.claims_released), static_cast<long long>(s.blocks_demoted),
-      static_cast<long long>(s.blocks_promoted), static_cast<long long>(s.host_evictions));
+      static_cast<long long>(s.blocks_promoted), static_cast<long long>(s.host_evictions),
+      static_cast<long long>(totals.windowed_released),
+      static_cast<long long>(totals.windowed_hits));
   if (failed) {
     std::printf(
         "FAILED: seed %s run %lld\n%s\nreplay: PAGEDKV_OPS_TRACE=1 %s %g --seed %s --run %lld\n",

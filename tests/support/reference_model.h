@@ -2,32 +2,53 @@
 //
 // ReferenceModel: a deliberately plain, obviously-correct model of KvCacheManager's
 // observable behaviour, written from the header contracts (kv_cache_manager.h,
-// block_pool.h) for the property tests and fuzzers. It shares no code with src/: no
-// intrusive lists, no counters kept in sync, no lazily cached hashes. Every derived fact
-// (free count, which blocks a pending copy names, ref counts) is recomputed by scanning.
+// block_pool.h, layer_group.h) and docs/allocator.md for the property tests and fuzzers.
+// It shares no code with src/: no intrusive lists, no counters kept in sync, no lazily
+// cached hashes, no scratch reused across calls. Every derived fact (free count, which
+// blocks a pending copy names, ref counts, the longest hit) is recomputed by scanning.
 //
-// What it models, per call: the status code, the returned value (hit length, slot mapping,
-// copies), and the state afterwards:
-//   - each sequence: state, priority, arrival, tokens, computed count, device table, host
-//     blocks, how many of its full blocks were offered to the prefix index;
-//   - each device and host block: its ref count (tables holding it, plus blocks parked
-//     because a pending copy still names them), retention priority and duration;
-//   - both free queues, head (allocated next) to tail, as plain vectors: a clean list and
+// What it models, per call: the status code, the returned value (hit length, slot mapping
+// of every layer group, copies), and the state afterwards:
+//   - the layer groups (layer_group.h): one full-attention group of num_blocks device and
+//     num_host_blocks host blocks without Options::layer_groups, else the groups given,
+//     each with a device pool and a host pool of its own, its own host tier and counters;
+//   - each sequence: state, priority, arrival, tokens, computed count, one table per group
+//     (device blocks, with kNoBlock before first_held in a windowed group: entries released
+//     behind the window), host blocks while swapped, how many of its full blocks were
+//     offered to the prefix index;
+//   - each device and host block of every group: its ref count (tables holding it, plus
+//     blocks parked because a pending copy still names them), retention priority and
+//     duration;
+//   - every free queue, head (allocated next) to tail, as plain vectors: a clean list and
 //     one list per retention priority; a release puts hashed blocks at the tail of their
 //     priority's list and the others at the head of the clean list, each group in the
 //     given order; allocation takes the clean list, then the lowest priority's list; an
 //     expired retention moves a block to the default priority's list by release order;
-//   - the prefix index of each pool (the host pool's is the host tier): BlockHash ->
+//   - the prefix index of each pool (a host pool's is its group's host tier): BlockHash ->
 //     block, where a hit must also match the stored tokens, extra keys and parent
 //     contents (a block's `content` key changes whenever it is allocated, that is whenever
 //     its contents may change, and travels with a demoted or promoted copy), plus per hash
 //     the standby duplicates that take the indexed block's place when it leaves (newest
-//     first);
-//   - the host tier: a device block that eviction drops from the index is copied to a host
-//     block (a demote op), match_prefix continues into host hits and promotes them;
-//   - counters (Stats), KV events and preemption hooks.
+//     first). A full group's block is cached after its own table's previous block; a
+//     windowed group's after the *anchor's* (the first full group's) previous block, since
+//     its own may be released;
+//   - the host tier, per group: a device block that eviction drops from the index is copied
+//     to a host block (a demote op), match_prefix continues into host hits and promotes
+//     them;
+//   - prefix hits across groups: the longest p (blocks) such that every full group's chain
+//     (device hits, then host hits as far as free device blocks allow) reaches p and every
+//     windowed group holds, on the device or in its host tier, every entry the token at
+//     p * block_size attends to, with its promotions fitting its free device blocks;
+//   - partial-block reuse (Options::enable_partial_block_reuse): the hit continues into the
+//     first tokens of a cached block that every group holds after its previous entry,
+//     copied (copy-on-write) into a new block of each group;
+//   - counters (Stats, GroupStats), KV events and preemption hooks.
 // Contract choices the header leaves open are marked "NOTE (contract)"; the model follows
 // the implementation there so that a disagreement means a bug, not a taste difference.
+// Where the manager has a known bug, the model does what the documentation says unless the
+// matching kEmulate... switch below is on (then it reproduces the manager's current
+// behaviour, so that the property tests keep checking everything else); each switch names
+// its failing test in tests/layer_groups_regression_test.cc.
 #ifndef PAGEDKV_TESTS_SUPPORT_REFERENCE_MODEL_H_
 #define PAGEDKV_TESTS_SUPPORT_REFERENCE_MODEL_H_
 
@@ -42,14 +63,42 @@
 #include "absl/status/status.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_events.h"
+#include "pagedkv/layer_group.h"
 #include "pagedkv/retention.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv::testing {
 
+// Known manager bugs the model reproduces while they are open (turn a switch off with the
+// fix). Test names are those of tests/layer_groups_regression_test.cc.
+//
+// "a windowed group's block offered in the same call as the anchor's parent block verifies
+// after the parent's final contents": offer_computed_blocks() caches the groups in group
+// order, so a windowed group listed before the anchor records the content key the anchor's
+// previous block had before it became a standby in the same call; the block is then never
+// a standby and can never hit.
+inline constexpr bool kEmulateWindowedOfferBeforeAnchor = true;
+// "blocks released behind the window keep the sequence's retention": release_behind_window()
+// releases them at the default priority; docs/allocator.md says retention ranges apply to
+// each group's blocks when the sequence releases them.
+inline constexpr bool kEmulateNoRetentionBehindWindow = true;
+
+// "free of a swapped sequence with released window entries releases its host blocks":
+// free() -> release_device_blocks() takes subspan(first_held) of the swapped sequence's
+// empty device table (first_held is kept for swap_in()), so it walks memory past the table
+// and drops references to garbage ids. The driver skips such free calls while this is on.
+inline constexpr bool kAvoidFreeOfSwappedWithReleasedEntries = true;
+
 class ReferenceModel {
  public:
   using Code = absl::StatusCode;
+
+  // One layer group's part of a sequence. Entry i holds tokens [i * bs, (i + 1) * bs).
+  struct Table {
+    std::vector<BlockId> blocks;  // device blocks; kNoBlock before first_held
+    std::vector<BlockId> host;    // swapped: host copies of entries first_held..
+    int32_t first_held = 0;
+  };
 
   struct Seq {
     SeqId id = 0;
@@ -59,15 +108,17 @@ class ReferenceModel {
     std::vector<TokenId> tokens;
     std::vector<uint64_t> extra_keys;
     int32_t computed = 0;
-    std::vector<BlockId> table;  // device blocks
-    std::vector<BlockId> host;   // host blocks (swapped)
-    int32_t offered = 0;         // leading full blocks already offered to the index
+    std::vector<Table> tables;  // one per layer group
+    int32_t offered = 0;        // leading full blocks already offered to the index
     // Scheduled: got slots (allocate_slots with new tokens) or was swapped in during the
     // current step; `settled` tokens were computed before that. Forks inherit both.
     uint64_t scheduled_step = 0;
     int32_t settled = 0;
     bool kv_before_reset = false;  // held K/V at a reset_prefix_cache(): offers nothing
     std::vector<RetentionRange> retention;
+
+    const std::vector<BlockId>& table(int32_t group = 0) const { return tables[group].blocks; }
+    const std::vector<BlockId>& host(int32_t group = 0) const { return tables[group].host; }
   };
 
   enum class Role { kNone, kIndexed, kStandby };
@@ -86,7 +137,8 @@ class ReferenceModel {
     std::vector<uint64_t> extra_keys;
     int32_t priority = kNone;  // set since it left the free queue; kNone: the default applies
     int64_t duration = 0;
-    uint64_t stamp = 0;  // when it last joined a priority's list
+    uint64_t stamp = 0;       // when it last joined a priority's list
+    uint64_t indexed_at = 0;  // when it last became the indexed block of its hash
     bool cached() const { return role != Role::kNone; }
     int32_t effective_priority() const {
       return priority == kNone ? kDefaultRetentionPriority : priority;
@@ -98,7 +150,7 @@ class ReferenceModel {
   struct Counters {
     int64_t prefix_query_tokens = 0;
     int64_t prefix_hit_tokens = 0;
-    int64_t evictions = 0;
+    int64_t partial_hit_tokens = 0;
     int64_t cow_copies = 0;
     int64_t preemptions_recompute = 0;
     int64_t preemptions_swap = 0;
@@ -106,27 +158,72 @@ class ReferenceModel {
     int64_t blocks_swapped_in = 0;
     int64_t claims_released = 0;
     int64_t host_hit_tokens = 0;
+    int64_t blocks_demoted = 0;   // all groups
+    int64_t blocks_promoted = 0;  // all groups
+  };
+
+  struct GroupCounters {
+    int64_t hit_blocks = 0;
+    int64_t released_blocks = 0;
     int64_t blocks_demoted = 0;
     int64_t blocks_promoted = 0;
   };
 
+  // The groups a manager of these options has: Options::layer_groups, or one full group.
+  static std::vector<LayerGroup> layer_groups_of(const KvCacheManager::Options& o) {
+    if (!o.layer_groups.empty()) return o.layer_groups;
+    return {{.kind = AttentionKind::kFull,
+             .window = 0,
+             .num_blocks = o.num_blocks,
+             .num_host_blocks = o.num_host_blocks}};
+  }
+
   // Mirrors KvCacheManager::create(): InvalidArgument for any bad option.
   static Code validate(const KvCacheManager::Options& o) {
-    if (o.num_blocks <= 0 || o.block_size <= 0 || o.num_host_blocks < 0 || o.max_model_len <= 0 ||
-        o.watermark_blocks < 0 || o.watermark_blocks >= o.num_blocks || o.hash_fn == nullptr) {
+    const bool grouped = !o.layer_groups.empty();
+    if (grouped && (o.num_blocks != 0 || o.num_host_blocks != 0)) return Code::kInvalidArgument;
+    if (o.block_size <= 0 || o.num_host_blocks < 0 || o.max_model_len <= 0 ||
+        o.hash_fn == nullptr) {
       return Code::kInvalidArgument;
     }
-    if (o.enable_host_cache && (!o.enable_prefix_caching || o.num_host_blocks == 0)) {
+    if (o.enable_host_cache && !o.enable_prefix_caching) return Code::kInvalidArgument;
+    bool has_full = false;
+    for (const LayerGroup& g : layer_groups_of(o)) {
+      if (g.num_blocks <= 0 || g.num_host_blocks < 0) return Code::kInvalidArgument;
+      if (o.enable_host_cache && g.num_host_blocks == 0) return Code::kInvalidArgument;
+      const bool windowed = g.kind != AttentionKind::kFull;
+      if (windowed ? g.window <= 0 : g.window != 0) return Code::kInvalidArgument;
+      has_full |= !windowed;
+    }
+    if (!has_full && o.enable_prefix_caching) return Code::kInvalidArgument;
+    const int32_t first_blocks = layer_groups_of(o)[0].num_blocks;
+    if (o.watermark_blocks < 0 || o.watermark_blocks >= first_blocks) {
       return Code::kInvalidArgument;
     }
     return Code::kOk;
   }
 
   // NOTE (contract): host content keys start at 2^63, apart from the device's (from 1).
-  explicit ReferenceModel(const KvCacheManager::Options& o)
-      : opts_(o),
-        device_(Medium::kDevice, o.num_blocks, 1),
-        host_(Medium::kHost, o.num_host_blocks, uint64_t{1} << 63) {}
+  explicit ReferenceModel(const KvCacheManager::Options& o) : opts_(o) {
+    const std::vector<LayerGroup> specs = layer_groups_of(o);
+    const int64_t first_blocks = specs[0].num_blocks;
+    for (const LayerGroup& spec : specs) {
+      // The watermark scaled to the group's pool, rounded up, leaving one block.
+      const int64_t scaled =
+          (int64_t{o.watermark_blocks} * spec.num_blocks + first_blocks - 1) / first_blocks;
+      groups_.push_back(Group{spec,
+                              static_cast<int32_t>(std::min<int64_t>(scaled, spec.num_blocks - 1)),
+                              Pool(Medium::kDevice, spec.num_blocks, 1),
+                              Pool(Medium::kHost, spec.num_host_blocks, uint64_t{1} << 63)});
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!groups_[g].windowed()) {
+        anchor_ = static_cast<int32_t>(g);
+        break;
+      }
+    }
+    last_slots_.resize(groups_.size());
+  }
 
   // --- calls -----------------------------------------------------------------------------
 
@@ -136,8 +233,13 @@ class ReferenceModel {
     if (seqs_.count(id)) return Code::kAlreadyExists;
     if (prompt.empty()) return Code::kInvalidArgument;
     if (static_cast<int64_t>(prompt.size()) > opts_.max_model_len) return Code::kInvalidArgument;
-    if (blocks_for(static_cast<int64_t>(prompt.size())) > opts_.num_blocks) {
-      return Code::kInvalidArgument;
+    // NOTE (contract): a windowed group must hold at least the blocks one token's window
+    // spans (ceil((window - 1) / bs) + 1), or the prompt's blocks if fewer.
+    const int64_t prompt_blocks = blocks_for(static_cast<int64_t>(prompt.size()));
+    for (const Group& g : groups_) {
+      const int64_t needed =
+          g.windowed() ? std::min(prompt_blocks, blocks_for(g.spec.window - 1) + 1) : prompt_blocks;
+      if (needed > g.spec.num_blocks) return Code::kInvalidArgument;
     }
     for (const RetentionRange& r : retention) {
       if (r.begin < 0 || r.end < r.begin || r.priority < kMinRetentionPriority ||
@@ -152,6 +254,7 @@ class ReferenceModel {
     s.tokens.assign(prompt.begin(), prompt.end());
     s.extra_keys.assign(extra_keys.begin(), extra_keys.end());
     s.retention.assign(retention.begin(), retention.end());
+    s.tables.resize(groups_.size());
     seqs_.emplace(id, std::move(s));
     return Code::kOk;
   }
@@ -171,7 +274,7 @@ class ReferenceModel {
     Seq* s = find(id);
     if (s == nullptr) return {Code::kNotFound, 0};
     // NOTE (contract): a waiting sequence that already claimed a prefix cannot match again.
-    if (s->state != SequenceState::kWaiting || !s->table.empty()) {
+    if (s->state != SequenceState::kWaiting || !s->tables[0].blocks.empty()) {
       return {Code::kFailedPrecondition, 0};
     }
     const auto len = static_cast<int64_t>(s->tokens.size());
@@ -180,27 +283,76 @@ class ReferenceModel {
     const int32_t bs = opts_.block_size;
     const auto max_blocks = static_cast<int32_t>((len - 1) / bs);  // never the last token
     const std::vector<BlockHash> hashes = block_hashes(*s, max_blocks);
-    std::vector<BlockId> hits;
-    uint64_t parent_content = 0;
-    for (int32_t i = 0; i < max_blocks; ++i) {
-      const BlockId c = find_hit(device_, hashes[i], parent_content, *s, i);
-      if (c == kNoBlock) break;
-      hits.push_back(c);
-      parent_content = device_.blocks[c].content;
+
+    // Every full group's chain bounds the hit.
+    std::vector<Chain> chains(groups_.size());
+    int32_t p = max_blocks;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].windowed()) continue;
+      chains[g] = walk_chain(groups_[g], *s, hashes, max_blocks);
+      p = std::min(p, static_cast<int32_t>(chains[g].keys.size()));
     }
-    for (const BlockId b : hits) touch(device_, b);
-    s->table = hits;
-    if (opts_.enable_host_cache) promote(*s, hashes, max_blocks, parent_content);
-    s->computed = static_cast<int32_t>(s->table.size()) * bs;
-    s->offered = static_cast<int32_t>(s->table.size());
-    // Hitting a block that this step still fills makes the sequence scheduled from there.
-    for (size_t i = 0; i < s->table.size(); ++i) {
-      if (device_.blocks[s->table[i]].write_step == step_) {
-        mark_scheduled(*s, static_cast<int32_t>(i) * bs);
-        break;
+    // Windowed groups verify along the anchor's chain; the hit is the longest p <= the
+    // chains that every windowed group serves.
+    std::vector<std::vector<Entry>> entries(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!groups_[g].windowed()) continue;
+      for (int32_t i = 0; i < p; ++i) {
+        entries[g].push_back(window_entry(groups_[g], *s, hashes, i, chains[anchor_].keys));
       }
     }
+    int32_t hit = p;
+    while (hit > 0 && !std::all_of(groups_.begin(), groups_.end(), [&](const Group& g) {
+             return !g.windowed() || window_serves(g, entries[&g - groups_.data()], hit);
+           })) {
+      --hit;
+    }
+
+    // Claim it: every group's device hits first, then the promotions.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      Group& group = groups_[g];
+      Table& t = s->tables[g];
+      t.blocks.assign(hit, kNoBlock);
+      t.first_held = group.windowed() ? group.first_needed(int64_t{hit} * bs, bs) : 0;
+      for (int32_t i = t.first_held; i < hit; ++i) {
+        const BlockId d = group.windowed() ? entries[g][i].device : chains[g].device_hit(i);
+        if (d == kNoBlock) continue;
+        t.blocks[i] = d;
+        touch(group.device, d);
+      }
+      group.counters.hit_blocks += hit - t.first_held;
+    }
+    if (opts_.enable_host_cache) {
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        std::vector<std::pair<int32_t, BlockId>> promote_at;  // entry, host hit
+        const Table& t = s->tables[g];
+        for (int32_t i = t.first_held; i < hit; ++i) {
+          if (t.blocks[i] != kNoBlock) continue;
+          promote_at.push_back(
+              {i, groups_[g].windowed() ? entries[g][i].host : chains[g].host_hit(i)});
+        }
+        promote(static_cast<int32_t>(g), *s, hashes, promote_at,
+                anchor_ >= 0 ? chains[anchor_].keys : std::vector<uint64_t>{});
+      }
+    }
+    const int32_t partial = opts_.enable_partial_block_reuse ? reuse_partial_block(*s, hit) : 0;
+    s->computed = hit * bs + partial;
+    s->offered = hit;
+    // Hitting a block that this step still fills makes the sequence scheduled from there;
+    // so does a partial block, filled by this step's copy.
+    int32_t first_unwritten = partial > 0 ? hit : hit + 1;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const Table& t = s->tables[g];
+      for (int32_t i = t.first_held; i < std::min(hit, first_unwritten); ++i) {
+        if (groups_[g].device.blocks[t.blocks[i]].write_step == step_) {
+          first_unwritten = i;
+          break;
+        }
+      }
+    }
+    if (first_unwritten <= hit) mark_scheduled(*s, first_unwritten * bs);
     counters_.prefix_hit_tokens += s->computed;
+    counters_.partial_hit_tokens += partial;
     return {Code::kOk, s->computed};
   }
 
@@ -223,8 +375,7 @@ class ReferenceModel {
       std::vector<SequenceInfo> running;
       for (const auto& [vid, v] : seqs_) {
         if (vid == id || v.state != SequenceState::kRunning || scheduled(v)) continue;
-        running.push_back({vid, v.priority, v.arrival, static_cast<int32_t>(v.table.size()),
-                           static_cast<int32_t>(v.tokens.size()), v.computed});
+        running.push_back(info(v));
       }
       std::sort(running.begin(), running.end(),
                 [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
@@ -241,7 +392,8 @@ class ReferenceModel {
         victim_id = choice->victim;
         mode = choice->mode;
       } else {
-        // Default policy: lowest priority, then latest arrival; swap only if the host fits it.
+        // Default policy: lowest priority, then latest arrival; swap only if every group's
+        // host pool fits it.
         const SequenceInfo* victim = &running.front();
         for (const SequenceInfo& v : running) {
           if (v.priority < victim->priority ||
@@ -249,8 +401,7 @@ class ReferenceModel {
             victim = &v;
           }
         }
-        if (mode == PreemptionMode::kSwap &&
-            blocks_for(victim->num_computed_tokens) > static_cast<int64_t>(queue_size(host_))) {
+        if (mode == PreemptionMode::kSwap && !host_fits(*find(victim->id))) {
           mode = PreemptionMode::kRecompute;
         }
         victim_id = victim->id;
@@ -269,15 +420,20 @@ class ReferenceModel {
     if (scheduled(*s)) return Code::kFailedPrecondition;
     const int32_t bs = opts_.block_size;
     if (mode == PreemptionMode::kSwap) {
-      const auto needed = static_cast<int32_t>(blocks_for(s->computed));
-      if (needed > static_cast<int32_t>(queue_size(host_))) return Code::kResourceExhausted;
-      s->host = allocate(host_, needed);
-      for (int32_t i = 0; i < needed; ++i) {
-        pending_.swap_out.push_back({s->table[i], s->host[i], std::min(bs, s->computed - i * bs)});
+      if (!host_fits(*s)) return Code::kResourceExhausted;
+      const auto context = static_cast<int32_t>(blocks_for(s->computed));
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        Table& t = s->tables[g];
+        t.host = allocate(static_cast<int32_t>(g), Medium::kHost, context - t.first_held);
+        for (int32_t i = t.first_held; i < context; ++i) {
+          pending_.swap_out.push_back({t.blocks[i], t.host[i - t.first_held],
+                                       std::min(bs, s->computed - i * bs),
+                                       static_cast<int32_t>(g)});
+        }
+        counters_.blocks_swapped_out += context - t.first_held;
       }
-      counters_.blocks_swapped_out += needed;
       ++counters_.preemptions_swap;
-      release_device(*s);
+      release_device(*s, /*keep_first_held=*/true);
       s->state = SequenceState::kSwapped;
     } else {
       release_device(*s);
@@ -295,16 +451,26 @@ class ReferenceModel {
     Seq* s = find(id);
     if (s == nullptr) return Code::kNotFound;
     if (s->state != SequenceState::kSwapped) return Code::kFailedPrecondition;
-    const auto needed = static_cast<int32_t>(s->host.size());
-    if (needed > static_cast<int32_t>(queue_size(device_))) return Code::kResourceExhausted;
-    s->table = allocate_device(needed);
-    const int32_t bs = opts_.block_size;
-    for (int32_t i = 0; i < needed; ++i) {
-      pending_.swap_in.push_back({s->host[i], s->table[i], std::min(bs, s->computed - i * bs)});
-      device_.blocks[s->table[i]].write_step = step_;
-      device_.blocks[s->table[i]].copy_only = true;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (s->tables[g].host.size() > queue_size(groups_[g].device)) return Code::kResourceExhausted;
     }
-    counters_.blocks_swapped_in += needed;
+    const int32_t bs = opts_.block_size;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      Table& t = s->tables[g];
+      const auto needed = static_cast<int32_t>(t.host.size());
+      const std::vector<BlockId> fresh = allocate(static_cast<int32_t>(g), Medium::kDevice, needed);
+      t.blocks.assign(t.first_held, kNoBlock);
+      t.blocks.insert(t.blocks.end(), fresh.begin(), fresh.end());
+      for (int32_t j = 0; j < needed; ++j) {
+        const int32_t i = t.first_held + j;
+        pending_.swap_in.push_back(
+            {t.host[j], t.blocks[i], std::min(bs, s->computed - i * bs), static_cast<int32_t>(g)});
+        Block& d = groups_[g].device.blocks[t.blocks[i]];
+        d.write_step = step_;
+        d.copy_only = true;
+      }
+      counters_.blocks_swapped_in += needed;
+    }
     release_host(*s);
     s->state = SequenceState::kRunning;
     mark_scheduled(*s, 0);  // nothing is on the device before the swap-in runs
@@ -320,9 +486,15 @@ class ReferenceModel {
     Seq c = *p;
     c.id = child;
     c.arrival = next_arrival_++;
-    c.table.resize(static_cast<size_t>(blocks_for(p->computed)));  // computed blocks only
-    c.offered = std::min(c.offered, static_cast<int32_t>(c.table.size()));
-    for (const BlockId b : c.table) touch(device_, b);
+    const auto context = static_cast<int32_t>(blocks_for(p->computed));  // computed blocks only
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      Table& t = c.tables[g];
+      t.blocks.resize(std::max(t.first_held, context));
+      for (int32_t i = t.first_held; i < static_cast<int32_t>(t.blocks.size()); ++i) {
+        touch(groups_[g].device, t.blocks[i]);
+      }
+    }
+    c.offered = std::min(c.offered, context);
     seqs_.emplace(child, std::move(c));
     return Code::kOk;
   }
@@ -353,13 +525,15 @@ class ReferenceModel {
   }
 
   void reset_prefix_cache() {
-    for (Pool* pool : {&device_, &host_}) {
-      for (Block& b : pool->blocks) b.role = Role::kNone;
-      pool->index.clear();
-      pool->standby.clear();
+    for (Group& g : groups_) {
+      for (Pool* pool : {&g.device, &g.host}) {
+        for (Block& b : pool->blocks) b.role = Role::kNone;
+        pool->index.clear();
+        pool->standby.clear();
+      }
     }
     for (auto& [id, s] : seqs_) {
-      if (s.computed > 0 || !s.table.empty()) s.kv_before_reset = true;
+      if (s.computed > 0 || !s.tables[0].blocks.empty()) s.kv_before_reset = true;
     }
     events_.push_back(AllBlocksCleared{});
   }
@@ -375,27 +549,63 @@ class ReferenceModel {
     return it == seqs_.end() ? nullptr : &it->second;
   }
   const std::map<SeqId, Seq>& sequences() const { return seqs_; }
-  const std::vector<Block>& device_blocks() const { return device_.blocks; }
-  const std::vector<Block>& host_blocks() const { return host_.blocks; }
-  std::vector<BlockId> device_queue() const { return queue_order(device_); }
-  std::vector<BlockId> host_queue() const { return queue_order(host_); }
-  int64_t evictions() const { return device_.evictions; }
-  int64_t host_evictions() const { return host_.evictions; }
+  int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
+  const LayerGroup& layer_group(int32_t g) const { return groups_[g].spec; }
+  const std::vector<Block>& device_blocks(int32_t g = 0) const { return groups_[g].device.blocks; }
+  const std::vector<Block>& host_blocks(int32_t g = 0) const { return groups_[g].host.blocks; }
+  std::vector<BlockId> device_queue(int32_t g = 0) const { return queue_order(groups_[g].device); }
+  std::vector<BlockId> host_queue(int32_t g = 0) const { return queue_order(groups_[g].host); }
+  int64_t evictions(int32_t g = 0) const { return groups_[g].device.evictions; }
+  int64_t host_evictions(int32_t g = 0) const { return groups_[g].host.evictions; }
   const Counters& counters() const { return counters_; }
   const StepOps& pending_ops() const { return pending_; }
   const KvCacheManager::Options& options() const { return opts_; }
-  int32_t used_host_blocks() const {
-    return static_cast<int32_t>(std::count_if(host_.blocks.begin(), host_.blocks.end(),
-                                              [](const Block& b) { return b.ref > 0; }));
+  // The slots of group g from the last allocate call that succeeded (see slot_mapping()).
+  const std::vector<int64_t>& last_slots(int32_t g) const { return last_slots_[g]; }
+  // What the victim policy and running_sequences() show of a sequence: group 0's held
+  // blocks.
+  SequenceInfo info(const Seq& s) const {
+    const Table& t = s.tables[0];
+    return {s.id,
+            s.priority,
+            s.arrival,
+            static_cast<int32_t>(t.blocks.size()) - t.first_held,
+            static_cast<int32_t>(s.tokens.size()),
+            s.computed};
   }
-  int32_t cached_free_blocks() const {
+  int32_t used_host_blocks(int32_t g = 0) const {
+    const auto& blocks = groups_[g].host.blocks;
     return static_cast<int32_t>(
-        std::count_if(device_.blocks.begin(), device_.blocks.end(),
-                      [](const Block& b) { return b.cached() && b.ref == 0; }));
+        std::count_if(blocks.begin(), blocks.end(), [](const Block& b) { return b.ref > 0; }));
   }
-  int32_t cached_host_blocks() const {
-    return static_cast<int32_t>(std::count_if(host_.blocks.begin(), host_.blocks.end(),
-                                              [](const Block& b) { return b.cached(); }));
+  int32_t cached_free_blocks(int32_t g = 0) const {
+    const auto& blocks = groups_[g].device.blocks;
+    return static_cast<int32_t>(std::count_if(
+        blocks.begin(), blocks.end(), [](const Block& b) { return b.cached() && b.ref == 0; }));
+  }
+  int32_t cached_host_blocks(int32_t g = 0) const {
+    const auto& blocks = groups_[g].host.blocks;
+    return static_cast<int32_t>(
+        std::count_if(blocks.begin(), blocks.end(), [](const Block& b) { return b.cached(); }));
+  }
+  // KvCacheManager::group_stats(g).
+  KvCacheManager::GroupStats group_stats(int32_t g) const {
+    const Group& group = groups_[g];
+    KvCacheManager::GroupStats s;
+    s.num_blocks = group.spec.num_blocks;
+    s.free_blocks = static_cast<int32_t>(queue_size(group.device));
+    s.used_blocks = s.num_blocks - s.free_blocks;
+    s.cached_free_blocks = cached_free_blocks(g);
+    s.num_host_blocks = group.spec.num_host_blocks;
+    s.used_host_blocks = used_host_blocks(g);
+    s.cached_host_blocks = cached_host_blocks(g);
+    s.evictions = group.device.evictions;
+    s.host_evictions = group.host.evictions;
+    s.hit_blocks = group.counters.hit_blocks;
+    s.released_blocks = group.counters.released_blocks;
+    s.blocks_demoted = group.counters.blocks_demoted;
+    s.blocks_promoted = group.counters.blocks_promoted;
+    return s;
   }
   std::vector<KvEvent> take_events() { return std::exchange(events_, {}); }
   std::vector<Preemption> take_preemptions() { return std::exchange(preemptions_, {}); }
@@ -411,11 +621,33 @@ class ReferenceModel {
     return out;
   }
 
+  // The first position a token at `pos` attends to in group g (layer_group.h, restated).
+  int64_t attended_from(int32_t g, int64_t pos) const {
+    const LayerGroup& spec = groups_[g].spec;
+    switch (spec.kind) {
+      case AttentionKind::kSlidingWindow:
+        return std::max<int64_t>(0, pos - spec.window + 1);
+      case AttentionKind::kChunkedLocal:
+        return pos / spec.window * spec.window;
+      case AttentionKind::kFull:
+        break;
+    }
+    return 0;
+  }
+
+  // Whether freeing `s` would meet the open bug kAvoidFreeOfSwappedWithReleasedEntries.
+  bool free_meets_known_bug(const Seq& s) const {
+    return kAvoidFreeOfSwappedWithReleasedEntries && s.state == SequenceState::kSwapped &&
+           std::any_of(s.tables.begin(), s.tables.end(),
+                       [](const Table& t) { return t.first_held > 0; });
+  }
+
  private:
   using Key = std::pair<uint64_t, uint64_t>;
   static Key key(const BlockHash& h) { return {h.lo, h.hi}; }
 
-  // One pool of blocks: the device pool, or the host pool (swap blocks and the host tier).
+  // One pool of blocks: a group's device pool, or its host pool (swap blocks and the host
+  // tier).
   struct Pool {
     struct Expiry {
       int64_t time = 0;
@@ -434,6 +666,7 @@ class ReferenceModel {
     std::map<Key, std::vector<BlockId>> standby;  // per hash, newest first
     uint64_t next_content;
     uint64_t last_stamp = 0;
+    uint64_t last_indexed = 0;
     int64_t evictions = 0;
     std::vector<Expiry> expiries;
   };
@@ -445,6 +678,46 @@ class ReferenceModel {
     uint64_t content;
     int32_t priority;
     int64_t duration;
+  };
+
+  struct Group {
+    LayerGroup spec;
+    int32_t watermark = 0;  // Options::watermark_blocks scaled to the pool
+    Pool device;
+    Pool host;
+    std::vector<Evicted> evicted = {};  // by the device allocation in progress
+    GroupCounters counters = {};
+    bool windowed() const { return spec.kind != AttentionKind::kFull; }
+    // The first table entry that a token at `pos` attends to.
+    int32_t first_needed(int64_t pos, int32_t bs) const {
+      switch (spec.kind) {
+        case AttentionKind::kSlidingWindow:
+          return static_cast<int32_t>(std::max<int64_t>(0, pos - spec.window + 1) / bs);
+        case AttentionKind::kChunkedLocal:
+          return static_cast<int32_t>(pos / spec.window * spec.window / bs);
+        case AttentionKind::kFull:
+          break;
+      }
+      return 0;
+    }
+  };
+
+  // A full group's verified chain: device hits from block 0, then host-tier hits.
+  struct Chain {
+    std::vector<BlockId> device;
+    std::vector<BlockId> host;
+    std::vector<uint64_t> keys;  // content key of each entry's hit: device, then host
+    BlockId device_hit(int32_t i) const {
+      return i < static_cast<int32_t>(device.size()) ? device[i] : kNoBlock;
+    }
+    BlockId host_hit(int32_t i) const { return host[i - device.size()]; }
+  };
+
+  // A windowed group's candidate for one entry.
+  struct Entry {
+    BlockId device = kNoBlock;
+    BlockId host = kNoBlock;
+    bool found() const { return device != kNoBlock || host != kNoBlock; }
   };
 
   int64_t blocks_for(int64_t tokens) const {
@@ -459,6 +732,23 @@ class ReferenceModel {
   int64_t now() const {
     // NOTE (contract): without a clock the pools read steady_clock; the driver injects one.
     return opts_.clock ? opts_.clock() : 0;
+  }
+
+  bool any_running() const {
+    return std::any_of(seqs_.begin(), seqs_.end(), [](const auto& entry) {
+      return entry.second.state == SequenceState::kRunning;
+    });
+  }
+
+  // Whether every group's host pool can take `s`'s held context blocks.
+  bool host_fits(const Seq& s) const {
+    const int64_t context = blocks_for(s.computed);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (context - s.tables[g].first_held > static_cast<int64_t>(queue_size(groups_[g].host))) {
+        return false;
+      }
+    }
+    return true;
   }
 
   // --- free queues ---
@@ -536,8 +826,8 @@ class ReferenceModel {
 
   // --- index ---
 
-  uint64_t content_of(BlockId parent) const {
-    return parent == kNoBlock ? 0 : device_.blocks[parent].content;
+  static uint64_t content_of(const Pool& p, BlockId b) {
+    return b == kNoBlock ? 0 : p.blocks[b].content;
   }
 
   // The block of `p` indexed under `hash` if it holds block i of `s` after `parent_content`.
@@ -551,6 +841,71 @@ class ReferenceModel {
       return kNoBlock;
     }
     return it->second;
+  }
+
+  // Free device blocks group g may fill with promotions once `free_hits` free blocks are
+  // shared: the watermark stays free while others run.
+  int64_t room(const Group& g, int32_t free_hits) const {
+    const int32_t reserve = any_running() ? g.watermark : 0;
+    return std::max<int64_t>(0, static_cast<int64_t>(queue_size(g.device)) - free_hits - reserve);
+  }
+
+  // Full group g's chain for `s`: verified device hits from block 0, then verified host
+  // hits (with the tier), as many as free device blocks allow once the device hits are
+  // shared.
+  Chain walk_chain(const Group& g, const Seq& s, const std::vector<BlockHash>& hashes,
+                   int32_t max_blocks) const {
+    Chain c;
+    uint64_t parent = 0;
+    int32_t free_hits = 0;
+    for (int32_t i = 0; i < max_blocks; ++i) {
+      const BlockId b = find_hit(g.device, hashes[i], parent, s, i);
+      if (b == kNoBlock) break;
+      c.device.push_back(b);
+      parent = g.device.blocks[b].content;
+      c.keys.push_back(parent);
+      free_hits += g.device.blocks[b].ref == 0;
+    }
+    if (!opts_.enable_host_cache) return c;
+    const int64_t promotions = room(g, free_hits);
+    for (auto i = static_cast<int32_t>(c.device.size());
+         i < max_blocks && static_cast<int64_t>(c.host.size()) < promotions; ++i) {
+      const BlockId h = find_hit(g.host, hashes[i], parent, s, i);
+      if (h == kNoBlock) break;
+      c.host.push_back(h);
+      parent = g.host.blocks[h].content;
+      c.keys.push_back(parent);
+    }
+    return c;
+  }
+
+  // Windowed group g's hit for entry i: a device block, else a host-tier block, holding
+  // block i of `s` after the anchor's chain entry i - 1.
+  Entry window_entry(const Group& g, const Seq& s, const std::vector<BlockHash>& hashes, int32_t i,
+                     const std::vector<uint64_t>& anchor_keys) const {
+    const uint64_t parent = i == 0 ? 0 : anchor_keys[i - 1];
+    Entry e;
+    e.device = find_hit(g.device, hashes[i], parent, s, i);
+    if (e.device == kNoBlock && opts_.enable_host_cache) {
+      e.host = find_hit(g.host, hashes[i], parent, s, i);
+    }
+    return e;
+  }
+
+  // Whether windowed group g serves a hit of q blocks: every entry the token at q * bs
+  // attends to is there, and its host-tier entries fit the free device blocks.
+  bool window_serves(const Group& g, const std::vector<Entry>& entries, int32_t q) const {
+    int32_t in_host = 0;
+    int32_t free_hits = 0;
+    for (int32_t i = g.first_needed(int64_t{q} * opts_.block_size, opts_.block_size); i < q; ++i) {
+      if (!entries[i].found()) return false;
+      if (entries[i].device == kNoBlock) {
+        ++in_host;
+      } else {
+        free_hits += g.device.blocks[entries[i].device].ref == 0;
+      }
+    }
+    return in_host <= room(g, free_hits);
   }
 
   // Takes block b out of the index or its hash's standbys; the newest standby replaces an
@@ -571,12 +926,23 @@ class ReferenceModel {
     }
     p.index[k] = standby.front();
     p.blocks[standby.front()].role = Role::kIndexed;
+    p.blocks[standby.front()].indexed_at = ++p.last_indexed;
     standby.erase(standby.begin());
     return false;
   }
 
-  // Takes n blocks from the head of p's queue; cached blocks taken this way are evicted.
-  std::vector<BlockId> allocate(Pool& p, int32_t n) {
+  // Takes n blocks from the head of group g's device or host queue; cached blocks taken
+  // this way are evicted (device ones logged for the host tier). Device allocations then
+  // demote what they evicted.
+  std::vector<BlockId> allocate(int32_t g, Medium medium, int32_t n) {
+    std::vector<BlockId> out = take_blocks(g, medium, n);
+    if (medium == Medium::kDevice) demote_evicted(g);
+    return out;
+  }
+
+  std::vector<BlockId> take_blocks(int32_t g, Medium medium, int32_t n) {
+    Group& group = groups_[g];
+    Pool& p = medium == Medium::kDevice ? group.device : group.host;
     if (n > 0) expire(p);
     std::vector<BlockId> out;
     for (int32_t i = 0; i < n; ++i) {
@@ -586,8 +952,8 @@ class ReferenceModel {
         // One event per evicted block; none when a standby takes over the hash.
         if (leave_index(p, b)) {
           events_.push_back(BlockRemoved{{d.hash}, p.medium});
-          if (&p == &device_ && opts_.enable_host_cache) {
-            evicted_.push_back({b, d.hash, d.content, d.priority, d.duration});
+          if (medium == Medium::kDevice && opts_.enable_host_cache) {
+            group.evicted.push_back({b, d.hash, d.content, d.priority, d.duration});
           }
         }
         ++p.evictions;
@@ -601,32 +967,30 @@ class ReferenceModel {
     return out;
   }
 
-  std::vector<BlockId> allocate_device(int32_t n) {
-    std::vector<BlockId> out = allocate(device_, n);
-    demote_evicted();
-    return out;
-  }
-
-  // Whether the host tier holds e's hash already; a free host copy of the same contents
-  // then moves to the tier's most recently used end with e's retention, without a copy.
-  bool refresh_host_copy(const Evicted& e) {
-    const auto it = host_.index.find(key(e.hash));
-    if (it == host_.index.end()) return false;
-    const Block& src = device_.blocks[e.block];
-    Block& copy = host_.blocks[it->second];
+  // Whether group g's host tier holds e's hash already; a free host copy of the same
+  // contents then moves to the tier's most recently used end with e's retention, without
+  // a copy.
+  bool refresh_host_copy(int32_t g, const Evicted& e) {
+    Group& group = groups_[g];
+    const auto it = group.host.index.find(key(e.hash));
+    if (it == group.host.index.end()) return false;
+    const Block& src = group.device.blocks[e.block];
+    Block& copy = group.host.blocks[it->second];
     if (copy.ref == 0 && copy.parent_content == src.parent_content && copy.tokens == src.tokens &&
         copy.extra_keys == src.extra_keys) {
-      touch(host_, it->second);
+      touch(group.host, it->second);
       set_retention(copy, e.priority, e.duration);
-      release_host_block(it->second);
+      release_host_block(g, it->second);
     }
     return true;
   }
 
-  // Enters host block h, about to receive the evicted device block e's K/V, into the tier.
-  void cache_host_copy(BlockId h, const Evicted& e) {
-    const Block& src = device_.blocks[e.block];
-    Block& d = host_.blocks[h];
+  // Enters host block h of group g, about to receive the evicted device block e's K/V,
+  // into the tier.
+  void cache_host_copy(int32_t g, BlockId h, const Evicted& e) {
+    Group& group = groups_[g];
+    const Block& src = group.device.blocks[e.block];
+    Block& d = group.host.blocks[h];
     d.content = e.content;
     d.role = Role::kIndexed;
     d.hash = e.hash;
@@ -634,64 +998,58 @@ class ReferenceModel {
     d.parent_hash = src.parent_hash;
     d.tokens = src.tokens;
     d.extra_keys = src.extra_keys;
-    host_.index[key(e.hash)] = h;
+    group.host.index[key(e.hash)] = h;
     events_.push_back(BlockStored{
         {e.hash}, src.parent_hash, src.tokens, opts_.block_size, src.extra_keys, Medium::kHost});
     set_retention(d, e.priority, e.duration);
   }
 
-  // Each evicted device block is copied into a host block unless the tier holds its hash
-  // or no host block is free; the host block is held until the copy is taken. With fewer
-  // free host blocks than evictions, the least recently used evictions are dropped.
-  void demote_evicted() {
-    const std::vector<Evicted> evicted = std::exchange(evicted_, {});
-    const size_t free_host = queue_size(host_);
+  // Each evicted device block of group g is copied into a host block unless the tier
+  // holds its hash or no host block is free; the host block is held until the copy is
+  // taken. With fewer free host blocks than evictions, the least recently used evictions
+  // are dropped.
+  void demote_evicted(int32_t g) {
+    Group& group = groups_[g];
+    const std::vector<Evicted> evicted = std::exchange(group.evicted, {});
+    const size_t free_host = queue_size(group.host);
     const size_t dropped = evicted.size() > free_host ? evicted.size() - free_host : 0;
     for (size_t i = dropped; i < evicted.size(); ++i) {
       const Evicted& e = evicted[i];
-      if (refresh_host_copy(e) || queue_size(host_) == 0) continue;
-      const BlockId h = allocate(host_, 1)[0];
-      cache_host_copy(h, e);
-      pending_.demote.push_back({e.block, h, opts_.block_size});
-      release_host_block(h);
+      if (refresh_host_copy(g, e) || queue_size(group.host) == 0) continue;
+      const BlockId h = take_blocks(g, Medium::kHost, 1)[0];
+      cache_host_copy(g, h, e);
+      pending_.demote.push_back({e.block, h, opts_.block_size, g});
+      release_host_block(g, h);
+      ++group.counters.blocks_demoted;
       ++counters_.blocks_demoted;
     }
   }
 
-  // The host hits that continue s's device hits, as many as free device blocks allow
-  // (less the watermark while another sequence runs), copied into new device blocks that
-  // take their content keys and enter the device index; the host copies leave the tier. A
-  // new device block that held an evicted cached block trades places with its host block
-  // (an exchange op) unless the tier holds that block's hash already.
-  void promote(Seq& s, const std::vector<BlockHash>& hashes, int32_t max_blocks,
-               uint64_t parent_content) {
-    const auto first = static_cast<int32_t>(s.table.size());
-    const bool others_run = std::any_of(seqs_.begin(), seqs_.end(), [](const auto& entry) {
-      return entry.second.state == SequenceState::kRunning;
-    });
-    const int64_t room = std::max<int64_t>(
-        0, static_cast<int64_t>(queue_size(device_)) - (others_run ? opts_.watermark_blocks : 0));
-    std::vector<BlockId> hits;
-    for (int32_t i = first; i < max_blocks && i - first < room; ++i) {
-      const BlockId h = find_hit(host_, hashes[i], parent_content, s, i);
-      if (h == kNoBlock) break;
-      hits.push_back(h);
-      parent_content = host_.blocks[h].content;
-    }
-    if (hits.empty()) return;
-    for (const BlockId h : hits) touch(host_, h);
-    const std::vector<BlockId> fresh = allocate(device_, static_cast<int32_t>(hits.size()));
-    const std::vector<Evicted> evicted = std::exchange(evicted_, {});
+  // Promotes group g's host-tier hits `at` (entry, host block) of s into new device blocks
+  // that take their content keys and enter the device index; the host copies leave the
+  // tier. A new device block that held an evicted cached block trades places with its host
+  // block (an exchange op) unless the tier holds that block's hash already. Each run of
+  // consecutive entries is indexed as one call: a full group's after its table's previous
+  // block, a windowed group's after the anchor's chain (`anchor_keys`).
+  void promote(int32_t g, Seq& s, const std::vector<BlockHash>& hashes,
+               const std::vector<std::pair<int32_t, BlockId>>& at,
+               const std::vector<uint64_t>& anchor_keys) {
+    if (at.empty()) return;
+    Group& group = groups_[g];
+    for (const auto& [i, h] : at) touch(group.host, h);
+    const std::vector<BlockId> fresh =
+        take_blocks(g, Medium::kDevice, static_cast<int32_t>(at.size()));
+    const std::vector<Evicted> evicted = std::exchange(group.evicted, {});
     size_t next_evicted = 0;
     const int32_t bs = opts_.block_size;
-    for (size_t j = 0; j < hits.size(); ++j) {
-      const BlockId h = hits[j];
+    for (size_t j = 0; j < at.size(); ++j) {
+      const BlockId h = at[j].second;
       const BlockId d = fresh[j];
-      device_.blocks[d].content = host_.blocks[h].content;
-      device_.blocks[d].write_step = step_;
-      device_.blocks[d].copy_only = true;
-      if (leave_index(host_, h)) {
-        events_.push_back(BlockRemoved{{host_.blocks[h].hash}, Medium::kHost});
+      group.device.blocks[d].content = group.host.blocks[h].content;
+      group.device.blocks[d].write_step = step_;
+      group.device.blocks[d].copy_only = true;
+      if (leave_index(group.host, h)) {
+        events_.push_back(BlockRemoved{{group.host.blocks[h].hash}, Medium::kHost});
       }
       const Evicted* e = nullptr;
       if (next_evicted < evicted.size() && evicted[next_evicted].block == d) {
@@ -699,24 +1057,98 @@ class ReferenceModel {
       }
       // A host block a pending demotion or exchange writes is promoted after that batch,
       // and the evicted block demoted into another host block.
-      const bool written_this_step = host_pending(h);
-      if (e != nullptr && !written_this_step && !refresh_host_copy(*e)) {
-        cache_host_copy(h, *e);
-        pending_.exchange.push_back({d, h, bs});
+      const bool written_this_step = host_pending(g, h);
+      if (e != nullptr && !written_this_step && !refresh_host_copy(g, *e)) {
+        cache_host_copy(g, h, *e);
+        pending_.exchange.push_back({d, h, bs, g});
+        ++group.counters.blocks_demoted;
         ++counters_.blocks_demoted;
       } else {
-        if (e != nullptr && written_this_step) evicted_.push_back(*e);
-        pending_.promote.push_back({h, d, bs});
+        if (e != nullptr && written_this_step) group.evicted.push_back(*e);
+        pending_.promote.push_back({h, d, bs, g});
       }
-      release_host_block(h);
+      release_host_block(g, h);
     }
-    demote_evicted();
-    s.table.insert(s.table.end(), fresh.begin(), fresh.end());
-    s.offered = first;
-    s.computed = static_cast<int32_t>(s.table.size()) * bs;
-    offer(s);
-    counters_.blocks_promoted += static_cast<int64_t>(hits.size());
-    counters_.host_hit_tokens += static_cast<int64_t>(hits.size()) * bs;
+    demote_evicted(g);
+    Table& t = s.tables[g];
+    for (size_t j = 0; j < at.size(); ++j) t.blocks[at[j].first] = fresh[j];
+    for (size_t begin = 0; begin < at.size();) {
+      size_t end = begin + 1;
+      while (end < at.size() && at[end].first == at[end - 1].first + 1) ++end;
+      cache_blocks(g, s, hashes, at[begin].first, at[end - 1].first + 1, anchor_keys);
+      begin = end;
+    }
+    group.counters.blocks_promoted += static_cast<int64_t>(at.size());
+    counters_.blocks_promoted += static_cast<int64_t>(at.size());
+    if (g == anchor_) counters_.host_hit_tokens += static_cast<int64_t>(at.size()) * bs;
+  }
+
+  // Partial-block reuse: a hit of `hit` blocks continues into the first k tokens (fewer
+  // than a block, never the last token) of a cached block in every group, the block
+  // cached after the table's block hit - 1 (a windowed group: the anchor's) with the same
+  // extra keys and starting with the prompt's next tokens. The shortest of the groups'
+  // matches is reused: every group copies that many tokens (copy-on-write) into a new block
+  // that ends its table. Nothing is reused when a group has no match, its block is filled
+  // in this step, or no device block is free for the copy (its block counts if it is free).
+  // NOTE (contract): the groups are asked in order, each for the longest match of the
+  // tokens that the groups before it matched, so a later group may pick another block than
+  // it would for all of them. Returns k (0: none).
+  int32_t reuse_partial_block(Seq& s, int32_t hit) {
+    const int32_t bs = opts_.block_size;
+    int32_t k = std::min<int32_t>(bs - 1, static_cast<int32_t>(s.tokens.size()) - 1 - hit * bs);
+    if (k <= 0) return 0;
+    std::vector<BlockId> sources;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const std::vector<TokenId> next(s.tokens.begin() + int64_t{hit} * bs,
+                                      s.tokens.begin() + int64_t{hit} * bs + k);
+      const Group& group = groups_[g];
+      const int32_t parent_group = group.windowed() ? anchor_ : static_cast<int32_t>(g);
+      const uint64_t parent = hit == 0 ? 0
+                                       : content_of(groups_[parent_group].device,
+                                                    s.tables[parent_group].blocks[hit - 1]);
+      const auto [src, matched] = partial_match(group.device, parent, next, s.extra_keys);
+      if (src == kNoBlock || group.device.blocks[src].write_step == step_ ||
+          room(group, group.device.blocks[src].ref == 0) < 1) {
+        return 0;
+      }
+      sources.push_back(src);
+      k = std::min(k, matched);
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const auto gi = static_cast<int32_t>(g);
+      Group& group = groups_[g];
+      touch(group.device, sources[g]);  // the allocation below cannot evict it
+      const BlockId dst = allocate(gi, Medium::kDevice, 1)[0];
+      pending_.copy_on_write.push_back({sources[g], dst, k, gi});
+      release_device_blocks(gi, {sources[g]});  // parked until the step if it was free
+      group.device.blocks[dst].write_step = step_;
+      group.device.blocks[dst].copy_only = true;
+      s.tables[g].blocks.push_back(dst);
+    }
+    return k;
+  }
+
+  // The indexed block of `p` cached after `parent` with `extra_keys` whose first tokens
+  // match the most of `tokens` (at least one), and how many. NOTE (contract): of equally
+  // long matches, the block indexed last.
+  std::pair<BlockId, int32_t> partial_match(const Pool& p, uint64_t parent,
+                                            const std::vector<TokenId>& tokens,
+                                            const std::vector<uint64_t>& extra_keys) const {
+    BlockId best = kNoBlock;
+    int32_t best_n = 0;
+    for (BlockId b = 0; b < static_cast<BlockId>(p.blocks.size()); ++b) {
+      const Block& d = p.blocks[b];
+      if (d.role != Role::kIndexed || d.parent_content != parent || d.extra_keys != extra_keys) {
+        continue;
+      }
+      int32_t n = 0;
+      while (n < static_cast<int32_t>(tokens.size()) && d.tokens[n] == tokens[n]) ++n;
+      if (n > 0 && (n > best_n || (n == best_n && d.indexed_at > p.blocks[best].indexed_at))) {
+        best = b;
+        best_n = n;
+      }
+    }
+    return {best, best_n};
   }
 
   void touch(Pool& p, BlockId b) {
@@ -748,12 +1180,13 @@ class ReferenceModel {
   }
 
   // NOTE (contract): a block's retention is that of the last range holding its first token.
-  void apply_retention(const Seq& s) {
-    for (size_t i = 0; i < s.table.size(); ++i) {
+  void apply_retention(int32_t g, const Seq& s, int32_t begin, int32_t end) {
+    for (int32_t i = begin; i < end; ++i) {
       const int64_t first_token = static_cast<int64_t>(i) * opts_.block_size;
       for (auto r = s.retention.rbegin(); r != s.retention.rend(); ++r) {
         if (first_token >= r->begin && first_token < r->end) {
-          set_retention(device_.blocks[s.table[i]], r->priority, r->duration_ms);
+          set_retention(groups_[g].device.blocks[s.tables[g].blocks[i]], r->priority,
+                        r->duration_ms);
           break;
         }
       }
@@ -773,19 +1206,23 @@ class ReferenceModel {
   // unshare them. A swap-in or promotion fills its blocks whatever happens to it.
   void unshare_unwritten(Seq& s) {
     if (!scheduled(s)) return;
-    const int32_t end = std::min<int32_t>(s.offered, static_cast<int32_t>(s.table.size()));
-    for (int32_t i = s.settled / opts_.block_size; i < end; ++i) {
-      const BlockId b = s.table[i];
-      Block& d = device_.blocks[b];
-      const bool copy_filled = d.write_step == step_ && d.copy_only;
-      if (d.ref == 1 && d.cached() && !copy_filled && leave_index(device_, b)) {
-        events_.push_back(BlockRemoved{{d.hash}, Medium::kDevice});
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const Table& t = s.tables[g];
+      Pool& p = groups_[g].device;
+      const int32_t end = std::min<int32_t>(s.offered, static_cast<int32_t>(t.blocks.size()));
+      for (int32_t i = std::max(s.settled / opts_.block_size, t.first_held); i < end; ++i) {
+        const BlockId b = t.blocks[i];
+        Block& d = p.blocks[b];
+        const bool copy_filled = d.write_step == step_ && d.copy_only;
+        if (d.ref == 1 && d.cached() && !copy_filled && leave_index(p, b)) {
+          events_.push_back(BlockRemoved{{d.hash}, Medium::kDevice});
+        }
       }
     }
   }
 
   void drop_claim(Seq& s) {
-    counters_.claims_released += !s.table.empty();
+    counters_.claims_released += !s.tables[0].blocks.empty();
     unshare_unwritten(s);
     release_device(s);
     s.computed = 0;
@@ -795,15 +1232,19 @@ class ReferenceModel {
   }
 
   // Before preempting: the claim of a waiting sequence (not the requester) holding a block
-  // nobody else holds; lowest priority, then latest arrival.
+  // nobody else holds, in any group; lowest priority, then latest arrival.
   bool release_one_claim(SeqId requester) {
     Seq* chosen = nullptr;
     for (auto& [id, s] : seqs_) {
       if (id == requester || s.state != SequenceState::kWaiting) continue;
-      if (std::none_of(s.table.begin(), s.table.end(),
-                       [&](BlockId b) { return device_.blocks[b].ref == 1; })) {
-        continue;
+      bool frees_a_block = false;
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        const Table& t = s.tables[g];
+        for (int32_t i = t.first_held; i < static_cast<int32_t>(t.blocks.size()); ++i) {
+          frees_a_block |= groups_[g].device.blocks[t.blocks[i]].ref == 1;
+        }
       }
+      if (!frees_a_block) continue;
       if (chosen == nullptr || s.priority < chosen->priority ||
           (s.priority == chosen->priority && s.arrival > chosen->arrival)) {
         chosen = &s;
@@ -815,95 +1256,118 @@ class ReferenceModel {
     return true;
   }
 
-  // Named by a pending op that reads or writes device memory after the release: a CoW copy
-  // (either end), a swap-in or promotion destination, an exchange. Swap-out and demotion
-  // sources are read first in a step, so they may be reused at once.
-  bool device_pending(BlockId b) const {
+  // Named by a pending op of group g that reads or writes device memory after the release:
+  // a CoW copy (either end), a swap-in or promotion destination, an exchange. Swap-out and
+  // demotion sources are read first in a step, so they may be reused at once.
+  bool device_pending(int32_t g, BlockId b) const {
     for (const BlockCopy& op : pending_.copy_on_write) {
-      if (op.src == b || op.dst == b) return true;
+      if (op.group == g && (op.src == b || op.dst == b)) return true;
     }
     for (const BlockCopy& op : pending_.exchange) {
-      if (op.src == b) return true;
+      if (op.group == g && op.src == b) return true;
     }
     for (const auto* ops : {&pending_.swap_in, &pending_.promote}) {
       for (const BlockCopy& op : *ops) {
-        if (op.dst == b) return true;
+        if (op.group == g && op.dst == b) return true;
       }
     }
     return false;
   }
-  bool host_pending(BlockId h) const {
+  bool host_pending(int32_t g, BlockId h) const {
     for (const auto* ops : {&pending_.swap_out, &pending_.demote, &pending_.exchange}) {
       for (const BlockCopy& op : *ops) {
-        if (op.dst == h) return true;
+        if (op.group == g && op.dst == h) return true;
       }
     }
     for (const auto* ops : {&pending_.swap_in, &pending_.promote}) {
       for (const BlockCopy& op : *ops) {
-        if (op.src == h) return true;
+        if (op.group == g && op.src == h) return true;
       }
     }
     return false;
   }
 
-  // Tail first, as one release; a last reference to a block a pending op still names is
-  // parked.
-  void release_device(Seq& s) {
-    apply_retention(s);
+  // Releases device blocks of group g as one free, in the given order; a last reference to
+  // a block a pending op still names is parked.
+  void release_device_blocks(int32_t g, const std::vector<BlockId>& blocks) {
     std::vector<BlockId> released;
-    for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) {
-      if (device_pending(*it) && device_.blocks[*it].ref == 1) {
-        deferred_device_.push_back(*it);
+    for (const BlockId b : blocks) {
+      if (device_pending(g, b) && groups_[g].device.blocks[b].ref == 1) {
+        deferred_device_.push_back({g, b});
       } else {
-        released.push_back(*it);
+        released.push_back(b);
       }
     }
-    unref(device_, released);
-    s.table.clear();
+    unref(groups_[g].device, released);
   }
 
-  void release_host_block(BlockId h) {
-    if (host_pending(h)) {
-      deferred_host_.push_back(h);
+  // Every group's held blocks, tail first, each group as one release. A swap-out keeps
+  // first_held for swap_in(); every other release forgets it.
+  void release_device(Seq& s, bool keep_first_held = false) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      Table& t = s.tables[g];
+      const auto size = static_cast<int32_t>(t.blocks.size());
+      apply_retention(static_cast<int32_t>(g), s, t.first_held, size);
+      std::vector<BlockId> tail_first;
+      for (int32_t i = size - 1; i >= t.first_held; --i) tail_first.push_back(t.blocks[i]);
+      release_device_blocks(static_cast<int32_t>(g), tail_first);
+      t.blocks.clear();
+      if (!keep_first_held) t.first_held = 0;
+    }
+  }
+
+  void release_host_block(int32_t g, BlockId h) {
+    if (host_pending(g, h)) {
+      deferred_host_.push_back({g, h});
     } else {
-      unref(host_, {h});
+      unref(groups_[g].host, {h});
     }
   }
 
   void release_host(Seq& s) {
-    std::vector<BlockId> released;
-    for (auto it = s.host.rbegin(); it != s.host.rend(); ++it) {
-      if (host_pending(*it)) {
-        deferred_host_.push_back(*it);
-      } else {
-        released.push_back(*it);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      Table& t = s.tables[g];
+      std::vector<BlockId> released;
+      for (auto it = t.host.rbegin(); it != t.host.rend(); ++it) {
+        if (host_pending(static_cast<int32_t>(g), *it)) {
+          deferred_host_.push_back({static_cast<int32_t>(g), *it});
+        } else {
+          released.push_back(*it);
+        }
       }
+      unref(groups_[g].host, released);
+      t.host.clear();
     }
-    unref(host_, released);
-    s.host.clear();
   }
 
   // Parked blocks whose copies were taken are released one at a time, in parking order.
   void release_deferred() {
-    std::vector<BlockId> keep;
-    for (const BlockId b : deferred_device_) {
-      if (device_pending(b)) {
-        keep.push_back(b);
+    std::vector<std::pair<int32_t, BlockId>> keep;
+    for (const auto& [g, b] : deferred_device_) {
+      if (device_pending(g, b)) {
+        keep.push_back({g, b});
       } else {
-        unref(device_, {b});
+        unref(groups_[g].device, {b});
       }
     }
     deferred_device_ = std::move(keep);
     keep.clear();
-    for (const BlockId h : deferred_host_) {
-      if (host_pending(h)) {
-        keep.push_back(h);
+    for (const auto& [g, h] : deferred_host_) {
+      if (host_pending(g, h)) {
+        keep.push_back({g, h});
       } else {
-        unref(host_, {h});
+        unref(groups_[g].host, {h});
       }
     }
     deferred_host_ = std::move(keep);
   }
+
+  // What allocate() does in one group, decided before anything changes.
+  struct Plan {
+    int32_t release_end = 0;  // windowed: entries before it are released
+    int32_t new_blocks = 0;
+    bool cow = false;
+  };
 
   std::pair<Code, std::vector<int64_t>> allocate(Seq& s, int32_t n, int32_t lookahead) {
     const int32_t bs = opts_.block_size;
@@ -912,78 +1376,125 @@ class ReferenceModel {
     const int64_t new_total = int64_t{s.computed} + n;
     if (new_total > static_cast<int64_t>(s.tokens.size())) return {Code::kInvalidArgument, {}};
     const int64_t total_blocks = blocks_for(new_total + lookahead);
-    if (total_blocks > opts_.num_blocks) return {Code::kInvalidArgument, {}};
     const int32_t partial = s.computed % bs;
     const int32_t write_block = s.computed / bs;
-    const bool cow = n > 0 && partial != 0 && device_.blocks[s.table[write_block]].ref > 1;
-    // A copy-on-write must not copy tokens whose K/V this step has not written yet.
-    if (cow && scheduled(s) && s.settled < s.computed) return {Code::kFailedPrecondition, {}};
-    const int64_t new_blocks =
-        std::max<int64_t>(0, total_blocks - static_cast<int64_t>(s.table.size())) + (cow ? 1 : 0);
     // The watermark holds back an admission only while another sequence is running.
-    const bool others_run = std::any_of(seqs_.begin(), seqs_.end(), [&](const auto& entry) {
-      return entry.second.id != s.id && entry.second.state == SequenceState::kRunning;
-    });
-    const int32_t reserve =
-        s.state == SequenceState::kWaiting && others_run ? opts_.watermark_blocks : 0;
-    if (new_blocks + reserve > static_cast<int64_t>(queue_size(device_))) {
-      return {Code::kResourceExhausted, {}};
+    const bool admission = s.state == SequenceState::kWaiting && any_running();
+    // NOTE (contract): the groups are checked in order, each for a request it can never
+    // hold (InvalidArgument), an unsafe copy-on-write, then free blocks; the first failing
+    // check decides.
+    std::vector<Plan> plans(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const Group& group = groups_[g];
+      const Table& t = s.tables[g];
+      Plan& plan = plans[g];
+      // A windowed group releases the entries wholly before the window of the next token,
+      // up to the first one this step fills (released by a later call).
+      int32_t freed = 0;
+      plan.release_end = t.first_held;
+      if (group.windowed()) {
+        const int32_t first_needed = group.first_needed(s.computed, bs);
+        for (; plan.release_end < first_needed &&
+               plan.release_end < static_cast<int32_t>(t.blocks.size());
+             ++plan.release_end) {
+          const BlockId b = t.blocks[plan.release_end];
+          if (group.device.blocks[b].write_step == step_) break;
+          freed += group.device.blocks[b].ref == 1 && !device_pending(static_cast<int32_t>(g), b);
+        }
+      }
+      const int64_t held = total_blocks - (group.windowed() ? plan.release_end : 0);
+      if (held > group.spec.num_blocks) return {Code::kInvalidArgument, {}};
+      plan.cow = n > 0 && partial != 0 && group.device.blocks[t.blocks[write_block]].ref > 1;
+      // A copy-on-write must not copy tokens whose K/V this step has not written yet.
+      if (plan.cow && scheduled(s) && s.settled < s.computed) {
+        return {Code::kFailedPrecondition, {}};
+      }
+      plan.new_blocks = static_cast<int32_t>(
+          std::max<int64_t>(0, total_blocks - static_cast<int64_t>(t.blocks.size())) + plan.cow);
+      const int32_t reserve = admission ? group.watermark : 0;
+      if (int64_t{plan.new_blocks} + reserve >
+          static_cast<int64_t>(queue_size(group.device)) + freed) {
+        return {Code::kResourceExhausted, {}};
+      }
     }
-    std::vector<BlockId> fresh = allocate_device(static_cast<int32_t>(new_blocks));
-    size_t next = 0;
-    if (cow) {
-      // NOTE (contract): the copy's destination is the first block allocated.
-      const BlockId src = s.table[write_block];
-      const BlockId dst = fresh[next++];
-      pending_.copy_on_write.push_back({src, dst, partial});
-      --device_.blocks[src].ref;  // other sharers still hold it
-      s.table[write_block] = dst;
-      ++counters_.cow_copies;
-    }
-    s.table.insert(s.table.end(), fresh.begin() + static_cast<int64_t>(next), fresh.end());
-    std::vector<int64_t> slots;
-    for (int64_t t = s.computed; t < new_total; ++t) {
-      slots.push_back(int64_t{s.table[t / bs]} * bs + t % bs);
-      device_.blocks[s.table[t / bs]].write_step = step_;
-      device_.blocks[s.table[t / bs]].copy_only = false;
+    last_slots_.assign(groups_.size(), {});
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const auto gi = static_cast<int32_t>(g);
+      Group& group = groups_[g];
+      Table& t = s.tables[g];
+      const Plan& plan = plans[g];
+      if (plan.release_end > t.first_held) release_behind_window(gi, s, plan.release_end);
+      std::vector<BlockId> fresh = allocate(gi, Medium::kDevice, plan.new_blocks);
+      size_t next = 0;
+      if (plan.cow) {
+        // NOTE (contract): the copy's destination is the first block allocated.
+        const BlockId src = t.blocks[write_block];
+        const BlockId dst = fresh[next++];
+        pending_.copy_on_write.push_back({src, dst, partial, gi});
+        --group.device.blocks[src].ref;  // other sharers still hold it
+        t.blocks[write_block] = dst;
+        ++counters_.cow_copies;
+      }
+      t.blocks.insert(t.blocks.end(), fresh.begin() + static_cast<int64_t>(next), fresh.end());
+      for (int64_t pos = s.computed; pos < new_total; ++pos) {
+        const BlockId b = t.blocks[pos / bs];
+        last_slots_[g].push_back(int64_t{b} * bs + pos % bs);
+        group.device.blocks[b].write_step = step_;
+        group.device.blocks[b].copy_only = false;
+      }
     }
     if (n > 0) mark_scheduled(s, s.computed);
     s.computed = static_cast<int32_t>(new_total);
     s.state = SequenceState::kRunning;
     offer(s);
-    return {Code::kOk, std::move(slots)};
+    return {Code::kOk, last_slots_[0]};
   }
 
-  // Enters the sequence's newly full computed blocks into the index, each once: a block is
-  // skipped if it is already hashed; when another block holds its hash it becomes that
-  // block's newest standby if it has the same tokens, extra keys and parent contents, and
-  // is skipped otherwise.
-  void offer(Seq& s) {
-    const int32_t full = s.computed / opts_.block_size;
-    if (!opts_.enable_prefix_caching || s.kv_before_reset) {
-      s.offered = full;
-      return;
+  // Releases entries [first_held, end) of windowed group g's table, in table order, as one
+  // release: no future token of s attends to them. Hashed blocks stay cached.
+  void release_behind_window(int32_t g, Seq& s, int32_t end) {
+    Table& t = s.tables[g];
+    if (!kEmulateNoRetentionBehindWindow) apply_retention(g, s, t.first_held, end);
+    std::vector<BlockId> released;
+    for (int32_t i = t.first_held; i < end; ++i) {
+      released.push_back(t.blocks[i]);
+      t.blocks[i] = kNoBlock;
     }
-    const std::vector<BlockHash> hashes =
-        s.offered < full ? block_hashes(s, full) : std::vector<BlockHash>{};
-    // One BlockStored per run of consecutive blocks indexed; a block not indexed (hashed
-    // already, a collision, a standby) ends a run.
+    release_device_blocks(g, released);
+    groups_[g].counters.released_blocks += end - t.first_held;
+    t.first_held = end;
+  }
+
+  // Enters entries [begin, end) of s's table in group g into the group's device index as
+  // one call, each once: a block is skipped if it is already hashed; when another block
+  // holds its hash it becomes that block's newest standby if it has the same tokens, extra
+  // keys and parent contents, and is skipped otherwise. The parent contents are those of
+  // the table's previous block (full groups, read as each block is cached) or of the
+  // anchor's chain entry before it (windowed groups: anchor_keys[i - 1]). One BlockStored
+  // per run of consecutive blocks indexed; a block not indexed ends a run.
+  void cache_blocks(int32_t g, const Seq& s, const std::vector<BlockHash>& hashes, int32_t begin,
+                    int32_t end, const std::vector<uint64_t>& anchor_keys) {
+    Group& group = groups_[g];
+    Pool& p = group.device;
+    const Table& t = s.tables[g];
     BlockStored stored;
     auto end_run = [&] {
       if (!stored.block_hashes.empty()) events_.push_back(std::exchange(stored, {}));
     };
-    for (int32_t i = s.offered; i < full; ++i) {
-      const BlockId b = s.table[i];
+    for (int32_t i = begin; i < end; ++i) {
+      const BlockId b = t.blocks[i];
       const BlockHash& h = hashes[i];
-      Block& d = device_.blocks[b];
+      Block& d = p.blocks[b];
       if (d.cached()) {
         end_run();
         continue;
       }
-      const uint64_t parent_content = content_of(i == 0 ? kNoBlock : s.table[i - 1]);
-      const auto indexed = device_.index.find(key(h));
-      if (indexed != device_.index.end()) {
-        const Block& original = device_.blocks[indexed->second];
+      const uint64_t parent_content = i == 0             ? 0
+                                      : group.windowed() ? anchor_keys[i - 1]
+                                                         : content_of(p, t.blocks[i - 1]);
+      const auto indexed = p.index.find(key(h));
+      if (indexed != p.index.end()) {
+        const Block& original = p.blocks[indexed->second];
         if (original.parent_content != parent_content || original.tokens != block_tokens(s, i) ||
             original.extra_keys != s.extra_keys) {
           end_run();
@@ -991,11 +1502,12 @@ class ReferenceModel {
         }
         d.role = Role::kStandby;
         d.content = original.content;
-        std::vector<BlockId>& standby = device_.standby[key(h)];
+        std::vector<BlockId>& standby = p.standby[key(h)];
         standby.insert(standby.begin(), b);
       } else {
         d.role = Role::kIndexed;
-        device_.index[key(h)] = b;
+        d.indexed_at = ++p.last_indexed;
+        p.index[key(h)] = b;
       }
       d.hash = h;
       d.parent_content = parent_content;
@@ -1013,20 +1525,53 @@ class ReferenceModel {
       stored.extra_keys = s.extra_keys;
     }
     end_run();
-    s.offered = std::max(s.offered, full);
+  }
+
+  // Enters the sequence's newly full computed blocks into every group's index, each held
+  // entry once. The anchor goes first: a windowed group's blocks are cached after the
+  // anchor's previous block as it is once cached (a standby takes its original's contents
+  // key).
+  void offer(Seq& s) {
+    const int32_t full = s.computed / opts_.block_size;
+    if (!opts_.enable_prefix_caching || s.kv_before_reset) {
+      s.offered = full;
+      return;
+    }
+    if (s.offered >= full) return;
+    const std::vector<BlockHash> hashes = block_hashes(s, full);
+    std::vector<int32_t> order;
+    if (!kEmulateWindowedOfferBeforeAnchor && anchor_ >= 0) order.push_back(anchor_);
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      if (kEmulateWindowedOfferBeforeAnchor || g != anchor_) order.push_back(g);
+    }
+    // NOTE (contract): the events come in group order, whatever order decides the keys.
+    std::vector<std::vector<KvEvent>> group_events(groups_.size());
+    for (const int32_t g : order) {
+      std::vector<uint64_t> anchor_keys;
+      if (groups_[g].windowed()) {
+        for (int32_t i = 0; i < full; ++i) {
+          anchor_keys.push_back(content_of(groups_[anchor_].device, s.tables[anchor_].blocks[i]));
+        }
+      }
+      std::swap(events_, group_events[g]);
+      cache_blocks(g, s, hashes, std::max(s.offered, s.tables[g].first_held), full, anchor_keys);
+      std::swap(events_, group_events[g]);
+    }
+    for (std::vector<KvEvent>& e : group_events) events_.insert(events_.end(), e.begin(), e.end());
+    s.offered = full;
   }
 
   KvCacheManager::Options opts_;
+  std::vector<Group> groups_;
+  int32_t anchor_ = -1;  // the first full-attention group
   std::map<SeqId, Seq> seqs_;
   int64_t next_arrival_ = 0;
   uint64_t step_ = 1;  // each take_step_ops() ends a step
-  Pool device_;
-  Pool host_;
-  std::vector<Evicted> evicted_;  // by the device allocation in progress
   StepOps pending_;
-  std::vector<BlockId> deferred_device_;
-  std::vector<BlockId> deferred_host_;
+  std::vector<std::pair<int32_t, BlockId>> deferred_device_;  // (group, block)
+  std::vector<std::pair<int32_t, BlockId>> deferred_host_;
   Counters counters_;
+  std::vector<std::vector<int64_t>> last_slots_;  // per group
   std::vector<KvEvent> events_;
   std::vector<Preemption> preemptions_;
   std::vector<SeqId> claim_releases_;
