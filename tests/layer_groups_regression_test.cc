@@ -90,7 +90,7 @@ KvCacheManager swapped_with_released_entry() {
 
 // reference_model.h: kAvoidFreeOfSwappedWithReleasedEntries.
 TEST_CASE("free of a swapped sequence with released window entries releases its host blocks",
-          "[.][known-bug]") {
+          "[layer_groups]") {
   // free() -> release_device_blocks() takes subspan(first_held) of the swapped sequence's
   // device table, which is empty (first_held stays 1 for swap_in()): the span starts past
   // its end and free_tail_first_unchecked() walks memory, dropping references to garbage
@@ -109,7 +109,7 @@ TEST_CASE("free of a swapped sequence with released window entries releases its 
 TEST_CASE(
     "a windowed group's block offered in the same call as the anchor's parent block verifies "
     "after the parent's final contents",
-    "[.][known-bug]") {
+    "[layer_groups]") {
   // Group 0 is windowed, group 1 (the anchor) full. Sequences 1 and 2 compute the same
   // prompt; 2 does not match first, so its group-1 blocks become standbys of 1's and take
   // their content keys. offer_computed_blocks() caches group 0 before group 1, so 2's
@@ -135,7 +135,7 @@ TEST_CASE(
 }
 
 // reference_model.h: kEmulateNoRetentionBehindWindow.
-TEST_CASE("blocks released behind the window keep the sequence's retention", "[.][known-bug]") {
+TEST_CASE("blocks released behind the window keep the sequence's retention", "[layer_groups]") {
   // docs/allocator.md: retention ranges apply to each group's blocks when the sequence
   // releases them. release_behind_window() releases them at the default priority, so a
   // windowed group evicts a retained prefix (say, a system prompt) like any other block

@@ -522,7 +522,9 @@ class KvCacheManager {
   // Releases.
   void unshare_unwritten_blocks(internal::Sequence& seq);
   void set_state(internal::Sequence& seq, SequenceState state);
-  void apply_retention(const internal::Sequence& seq, internal::GroupPools& g);
+  // The retention of `seq`'s entry as it releases it: the last of its retention ranges that
+  // covers the entry's first token, else, in a windowed group, window_priority().
+  void set_release_retention(const internal::Sequence& seq, internal::GroupPools& g, int32_t entry);
   void release_device_blocks(internal::Sequence& seq);
   void release_host_blocks(internal::Sequence& seq);
   // Checks (invariants.cc) and block tables (block_tables.cc).
@@ -557,7 +559,7 @@ class KvCacheManager {
   std::vector<int64_t> batch_slots_;  // group after group (see batch_slot_mapping())
   std::vector<absl::Status> batch_statuses_;
   Stats counters_;  // the manager's own counters; stats() adds the pools' and the tiers'
-  std::vector<GroupStats> group_counters_;  // per group: hits and window releases
+  std::vector<GroupStats> group_counters_;    // per group: hits and window releases
   std::vector<BlockPool::DeadContent> dead_;  // scratch of bury_dead_windows()
 };
 

@@ -457,7 +457,7 @@ void KvCacheManager::release_behind_window(Sequence& seq, GroupPools& g, int32_t
   GroupTable& t = seq.tables[g.index];
   BlockId last_clean = kNoBlock;
   for (int32_t i = t.first_held; i < end; ++i) {
-    g.device.set_retention_unchecked(t.blocks[i], window_priority(seq, g, i), 0);
+    set_release_retention(seq, g, i);
     ledger_->release(g.device, Hold::kDevice, g.index, t.blocks[i], last_clean);
     t.blocks[i] = kNoBlock;
   }
@@ -592,17 +592,17 @@ void KvCacheManager::set_state(Sequence& seq, SequenceState state) {
 }
 
 void KvCacheManager::release_device_blocks(Sequence& seq) {
+  const bool caching = options_.enable_prefix_caching;
   for (GroupPools& g : groups_) {
     GroupTable& t = seq.tables[g.index];
-    if (!seq.retention.empty()) [[unlikely]] {
-      apply_retention(seq, g);
-    }
-    if (g.windowed() && options_.enable_prefix_caching) {
-      for (auto i = t.first_held; i < std::ssize(t.blocks); ++i) {
-        g.device.set_retention_unchecked(t.blocks[i], window_priority(seq, g, i), 0);
+    // A swapped sequence's device tables are empty; first_held is kept for swap_in().
+    const auto first = std::min(static_cast<size_t>(t.first_held), t.blocks.size());
+    if (!seq.retention.empty() || (g.windowed() && caching)) [[unlikely]] {
+      for (size_t i = first; i < t.blocks.size(); ++i) {
+        set_release_retention(seq, g, static_cast<int32_t>(i));
       }
     }
-    const auto held = std::span<const BlockId>(t.blocks).subspan(t.first_held);
+    const auto held = std::span<const BlockId>(t.blocks).subspan(first);
     // Tail first, as one free: a prompt's later blocks are evicted before its shared
     // beginning, and its clean blocks are reused in the same order.
     if (!ledger_->holds_any_device()) [[likely]] {
@@ -618,19 +618,18 @@ void KvCacheManager::release_device_blocks(Sequence& seq) {
   }
 }
 
-// Gives each of `seq`'s held blocks in `g` the retention of the last range holding its
-// first token.
-void KvCacheManager::apply_retention(const Sequence& seq, GroupPools& g) {
-  const int32_t bs = options_.block_size;
-  const GroupTable& t = seq.tables[g.index];
-  for (size_t i = t.first_held; i < t.blocks.size(); ++i) {
-    const int64_t first_token = static_cast<int64_t>(i) * bs;
-    for (auto r = seq.retention.rbegin(); r != seq.retention.rend(); ++r) {
-      if (first_token >= r->begin && first_token < r->end) {
-        g.device.set_retention_unchecked(t.blocks[i], r->priority, r->duration_ms);
-        break;
-      }
+// The engine's retention ranges win over the window classes: they name what it will reuse.
+void KvCacheManager::set_release_retention(const Sequence& seq, GroupPools& g, int32_t entry) {
+  const BlockId block = seq.tables[g.index].blocks[entry];
+  const int64_t first_token = int64_t{entry} * options_.block_size;
+  for (auto r = seq.retention.rbegin(); r != seq.retention.rend(); ++r) {
+    if (first_token >= r->begin && first_token < r->end) {
+      g.device.set_retention_unchecked(block, r->priority, r->duration_ms);
+      return;
     }
+  }
+  if (g.windowed() && options_.enable_prefix_caching) {
+    g.device.set_retention_unchecked(block, window_priority(seq, g, entry), 0);
   }
 }
 

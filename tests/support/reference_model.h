@@ -77,17 +77,17 @@ namespace pagedkv::testing {
 // order, so a windowed group listed before the anchor records the content key the anchor's
 // previous block had before it became a standby in the same call; the block is then never
 // a standby and can never hit.
-inline constexpr bool kEmulateWindowedOfferBeforeAnchor = true;
+inline constexpr bool kEmulateWindowedOfferBeforeAnchor = false;
 // "blocks released behind the window keep the sequence's retention": release_behind_window()
 // releases them at the default priority; docs/allocator.md says retention ranges apply to
 // each group's blocks when the sequence releases them.
-inline constexpr bool kEmulateNoRetentionBehindWindow = true;
+inline constexpr bool kEmulateNoRetentionBehindWindow = false;
 
 // "free of a swapped sequence with released window entries releases its host blocks":
 // free() -> release_device_blocks() takes subspan(first_held) of the swapped sequence's
 // empty device table (first_held is kept for swap_in()), so it walks memory past the table
 // and drops references to garbage ids. The driver skips such free calls while this is on.
-inline constexpr bool kAvoidFreeOfSwappedWithReleasedEntries = true;
+inline constexpr bool kAvoidFreeOfSwappedWithReleasedEntries = false;
 
 class ReferenceModel {
  public:
