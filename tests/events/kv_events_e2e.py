@@ -216,6 +216,8 @@ def scenario_hybrid():
         feed.catch_up(e.final_seq)
         if feed.index.specs != specs:
             fail(f"{e.name}: groups {feed.index.specs}, expected {specs}")
+        if not {kind for kind, _ in specs.values()} <= kv_router.schema.KV_CACHE_SPEC_KINDS:
+            fail(f"{e.name}: a kind that is not one of vLLM's KVCacheSpecKind values")
         if not all(len(entry.split()) == 3 for entry in e.own_index()):
             fail(f"{e.name}: the engine's index has no group column")
         check_index(e.name, feed.index.entries(), e)

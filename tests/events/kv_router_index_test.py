@@ -133,6 +133,9 @@ for chunk_sizes, expected in [(None, 0), ({1: 4}, 3)]:
     check(idx.prefix_blocks(TOKENS + [0], BS) == expected,
           f"chunked group, chunk sizes {chunk_sizes}: {expected} blocks")
 
+check(kv_router.FULL_KINDS | kv_router.SLIDING_KINDS | {kv_router.CHUNKED_KIND}
+      <= schema.KV_CACHE_SPEC_KINDS, "the router's kinds are vLLM's KVCacheSpecKind values")
+
 # Through the wire: the group fields survive msgspec's strict decoding.
 payload = schema.msgspec.msgpack.encode(schema.KVEventBatch(ts=0.0, events=[
     stored([A], None, [1, 2], GPU, **SWA), removed([A], GPU, group=1)]))
