@@ -72,7 +72,7 @@ class BlockPool {
     Medium medium = Medium::kDevice;    // what the pool's events say it is
     // The layer group the pool's events name (BlockStored::group, BlockRemoved::group);
     // KvCacheManager sets it for managers with more than one group. Unset: none.
-    std::optional<EventGroup> event_group;
+    std::optional<EventGroup> event_group = std::nullopt;
     // Milliseconds for retention durations; empty: std::chrono::steady_clock.
     std::function<int64_t()> clock = nullptr;
     // For a device pool with a host tier: allocation logs the cached blocks it evicts
