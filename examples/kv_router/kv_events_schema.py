@@ -14,6 +14,14 @@ import msgspec
 # from vLLM engines run with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES.
 ExternalBlockHash = bytes | int
 
+# vLLM's KVCacheSpecKind values (vllm/v1/kv_cache_interface.py, a str enum): what
+# BlockStored.kv_cache_spec_kind holds. pagedkv sends the first three (docs/events.md,
+# "Layer groups").
+KV_CACHE_SPEC_KINDS = frozenset({
+    "full_attention", "sliding_window", "chunked_local_attention", "mla_attention",
+    "sliding_window_mla", "mamba", "sink_full_attention", "encoder_only_attention",
+    "cross_attention", "unknown"})
+
 # Sequence number of the END marker closing a replay or snapshot reply.
 END_SEQ = -1
 # Request payload asking the ROUTER socket for a snapshot (pagedkv's addition).

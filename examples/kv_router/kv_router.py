@@ -15,7 +15,10 @@ It speaks vLLM's KV event protocol (docs/events.md) with pyzmq and msgspec:
 
 The index is keyed by content, not by recomputing hashes: each BlockStored block says
 (parent hash, its tokens, its extra keys) -> hash, so a query walks its tokens block by
-block through that map, whatever hash function the engine uses.
+block through that map, whatever hash function the engine uses. A hybrid model's engine
+(layer groups: full attention beside sliding-window or chunked-local layers) names the
+group of every event (group_idx, kv_cache_spec_kind): the index keeps each group apart,
+and a prefix counts where every group holds what the engine's hit rule needs.
 
 Engines that publish with CURVE (docs/events.md, "Authenticated events") need the
 router's own secret certificate and each engine's public certificate: CurveKeys.load().
@@ -74,8 +77,18 @@ class CurveKeys(NamedTuple):
         socket.curve_serverkey = self.server
 
 
-class EngineIndex:
-    """The blocks one engine holds, per medium, as its events describe them.
+# vLLM's KVCacheSpecKind values (kv_cache_spec_kind on BlockStored) and how the hit rule
+# treats them: a full group needs every block of a hit, a sliding-window group the blocks
+# its window reaches back to, a chunked-local group those of the current chunk. Kinds not
+# listed here (mamba, cross attention, unknown) count as full: the router then asks more
+# than the engine does, never less.
+FULL_KINDS = {"full_attention", "mla_attention", "sink_full_attention"}
+SLIDING_KINDS = {"sliding_window", "sliding_window_mla"}
+CHUNKED_KIND = "chunked_local_attention"
+
+
+class GroupIndex:
+    """The blocks of one layer group, per medium, as its events describe them.
 
     A block lives in one medium or, for a moment, in both: demotion is BlockRemoved on
     the device and BlockStored on the host, promotion the reverse. It leaves the index
@@ -87,19 +100,12 @@ class EngineIndex:
         self.by_content = {}  # (parent hash, tokens, extra keys) -> hash
         self.media = {}  # hash -> set of media holding it
 
-    def apply(self, batch):
-        for event in batch.events:
-            if isinstance(event, schema.BlockStored):
-                self._store(event)
-            elif isinstance(event, schema.BlockRemoved):
-                for h in event.block_hashes:
-                    self._remove(h, event.medium or DEVICE_MEDIUM)
-            else:
-                self.blocks.clear()
-                self.by_content.clear()
-                self.media.clear()
+    def clear(self):
+        self.blocks.clear()
+        self.by_content.clear()
+        self.media.clear()
 
-    def _store(self, event):
+    def store(self, event):
         bs = event.block_size
         parent = event.parent_block_hash
         medium = event.medium or DEVICE_MEDIUM
@@ -115,7 +121,7 @@ class EngineIndex:
             self.media.setdefault(h, set()).add(medium)
             parent = h
 
-    def _remove(self, h, medium):
+    def remove(self, h, medium):
         media = self.media.get(h)
         if media is None:
             return
@@ -127,30 +133,158 @@ class EngineIndex:
         if self.by_content.get(key) == h:
             del self.by_content[key]
 
-    def entries(self):
-        """Sorted "HASHHEX MEDIUM" strings, one per block and medium holding it."""
-        return sorted(f"{h.hex()} {m}" for h, media in self.media.items() for m in media)
-
-    def prefix_media(self, tokens, block_size, extra_keys=None):
-        """The media holding each leading full block of `tokens` this engine holds."""
-        extra = tuple(extra_keys) if extra_keys else None
-        parent, media = None, []
+    def chain(self, tokens, block_size, extra):
+        """[(hash, content key)] of the leading full blocks of `tokens` this group holds."""
+        parent, found = None, []
         for i in range(len(tokens) // block_size):
-            h = self.by_content.get(
-                (parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra))
+            key = (parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra)
+            h = self.by_content.get(key)
             if h is None:
                 break
+            found.append((h, key))
             parent = h
-            media.append(self.media[h])
+        return found
+
+
+class EngineIndex:
+    """The blocks one engine holds, per layer group and medium, as its events describe them.
+
+    An engine serving a model with one layer group (every pagedkv manager without
+    layer_groups, and vLLM with one KV cache group) sends group_idx 0 or none: the index
+    then has group 0 only, and blocks, by_content and media are that group's maps. A
+    hybrid model's engine (full attention beside sliding-window or chunked-local layers)
+    caches each block in every group's pools, evicts it from each on its own, and names the
+    group and its kind on every event (group_idx, kv_cache_spec_kind,
+    kv_cache_spec_sliding_window): the index keeps one GroupIndex per group, and a prefix
+    counts as cached only where every group holds what the engine's hit rule needs
+    (prefix_media()).
+
+    chunk_sizes: {group_idx: chunk tokens} for chunked-local groups. vLLM's events carry a
+    sliding window but no chunk size (kv_cache_spec_sliding_window is set for sliding
+    windows only), so the router takes it from the model's config (Llama 4's
+    attention_chunk_size); without it a chunked group counts as full.
+    """
+
+    def __init__(self, chunk_sizes=None):
+        self.groups = {0: GroupIndex()}  # group_idx -> GroupIndex
+        self.specs = {}  # group_idx -> (kv_cache_spec_kind, kv_cache_spec_sliding_window)
+        self.hybrid = False  # an event named a group other than 0, or a spec kind
+        self.chunk_sizes = dict(chunk_sizes or {})
+
+    # Group 0's maps: the whole index of an engine with one layer group.
+    @property
+    def blocks(self):
+        return self.groups[0].blocks
+
+    @property
+    def by_content(self):
+        return self.groups[0].by_content
+
+    @property
+    def media(self):
+        return self.groups[0].media
+
+    def group(self, group_idx):
+        g = self.groups.get(group_idx)
+        if g is None:
+            g = self.groups[group_idx] = GroupIndex()
+        return g
+
+    def apply(self, batch):
+        for event in batch.events:
+            if isinstance(event, schema.BlockStored):
+                g = event.group_idx or 0
+                if g != 0 or event.kv_cache_spec_kind is not None:
+                    self.hybrid = True
+                    self.specs[g] = (event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window)
+                self.group(g).store(event)
+            elif isinstance(event, schema.BlockRemoved):
+                g = event.group_idx or 0
+                self.hybrid |= g != 0
+                for h in event.block_hashes:
+                    self.group(g).remove(h, event.medium or DEVICE_MEDIUM)
+            else:
+                for g in self.groups.values():
+                    g.clear()
+
+    def entries(self):
+        """Sorted "HASHHEX MEDIUM" strings, one per block and medium holding it; for a
+        hybrid engine "HASHHEX MEDIUM GROUP", one per block, group and medium."""
+        if not self.hybrid:
+            return sorted(f"{h.hex()} {m}" for h, media in self.media.items() for m in media)
+        return sorted(f"{h.hex()} {m} {g}" for g, index in self.groups.items()
+                      for h, media in index.media.items() for m in media)
+
+    def _first_needed(self, group_idx, blocks, block_size):
+        """The first block that a hit of `blocks` blocks needs in a group: 0 for a full
+        group; a windowed group's blocks before the window of the token at the hit's end
+        are not needed (the engine releases them). None: the group counts as full."""
+        kind, window = self.specs.get(group_idx, (None, None))
+        pos = blocks * block_size
+        if kind in SLIDING_KINDS and window:
+            return max(0, pos - window + 1) // block_size
+        if kind == CHUNKED_KIND and self.chunk_sizes.get(group_idx):
+            return (pos - pos % self.chunk_sizes[group_idx]) // block_size
+        return None
+
+    def prefix_media(self, tokens, block_size, extra_keys=None):
+        """The media holding each leading full block of `tokens` that a prefix hit on this
+        engine can use. One group: the blocks of group 0's chain. A hybrid engine: the
+        longest prefix of p blocks that every group can serve, as pagedkv's match_prefix()
+        and vLLM's hybrid coordinator find it: every full group holds blocks [0, p), every
+        windowed group the blocks from the first one its window needs at p to p - 1 (a
+        shorter p needs others, so the groups are asked until all agree); block i's media
+        then hold "GPU" when every group that needs it has it on the device."""
+        extra = tuple(extra_keys) if extra_keys else None
+        if not self.hybrid:
+            return [self.media[h] for h, _ in self.groups[0].chain(tokens, block_size, extra)]
+        full = [g for g in sorted(self.groups) if self._first_needed(g, 1, block_size) is None]
+        windowed = [g for g in sorted(self.groups) if g not in full]
+        if not full:
+            return []  # pagedkv refuses windowed groups without a full one
+        chains = {g: self.groups[g].chain(tokens, block_size, extra) for g in full}
+        p = min(len(c) for c in chains.values())
+        anchor = chains[full[0]]  # the keys every group's blocks are checked against
+
+        def held(g, i):
+            h, key = anchor[i]
+            return self.groups[g].blocks.get(h) == key
+
+        def window_hit(g, p):
+            q = p
+            while q > 0:
+                missing = next((i for i in range(q - 1, self._first_needed(g, q, block_size) - 1,
+                                                 -1) if not held(g, i)), None)
+                if missing is None:
+                    return q
+                q = missing  # a hit past a missing block would need it
+            return 0
+
+        changed = True
+        while changed and p > 0:
+            changed = False
+            for g in windowed:
+                q = window_hit(g, p)
+                changed |= q < p
+                p = q
+        media = []
+        for i in range(p):
+            needing = full + [g for g in windowed if i >= self._first_needed(g, p, block_size)]
+            sets = [self.groups[g].media[anchor[i][0]] for g in needing]
+            union = set().union(*sets)
+            if not all(DEVICE_MEDIUM in m for m in sets):
+                union.discard(DEVICE_MEDIUM)
+            media.append(union)
         return media
 
     def prefix_blocks(self, tokens, block_size, extra_keys=None):
-        """Number of leading full blocks of `tokens` this engine holds, in any medium."""
+        """Number of leading full blocks of `tokens` a prefix hit on this engine can use,
+        in any medium."""
         return len(self.prefix_media(tokens, block_size, extra_keys))
 
     def prefix_score(self, tokens, block_size, extra_keys=None, host_weight=HOST_HIT_WEIGHT):
         """The cached prefix's worth: 1 per leading block on the device, host_weight per
-        leading block held only by the host tier."""
+        leading block that needs a host-tier copy."""
         return sum(1.0 if DEVICE_MEDIUM in media else host_weight
                    for media in self.prefix_media(tokens, block_size, extra_keys))
 
@@ -159,13 +293,14 @@ class EngineFeed:
     """One engine's event stream, kept gap-free by replay and snapshot requests."""
 
     def __init__(self, name, pub_endpoint, replay_endpoint, context, timeout_ms=5000,
-                 curve=None):
-        """curve: CurveKeys when the engine publishes with CURVE."""
+                 curve=None, chunk_sizes=None):
+        """curve: CurveKeys when the engine publishes with CURVE; chunk_sizes: see
+        EngineIndex."""
         self.name = name
         self.pub_endpoint = pub_endpoint
         self.replay_endpoint = replay_endpoint
         self.timeout_ms = timeout_ms
-        self.index = EngineIndex()
+        self.index = EngineIndex(chunk_sizes)
         self.next_seq = None  # None: not synchronised yet
         self.counters = dict(live=0, replayed=0, replays=0, snapshots=0, snapshot_blocks=0,
                              busy=0)
@@ -279,10 +414,12 @@ class EngineFeed:
 class KvRouter:
     """Follows several engines; routes a prompt to the one with the longest cached prefix."""
 
-    def __init__(self, engines, context=None):
-        """engines: [(name, pub_endpoint, replay_endpoint[, CurveKeys])]."""
+    def __init__(self, engines, context=None, chunk_sizes=None):
+        """engines: [(name, pub_endpoint, replay_endpoint[, CurveKeys])]; chunk_sizes:
+        {group_idx: tokens} of a hybrid model's chunked-local groups (EngineIndex)."""
         self.context = context or zmq.Context.instance()
-        self.feeds = [EngineFeed(*e[:3], self.context, curve=e[3] if len(e) > 3 else None)
+        self.feeds = [EngineFeed(*e[:3], self.context, curve=e[3] if len(e) > 3 else None,
+                                 chunk_sizes=chunk_sizes)
                       for e in engines]
 
     def poll(self, timeout_ms=10):
@@ -303,7 +440,8 @@ class KvRouter:
 # --- the `follow` program ----------------------------------------------------------------
 
 def _save_state(router, path):
-    state = {f.name: (f.index.blocks, f.index.media, f.next_seq, f.counters)
+    state = {f.name: ({g: (index.blocks, index.media) for g, index in f.index.groups.items()},
+                      f.index.specs, f.index.hybrid, f.next_seq, f.counters)
              for f in router.feeds}
     with open(path + ".tmp", "wb") as out:
         pickle.dump(state, out)
@@ -314,11 +452,14 @@ def _load_state(router, path):
     with open(path, "rb") as f:
         state = pickle.load(f)
     for feed in router.feeds:
-        blocks, media, feed.next_seq, feed.counters = state[feed.name]
-        for h, key in blocks.items():
-            feed.index.blocks[h] = key
-            feed.index.by_content[key] = h
-            feed.index.media[h] = media[h]
+        groups, feed.index.specs, feed.index.hybrid, feed.next_seq, feed.counters = \
+            state[feed.name]
+        for g, (blocks, media) in groups.items():
+            index = feed.index.group(g)
+            for h, key in blocks.items():
+                index.blocks[h] = key
+                index.by_content[key] = h
+                index.media[h] = media[h]
 
 
 def _read_targets(path):

@@ -6,7 +6,11 @@
 // the step (take_step_ops()) and hands the step's events to the publisher. Prompts share a
 // few "system prompts", half of them under a tenant salt (extra keys), so the prefix cache
 // hits, evicts and splits by salt. With --host-blocks, evicted blocks are demoted to the
-// host tier and promoted back on a hit, so the events carry both media.
+// host tier and promoted back on a hit, so the events carry both media. With
+// --sliding-window W and/or --chunked-local C the manager is a hybrid model's: a
+// full-attention group beside a sliding-window group of W tokens and/or a chunked-local
+// group of C tokens, each with --num-blocks device (and --host-blocks host) blocks, and
+// every event names its group (docs/events.md, "Layer groups").
 //
 // With --curve-secret-key and --curve-clients both sockets use ZeroMQ CURVE: only routers
 // whose public certificate is in the directory can connect (docs/events.md).
@@ -14,17 +18,24 @@
 // Protocol on stdin/stdout, so that a test can drive it:
 //   prints "endpoints <pub> <router>" once the sockets are bound, then waits for a line
 //   "go" on stdin; runs the steps; writes the manager's prefix index (one "hash medium"
-//   line per cached block, see write_prefix_index()) to --index-out; prints "done <next seq>"; then
-//   keeps serving replay and snapshot requests until stdin closes or says "quit" (at most
-//   --linger-s seconds).
+//   line per cached block and medium, "hash medium group" with layer groups, see
+//   write_index()) to --index-out; prints "done <next seq>"; then keeps serving replay and
+//   snapshot requests until stdin closes or says "quit" (at most --linger-s seconds).
+//   Meanwhile each line "probe KEY T1 T2 ..." (KEY: the extra key, or -1 for none) looks
+//   the tokens up as a new request would (match_prefix, then free: no block is allocated,
+//   so no event is sent) and prints "hit N", the tokens found: what a router's prefix
+//   match must predict.
 #include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -46,6 +57,10 @@ ABSL_FLAG(int, replay_steps, 10000, "replay buffer, in steps");
 ABSL_FLAG(int, num_blocks, 96, "device blocks");
 ABSL_FLAG(int, host_blocks, 0, "host blocks for the prefix cache's host tier; 0: none");
 ABSL_FLAG(int, block_size, 4, "tokens per block");
+ABSL_FLAG(int, sliding_window, 0,
+          "a layer group of sliding-window attention of N tokens beside the full one; 0: none");
+ABSL_FLAG(int, chunked_local, 0,
+          "a layer group of chunked local attention, chunks of N tokens; 0: none");
 ABSL_FLAG(int, reset_at_step, -1, "reset the prefix cache at step N; -1: never");
 ABSL_FLAG(int, linger_s, 60, "serve replay/snapshot requests after the run, at most N s");
 ABSL_FLAG(uint64_t, seed, 1, "workload seed");
@@ -68,7 +83,9 @@ struct Flags {  // the values of the flags above
   int num_blocks;
   int host_blocks;  // > 0: a host tier of the prefix cache
   int block_size;
-  int reset_at_step;  // -1: never
+  int sliding_window;  // > 0: a sliding-window group
+  int chunked_local;   // > 0: a chunked-local group
+  int reset_at_step;   // -1: never
   int linger_s;
   uint64_t seed;
   std::string index_out;
@@ -86,6 +103,8 @@ Flags read_flags() {
           .num_blocks = GetFlag(FLAGS_num_blocks),
           .host_blocks = GetFlag(FLAGS_host_blocks),
           .block_size = GetFlag(FLAGS_block_size),
+          .sliding_window = GetFlag(FLAGS_sliding_window),
+          .chunked_local = GetFlag(FLAGS_chunked_local),
           .reset_at_step = GetFlag(FLAGS_reset_at_step),
           .linger_s = GetFlag(FLAGS_linger_s),
           .seed = GetFlag(FLAGS_seed),
@@ -133,6 +152,17 @@ class Engine {
   }
 
   const pagedkv::KvCacheManager& manager() const { return manager_; }
+
+  // The tokens a new request with `prompt` finds cached (match_prefix), leaving the index
+  // as it was: the probe's claim is freed at once, and nothing is allocated. -1 on error.
+  int32_t probe(const std::vector<pagedkv::TokenId>& prompt, std::vector<uint64_t> extra_keys) {
+    const pagedkv::SeqId id = next_id_++;
+    if (!manager_.add_sequence(id, prompt, {.extra_keys = std::move(extra_keys)}).ok()) return -1;
+    const absl::StatusOr<int32_t> hit = manager_.match_prefix(id);
+    if (!manager_.free(id).ok() || !hit.ok()) return -1;
+    (void)manager_.take_step_ops();
+    return *hit;
+  }
 
  private:
   pagedkv::TokenId token() { return std::uniform_int_distribution<int>(1, 50)(rng_); }
@@ -216,6 +246,64 @@ class Engine {
   pagedkv::SeqId next_id_ = 0;
 };
 
+// The manager's prefix index, one line per cached block and medium: the 32-digit hex hash
+// as on the wire, a space, GPU or CPU; with layer groups a space and the group. A standby
+// block holds the same hash as the indexed one: each line is written once.
+bool write_index(const pagedkv::KvCacheManager& manager, const std::string& path) {
+  std::set<std::string> lines;
+  const bool grouped = manager.num_groups() > 1;
+  for (int32_t g = 0; g < manager.num_groups(); ++g) {
+    for (const bool host : {false, true}) {
+      // The host pool's cached blocks are the host tier (swapped blocks hold no hash).
+      const pagedkv::BlockPool& pool = host ? manager.host_pool(g) : manager.device_pool(g);
+      for (pagedkv::BlockId b = 0; b < pool.num_blocks(); ++b) {
+        const absl::StatusOr<pagedkv::BlockHash> h = pool.cached_hash(b);
+        if (!h.ok()) continue;  // NotFound: the block holds no hash
+        char line[64];
+        std::snprintf(line, sizeof line, "%016llx%016llx %s",
+                      static_cast<unsigned long long>(h->hi),
+                      static_cast<unsigned long long>(h->lo), host ? "CPU" : "GPU");
+        lines.insert(grouped ? std::string(line) + " " + std::to_string(g) : std::string(line));
+      }
+    }
+  }
+  std::ofstream out(path);
+  for (const std::string& line : lines) out << line << "\n";
+  return static_cast<bool>(out);
+}
+
+// The layer groups of --sliding-window and --chunked-local, none without them.
+std::vector<pagedkv::LayerGroup> layer_groups(const Flags& flags) {
+  if (flags.sliding_window <= 0 && flags.chunked_local <= 0) return {};
+  std::vector<pagedkv::LayerGroup> groups = {{.kind = pagedkv::AttentionKind::kFull,
+                                              .num_blocks = flags.num_blocks,
+                                              .num_host_blocks = flags.host_blocks}};
+  if (flags.sliding_window > 0) {
+    groups.push_back({.kind = pagedkv::AttentionKind::kSlidingWindow,
+                      .window = flags.sliding_window,
+                      .num_blocks = flags.num_blocks,
+                      .num_host_blocks = flags.host_blocks});
+  }
+  if (flags.chunked_local > 0) {
+    groups.push_back({.kind = pagedkv::AttentionKind::kChunkedLocal,
+                      .window = flags.chunked_local,
+                      .num_blocks = flags.num_blocks,
+                      .num_host_blocks = flags.host_blocks});
+  }
+  return groups;
+}
+
+// "probe KEY T1 T2 ...": the hit of those tokens (KEY -1: no extra key), or -1.
+int32_t probe(Engine& engine, const std::string& line) {
+  std::istringstream in(line.substr(std::string("probe").size()));
+  int64_t key = -1;
+  in >> key;
+  std::vector<pagedkv::TokenId> tokens;
+  for (pagedkv::TokenId t = 0; in >> t;) tokens.push_back(t);
+  return engine.probe(tokens, key < 0 ? std::vector<uint64_t>{}
+                                      : std::vector<uint64_t>{static_cast<uint64_t>(key)});
+}
+
 int run(const Flags& flags) {
   auto publisher =
       pagedkv::KvEventPublisher::create({.endpoint = flags.endpoint,
@@ -230,11 +318,15 @@ int run(const Flags& flags) {
   const bool curve = !flags.curve_secret_key.empty();
   decode_loop::warn_if_exposed("pagedkv-mock-engine", (*publisher)->endpoint(), curve);
   decode_loop::warn_if_exposed("pagedkv-mock-engine", (*publisher)->replay_endpoint(), curve);
-  auto manager = pagedkv::KvCacheManager::create({.num_blocks = flags.num_blocks,
-                                                  .block_size = flags.block_size,
-                                                  .num_host_blocks = flags.host_blocks,
-                                                  .enable_host_cache = flags.host_blocks > 0,
-                                                  .event_sink = publisher->get()});
+  std::vector<pagedkv::LayerGroup> groups = layer_groups(flags);
+  const bool grouped = !groups.empty();
+  auto manager =
+      pagedkv::KvCacheManager::create({.num_blocks = grouped ? 0 : flags.num_blocks,
+                                       .block_size = flags.block_size,
+                                       .num_host_blocks = grouped ? 0 : flags.host_blocks,
+                                       .enable_host_cache = flags.host_blocks > 0,
+                                       .event_sink = publisher->get(),
+                                       .layer_groups = std::move(groups)});
   if (!manager.ok()) {
     std::cerr << manager.status() << "\n";
     return 2;
@@ -253,8 +345,7 @@ int run(const Flags& flags) {
     (*publisher)->end_step();
     std::this_thread::sleep_for(std::chrono::microseconds(flags.step_us));
   }
-  if (!flags.index_out.empty() &&
-      !decode_loop::write_prefix_index(engine.manager(), flags.index_out)) {
+  if (!flags.index_out.empty() && !write_index(engine.manager(), flags.index_out)) {
     std::cerr << "cannot write " << flags.index_out << "\n";
     return 2;
   }
@@ -268,6 +359,7 @@ int run(const Flags& flags) {
   }
   std::cout << "done " << (*publisher)->stats().next_seq << std::endl;
   while (read_line(&line, flags.linger_s) && line != "quit") {
+    if (line.rfind("probe", 0) == 0) std::cout << "hit " << probe(engine, line) << std::endl;
   }
   return 0;
 }

@@ -70,6 +70,9 @@ class BlockPool {
     bool enable_caching = true;         // false: cache_full_block() registers nothing
     KvEventSink* event_sink = nullptr;  // optional, not owned; must outlive the pool
     Medium medium = Medium::kDevice;    // what the pool's events say it is
+    // The layer group the pool's events name (BlockStored::group, BlockRemoved::group);
+    // KvCacheManager sets it for managers with more than one group. Unset: none.
+    std::optional<EventGroup> event_group = std::nullopt;
     // Milliseconds for retention durations; empty: std::chrono::steady_clock.
     std::function<int64_t()> clock = nullptr;
     // For a device pool with a host tier: allocation logs the cached blocks it evicts
@@ -364,6 +367,7 @@ class BlockPool {
   bool enable_caching_ = true;
   KvEventSink* event_sink_ = nullptr;
   Medium medium_ = Medium::kDevice;
+  std::optional<EventGroup> event_group_;  // Options::event_group
   std::function<int64_t()> clock_;
   std::vector<int32_t> ref_count_;  // per block; written by allocate/touch/free
   // Per block: holds K/V from before the last reset_prefix_cache() (it was in use then, or

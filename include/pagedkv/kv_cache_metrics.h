@@ -9,8 +9,11 @@
 //   pagedkv:num_preemptions_total      counter, preempted sequences (label mode)
 //   pagedkv:num_evictions_total        counter, cached blocks evicted to reuse them
 // plus block gauges, copy-on-write and swap counters, the host tier's (cached host blocks,
-// host hits in tokens, blocks demoted, promoted and evicted from the tier) and the
-// publisher's event counters.
+// host hits in tokens, blocks demoted, promoted and evicted from the tier), partial-block
+// hits in tokens, the publisher's event counters, and with update(manager) one series per
+// layer group (labels group and kind) of pagedkv:kv_cache_group_* gauges and counters:
+// usage, blocks, cached blocks, blocks claimed by hits, released behind windows, evicted,
+// demoted and promoted.
 //
 // Threading: update() on the scheduler thread (once per step is plenty); the HTTP server
 // started by serve() reads the values from its own threads (prometheus-cpp's metrics are
@@ -21,7 +24,7 @@
 //   if (!metrics.ok()) return metrics.status();
 //   if (absl::Status s = (*metrics)->serve("127.0.0.1:9400"); !s.ok()) return s;  // /metrics
 //   // then after every engine step:
-//   (*metrics)->update(manager.stats());
+//   (*metrics)->update(manager);  // stats() and every layer group's group_stats()
 #ifndef PAGEDKV_KV_CACHE_METRICS_H_
 #define PAGEDKV_KV_CACHE_METRICS_H_
 
@@ -73,6 +76,10 @@ class KvCacheMetrics {
 
   // Sets the gauges and advances the counters to `stats` (counters never go back).
   void update(const KvCacheManager::Stats& stats);
+  // update(manager.stats()), and each layer group's series from group_stats(g): labels
+  // group (its index) and kind (vLLM's KVCacheSpecKind value: full_attention,
+  // sliding_window, chunked_local_attention, as the KV events name it).
+  void update(const KvCacheManager& manager);
   void update(const KvEventPublisher::Stats& stats);
 
   // The exposition text that GET /metrics returns.

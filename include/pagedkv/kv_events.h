@@ -7,6 +7,10 @@
 // The medium says which tier holds the blocks, as vLLM's "medium" field does: device
 // memory, or the host tier (an evicted device block demoted to host memory: BlockRemoved
 // on the device, BlockStored on the host; promoted back: the reverse).
+// On the events of a manager with more than one layer group (a hybrid model), `group`
+// names the group whose pool the blocks are in: each group has pools of its own, and the
+// same hash (the same tokens) is cached in every group that holds it. A manager with one
+// group leaves it unset (docs/events.md, "Layer groups").
 // The pool calls the sink synchronously from the scheduler thread; a sink must not call
 // back into the manager.
 //
@@ -24,12 +28,22 @@
 #include <variant>
 #include <vector>
 
+#include "pagedkv/layer_group.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv {
 
 // Where cached blocks live: device memory ("GPU" on the wire) or the host tier ("CPU").
 enum class Medium : uint8_t { kDevice, kHost };
+
+// The layer group an event is about: vLLM's group_idx, kv_cache_spec_kind and
+// kv_cache_spec_sliding_window on the wire.
+struct EventGroup {
+  int32_t index = 0;  // the group's index in the manager, [0, num_groups())
+  AttentionKind kind = AttentionKind::kFull;
+  int32_t window = 0;  // tokens: > 0 for the windowed kinds, 0 for kFull
+  bool operator==(const EventGroup&) const = default;
+};
 
 struct BlockStored {
   std::vector<BlockHash> block_hashes;   // in table order
@@ -38,11 +52,13 @@ struct BlockStored {
   int32_t block_size = 0;                // tokens per block
   std::vector<uint64_t> extra_keys;      // the sequence's extra keys (salt, adapter, ...)
   Medium medium = Medium::kDevice;
+  std::optional<EventGroup> group = std::nullopt;  // set by managers with more than one layer group
 };
 
 struct BlockRemoved {
   std::vector<BlockHash> block_hashes;
   Medium medium = Medium::kDevice;
+  std::optional<EventGroup> group = std::nullopt;  // as in BlockStored
 };
 
 struct AllBlocksCleared {};

@@ -1,7 +1,7 @@
 """pagedkv: the KV-cache allocator and paged-attention kernels of a serving engine.
 
 The allocator (KvCacheManager, BlockPool) is pure bookkeeping and runs anywhere; the kernels
-(write_kv, paged_decode_attention, paged_extend_attention) and KvStorage take DLPack
+(write_kv, paged_decode_attention, paged_extend_attention, paged_mla_decode) and KvStorage take DLPack
 tensors on CPU (reference kernels) or CUDA. See docs/python.md.
 """
 
@@ -11,8 +11,11 @@ from ._pagedkv import (
     DEFAULT_RETENTION_PRIORITY,
     MAX_RETENTION_PRIORITY,
     MIN_RETENTION_PRIORITY,
+    NO_BLOCK,
+    PADDING_BLOCK,
     AllBlocksCleared,
     AlreadyExists,
+    AttentionKind,
     BatchStatus,
     BlockCopy,
     BlockHash,
@@ -20,16 +23,21 @@ from ._pagedkv import (
     BlockRemoved,
     BlockStored,
     BlockTables,
-    Device,
     DType,
+    Device,
+    EventGroup,
     FailedPrecondition,
     InternalError,
+    KvCacheConfig,
+    KvCacheGroup,
     KvCacheManager,
     KvCacheSpec,
     KvEventBuffer,
     KvLayout,
     KvStorage,
+    LayerGroup,
     Medium,
+    PoolSplit,
     Preemption,
     PreemptionMode,
     ResourceExhausted,
@@ -45,9 +53,12 @@ from ._pagedkv import (
     cuda_unavailable_reason,
     decode_workspace_bytes,
     default_device,
+    first_attended,
     hash_block,
+    mla_decode_workspace_bytes,
     paged_decode_attention,
     paged_extend_attention,
+    paged_mla_decode,
     write_kv,
 )
 
@@ -77,14 +88,17 @@ class PreemptionHooks(Protocol):
 
 __all__ = [
     "DEFAULT_RETENTION_PRIORITY", "MAX_RETENTION_PRIORITY", "MIN_RETENTION_PRIORITY",
-    "AllBlocksCleared", "AlreadyExists", "BatchStatus", "BlockCopy", "BlockHash", "BlockPool",
-    "BlockRemoved", "BlockStored", "BlockTables", "Device", "DType", "FailedPrecondition",
-    "InternalError", "KvCacheManager", "KvCacheSpec", "KvEvent", "KvEventBuffer", "KvEventSink",
-    "KvLayout", "KvStorage", "Medium", "Preemption", "PreemptionHooks", "PreemptionMode",
-    "ResourceExhausted", "RetentionRange", "SequenceInfo", "SequenceState", "SequenceView", "SlotBatch",
+    "NO_BLOCK", "PADDING_BLOCK", "AllBlocksCleared", "AlreadyExists", "AttentionKind",
+    "BatchStatus", "BlockCopy", "BlockHash", "BlockPool", "BlockRemoved", "BlockStored",
+    "BlockTables", "DType", "Device", "EventGroup", "FailedPrecondition", "InternalError",
+    "KvCacheConfig", "KvCacheGroup", "KvCacheManager", "KvCacheSpec", "KvEvent",
+    "KvEventBuffer", "KvEventSink", "KvLayout", "KvStorage", "LayerGroup", "Medium",
+    "PoolSplit", "Preemption", "PreemptionHooks", "PreemptionMode", "ResourceExhausted",
+    "RetentionRange", "SequenceInfo", "SequenceState", "SequenceView", "SlotBatch",
     "StatusCode", "StepOps", "bytes_per_element", "cuda_device_available",
-    "cuda_unavailable_reason", "decode_workspace_bytes", "default_device", "hash_block",
-    "paged_decode_attention", "paged_extend_attention", "write_kv",
+    "cuda_unavailable_reason", "decode_workspace_bytes", "default_device", "first_attended",
+    "hash_block", "mla_decode_workspace_bytes", "paged_decode_attention",
+    "paged_extend_attention", "paged_mla_decode", "write_kv",
 ]
 if "plan_capacity" in globals():
     __all__.append("plan_capacity")

@@ -318,6 +318,7 @@ void bind_types(nb::module_& m);  // enums, BlockHash, BlockCopy, events, hash_b
 void bind_block_pool(nb::module_& m);
 void bind_kv_cache_manager(nb::module_& m);
 void bind_kv_storage(nb::module_& m);
+void bind_kv_cache_config(nb::module_& m);  // after bind_kv_storage (KvCacheSpec)
 void bind_kernels(nb::module_& m);
 #ifdef PAGEDKV_PYTHON_HAVE_PLANNER
 void bind_capacity_plan(nb::module_& m);  // only when the planner library is built

@@ -184,6 +184,8 @@ struct PySequenceView {
   NumpyArray<TokenId> tokens;
   NumpyArray<BlockId> block_table;
   NumpyArray<BlockId> host_blocks;
+  int32_t first_held_block;
+  int32_t group;
 };
 
 // Per-sequence results of a batched call.
@@ -193,6 +195,7 @@ struct BatchStatus {
 };
 struct SlotBatch : BatchStatus {
   NumpyArray<int64_t> slots;  // slot mapping, all sequences' new tokens concatenated
+  nb::list group_slots;       // per layer group, laid out as slots (group 0's is slots)
 };
 
 class PyKvCacheManager {
@@ -285,12 +288,17 @@ SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
   const KvCacheManager::SlotBatch result = value_or_raise(mutate([&](KvCacheManager& m) {
     return m.allocate_slots_batch(ids, counts, num_lookahead, preempt);
   }));
-  SlotBatch batch{batch_status(ids, result.statuses), {}};
+  SlotBatch batch{batch_status(ids, result.statuses), {}, nb::list()};
   if (out.has_value()) {
     std::copy(result.slots.begin(), result.slots.end(), out->data());
     batch.slots = {nb::cast(*out), out->data(), out->shape(0)};
   } else {
     batch.slots = to_numpy(result.slots);
+  }
+  const KvCacheManager& m = get();
+  batch.group_slots.append(batch.slots.array);
+  for (int32_t g = 1; g < m.num_groups(); ++g) {
+    batch.group_slots.append(to_numpy(m.batch_slot_mapping(g)).array);
   }
   return batch;
 }
@@ -311,6 +319,15 @@ BatchStatus PyKvCacheManager::append_tokens_batch(const IntValues<SeqId>& seqs,
   const std::span<const absl::Status> statuses = value_or_raise(
       mutate([&](KvCacheManager& m) { return m.append_tokens_batch(ids, token_ids, offsets); }));
   return batch_status(ids, statuses);
+}
+
+// Raises ValueError unless `group` names a layer group of `m` (the C++ calls that return
+// spans index without checking).
+void check_group(const KvCacheManager& m, int32_t group, const char* caller) {
+  if (group < 0 || group >= m.num_groups()) {
+    raise_status(absl::InvalidArgumentError(
+        absl::StrCat(caller, ": layer group ", group, " outside [0, ", m.num_groups(), ")")));
+  }
 }
 
 NumpyArray<int64_t> slots_array(absl::StatusOr<std::span<const int64_t>> slots) {
@@ -350,7 +367,13 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("num_computed_tokens", &PySequenceView::num_computed_tokens)
       .def_ro("tokens", &PySequenceView::tokens, "int32 prompt and generated tokens")
       .def_ro("block_table", &PySequenceView::block_table, "int32 device blocks (running)")
-      .def_ro("host_blocks", &PySequenceView::host_blocks, "int32 host blocks (swapped)");
+      .def_ro("host_blocks", &PySequenceView::host_blocks,
+              "int32 host blocks (swapped): entries first_held_block.. of the table")
+      .def_ro("first_held_block", &PySequenceView::first_held_block,
+              "a windowed group's first held entry: the entries before it are released "
+              "(NO_BLOCK, -1, in block_table), no future token attends to them; 0 for a full "
+              "group")
+      .def_ro("group", &PySequenceView::group, "the layer group of these tables");
   nb::class_<BatchStatus>(m, "BatchStatus", "Per-sequence results of a batched call.")
       .def_ro("status", &BatchStatus::status,
               "int32 [num_seqs]: StatusCode of each sequence's call (0: OK)")
@@ -362,7 +385,10 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
   nb::class_<SlotBatch, BatchStatus>(m, "SlotBatch", "Result of allocate_slots_batch().")
       .def_ro("slots", &SlotBatch::slots,
               "int64 slot mapping of all new tokens, sequence after sequence; -1 for the "
-              "tokens of a sequence whose call failed (write_kv skips them)");
+              "tokens of a sequence whose call failed (write_kv skips them)")
+      .def_ro("group_slots", &SlotBatch::group_slots,
+              "list of int64 arrays, one per layer group, laid out as slots: each group's K/V "
+              "goes into its own pool (group_slots[0] is slots)");
 
   using Stats = KvCacheManager::Stats;
   nb::class_<Stats>(cls, "Stats", "Counters; see KvCacheManager::Stats.")
@@ -374,6 +400,8 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("used_host_blocks", &Stats::used_host_blocks)
       .def_ro("prefix_query_tokens", &Stats::prefix_query_tokens)
       .def_ro("prefix_hit_tokens", &Stats::prefix_hit_tokens)
+      .def_ro("partial_hit_tokens", &Stats::partial_hit_tokens,
+              "of prefix_hit_tokens, reused from part of a cached block")
       .def_ro("evictions", &Stats::evictions)
       .def_ro("cow_copies", &Stats::cow_copies)
       .def_ro("preemptions_recompute", &Stats::preemptions_recompute)
@@ -402,6 +430,7 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
             d["used_host_blocks"] = s.used_host_blocks;
             d["prefix_query_tokens"] = s.prefix_query_tokens;
             d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+            d["partial_hit_tokens"] = s.partial_hit_tokens;
             d["evictions"] = s.evictions;
             d["cow_copies"] = s.cow_copies;
             d["preemptions_recompute"] = s.preemptions_recompute;
@@ -418,6 +447,45 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
           },
           "The counters as a dict.");
 
+  using GroupStats = KvCacheManager::GroupStats;
+  nb::class_<GroupStats>(cls, "GroupStats",
+                         "One layer group's pools and cache traffic (group_stats(group)).")
+      .def_ro("num_blocks", &GroupStats::num_blocks)
+      .def_ro("used_blocks", &GroupStats::used_blocks)
+      .def_ro("free_blocks", &GroupStats::free_blocks)
+      .def_ro("cached_free_blocks", &GroupStats::cached_free_blocks)
+      .def_ro("num_host_blocks", &GroupStats::num_host_blocks)
+      .def_ro("used_host_blocks", &GroupStats::used_host_blocks)
+      .def_ro("cached_host_blocks", &GroupStats::cached_host_blocks)
+      .def_ro("evictions", &GroupStats::evictions)
+      .def_ro("host_evictions", &GroupStats::host_evictions)
+      .def_ro("hit_blocks", &GroupStats::hit_blocks,
+              "blocks prefix hits claimed from the group's cache")
+      .def_ro("released_blocks", &GroupStats::released_blocks,
+              "windowed: blocks released behind the window")
+      .def_ro("blocks_demoted", &GroupStats::blocks_demoted)
+      .def_ro("blocks_promoted", &GroupStats::blocks_promoted)
+      .def(
+          "_asdict",
+          [](const GroupStats& s) {
+            nb::dict d;
+            d["num_blocks"] = s.num_blocks;
+            d["used_blocks"] = s.used_blocks;
+            d["free_blocks"] = s.free_blocks;
+            d["cached_free_blocks"] = s.cached_free_blocks;
+            d["num_host_blocks"] = s.num_host_blocks;
+            d["used_host_blocks"] = s.used_host_blocks;
+            d["cached_host_blocks"] = s.cached_host_blocks;
+            d["evictions"] = s.evictions;
+            d["host_evictions"] = s.host_evictions;
+            d["hit_blocks"] = s.hit_blocks;
+            d["released_blocks"] = s.released_blocks;
+            d["blocks_demoted"] = s.blocks_demoted;
+            d["blocks_promoted"] = s.blocks_promoted;
+            return d;
+          },
+          "The counters as a dict.");
+
   using Options = KvCacheManager::Options;
   nb::class_<Options>(cls, "Options", "The options the manager was created with.")
       .def_ro("num_blocks", &Options::num_blocks)
@@ -427,7 +495,10 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("max_model_len", &Options::max_model_len)
       .def_ro("watermark_blocks", &Options::watermark_blocks)
       .def_ro("enable_prefix_caching", &Options::enable_prefix_caching)
-      .def_ro("preemption_mode", &Options::preemption_mode);
+      .def_ro("enable_partial_block_reuse", &Options::enable_partial_block_reuse)
+      .def_ro("preemption_mode", &Options::preemption_mode)
+      .def_ro("layer_groups", &Options::layer_groups,
+              "the layer groups given (empty: one full group of num_blocks)");
 }
 
 void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
@@ -555,41 +626,64 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
            "for sequence i. Returns a BatchStatus.")
       .def(
           "build_block_tables",
-          [](M& self, IntValues<SeqId> seqs, PyBlockTables* out) {
+          [](M& self, IntValues<SeqId> seqs, PyBlockTables* out, int32_t group) {
             nb::object result = out != nullptr ? nb::find(out) : nb::cast(PyBlockTables{});
             PyBlockTables* tables = nb::cast<PyBlockTables*>(result);
             raise_if_error(self.get().build_block_tables(seqs.checked("build_block_tables", "seqs"),
-                                                         tables->prepare_rebuild()));
+                                                         tables->prepare_rebuild(), group));
             return nb::typed<nb::object, PyBlockTables>(result);
           },
-          "seqs"_a, "out"_a.none() = nb::none(),
-          "Block tables (padded and CSR) of running sequences, context length = computed\n"
-          "tokens. With out, reuses its buffers when none of its views is alive.")
+          "seqs"_a, "out"_a.none() = nb::none(), nb::kw_only(), "group"_a = 0,
+          "Block tables (padded and CSR) of running sequences in layer group `group`, context\n"
+          "length = computed tokens; a windowed group's released entries hold PADDING_BLOCK\n"
+          "(0: the kernels start reading at the window, so they never read them). With out,\n"
+          "reuses its buffers when none of its views is alive.")
       .def(
           "write_block_tables",
           [](const M& self, IntValues<SeqId> seqs,
              nb::ndarray<int32_t, nb::ndim<2>, nb::device::cpu, nb::c_contig> block_table,
-             Array1D<int32_t> context_lens) {
+             Array1D<int32_t> context_lens, int32_t group) {
             raise_if_error(
                 self.get().write_block_tables(seqs.checked("write_block_tables", "seqs"),
                                               static_cast<int32_t>(block_table.shape(1)),
                                               {block_table.data(), block_table.size()},
-                                              {context_lens.data(), context_lens.shape(0)}));
+                                              {context_lens.data(), context_lens.shape(0)}, group));
           },
-          "seqs"_a, "block_table"_a.noconvert(), "context_lens"_a.noconvert(),
-          "Writes the padded table into caller arrays: block_table int32 [>= len(seqs),\n"
-          "max_blocks] (C-contiguous), context_lens int32 [>= len(seqs)].")
+          "seqs"_a, "block_table"_a.noconvert(), "context_lens"_a.noconvert(), nb::kw_only(),
+          "group"_a = 0,
+          "Writes the padded table of layer group `group` into caller arrays: block_table\n"
+          "int32 [>= len(seqs), max_blocks] (C-contiguous), context_lens int32 [>= len(seqs)].")
       .def(
           "write_csr_block_tables",
           [](const M& self, IntValues<SeqId> seqs, Array1D<int32_t> indptr,
-             Array1D<int32_t> indices, Array1D<int32_t> last_page_len) {
+             Array1D<int32_t> indices, Array1D<int32_t> last_page_len, int32_t group) {
             raise_if_error(self.get().write_csr_block_tables(
                 seqs.checked("write_csr_block_tables", "seqs"), {indptr.data(), indptr.shape(0)},
-                {indices.data(), indices.shape(0)},
-                {last_page_len.data(), last_page_len.shape(0)}));
+                {indices.data(), indices.shape(0)}, {last_page_len.data(), last_page_len.shape(0)},
+                group));
           },
           "seqs"_a, "indptr"_a.noconvert(), "indices"_a.noconvert(), "last_page_len"_a.noconvert(),
-          "Writes the CSR tables into caller arrays (int32).");
+          nb::kw_only(), "group"_a = 0,
+          "Writes the CSR tables of layer group `group` into caller arrays (int32).")
+      .def(
+          "slot_mapping",
+          [](const M& self, int32_t group) {
+            check_group(self.get(), group, "slot_mapping");
+            return to_numpy(self.get().slot_mapping(group));
+          },
+          "group"_a,
+          "The slots of layer group `group` from the last allocate_slots() (or\n"
+          "allocate_slots_or_preempt()) call that succeeded, a new int64 array: each group's\n"
+          "K/V goes into its own pool; group 0's is what the call returned.")
+      .def(
+          "batch_slot_mapping",
+          [](const M& self, int32_t group) {
+            check_group(self.get(), group, "batch_slot_mapping");
+            return to_numpy(self.get().batch_slot_mapping(group));
+          },
+          "group"_a,
+          "The slots of layer group `group` from the last allocate_slots_batch() call, laid\n"
+          "out as its SlotBatch.slots (a new int64 array; SlotBatch.group_slots has them all).");
 }
 
 void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
@@ -599,8 +693,8 @@ void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
       .def("__contains__", [](const M& self, SeqId seq) { return self.get().contains(seq); })
       .def(
           "sequence",
-          [](const M& self, SeqId seq) {
-            const SequenceView v = value_or_raise(self.get().sequence(seq));
+          [](const M& self, SeqId seq, int32_t group) {
+            const SequenceView v = value_or_raise(self.get().sequence(seq, group));
             auto copy = [](std::span<const int32_t> s) { return to_numpy(s); };
             return PySequenceView{v.id,
                                   v.state,
@@ -609,15 +703,40 @@ void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
                                   v.num_computed_tokens,
                                   copy(v.tokens),
                                   copy(v.block_table),
-                                  copy(v.host_blocks)};
+                                  copy(v.host_blocks),
+                                  v.first_held_block,
+                                  group};
           },
-          "seq"_a, "A snapshot of one sequence. Raises KeyError.")
+          "seq"_a, "group"_a = 0,
+          "A snapshot of one sequence and its tables in layer group `group`. Raises KeyError,\n"
+          "ValueError for a group out of range.")
       .def("num_sequences", [](const M& self) { return self.get().num_sequences(); })
       .def("__len__", [](const M& self) { return self.get().num_sequences(); })
       .def(
           "running_sequences", [](const M& self) { return self.get().running_sequences(); },
           "Running sequences, in arrival order.")
-      .def("stats", [](const M& self) { return self.get().stats(); })
+      .def(
+          "stats", [](const M& self) { return self.get().stats(); },
+          "Counters; pool figures are layer group 0's (group_stats() has every group's).")
+      .def(
+          "num_groups", [](const M& self) { return self.get().num_groups(); },
+          "Layer groups: 1 for a manager created without layer_groups.")
+      .def(
+          "layer_group",
+          [](const M& self, int32_t group) {
+            check_group(self.get(), group, "layer_group");
+            return self.get().layer_group(group);
+          },
+          "group"_a, "Layer group `group` (a LayerGroup) with its pools' sizes.")
+      .def(
+          "group_stats",
+          [](const M& self, int32_t group) {
+            check_group(self.get(), group, "group_stats");
+            return self.get().group_stats(group);
+          },
+          "group"_a,
+          "One layer group's pools and cache traffic: blocks, evictions, blocks claimed by\n"
+          "prefix hits, blocks released behind a window, demotions and promotions.")
       .def_prop_ro("options", [](const M& self) { return self.get().options(); })
       .def(
           "check_invariants", [](const M& self) { raise_if_error(self.get().check_invariants()); },
@@ -654,7 +773,8 @@ void bind_kv_cache_manager(nb::module_& m) {
       [](PyKvCacheManager* self, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
          bool enable_host_cache, int32_t max_model_len, int32_t watermark_blocks,
          bool enable_prefix_caching, PreemptionMode preemption_mode, nb::object event_sink,
-         nb::object preemption_hooks, nb::object victim_policy, nb::object clock) {
+         nb::object preemption_hooks, nb::object victim_policy, nb::object clock,
+         std::vector<LayerGroup> layer_groups, bool enable_partial_block_reuse) {
         KvCacheManager::Options options;
         options.num_blocks = num_blocks;
         options.block_size = block_size;
@@ -664,15 +784,25 @@ void bind_kv_cache_manager(nb::module_& m) {
         options.watermark_blocks = watermark_blocks;
         options.enable_prefix_caching = enable_prefix_caching;
         options.preemption_mode = preemption_mode;
+        options.layer_groups = std::move(layer_groups);
+        options.enable_partial_block_reuse = enable_partial_block_reuse;
         new (self)
             PyKvCacheManager(std::move(options), std::move(event_sink), std::move(preemption_hooks),
                              std::move(victim_policy), std::move(clock));
       },
-      nb::kw_only(), "num_blocks"_a, "block_size"_a = 16, "num_host_blocks"_a = 0,
+      nb::kw_only(), "num_blocks"_a = 0, "block_size"_a = 16, "num_host_blocks"_a = 0,
       "enable_host_cache"_a = false, "max_model_len"_a = 1 << 20, "watermark_blocks"_a = 0,
       "enable_prefix_caching"_a = true, "preemption_mode"_a = PreemptionMode::kRecompute,
       "event_sink"_a = nb::none(), "preemption_hooks"_a = nb::none(),
       "victim_policy"_a = nb::none(), "clock"_a = nb::none(),
+      "layer_groups"_a = std::vector<LayerGroup>{}, "enable_partial_block_reuse"_a = false,
+      "num_blocks: device blocks (> 0), or 0 with layer_groups.\n"
+      "layer_groups: a hybrid model's LayerGroups (full, sliding window, chunked local), each\n"
+      "with device and host pools of its own sizes (num_blocks and num_host_blocks must then\n"
+      "be 0); empty: one full group of num_blocks. A windowed group with prefix caching needs\n"
+      "a full group beside it.\n"
+      "enable_partial_block_reuse: match_prefix() also reuses the first tokens of a cached\n"
+      "block that continues the prompt past its full-block hit (a copy-on-write copy).\n"
       "num_host_blocks: host blocks, shared by swapped sequences and the host tier (swap\n"
       "first, the tier caches in the rest).\n"
       "enable_host_cache: the host tier of the prefix cache: an evicted cached device block is\n"

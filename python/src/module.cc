@@ -12,6 +12,7 @@ NB_MODULE(_pagedkv, m) {
   bind_block_pool(m);
   bind_kv_cache_manager(m);
   bind_kv_storage(m);
+  bind_kv_cache_config(m);
   bind_kernels(m);
 #ifdef PAGEDKV_PYTHON_HAVE_PLANNER
   bind_capacity_plan(m);

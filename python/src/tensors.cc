@@ -149,17 +149,19 @@ const float* ArgCheck::scale(const Tensor& t, const char* name) {
 KvCacheView ArgCheck::cache_view(const Tensor& k, const Tensor& v, KvLayout layout,
                                  std::optional<DType> kv_dtype) {
   device_of(k, "k_cache");
-  device_of(v, "v_cache");
   ndim(k, "k_cache", 4);
-  ndim(v, "v_cache", 4);
-  if (k.dtype() != v.dtype()) {
-    fail(absl::StrCat("v_cache has dtype ", dtype_string(v.dtype()), ", k_cache ",
-                      dtype_string(k.dtype())));
-  }
-  for (size_t i = 0; i < 4; ++i) {
-    if (k.shape(i) != v.shape(i) || k.stride(i) != v.stride(i)) {
-      fail(absl::StrCat("v_cache (shape ", shape_string(v), ") must have k_cache's shape ",
-                        shape_string(k), " and strides"));
+  if (v.is_valid()) {
+    device_of(v, "v_cache");
+    ndim(v, "v_cache", 4);
+    if (k.dtype() != v.dtype()) {
+      fail(absl::StrCat("v_cache has dtype ", dtype_string(v.dtype()), ", k_cache ",
+                        dtype_string(k.dtype())));
+    }
+    for (size_t i = 0; i < 4; ++i) {
+      if (k.shape(i) != v.shape(i) || k.stride(i) != v.stride(i)) {
+        fail(absl::StrCat("v_cache (shape ", shape_string(v), ") must have k_cache's shape ",
+                          shape_string(k), " and strides"));
+      }
     }
   }
   DType dtype;
@@ -185,7 +187,7 @@ KvCacheView ArgCheck::cache_view(const Tensor& k, const Tensor& v, KvLayout layo
   const bool hnd = layout == KvLayout::kHND;
   KvCacheView view;
   view.k = k.data();
-  view.v = v.data();
+  view.v = v.is_valid() ? v.data() : nullptr;
   view.dtype = dtype;
   view.num_blocks = static_cast<int32_t>(k.shape(0));
   view.num_kv_heads = static_cast<int32_t>(k.shape(hnd ? 1 : 2));

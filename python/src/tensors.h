@@ -52,7 +52,8 @@ class ArgCheck {
   const float* scale(const Tensor& t, const char* name);
   // The one-layer cache view of k_cache / v_cache (4-D, head_dim contiguous, same shape,
   // strides and dtype) in `layout`. `kv_dtype` overrides the dtype of a 1-byte tensor
-  // (uint8 storage of fp8 e4m3).
+  // (uint8 storage of fp8 e4m3). An invalid (None) v is a K-only cache: the view's v is
+  // null (an MLA latent cache).
   KvCacheView cache_view(const Tensor& k, const Tensor& v, KvLayout layout,
                          std::optional<DType> kv_dtype);
 

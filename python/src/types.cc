@@ -10,12 +10,15 @@
 #include <string>
 #include <variant>
 
+#include "absl/strings/str_cat.h"
 #include "bindings.h"
 #include "pagedkv/block_hash.h"
+#include "pagedkv/block_table.h"
 #include "pagedkv/device.h"
 #include "pagedkv/dtype.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_cache_view.h"
+#include "pagedkv/layer_group.h"
 #include "pagedkv/retention.h"
 #include "pagedkv/step_ops.h"
 #include "pagedkv/types.h"
@@ -111,6 +114,19 @@ std::string hash_repr(const BlockHash& hash) {
   return text;
 }
 
+// An AttentionKind as Python names it.
+std::string kind_repr(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::kFull:
+      return "AttentionKind.FULL";
+    case AttentionKind::kSlidingWindow:
+      return "AttentionKind.SLIDING_WINDOW";
+    case AttentionKind::kChunkedLocal:
+      return "AttentionKind.CHUNKED_LOCAL";
+  }
+  return "AttentionKind(" + std::to_string(static_cast<int>(kind)) + ")";
+}
+
 void bind_enums(nb::module_& m) {
   nb::enum_<DType>(m, "DType", "Element type of queries, outputs and the KV cache.")
       .value("FLOAT32", DType::kFloat32)
@@ -131,6 +147,13 @@ void bind_enums(nb::module_& m) {
   nb::enum_<Medium>(m, "Medium", "Where cached blocks live, as KV events report it.")
       .value("DEVICE", Medium::kDevice, "device memory (\"GPU\" on the wire)")
       .value("HOST", Medium::kHost, "the host tier of the prefix cache (\"CPU\")");
+  nb::enum_<AttentionKind>(m, "AttentionKind",
+                           "Which tokens a layer group's layers attend to (layer_group.h).")
+      .value("FULL", AttentionKind::kFull, "every earlier token and itself")
+      .value("SLIDING_WINDOW", AttentionKind::kSlidingWindow,
+             "the last `window` tokens: [p - window + 1, p] (Mistral, Gemma 2/3, gpt-oss)")
+      .value("CHUNKED_LOCAL", AttentionKind::kChunkedLocal,
+             "the tokens of its window-aligned chunk: [p - p % window, p] (Llama 4)");
   nb::enum_<SequenceState>(m, "SequenceState")
       .value("WAITING", SequenceState::kWaiting, "holds no blocks: new, or preempted by recompute")
       .value("RUNNING", SequenceState::kRunning, "holds device blocks")
@@ -233,24 +256,71 @@ void bind_values(nb::module_& m) {
                ", end=" + std::to_string(r.end) + ", priority=" + std::to_string(r.priority) +
                ", duration_ms=" + std::to_string(r.duration_ms) + ")";
       });
+  nb::class_<LayerGroup>(m, "LayerGroup",
+                         "A layer group of a hybrid model as the allocator sees it: the kind\n"
+                         "of attention its layers use, its window, and its pools' sizes\n"
+                         "(KvCacheManager(layer_groups=[...]); KvCacheConfig.split_budget()).")
+      .def(
+          "__init__",
+          [](LayerGroup* self, AttentionKind kind, int32_t window, int32_t num_blocks,
+             int32_t num_host_blocks) {
+            new (self) LayerGroup{kind, window, num_blocks, num_host_blocks};
+          },
+          nb::kw_only(), "kind"_a = AttentionKind::kFull, "window"_a = 0, "num_blocks"_a = 0,
+          "num_host_blocks"_a = 0)
+      .def_rw("kind", &LayerGroup::kind)
+      .def_rw("window", &LayerGroup::window,
+              "tokens: > 0 for SLIDING_WINDOW and CHUNKED_LOCAL, 0 for FULL")
+      .def_rw("num_blocks", &LayerGroup::num_blocks, "device blocks of the group's pool, > 0")
+      .def_rw("num_host_blocks", &LayerGroup::num_host_blocks,
+              "host blocks (swap and host tier) of the group, >= 0")
+      .def(
+          "__eq__",
+          [](const LayerGroup& a, const LayerGroup& b) {
+            return a.kind == b.kind && a.window == b.window && a.num_blocks == b.num_blocks &&
+                   a.num_host_blocks == b.num_host_blocks;
+          },
+          nb::is_operator())
+      .def("__repr__", [](const LayerGroup& g) {
+        return "LayerGroup(kind=" + kind_repr(g.kind) + ", window=" + std::to_string(g.window) +
+               ", num_blocks=" + std::to_string(g.num_blocks) +
+               ", num_host_blocks=" + std::to_string(g.num_host_blocks) + ")";
+      });
+  m.attr("NO_BLOCK") = kNoBlock;            // a released table entry (SequenceView)
+  m.attr("PADDING_BLOCK") = kPaddingBlock;  // what block tables hold where nothing is read
   m.attr("MIN_RETENTION_PRIORITY") = kMinRetentionPriority;
   m.attr("MAX_RETENTION_PRIORITY") = kMaxRetentionPriority;
   m.attr("DEFAULT_RETENTION_PRIORITY") = kDefaultRetentionPriority;
 }
 
 void bind_events(nb::module_& m) {
+  nb::class_<EventGroup>(m, "EventGroup",
+                         "The layer group an event is about (a manager with more than one\n"
+                         "group): vLLM's group_idx, kv_cache_spec_kind and\n"
+                         "kv_cache_spec_sliding_window on the wire.")
+      .def_ro("index", &EventGroup::index, "the group's index in layer_groups")
+      .def_ro("kind", &EventGroup::kind)
+      .def_ro("window", &EventGroup::window, "tokens; 0 for AttentionKind.FULL")
+      .def(nb::self == nb::self)
+      .def("__repr__", [](const EventGroup& g) {
+        return "EventGroup(index=" + std::to_string(g.index) + ", kind=" + kind_repr(g.kind) +
+               ", window=" + std::to_string(g.window) + ")";
+      });
   nb::class_<BlockStored>(m, "BlockStored", "Full blocks entered the prefix index of a medium.")
       .def_ro("block_hashes", &BlockStored::block_hashes)
       .def_ro("parent_hash", &BlockStored::parent_hash)
       .def_ro("token_ids", &BlockStored::token_ids)
       .def_ro("block_size", &BlockStored::block_size)
       .def_ro("extra_keys", &BlockStored::extra_keys)
-      .def_ro("medium", &BlockStored::medium);
+      .def_ro("medium", &BlockStored::medium)
+      .def_ro("group", &BlockStored::group,
+              "the EventGroup of a manager with more than one layer group; None otherwise");
   nb::class_<BlockRemoved>(m, "BlockRemoved",
                            "Cached blocks left the prefix index of a medium (evicted, or moved "
                            "to the other medium).")
       .def_ro("block_hashes", &BlockRemoved::block_hashes)
-      .def_ro("medium", &BlockRemoved::medium);
+      .def_ro("medium", &BlockRemoved::medium)
+      .def_ro("group", &BlockRemoved::group, "as BlockStored.group");
   nb::class_<AllBlocksCleared>(m, "AllBlocksCleared", "The prefix index was emptied.");
 
   nb::class_<KvEventBuffer>(m, "KvEventBuffer",
@@ -271,6 +341,22 @@ void bind_functions(nb::module_& m) {
       },
       "parent"_a.none(), "tokens"_a, "extra_keys"_a = std::vector<uint64_t>{},
       "XXH3-128 of a full block: parent hash (None for the first block), extra keys, tokens.");
+  m.def(
+      "first_attended",
+      [](AttentionKind kind, int32_t window, int64_t pos) {
+        if (kind != AttentionKind::kFull && window <= 0) {
+          raise_status(absl::InvalidArgumentError(absl::StrCat(
+              "first_attended: window ", window, " must be > 0 for ", attention_kind_name(kind))));
+        }
+        if (pos < 0) {
+          raise_status(absl::InvalidArgumentError(
+              absl::StrCat("first_attended: pos ", pos, " must be >= 0")));
+        }
+        return first_attended(kind, window, pos);
+      },
+      "kind"_a, "window"_a, "pos"_a,
+      "The first position a token at `pos` attends to in a group of `kind` with `window`\n"
+      "tokens (ignored for FULL): 0, max(0, pos - window + 1), or pos - pos % window.");
   m.def("cuda_device_available", &cuda_device_available,
         "True when the library was compiled with CUDA and a CUDA device is usable.");
   m.def("cuda_unavailable_reason", &cuda_unavailable_reason,

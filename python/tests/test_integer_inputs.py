@@ -28,6 +28,16 @@ def running_manager():
     return m
 
 
+def running_hybrid():
+    """A manager with a full and a sliding-window layer group, sequence 1 running."""
+    m = pk.KvCacheManager(block_size=2, layer_groups=[
+        pk.LayerGroup(num_blocks=8),
+        pk.LayerGroup(kind=pk.AttentionKind.SLIDING_WINDOW, window=2, num_blocks=8)])
+    m.add_sequence(1, [1, 2])
+    m.allocate_slots(1, 2)
+    return m
+
+
 def pool():
     return pk.BlockPool(num_blocks=4, block_size=2)
 
@@ -64,6 +74,17 @@ ENTRY_POINTS = [
     ("write_csr_block_tables", "seqs", "int64",
      lambda v: running_manager().write_csr_block_tables(
          v, np.zeros(3, np.int32), np.zeros(8, np.int32), np.zeros(2, np.int32))),
+    # The same calls on a layer group other than 0, and the batched call's group slots.
+    ("build_block_tables", "seqs", "int64",
+     lambda v: running_hybrid().build_block_tables(v, group=1)),
+    ("write_block_tables", "seqs", "int64",
+     lambda v: running_hybrid().write_block_tables(v, np.zeros((2, 4), np.int32),
+                                                   np.zeros(2, np.int32), group=1)),
+    ("write_csr_block_tables", "seqs", "int64",
+     lambda v: running_hybrid().write_csr_block_tables(
+         v, np.zeros(3, np.int32), np.zeros(8, np.int32), np.zeros(2, np.int32), group=1)),
+    ("allocate_slots_batch", "num_new_tokens", "int32",
+     lambda v: running_hybrid().allocate_slots_batch([1, 1], v, out=np.zeros(4, np.int64))),
     ("free", "blocks_in_eviction_order", "int32", lambda v: pool().free(v)),
     ("find_cached", "tokens", "int32", lambda v: pool().find_cached(H, -1, v)),
     ("find_cached", "extra_keys", "uint64",
@@ -185,3 +206,18 @@ def test_no_false_prefix_hit_from_truncated_tokens():
     m.free(3)
     m.add_sequence(2, [7] * 9)
     assert m.match_prefix(2) == 0
+
+
+def test_a_layer_group_argument_is_an_int32_in_range():
+    m = running_hybrid()
+    for call in (lambda g: m.slot_mapping(g), lambda g: m.batch_slot_mapping(g),
+                 lambda g: m.group_stats(g), lambda g: m.layer_group(g),
+                 lambda g: m.sequence(1, g), lambda g: m.build_block_tables([1], group=g)):
+        with pytest.raises(TypeError):  # beyond int32: nanobind's conversion
+            call(2**31)
+        with pytest.raises(TypeError):
+            call(1.0)
+        with pytest.raises(ValueError, match=re.escape("layer group 2 outside [0, 2)")):
+            call(2)
+        with pytest.raises(ValueError, match=re.escape("layer group -2147483648 outside [0, 2)")):
+            call(-2**31)

@@ -142,10 +142,17 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
       const LayerGroup& spec = layer_groups[i];
       const bool windowed = spec.kind != AttentionKind::kFull;
       const bool logs_deaths = windowed_caching && i == anchor;
+      // The events of a hybrid model name their group (docs/events.md, "Layer groups");
+      // those of one group are as they were without groups.
+      const std::optional<EventGroup> event_group =
+          layer_groups.size() > 1 ? std::optional<EventGroup>(
+                                        EventGroup{static_cast<int32_t>(i), spec.kind, spec.window})
+                                  : std::nullopt;
       auto device = BlockPool::create({.num_blocks = spec.num_blocks,
                                        .block_size = options.block_size,
                                        .enable_caching = options.enable_prefix_caching,
                                        .event_sink = options.event_sink,
+                                       .event_group = event_group,
                                        .clock = options.clock,
                                        .log_evictions = options.enable_host_cache,
                                        .index_partial_prefixes = options.enable_partial_block_reuse,
@@ -157,6 +164,7 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                                      .enable_caching = options.enable_host_cache,
                                      .event_sink = options.event_sink,
                                      .medium = Medium::kHost,
+                                     .event_group = event_group,
                                      .clock = options.clock,
                                      // Host blocks take the content keys of the device
                                      // blocks they copy: the host's own keys (blocks renewed

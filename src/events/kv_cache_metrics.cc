@@ -9,7 +9,9 @@
 #include <prometheus/text_serializer.h>
 
 #include <exception>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,29 @@ class MonotonicCounter {
  private:
   prometheus::Counter* counter_;
   int64_t last_ = 0;
+};
+
+// vLLM's KVCacheSpecKind value of a layer group's kind, as the KV events send it.
+const char* kind_label(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::kFull:
+      return "full_attention";
+    case AttentionKind::kSlidingWindow:
+      return "sliding_window";
+    case AttentionKind::kChunkedLocal:
+      return "chunked_local_attention";
+  }
+  return "unknown";
+}
+
+// The series of one layer group (labels group and kind).
+struct GroupSeries {
+  prometheus::Gauge* usage;
+  prometheus::Gauge* num_blocks;
+  prometheus::Gauge* used_blocks;
+  prometheus::Gauge* cached_free_blocks;
+  prometheus::Gauge* cached_host_blocks;
+  MonotonicCounter hit_blocks, released_blocks, evictions, host_evictions, demoted, promoted;
 };
 
 struct MetricsState {
@@ -62,6 +87,34 @@ struct MetricsState {
         demoted(counter("num_blocks_demoted", "Evicted cached blocks copied to the host tier")),
         promoted(counter("num_blocks_promoted", "Host-tier hits copied back to the device")),
         host_evictions(counter("num_host_evictions", "Host-tier blocks evicted to reuse them")),
+        partial_hits(counter("prefix_cache_partial_hits",
+                             "Prefix cache hits reused from part of a cached block, in tokens")),
+        group_usage(gauge_family("kv_cache_group_usage_perc",
+                                 "A layer group's KV-cache usage: used device blocks / all, 0..1")),
+        group_num_blocks(
+            gauge_family("kv_cache_group_num_blocks", "Device KV blocks in a layer group's pool")),
+        group_used_blocks(gauge_family("kv_cache_group_used_blocks",
+                                       "Device KV blocks of a layer group held by sequences")),
+        group_cached_free_blocks(
+            gauge_family("kv_cache_group_cached_free_blocks",
+                         "Free device blocks of a layer group still holding cached KV")),
+        group_cached_host_blocks(
+            gauge_family("kv_cache_group_cached_host_blocks",
+                         "Host blocks of a layer group holding its host tier's cached KV")),
+        group_hit_blocks(counter_family("kv_cache_group_hit_blocks",
+                                        "Blocks prefix hits claimed from a layer group's cache")),
+        group_released_blocks(
+            counter_family("kv_cache_group_released_blocks",
+                           "Blocks a windowed layer group released behind its window")),
+        group_evictions(counter_family("kv_cache_group_evictions",
+                                       "Cached blocks of a layer group evicted to reuse them")),
+        group_host_evictions(counter_family("kv_cache_group_host_evictions",
+                                            "Host-tier blocks of a layer group evicted")),
+        group_demoted(
+            counter_family("kv_cache_group_blocks_demoted",
+                           "Evicted cached blocks of a layer group copied to its host tier")),
+        group_promoted(counter_family("kv_cache_group_blocks_promoted",
+                                      "Host-tier hits of a layer group copied back to the device")),
         events_published(counter("kv_events_published", "KV events sent to subscribers")),
         events_dropped_hwm(
             counter("kv_events_dropped", "KV events dropped", {{"reason", "subscriber_hwm"}})),
@@ -77,6 +130,39 @@ struct MetricsState {
 
   prometheus::Gauge& gauge(const std::string& name, const std::string& help) {
     return prometheus::BuildGauge().Name(prefix + name).Help(help).Register(*registry).Add(labels);
+  }
+
+  prometheus::Family<prometheus::Gauge>& gauge_family(const std::string& name,
+                                                      const std::string& help) {
+    return prometheus::BuildGauge().Name(prefix + name).Help(help).Register(*registry);
+  }
+
+  prometheus::Family<prometheus::Counter>& counter_family(const std::string& name,
+                                                          const std::string& help) {
+    return prometheus::BuildCounter().Name(prefix + name + "_total").Help(help).Register(*registry);
+  }
+
+  // The series of group `index` of kind `kind`, added at its first update: a manager with
+  // other groups (a new one) gets series of its own.
+  GroupSeries& group_series(int32_t index, AttentionKind kind) {
+    const auto key = std::make_pair(index, kind);
+    auto it = groups.find(key);
+    if (it != groups.end()) return it->second;
+    prometheus::Labels all = labels;
+    all.emplace("group", std::to_string(index));
+    all.emplace("kind", kind_label(kind));
+    GroupSeries series{&group_usage.Add(all),
+                       &group_num_blocks.Add(all),
+                       &group_used_blocks.Add(all),
+                       &group_cached_free_blocks.Add(all),
+                       &group_cached_host_blocks.Add(all),
+                       MonotonicCounter(group_hit_blocks.Add(all)),
+                       MonotonicCounter(group_released_blocks.Add(all)),
+                       MonotonicCounter(group_evictions.Add(all)),
+                       MonotonicCounter(group_host_evictions.Add(all)),
+                       MonotonicCounter(group_demoted.Add(all)),
+                       MonotonicCounter(group_promoted.Add(all))};
+    return groups.emplace(key, series).first->second;
   }
 
   MonotonicCounter counter(const std::string& name, const std::string& help,
@@ -104,7 +190,13 @@ struct MetricsState {
   prometheus::Gauge& host_usage;
   prometheus::Gauge& cached_host_blocks;
   MonotonicCounter prefix_queries, prefix_hits, preemptions_recompute, preemptions_swap, evictions,
-      cow_copies, swapped_out, swapped_in, host_hits, demoted, promoted, host_evictions;
+      cow_copies, swapped_out, swapped_in, host_hits, demoted, promoted, host_evictions,
+      partial_hits;
+  prometheus::Family<prometheus::Gauge>&group_usage, &group_num_blocks, &group_used_blocks,
+      &group_cached_free_blocks, &group_cached_host_blocks;
+  prometheus::Family<prometheus::Counter>&group_hit_blocks, &group_released_blocks,
+      &group_evictions, &group_host_evictions, &group_demoted, &group_promoted;
+  std::map<std::pair<int32_t, AttentionKind>, GroupSeries> groups;
   MonotonicCounter events_published, events_dropped_hwm, events_dropped_queue, replay_requests,
       snapshot_requests, requests_refused, stalled_peers_dropped;
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -183,6 +275,26 @@ void KvCacheMetrics::update(const KvCacheManager::Stats& s) {
   m.demoted.advance_to(s.blocks_demoted);
   m.promoted.advance_to(s.blocks_promoted);
   m.host_evictions.advance_to(s.host_evictions);
+  m.partial_hits.advance_to(s.partial_hit_tokens);
+}
+
+void KvCacheMetrics::update(const KvCacheManager& manager) {
+  update(manager.stats());
+  for (int32_t g = 0; g < manager.num_groups(); ++g) {
+    const KvCacheManager::GroupStats s = manager.group_stats(g);
+    internal::GroupSeries& m = state_->group_series(g, manager.layer_group(g).kind);
+    m.usage->Set(s.num_blocks > 0 ? static_cast<double>(s.used_blocks) / s.num_blocks : 0.0);
+    m.num_blocks->Set(s.num_blocks);
+    m.used_blocks->Set(s.used_blocks);
+    m.cached_free_blocks->Set(s.cached_free_blocks);
+    m.cached_host_blocks->Set(s.cached_host_blocks);
+    m.hit_blocks.advance_to(s.hit_blocks);
+    m.released_blocks.advance_to(s.released_blocks);
+    m.evictions.advance_to(s.evictions);
+    m.host_evictions.advance_to(s.host_evictions);
+    m.demoted.advance_to(s.blocks_demoted);
+    m.promoted.advance_to(s.blocks_promoted);
+  }
 }
 
 void KvCacheMetrics::update(const KvEventPublisher::Stats& s) {

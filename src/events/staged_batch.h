@@ -3,6 +3,7 @@
 //
 // IMPLEMENTATION DETAILS
 //   events      [e0: Stored GPU, 2 hashes, 32 tokens] [e1: Removed CPU, 1 hash] [e2: Cleared] ...
+//               (each with its layer group, when the manager has more than one)
 //   hashes      h(e0) h(e0) h(e1)                    every event's hashes, in order
 //   tokens      t(e0) x 32                            BlockStored token ids, in order
 //   extra_keys  k(e0) ...                             BlockStored extra keys, in order
@@ -26,11 +27,13 @@ struct StagedEvent {
   EventKind kind = EventKind::kCleared;
   Medium medium = Medium::kDevice;  // BlockStored, BlockRemoved: the tier of the blocks
   bool has_parent = false;          // BlockStored: parent is set
+  bool has_group = false;           // BlockStored, BlockRemoved: group is set
   int32_t block_size = 0;           // BlockStored: tokens per block
   uint32_t num_hashes = 0;
   uint32_t num_tokens = 0;
   uint32_t num_extra_keys = 0;
   BlockHash parent;
+  EventGroup group;  // the layer group, when has_group
 };
 
 // One staged event with its slices of the batch's arrays.
@@ -52,8 +55,9 @@ struct StagedBatch {
   void add(const KvEvent& event);
   void add_stored(const BlockHash* parent, std::span<const BlockHash> block_hashes,
                   std::span<const TokenId> token_ids, int32_t block_size,
-                  std::span<const uint64_t> keys, Medium medium);
-  void add_removed(std::span<const BlockHash> block_hashes, Medium medium);
+                  std::span<const uint64_t> keys, Medium medium, const EventGroup* group = nullptr);
+  void add_removed(std::span<const BlockHash> block_hashes, Medium medium,
+                   const EventGroup* group = nullptr);
   void add_cleared();
   void clear();
   // Reserves the sizes of `other`, so that staging a similar step allocates once per array.

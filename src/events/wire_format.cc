@@ -34,7 +34,11 @@ void pack_hashes(Packer& p, std::span<const BlockHash> hashes) {
 }
 
 void pack_stored(Packer& p, const StagedEventView& v, const WireOptions& options) {
-  p.pack_map(10);
+  // vLLM's fields in its order; the group's kind and window only on a group's events, the
+  // window only for a sliding window (vLLM's get_kv_cache_spec_sliding_window()).
+  const EventGroup& group = v.event.group;
+  const bool has_window = v.event.has_group && group.kind == AttentionKind::kSlidingWindow;
+  p.pack_map(10 + (v.event.has_group ? 1 : 0) + (has_window ? 1 : 0));
   pack_str(p, "type");
   pack_str(p, "BlockStored");
   pack_str(p, "block_hashes");
@@ -68,7 +72,13 @@ void pack_stored(Packer& p, const StagedEventView& v, const WireOptions& options
     for (const uint64_t k : v.extra_keys) p.pack_uint64(k);
   }
   pack_str(p, "group_idx");
-  p.pack_int32(0);
+  p.pack_int32(v.event.has_group ? group.index : 0);
+  if (!v.event.has_group) return;
+  pack_str(p, "kv_cache_spec_kind");
+  pack_str(p, spec_kind_name(group.kind));
+  if (!has_window) return;
+  pack_str(p, "kv_cache_spec_sliding_window");
+  p.pack_int32(group.window);
 }
 
 void pack_removed(Packer& p, const StagedEventView& v, const WireOptions& options) {
@@ -80,7 +90,7 @@ void pack_removed(Packer& p, const StagedEventView& v, const WireOptions& option
   pack_str(p, "medium");
   pack_medium(p, v.event.medium, options);
   pack_str(p, "group_idx");
-  p.pack_int32(0);
+  p.pack_int32(v.event.has_group ? v.event.group.index : 0);
 }
 
 void store_big_endian(uint64_t value, char* out) {
@@ -91,6 +101,18 @@ void store_big_endian(uint64_t value, char* out) {
 }
 
 }  // namespace
+
+const char* spec_kind_name(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::kFull:
+      return "full_attention";
+    case AttentionKind::kSlidingWindow:
+      return "sliding_window";
+    case AttentionKind::kChunkedLocal:
+      return "chunked_local_attention";
+  }
+  return "unknown";  // vLLM's KVCacheSpecKind.UNKNOWN
+}
 
 std::array<char, 16> hash_bytes(const BlockHash& hash) {
   std::array<char, 16> bytes;

@@ -8,6 +8,10 @@
 //      "token_ids": [int...], "block_size": int, "lora_id": nil, "medium": str,
 //      "lora_name": nil, "extra_keys": [nil | [uint...]] (one per block), "group_idx": 0}
 //     {"type": "BlockRemoved", "block_hashes": [bin16...], "medium": str, "group_idx": 0}
+//   layer group = on events with a group (a manager with more than one layer group):
+//              "group_idx" is its index, and BlockStored adds after it
+//              "kv_cache_spec_kind": str (vLLM's KVCacheSpecKind value) and, for a sliding
+//              window, "kv_cache_spec_sliding_window": int (its window in tokens)
 //   medium   = each event's own tier: device blocks WireOptions::device_medium ("GPU"),
 //              host-tier blocks "CPU" (vLLM's MEDIUM_GPU and MEDIUM_CPU)
 //     {"type": "AllBlocksCleared"}
@@ -32,6 +36,10 @@ struct WireOptions {
   std::string device_medium = "GPU";  // the "medium" string of device blocks
   int32_t data_parallel_rank = 0;
 };
+
+// vLLM's KVCacheSpecKind value of a group kind: "full_attention", "sliding_window",
+// "chunked_local_attention".
+const char* spec_kind_name(AttentionKind kind);
 
 // The 16 bytes a hash is sent as.
 std::array<char, 16> hash_bytes(const BlockHash& hash);

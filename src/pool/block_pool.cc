@@ -54,6 +54,7 @@ BlockPool::BlockPool(const Options& options)
       enable_caching_(options.enable_caching),
       event_sink_(options.event_sink),
       medium_(options.medium),
+      event_group_(options.event_group),
       clock_(options.clock),
       ref_count_(options.num_blocks, 0),
       stale_(options.num_blocks, 0),
@@ -122,7 +123,7 @@ void BlockPool::allocate_unchecked(std::span<BlockId> out) {
 
 // Builds the event only for a sink: an eviction without one allocates nothing.
 void BlockPool::emit_removed(const BlockHash& hash) {
-  if (event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}, medium_});
+  if (event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}, medium_, event_group_});
 }
 
 // `block`'s hash left the index with no copy to take its place: its contents are gone.
@@ -412,6 +413,7 @@ int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
     stored.block_size = block_size_;
     stored.extra_keys.assign(extra_keys.begin(), extra_keys.end());
     stored.medium = medium_;
+    stored.group = event_group_;
     event_sink_->on_event(std::exchange(stored, {}));
   };
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -509,7 +511,8 @@ void BlockPool::import_copy(BlockId block, const BlockPool& source, const Evicte
                            .token_ids = {c.tokens.begin(), c.tokens.end()},
                            .block_size = block_size_,
                            .extra_keys = {c.extra_keys.begin(), c.extra_keys.end()},
-                           .medium = medium_};
+                           .medium = medium_,
+                           .group = event_group_};
   event_sink_->on_event(stored);
 }
 

@@ -3,7 +3,8 @@
 (examples/kv_router/kv_router.py) from its first batch, decodes every batch (live, or by
 replay when the router connected after the loop had started), and checks that the index
 the router rebuilt equals the manager's own prefix index written with --kv-index-out (both
-tiers, per medium, when the options include --host-cache-mb).
+tiers, per medium, when the options include --host-cache-mb; per layer group when the
+manager has several: lines "HASH MEDIUM GROUP", and the router's index keeps each group).
 usage: check_decode_loop_events.py ROUTER_DIR PAGEDKV_DECODE [decode loop options...]
 """
 
@@ -79,11 +80,18 @@ try:
         fail(f"router holds {len(got)} hashes, the manager {len(mine)}")
     if not mine:
         fail("the run cached nothing")
-    host = sum(1 for entry in mine if entry.endswith(" " + kv_router.HOST_MEDIUM))
+    host = sum(1 for entry in mine if entry.split()[1] == kv_router.HOST_MEDIUM)
     if "--host-cache-mb" in OPTIONS and host == 0:
         fail("a host tier, but no block in it at the end")
-    print(f"PASS: router index == manager index ({len(mine)} blocks, {host} in the host tier, "
-          f"{final_seq} batches)")
+    groups = {}
+    for entry in mine:
+        if len(entry.split()) == 3:
+            groups[entry.split()[2]] = groups.get(entry.split()[2], 0) + 1
+    if groups and not feed.index.hybrid:
+        fail("the manager's index has layer groups, but no event named one")
+    per_group = f", per group {dict(sorted(groups.items()))}" if groups else ""
+    print(f"PASS: router index == manager index ({len(mine)} blocks, {host} in the host tier"
+          f"{per_group}, {final_seq} batches)")
     router.close()
 finally:
     proc.kill()

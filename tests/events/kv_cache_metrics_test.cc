@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <vector>
 
 namespace pagedkv {
 namespace {
@@ -51,6 +52,136 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
                 "pagedkv:kv_events_dropped_total{model_name=\"m\",reason=\"subscriber_hwm\"} 2"));
   REQUIRE_THAT(text,
                Catch::Contains("pagedkv:kv_events_requests_refused_total{model_name=\"m\"} 5"));
+}
+
+// The sample line of `name` with `labels` (after model_name) in the exposition text.
+std::string sample(const std::string& name, const std::string& labels, const std::string& value) {
+  return "pagedkv:" + name + "{" + labels + ",model_name=\"m\"} " + value + "\n";
+}
+
+TEST_CASE("per layer group: usage, cached blocks, hits, window releases; partial hit tokens") {
+  // A full group and a sliding window of 4 tokens, 2-token blocks, 10 blocks each.
+  auto manager = KvCacheManager::create(
+      {.block_size = 2,
+       .enable_partial_block_reuse = true,
+       .layer_groups = {{.kind = AttentionKind::kFull, .num_blocks = 10},
+                        {.kind = AttentionKind::kSlidingWindow, .window = 4, .num_blocks = 10}}});
+  REQUIRE(manager.ok());
+  KvCacheManager& m = *manager;
+  // Sequence 1: 8 tokens (4 blocks in each group, all cached), then a decode step: the
+  // window group releases blocks 0 and 1 (the token at 8 attends to 5..8); then freed.
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  REQUIRE(m.add_sequence(1, prompt).ok());
+  REQUIRE(*m.match_prefix(1) == 0);
+  REQUIRE(m.allocate_slots(1, 8).ok());
+  (void)m.take_step_ops();
+  const TokenId next = 9;
+  REQUIRE(m.append_tokens(1, {&next, 1}).ok());
+  REQUIRE(m.allocate_slots(1, 1).ok());
+  (void)m.take_step_ops();
+  REQUIRE(m.free(1).ok());
+  // Sequence 2 continues blocks 0..2 and the first token of block 3: a hit of 3 blocks
+  // (the window group needs blocks 1 and 2 for the token at 6) and 1 partial token (block 3
+  // copied in each group).
+  const std::vector<TokenId> second = {1, 2, 3, 4, 5, 6, 7, 99, 100};
+  REQUIRE(m.add_sequence(2, second).ok());
+  REQUIRE(*m.match_prefix(2) == 7);
+  (void)m.take_step_ops();
+  REQUIRE(m.check_invariants().ok());
+
+  const KvCacheManager::GroupStats full = m.group_stats(0), window = m.group_stats(1);
+  REQUIRE(full.used_blocks == 4);         // blocks 0..2 and the partial copy
+  REQUIRE(full.cached_free_blocks == 1);  // block 3, the copy's source
+  REQUIRE(full.hit_blocks == 3);
+  REQUIRE(full.released_blocks == 0);
+  REQUIRE(window.used_blocks == 3);         // blocks 1, 2 and the copy
+  REQUIRE(window.cached_free_blocks == 2);  // 0 (released) and 3
+  REQUIRE(window.hit_blocks == 2);
+  REQUIRE(window.released_blocks == 2);
+  REQUIRE(m.stats().partial_hit_tokens == 1);
+
+  auto metrics = KvCacheMetrics::create({.model_name = "m"});
+  REQUIRE(metrics.ok());
+  (*metrics)->update(m);
+  const std::string text = (*metrics)->text();
+  INFO(text);
+  const std::string g0 = "group=\"0\",kind=\"full_attention\"";
+  const std::string g1 = "group=\"1\",kind=\"sliding_window\"";
+  REQUIRE_THAT(text, Catch::Contains("# TYPE pagedkv:kv_cache_group_usage_perc gauge"));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_usage_perc", g0, "0.4")));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_usage_perc", g1, "0.3")));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_num_blocks", g1, "10")));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_used_blocks", g0, "4")));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_cached_free_blocks", g0, "1")));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_cached_free_blocks", g1, "2")));
+  REQUIRE_THAT(text, Catch::Contains("# TYPE pagedkv:kv_cache_group_hit_blocks_total counter"));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_hit_blocks_total", g0, "3")));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_hit_blocks_total", g1, "2")));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_released_blocks_total", g0, "0")));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_released_blocks_total", g1, "2")));
+  REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_evictions_total", g1, "0")));
+  // The manager-wide figures are group 0's pool and all hits, as stats() has them.
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:kv_cache_usage_perc{model_name=\"m\"} 0.4"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:prefix_cache_queries_total{model_name=\"m\"} 17"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:prefix_cache_hits_total{model_name=\"m\"} 7"));
+  REQUIRE_THAT(text,
+               Catch::Contains("pagedkv:prefix_cache_partial_hits_total{model_name=\"m\"} 1"));
+}
+
+TEST_CASE("per-group host-tier and eviction counters follow group_stats(), never going back") {
+  auto manager = KvCacheManager::create(
+      {.block_size = 2,
+       .enable_host_cache = true,
+       .layer_groups = {{.kind = AttentionKind::kFull, .num_blocks = 8, .num_host_blocks = 8},
+                        {.kind = AttentionKind::kChunkedLocal,
+                         .window = 4,
+                         .num_blocks = 8,
+                         .num_host_blocks = 8}}});
+  REQUIRE(manager.ok());
+  KvCacheManager& m = *manager;
+  auto metrics = KvCacheMetrics::create({.model_name = "m"});
+  REQUIRE(metrics.ok());
+  // Prompts of 8 distinct tokens evict each other's blocks (demoted to the host tier); the
+  // first prompt again is promoted back.
+  for (SeqId s = 0; s < 4; ++s) {
+    std::vector<TokenId> prompt;
+    for (int i = 0; i < 8; ++i) prompt.push_back(static_cast<TokenId>((s % 3) * 100 + i + 1));
+    REQUIRE(m.add_sequence(s, prompt).ok());
+    const int32_t hit = *m.match_prefix(s);
+    REQUIRE(m.allocate_slots(s, 8 - hit).ok());
+    (void)m.take_step_ops();
+    REQUIRE(m.free(s).ok());
+    (*metrics)->update(m);
+  }
+  const std::string text = (*metrics)->text();
+  INFO(text);
+  const std::string labels[] = {"group=\"0\",kind=\"full_attention\"",
+                                "group=\"1\",kind=\"chunked_local_attention\""};
+  for (int32_t g = 0; g < 2; ++g) {
+    const KvCacheManager::GroupStats s = m.group_stats(g);
+    INFO("group " << g);
+    REQUIRE(s.blocks_demoted > 0);
+    REQUIRE(s.blocks_promoted > 0);
+    REQUIRE(s.evictions > 0);
+    REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_blocks_demoted_total", labels[g],
+                                              std::to_string(s.blocks_demoted))));
+    REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_blocks_promoted_total", labels[g],
+                                              std::to_string(s.blocks_promoted))));
+    REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_evictions_total", labels[g],
+                                              std::to_string(s.evictions))));
+    REQUIRE_THAT(text, Catch::Contains(sample("kv_cache_group_cached_host_blocks", labels[g],
+                                              std::to_string(s.cached_host_blocks))));
+  }
+  // A new manager with smaller totals: the counters stay where they were.
+  auto fresh = KvCacheManager::create(
+      {.block_size = 2,
+       .layer_groups = {{.kind = AttentionKind::kFull, .num_blocks = 8},
+                        {.kind = AttentionKind::kChunkedLocal, .window = 4, .num_blocks = 8}}});
+  REQUIRE(fresh.ok());
+  (*metrics)->update(*fresh);
+  REQUIRE_THAT((*metrics)->text(),
+               Catch::Contains(sample("kv_cache_group_blocks_demoted_total", labels[0],
+                                      std::to_string(m.group_stats(0).blocks_demoted))));
 }
 
 TEST_CASE("an invalid prefix is refused, and so is serving twice") {

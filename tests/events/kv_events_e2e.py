@@ -12,12 +12,20 @@ blocks, and the router must track both):
            restarted from its state: it fills the gap by replay.
   late     a replay buffer of 8 steps; the router joins late (snapshot), then is killed and
            restarted after the buffer has moved on: it resynchronises by snapshot.
+  hybrid   two engines serving a hybrid model (layer groups): one with a sliding-window and
+           a chunked-local group beside the full one, one with a sliding-window group and a
+           host tier. Every event names its group; the rebuilt indexes equal the managers'
+           per (block, group, medium); and for every chain the router holds, its prefix
+           match equals the engine's own match_prefix() (the engine's "probe" command).
+  late-hybrid  "late" with a hybrid engine (a sliding-window and a chunked-local group, a
+           host tier): snapshots and the router's saved state keep every group.
   curve    the engine publishes with ZeroMQ CURVE (its key pair from pagedkv-curve-keygen,
            the router's from pyzmq's zmq.auth): the router process, given its secret
            certificate and the engine's public one, decodes every batch and rebuilds the
            index; a subscriber without keys, one whose key is not allowed, one that expects
            another server key, and a DEALER without keys receive nothing during the run.
-usage: kv_events_e2e.py MOCK_ENGINE ROUTER_DIR {tcp,ipc} {full,restart,late,curve} [KEYGEN]
+usage: kv_events_e2e.py MOCK_ENGINE ROUTER_DIR {tcp,ipc}
+       {full,restart,late,hybrid,late-hybrid,curve} [KEYGEN]
 Every wait is bounded; a hang fails the test. Exits 77 (skipped) when CURVE is missing.
 """
 
@@ -82,6 +90,16 @@ class Engine:
             fail(f"{self.name}: expected 'done SEQ', got {words} (rc {self.proc.poll()})")
         self.final_seq = int(words[1])
 
+    def probe(self, tokens, extra):
+        """The tokens the engine's match_prefix() finds for a new request: after the run."""
+        key = extra[0] if extra else -1
+        self.proc.stdin.write(f"probe {key} {' '.join(map(str, tokens))}\n")
+        self.proc.stdin.flush()
+        words = self.proc.stdout.readline().split()
+        if len(words) != 2 or words[0] != "hit" or int(words[1]) < 0:
+            fail(f"{self.name}: probe answered {words}")
+        return int(words[1])
+
     def own_index(self):
         with open(self.index_file) as f:
             return sorted(line.strip() for line in f)
@@ -102,7 +120,7 @@ def check_index(name, router_hashes, engine):
              f"{len(set(router_hashes) ^ set(mine))} differ")
     if not mine:
         fail(f"{name}: empty index, the workload cached nothing")
-    host = sum(1 for entry in mine if entry.endswith(" " + kv_router.HOST_MEDIUM))
+    host = sum(1 for entry in mine if entry.split()[1] == kv_router.HOST_MEDIUM)
     if engine.host_tier and host == 0:
         fail(f"{name}: a host tier, but no block in it at the end")
     print(f"{name}: router index == manager index ({len(mine)} blocks, {host} in the host "
@@ -159,6 +177,75 @@ def scenario_full():
         e.stop()
 
 
+def chains(index):
+    """(tokens, extra keys, from the first block) of every block's chain in group 0 of an
+    EngineIndex, from the first block whose parent it does not hold."""
+    found = []
+    for h in index.blocks:
+        keys = []
+        while h is not None and h in index.blocks:
+            keys.append(index.blocks[h])
+            h = index.blocks[h][0]
+        found.append(([t for key in reversed(keys) for t in key[1]], keys[0][2], h is None))
+    return found
+
+
+def scenario_hybrid():
+    # e0: full + sliding window 8 + chunked local 12 (probed: no host tier, whose promotions
+    # depend on free blocks the router cannot see); e1: full + sliding window 8, host tier.
+    engines = [Engine("e0", 7, "--sliding-window", "8", "--chunked-local", "12"),
+               Engine("e1", 8, "--sliding-window", "8", "--host-blocks", "32")]
+    # vLLM's events carry no chunk size: the router is told (group 2 of e0; e1 has none).
+    router = kv_router.KvRouter([(e.name, e.pub, e.replay) for e in engines],
+                                chunk_sizes={2: 12})
+    for feed in router.feeds:
+        feed.sync()
+    for e in engines:
+        e.go()
+    for e in engines:
+        e.wait_done()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        router.poll(timeout_ms=20)
+        if all(f.next_seq >= e.final_seq for f, e in zip(router.feeds, engines)):
+            break
+    expected_specs = [{0: ("full_attention", None), 1: ("sliding_window", 8),
+                       2: ("chunked_local_attention", None)},
+                      {0: ("full_attention", None), 1: ("sliding_window", 8)}]
+    for feed, e, specs in zip(router.feeds, engines, expected_specs):
+        feed.catch_up(e.final_seq)
+        if feed.index.specs != specs:
+            fail(f"{e.name}: groups {feed.index.specs}, expected {specs}")
+        if not {kind for kind, _ in specs.values()} <= kv_router.schema.KV_CACHE_SPEC_KINDS:
+            fail(f"{e.name}: a kind that is not one of vLLM's KVCacheSpecKind values")
+        if not all(len(entry.split()) == 3 for entry in e.own_index()):
+            fail(f"{e.name}: the engine's index has no group column")
+        check_index(e.name, feed.index.entries(), e)
+    # The router's prefix match against the engine's own, for every chain it holds and each
+    # of its prefixes: equal, in tokens.
+    feed, engine = router.feeds[0], engines[0]
+    probes = hits = cut = 0
+    for tokens, extra, rooted in chains(feed.index):
+        for n in range(BLOCK_SIZE, len(tokens) + 1, BLOCK_SIZE):
+            prompt = tokens[:n] + [0]  # the last token is never matched
+            predicted = feed.index.prefix_blocks(prompt, BLOCK_SIZE, extra) * BLOCK_SIZE
+            actual = engine.probe(prompt, extra)
+            if predicted != actual:
+                fail(f"router predicts {predicted} tokens, the engine finds {actual}, for "
+                     f"{prompt} (extra keys {extra})")
+            probes += 1
+            hits += actual > 0
+            cut += rooted and actual < n  # group 0 holds all n tokens: another group cut it
+    if hits == 0 or cut == 0:
+        fail(f"{probes} probes, {hits} hits, {cut} cut by a windowed group: the workload "
+             "exercised too little")
+    print(f"{probes} probes of e0: router == engine, {hits} hits, {cut} cut by a windowed "
+          "group")
+    router.close()
+    for e in engines:
+        e.stop()
+
+
 def start_follower(engine, state, *extra):
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROUTER_DIR, "kv_router.py"), "follow", "--engine",
@@ -171,8 +258,10 @@ def start_follower(engine, state, *extra):
     return proc
 
 
-def scenario_kill_restart(late):
+def scenario_kill_restart(late, hybrid=False):
     extra = ["--steps", "500", "--step-us", "2000", "--host-blocks", "64"]
+    if hybrid:  # every group's blocks in the snapshot, the saved state and the index
+        extra += ["--sliding-window", "8", "--chunked-local", "12"]
     if late:
         extra += ["--replay-steps", "8"]
     engine = Engine("e0", 3, *extra)
@@ -275,6 +364,10 @@ elif SCENARIO == "restart":
     scenario_kill_restart(late=False)
 elif SCENARIO == "late":
     scenario_kill_restart(late=True)
+elif SCENARIO == "hybrid":
+    scenario_hybrid()
+elif SCENARIO == "late-hybrid":
+    scenario_kill_restart(late=True, hybrid=True)
 elif SCENARIO == "curve":
     scenario_curve()
 else:
