@@ -59,7 +59,7 @@ std::string sample(const std::string& name, const std::string& labels, const std
   return "pagedkv:" + name + "{" + labels + ",model_name=\"m\"} " + value + "\n";
 }
 
-TEST_CASE("per layer group: usage, cached blocks, hits, window releases; partial hit tokens") {
+TEST_CASE("per layer group: usage, cached blocks, hits, window releases and partial hit tokens") {
   // A full group and a sliding window of 4 tokens, 2-token blocks, 10 blocks each.
   auto manager = KvCacheManager::create(
       {.block_size = 2,
