@@ -1,12 +1,12 @@
-// KvCacheManager: construction, sequences, slot allocation with copy-on-write, forks,
-// releases and the step (prefix matching: prefix_match.cc; preemption and swapping:
-// preemption.cc). Every public call validates first and mutates after, so a failed call
+// KvCacheManager: sequences, slot allocation with copy-on-write, forks, releases and the
+// step (construction: create.cc; prefix matching: prefix_match.cc; preemption and
+// swapping: preemption.cc; windowed groups' releases and eviction classes:
+// windowed_groups.cc). Every public call validates first and mutates after, so a failed call
 // leaves the manager exactly as it was. Every layer group gets the same calls in turn
 // (group_pools.h); a model without layer groups is one full-attention group.
 #include "pagedkv/kv_cache_manager.h"
 
 #include <algorithm>
-#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,11 +14,13 @@
 #include "cache/host_tier.h"
 #include "cache/sequence.h"
 #include "cache/step_ledger.h"
+#include "common/arithmetic.h"
 #include "common/check.h"
 #include "common/status_macros.h"
 
 namespace pagedkv {
 
+using internal::div_ceil;
 using internal::GroupPools;
 using internal::GroupTable;
 using internal::Hold;
@@ -27,194 +29,12 @@ using internal::state_name;
 
 namespace {
 
-// In int64: a lookahead near INT32_MAX must not wrap the block count.
-int64_t div_ceil(int64_t a, int32_t b) { return (a + b - 1) / b; }
-
-// Windowed eviction classes map to retention priorities just below the default, so a
-// user's retention range (a higher priority) still wins.
-constexpr int32_t kMaxCheckpointLevels = 16;
-
 // " in group g" for models of several groups: messages of one-group models stay as they were.
 std::string in_group(const GroupPools& g, size_t num_groups) {
   return num_groups > 1 ? absl::StrCat(" in group ", g.index) : std::string();
 }
 
-absl::Status check_groups(const KvCacheManager::Options& options,
-                          std::span<const LayerGroup> groups) {
-  bool has_full = false;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const LayerGroup& g = groups[i];
-    const std::string name =
-        absl::StrCat("KvCacheManager: layer_groups[", i, "] (", attention_kind_name(g.kind), ")");
-    if (g.num_blocks <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": num_blocks ", g.num_blocks, " must be > 0"));
-    }
-    if (g.num_host_blocks < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": num_host_blocks ", g.num_host_blocks, " must be >= 0"));
-    }
-    const bool windowed = g.kind != AttentionKind::kFull;
-    if (windowed ? g.window <= 0 : g.window != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": window ", g.window,
-                       windowed ? " must be > 0" : " must be 0 for full attention"));
-    }
-    if (options.enable_host_cache && g.num_host_blocks == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": enable_host_cache needs num_host_blocks > 0 in every group"));
-    }
-    has_full |= !windowed;
-  }
-  if (!has_full && options.enable_prefix_caching) {
-    return absl::InvalidArgumentError(
-        "KvCacheManager: windowed layer groups with prefix caching need a full-attention group: "
-        "hits are verified along its chain (disable prefix caching, or add the group)");
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-// --- construct -------------------------------------------------------------------------
-
-absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
-  const bool grouped = !options.layer_groups.empty();
-  if (grouped && (options.num_blocks != 0 || options.num_host_blocks != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KvCacheManager: num_blocks ", options.num_blocks, " and num_host_blocks ",
-        options.num_host_blocks, " must be 0 with layer_groups (each group has its own)"));
-  }
-  if (!grouped && options.num_blocks <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: num_blocks ", options.num_blocks, " must be > 0"));
-  }
-  if (options.num_host_blocks < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: num_host_blocks ", options.num_host_blocks, " must be >= 0"));
-  }
-  if (options.max_model_len <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: max_model_len ", options.max_model_len, " must be > 0"));
-  }
-  if (options.hash_fn == nullptr) {
-    return absl::InvalidArgumentError("KvCacheManager: hash_fn must not be null");
-  }
-  if (options.window_checkpoint_tokens < 0 || options.window_checkpoint_levels < 0 ||
-      options.window_checkpoint_levels > kMaxCheckpointLevels) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: window_checkpoint_tokens ", options.window_checkpoint_tokens,
-                     " must be >= 0 and window_checkpoint_levels ",
-                     options.window_checkpoint_levels, " in [0, ", kMaxCheckpointLevels, "]"));
-  }
-  if (options.enable_host_cache &&
-      (!options.enable_prefix_caching || (!grouped && options.num_host_blocks == 0))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: enable_host_cache needs enable_prefix_caching (",
-                     options.enable_prefix_caching ? "true" : "false",
-                     ") and num_host_blocks > 0 (", options.num_host_blocks, ")"));
-  }
-  std::vector<LayerGroup> layer_groups =
-      grouped ? options.layer_groups
-              : std::vector<LayerGroup>{{.kind = AttentionKind::kFull,
-                                         .num_blocks = options.num_blocks,
-                                         .num_host_blocks = options.num_host_blocks}};
-  if (grouped) PAGEDKV_RETURN_IF_ERROR(check_groups(options, layer_groups));
-  const int32_t first_blocks = layer_groups[0].num_blocks;
-  if (options.watermark_blocks < 0 || options.watermark_blocks >= first_blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: watermark_blocks ", options.watermark_blocks,
-                     " must be in [0, num_blocks ", first_blocks, ")"));
-  }
-  // With windowed groups that cache, the anchor reports contents it loses, and the
-  // windowed pools drop the blocks cached after them (docs/allocator.md).
-  const bool windowed_caching =
-      options.enable_prefix_caching &&
-      std::any_of(layer_groups.begin(), layer_groups.end(),
-                  [](const LayerGroup& g) { return g.kind != AttentionKind::kFull; });
-  const auto anchor = static_cast<size_t>(
-      std::find_if(layer_groups.begin(), layer_groups.end(),
-                   [](const LayerGroup& g) { return g.kind == AttentionKind::kFull; }) -
-      layer_groups.begin());
-  try {
-    std::vector<GroupPools> groups;
-    for (size_t i = 0; i < layer_groups.size(); ++i) {
-      const LayerGroup& spec = layer_groups[i];
-      const bool windowed = spec.kind != AttentionKind::kFull;
-      const bool logs_deaths = windowed_caching && i == anchor;
-      // The events of a hybrid model name their group (docs/events.md, "Layer groups");
-      // those of one group are as they were without groups.
-      const std::optional<EventGroup> event_group =
-          layer_groups.size() > 1 ? std::optional<EventGroup>(
-                                        EventGroup{static_cast<int32_t>(i), spec.kind, spec.window})
-                                  : std::nullopt;
-      auto device = BlockPool::create({.num_blocks = spec.num_blocks,
-                                       .block_size = options.block_size,
-                                       .enable_caching = options.enable_prefix_caching,
-                                       .event_sink = options.event_sink,
-                                       .event_group = event_group,
-                                       .clock = options.clock,
-                                       .log_evictions = options.enable_host_cache,
-                                       .index_partial_prefixes = options.enable_partial_block_reuse,
-                                       .log_dead_contents = logs_deaths,
-                                       .index_children = windowed_caching && windowed});
-      if (!device.ok()) return device.status();
-      auto host = BlockPool::create({.num_blocks = spec.num_host_blocks,
-                                     .block_size = options.block_size,
-                                     .enable_caching = options.enable_host_cache,
-                                     .event_sink = options.event_sink,
-                                     .medium = Medium::kHost,
-                                     .event_group = event_group,
-                                     .clock = options.clock,
-                                     // Host blocks take the content keys of the device
-                                     // blocks they copy: the host's own keys (blocks renewed
-                                     // for swapping) are drawn apart from the device's.
-                                     .first_content_key = uint64_t{1} << 63,
-                                     .log_dead_contents = logs_deaths,
-                                     .index_children = windowed_caching && windowed});
-      if (!host.ok()) return host.status();
-      // The watermark scaled to the group's pool, rounded up: the same headroom share.
-      const int64_t watermark =
-          div_ceil(int64_t{options.watermark_blocks} * spec.num_blocks, first_blocks);
-      groups.push_back({.spec = spec,
-                        .index = static_cast<int32_t>(i),
-                        .watermark_blocks =
-                            static_cast<int32_t>(std::min<int64_t>(watermark, spec.num_blocks - 1)),
-                        .device = *std::move(device),
-                        .host = *std::move(host),
-                        .host_tier = options.enable_host_cache
-                                         ? std::make_unique<internal::HostTier>()
-                                         : nullptr,
-                        .match = {}});
-    }
-    return KvCacheManager(std::move(options), std::move(layer_groups), std::move(groups));
-  } catch (const std::bad_alloc&) {  // no exception leaves the library
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KvCacheManager: cannot allocate the host bookkeeping for ", first_blocks, " blocks"));
-  }
-}
-
-KvCacheManager::KvCacheManager(Options options, std::vector<LayerGroup> layer_groups,
-                               std::vector<GroupPools> groups)
-    : options_(std::move(options)),
-      layer_groups_(std::move(layer_groups)),
-      groups_(std::move(groups)),
-      ledger_(std::make_unique<internal::StepLedger>(layer_groups_)) {
-  for (const GroupPools& g : groups_) {
-    if (!g.windowed()) {
-      anchor_ = g.index;
-      break;
-    }
-  }
-  windowed_ =
-      std::any_of(groups_.begin(), groups_.end(), [](const GroupPools& g) { return g.windowed(); });
-  group_counters_.resize(groups_.size());
-  plans_.resize(groups_.size());
-}
-
-KvCacheManager::KvCacheManager(KvCacheManager&&) noexcept = default;
-KvCacheManager& KvCacheManager::operator=(KvCacheManager&&) noexcept = default;
-KvCacheManager::~KvCacheManager() = default;
 
 // --- sequences ---------------------------------------------------------------------------
 
@@ -457,78 +277,6 @@ void KvCacheManager::grow_table(Sequence& seq, GroupPools& g, const GroupPlan& p
   }
 }
 
-// Releases the entries [first_held, end) of a windowed group's table: no future token of
-// the sequence attends to them. Hashed blocks stay cached, so a later prompt can still hit
-// them, in the retention class of the hit points they complete (window_priority()); they
-// go in table order, so within a class the free queue evicts a window from its start.
-void KvCacheManager::release_behind_window(Sequence& seq, GroupPools& g, int32_t end) {
-  GroupTable& t = seq.tables[g.index];
-  BlockId last_clean = kNoBlock;
-  for (int32_t i = t.first_held; i < end; ++i) {
-    set_release_retention(seq, g, i);
-    ledger_->release(g.device, Hold::kDevice, g.index, t.blocks[i], last_clean);
-    t.blocks[i] = kNoBlock;
-  }
-  group_counters_[g.index].released_blocks += end - t.first_held;
-  t.first_held = end;
-}
-
-// The retention priority of entry i of a windowed group when `seq` releases it: the class
-// of the most useful hit point whose window holds the entry (a hit of p blocks needs
-// entries first_needed_block(p x block_size) to p - 1). Top: the branch points of the
-// sequence's match (its full-group chain's end, its hit's end: a later prompt is likely to
-// stop there again); below, the checkpoints, coarser ones higher; lowest, none.
-int32_t KvCacheManager::window_priority(const Sequence& seq, const GroupPools& g,
-                                        int32_t entry) const {
-  const int32_t bs = options_.block_size;
-  const int32_t levels =
-      options_.window_checkpoint_tokens > 0 ? options_.window_checkpoint_levels : 0;
-  const int32_t top = 2 + levels;
-  // A hit point lies within the sequence's full blocks: past them, no later prompt with
-  // this content can stop there.
-  const int64_t full_blocks = static_cast<int64_t>(seq.tokens.size()) / bs;
-  auto completes = [&](int64_t point) {  // in blocks
-    return point > entry && point <= full_blocks && g.first_needed_block(point * bs, bs) <= entry;
-  };
-  int32_t cls = 1;
-  if (completes(seq.match_chain_end) || completes(seq.match_hit)) {
-    cls = top;
-  } else {
-    int64_t spacing = options_.window_checkpoint_tokens;
-    for (int32_t level = 0; level < levels && spacing >= bs; ++level, spacing /= 2) {
-      // The first checkpoint past the entry; a later one's window starts later still.
-      const int64_t k = div_ceil(int64_t{entry + 1} * bs, static_cast<int32_t>(spacing));
-      if (completes(k * spacing / bs)) {
-        cls = top - 1 - level;
-        break;
-      }
-    }
-  }
-  return kDefaultRetentionPriority - (top - cls);
-}
-
-// Drops the windowed blocks cached after anchor contents that are gone from both of the
-// anchor's pools: no hit can verify them again, and they would outlive their anchors.
-void KvCacheManager::bury_dead_windows() {
-  GroupPools& anchor = groups_[anchor_];
-  for (BlockPool* pool : {&anchor.device, &anchor.host}) {
-    if (!pool->has_dead_contents()) continue;
-    pool->take_dead_contents(dead_);
-    for (const BlockPool::DeadContent& d : dead_) {
-      auto holds = [&](const BlockPool& p) {
-        const BlockId b = p.indexed_block(d.hash);
-        return b != kNoBlock && p.content_key(b) == d.content_key;
-      };
-      if (holds(anchor.device) || holds(anchor.host)) continue;
-      for (GroupPools& g : groups_) {
-        if (!g.windowed()) continue;
-        g.device.uncache_children(d.content_key);
-        g.host.uncache_children(d.content_key);
-      }
-    }
-  }
-}
-
 // Device allocation with the host tier's side: cached blocks it evicts are demoted.
 void KvCacheManager::allocate_device_blocks(GroupPools& g, std::span<BlockId> out) {
   g.device.allocate_unchecked(out);
@@ -623,21 +371,6 @@ void KvCacheManager::release_device_blocks(Sequence& seq) {
     }
     t.blocks.clear();
     t.first_held = 0;
-  }
-}
-
-// The engine's retention ranges win over the window classes: they name what it will reuse.
-void KvCacheManager::set_release_retention(const Sequence& seq, GroupPools& g, int32_t entry) {
-  const BlockId block = seq.tables[g.index].blocks[entry];
-  const int64_t first_token = int64_t{entry} * options_.block_size;
-  for (auto r = seq.retention.rbegin(); r != seq.retention.rend(); ++r) {
-    if (first_token >= r->begin && first_token < r->end) {
-      g.device.set_retention_unchecked(block, r->priority, r->duration_ms);
-      return;
-    }
-  }
-  if (g.windowed() && options_.enable_prefix_caching) {
-    g.device.set_retention_unchecked(block, window_priority(seq, g, entry), 0);
   }
 }
 

@@ -11,13 +11,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/arithmetic.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace pagedkv {
-namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+using internal::div_ceil;
+namespace {
 
 // What makes two layers' vLLM KVCacheSpec equal: attention type, window, shape (dtype and
 // block size are the config's, shared by all).
@@ -152,13 +153,13 @@ VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes,
     v.group_size = max_layers < 1.5 * min_layers ? max_layers : min_layers;
     for (size_t t = 0; t < type_first.size(); ++t) {
       const int32_t n = type_layers[t];
-      const int32_t num_groups = static_cast<int32_t>(ceil_div(n, v.group_size));
+      const int32_t num_groups = static_cast<int32_t>(div_ceil(n, v.group_size));
       v.padding_layers += num_groups * v.group_size - n;
       const KvCacheGroup& source = config.groups[static_cast<size_t>(type_first[t])];
       for (int32_t i = 0; i < num_groups; ++i) {
         v.groups.push_back(
             {.source_group = type_first[t],
-             .num_layers = static_cast<int32_t>(ceil_div(n - i, num_groups)),
+             .num_layers = static_cast<int32_t>(div_ceil(n - i, num_groups)),
              .block_size = type_block_size[t],
              .blocks_per_sequence = blocks_at(source, type_block_size[t], target_tokens)});
       }

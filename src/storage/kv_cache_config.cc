@@ -8,12 +8,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/arithmetic.h"
 #include "common/status_macros.h"
 
 namespace pagedkv {
-namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+using internal::div_ceil;
+namespace {
 
 // "group 1 (sliding_window 1024, 52 layers)" for messages.
 std::string describe(const KvCacheConfig& config, int32_t g) {
@@ -116,15 +117,15 @@ int64_t KvCacheConfig::held_bytes_per_sequence(int64_t tokens) const {
 int64_t KvCacheConfig::blocks_per_sequence(int32_t g, int64_t tokens) const {
   if (tokens <= 0) return 0;
   const KvCacheGroup& group = groups[static_cast<size_t>(g)];
-  const int64_t all = ceil_div(tokens, block_size);
+  const int64_t all = div_ceil(tokens, block_size);
   switch (group.kind) {
     case AttentionKind::kSlidingWindow:
       return std::min(
           all,
-          ceil_div(std::min<int64_t>(tokens, int64_t{group.window} - 1 + block_size), block_size) +
+          div_ceil(std::min<int64_t>(tokens, int64_t{group.window} - 1 + block_size), block_size) +
               1);
     case AttentionKind::kChunkedLocal:
-      return std::min(all, ceil_div(std::min<int64_t>(tokens, group.window), block_size) + 1);
+      return std::min(all, div_ceil(std::min<int64_t>(tokens, group.window), block_size) + 1);
     case AttentionKind::kFull:
       break;
   }
