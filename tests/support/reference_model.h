@@ -42,6 +42,13 @@
 //   - partial-block reuse (Options::enable_partial_block_reuse): the hit continues into the
 //     first tokens of a cached block that every group holds after its previous entry,
 //     copied (copy-on-write) into a new block of each group;
+//   - windowed eviction (prefix caching on): a windowed entry released behind the window or
+//     with its sequence takes its sequence's retention range, else a class below the
+//     default by the hit points whose windows need it (window_priority()); windowed blocks
+//     cached after anchor contents gone from both anchor pools leave the index at the end
+//     of the calls that check for them (bury_dead_windows()); a windowed block replaces a
+//     copy of its tokens cached after other parent contents; offers cache the full groups
+//     first;
 //   - counters (Stats, GroupStats), KV events and preemption hooks.
 // Contract choices the header leaves open are marked "NOTE (contract)"; the model follows
 // the implementation there so that a disagreement means a bug, not a taste difference.
