@@ -391,9 +391,23 @@ class ManagerOpRunner {
     opts_.enable_host_cache =
         host_mode == 3 || (host_mode != 0 && every_host && opts_.enable_prefix_caching);
     // Options one-group runs do not decode (their bytes are fixed by saved inputs): bit 0
-    // partial-block reuse; the other bits are free for options to come.
+    // partial-block reuse; bits 1 to 7 the windowed groups' checkpoints: the defaults
+    // (whose spacings of 1,024 tokens and up no run reaches), none, or every 2 or 3 blocks
+    // and 1 token (1 to 4 levels), now and then a level count create() must refuse.
     const uint8_t x = in_.u8();
     opts_.enable_partial_block_reuse = (x & 1) != 0;
+    switch ((x >> 1) % 4) {
+      case 0:
+        break;
+      case 1:
+        opts_.window_checkpoint_tokens = 0;
+        break;
+      default:
+        opts_.window_checkpoint_tokens = ((x >> 1) % 4) * bs + 1;
+        opts_.window_checkpoint_levels = 1 + (x >> 3) % 4;
+        break;
+    }
+    if ((x >> 3) == 31) opts_.window_checkpoint_levels = 17;
   }
 
   // Victim policies other than the default, including unhelpful ones: each is a pure

@@ -42,6 +42,13 @@
 //   - partial-block reuse (Options::enable_partial_block_reuse): the hit continues into the
 //     first tokens of a cached block that every group holds after its previous entry,
 //     copied (copy-on-write) into a new block of each group;
+//   - windowed eviction (prefix caching on): a windowed entry released behind the window or
+//     with its sequence takes its sequence's retention range, else a class below the
+//     default by the hit points whose windows need it (window_priority()); windowed blocks
+//     cached after anchor contents gone from both anchor pools leave the index at the end
+//     of the calls that check for them (bury_dead_windows()); a windowed block replaces a
+//     copy of its tokens cached after other parent contents; offers cache the full groups
+//     first;
 //   - counters (Stats, GroupStats), KV events and preemption hooks.
 // Contract choices the header leaves open are marked "NOTE (contract)"; the model follows
 // the implementation there so that a disagreement means a bug, not a taste difference.
@@ -116,6 +123,10 @@ class ReferenceModel {
     int32_t settled = 0;
     bool kv_before_reset = false;  // held K/V at a reset_prefix_cache(): offers nothing
     std::vector<RetentionRange> retention;
+    // Where its last match_prefix()'s full-group chains ended and where its hit ended, in
+    // blocks: the branch points whose windows a windowed group keeps in its top class.
+    int32_t match_chain_end = 0;
+    int32_t match_hit = 0;
 
     const std::vector<BlockId>& table(int32_t group = 0) const { return tables[group].blocks; }
     const std::vector<BlockId>& host(int32_t group = 0) const { return tables[group].host; }
@@ -139,6 +150,7 @@ class ReferenceModel {
     int64_t duration = 0;
     uint64_t stamp = 0;       // when it last joined a priority's list
     uint64_t indexed_at = 0;  // when it last became the indexed block of its hash
+    uint64_t cached_at = 0;   // when it last entered the index (indexed or standby)
     bool cached() const { return role != Role::kNone; }
     int32_t effective_priority() const {
       return priority == kNone ? kDefaultRetentionPriority : priority;
@@ -187,6 +199,11 @@ class ReferenceModel {
       return Code::kInvalidArgument;
     }
     if (o.enable_host_cache && !o.enable_prefix_caching) return Code::kInvalidArgument;
+    // NOTE (contract): at most 16 checkpoint levels.
+    if (o.window_checkpoint_tokens < 0 || o.window_checkpoint_levels < 0 ||
+        o.window_checkpoint_levels > 16) {
+      return Code::kInvalidArgument;
+    }
     bool has_full = false;
     for (const LayerGroup& g : layer_groups_of(o)) {
       if (g.num_blocks <= 0 || g.num_host_blocks < 0) return Code::kInvalidArgument;
@@ -221,6 +238,13 @@ class ReferenceModel {
         anchor_ = static_cast<int32_t>(g);
         break;
       }
+    }
+    // With windowed groups that cache, the anchor's pools report the contents they lose
+    // (bury_dead_windows()).
+    const bool windowed =
+        std::any_of(groups_.begin(), groups_.end(), [](const Group& g) { return g.windowed(); });
+    if (anchor_ >= 0 && windowed && o.enable_prefix_caching) {
+      groups_[anchor_].device.logs_dead = groups_[anchor_].host.logs_dead = true;
     }
     last_slots_.resize(groups_.size());
   }
@@ -301,6 +325,7 @@ class ReferenceModel {
         entries[g].push_back(window_entry(groups_[g], *s, hashes, i, chains[anchor_].keys));
       }
     }
+    s->match_chain_end = p;
     int32_t hit = p;
     while (hit > 0 && !std::all_of(groups_.begin(), groups_.end(), [&](const Group& g) {
              return !g.windowed() || window_serves(g, entries[&g - groups_.data()], hit);
@@ -353,6 +378,8 @@ class ReferenceModel {
     if (first_unwritten <= hit) mark_scheduled(*s, first_unwritten * bs);
     counters_.prefix_hit_tokens += s->computed;
     counters_.partial_hit_tokens += partial;
+    s->match_hit = hit;
+    bury_dead_windows();
     return {Code::kOk, s->computed};
   }
 
@@ -475,6 +502,7 @@ class ReferenceModel {
     s->state = SequenceState::kRunning;
     mark_scheduled(*s, 0);  // nothing is on the device before the swap-in runs
     offer(*s);
+    bury_dead_windows();
     return Code::kOk;
   }
 
@@ -506,6 +534,7 @@ class ReferenceModel {
     release_device(*s);
     release_host(*s);
     seqs_.erase(id);
+    bury_dead_windows();
     return Code::kOk;
   }
 
@@ -667,7 +696,12 @@ class ReferenceModel {
     uint64_t next_content;
     uint64_t last_stamp = 0;
     uint64_t last_indexed = 0;
+    uint64_t last_cached = 0;
     int64_t evictions = 0;
+    // The anchor's pools with windowed groups caching: (hash, content) of each content that
+    // left the index with no copy taking its place, until the next bury_dead_windows().
+    bool logs_dead = false;
+    std::vector<std::pair<BlockHash, uint64_t>> dead;
     std::vector<Expiry> expiries;
   };
 
@@ -922,6 +956,7 @@ class ReferenceModel {
     }
     if (standby.empty()) {
       p.index.erase(k);
+      if (p.logs_dead) p.dead.push_back({d.hash, d.content});
       return true;
     }
     p.index[k] = standby.front();
@@ -993,6 +1028,7 @@ class ReferenceModel {
     Block& d = group.host.blocks[h];
     d.content = e.content;
     d.role = Role::kIndexed;
+    d.cached_at = ++group.host.last_cached;
     d.hash = e.hash;
     d.parent_content = src.parent_content;
     d.parent_hash = src.parent_hash;
@@ -1179,18 +1215,51 @@ class ReferenceModel {
     }
   }
 
-  // NOTE (contract): a block's retention is that of the last range holding its first token.
-  void apply_retention(int32_t g, const Seq& s, int32_t begin, int32_t end) {
+  // The retention s gives entries [begin, end) of its table in group g as it releases
+  // them. NOTE (contract): an entry's retention is that of the last range holding its first
+  // token; with none, a windowed group's entry (prefix caching on) gets its window class
+  // (window_priority()).
+  void apply_retention(int32_t g, const Seq& s, int32_t begin, int32_t end, bool ranges = true) {
+    const bool classes = groups_[g].windowed() && opts_.enable_prefix_caching;
     for (int32_t i = begin; i < end; ++i) {
+      Block& b = groups_[g].device.blocks[s.tables[g].blocks[i]];
       const int64_t first_token = static_cast<int64_t>(i) * opts_.block_size;
-      for (auto r = s.retention.rbegin(); r != s.retention.rend(); ++r) {
-        if (first_token >= r->begin && first_token < r->end) {
-          set_retention(groups_[g].device.blocks[s.tables[g].blocks[i]], r->priority,
-                        r->duration_ms);
-          break;
-        }
+      const auto r = std::find_if(
+          s.retention.rbegin(), s.retention.rend(),
+          [&](const RetentionRange& r) { return first_token >= r.begin && first_token < r.end; });
+      if (ranges && r != s.retention.rend()) {
+        set_retention(b, r->priority, r->duration_ms);
+      } else if (classes) {
+        set_retention(b, window_priority(groups_[g], s, i), 0);
       }
     }
+  }
+
+  // Windowed eviction (docs/allocator.md): the retention class of entry `entry` of windowed
+  // group g when s releases it, by the most useful hit point p (blocks) whose window needs
+  // it: p > entry, p within s's full blocks, and the token at p * block_size attends to the
+  // entry. Top class (the default priority): a branch point of s's last match (where its
+  // full groups' chains ended, where its hit ended). Below it, one class per checkpoint
+  // level: level l's points lie every window_checkpoint_tokens / 2^l tokens (spacings below
+  // a block are dropped), coarser levels ranking higher. Lowest: no such point.
+  int32_t window_priority(const Group& g, const Seq& s, int32_t entry) const {
+    const int32_t bs = opts_.block_size;
+    const int32_t levels = opts_.window_checkpoint_tokens > 0 ? opts_.window_checkpoint_levels : 0;
+    const int64_t full_blocks = static_cast<int64_t>(s.tokens.size()) / bs;
+    auto needs = [&](int64_t p) {
+      return p > entry && p <= full_blocks && g.first_needed(p * bs, bs) <= entry;
+    };
+    const int32_t lowest = kDefaultRetentionPriority - 1 - levels;
+    if (needs(s.match_chain_end) || needs(s.match_hit)) return kDefaultRetentionPriority;
+    for (int32_t l = 0; l < levels; ++l) {
+      const int64_t spacing = int64_t{opts_.window_checkpoint_tokens} >> l;
+      if (spacing < bs) break;
+      // Every checkpoint within the full blocks, its point the blocks before it.
+      for (int64_t k = 1; k * spacing / bs <= full_blocks; ++k) {
+        if (needs(k * spacing / bs)) return kDefaultRetentionPriority - 1 - l;
+      }
+    }
+    return lowest;
   }
 
   bool scheduled(const Seq& s) const { return s.scheduled_step == step_; }
@@ -1229,6 +1298,7 @@ class ReferenceModel {
     s.offered = 0;
     s.kv_before_reset = false;
     s.scheduled_step = 0;
+    bury_dead_windows();
   }
 
   // Before preempting: the claim of a waiting sequence (not the requester) holding a block
@@ -1447,6 +1517,7 @@ class ReferenceModel {
     s.computed = static_cast<int32_t>(new_total);
     s.state = SequenceState::kRunning;
     offer(s);
+    bury_dead_windows();
     return {Code::kOk, last_slots_[0]};
   }
 
@@ -1454,7 +1525,7 @@ class ReferenceModel {
   // release: no future token of s attends to them. Hashed blocks stay cached.
   void release_behind_window(int32_t g, Seq& s, int32_t end) {
     Table& t = s.tables[g];
-    if (!kEmulateNoRetentionBehindWindow) apply_retention(g, s, t.first_held, end);
+    apply_retention(g, s, t.first_held, end, /*ranges=*/!kEmulateNoRetentionBehindWindow);
     std::vector<BlockId> released;
     for (int32_t i = t.first_held; i < end; ++i) {
       released.push_back(t.blocks[i]);
@@ -1492,6 +1563,15 @@ class ReferenceModel {
       const uint64_t parent_content = i == 0             ? 0
                                       : group.windowed() ? anchor_keys[i - 1]
                                                          : content_of(p, t.blocks[i - 1]);
+      // A windowed pool: a copy holding these tokens and extra keys after other parent
+      // contents can never verify again; it and its standbys give way to this block.
+      if (const auto stale = p.index.find(key(h));
+          group.windowed() && stale != p.index.end() &&
+          p.blocks[stale->second].parent_content != parent_content &&
+          p.blocks[stale->second].tokens == block_tokens(s, i) &&
+          p.blocks[stale->second].extra_keys == s.extra_keys) {
+        while (p.index.count(key(h)) != 0) drop_from_cache(p, p.index.at(key(h)));
+      }
       const auto indexed = p.index.find(key(h));
       if (indexed != p.index.end()) {
         const Block& original = p.blocks[indexed->second];
@@ -1509,6 +1589,7 @@ class ReferenceModel {
         d.indexed_at = ++p.last_indexed;
         p.index[key(h)] = b;
       }
+      d.cached_at = ++p.last_cached;
       d.hash = h;
       d.parent_content = parent_content;
       d.parent_hash = i > 0 ? std::optional(hashes[i - 1]) : std::nullopt;
@@ -1527,6 +1608,54 @@ class ReferenceModel {
     end_run();
   }
 
+  // Takes block b out of pool p's index (its hash's newest standby takes its place); a free
+  // one moves from its priority's list to the clean list's head without its retention.
+  void drop_from_cache(Pool& p, BlockId b) {
+    Block& d = p.blocks[b];
+    if (d.ref == 0) queue_erase(p, b);
+    if (leave_index(p, b)) events_.push_back(BlockRemoved{{d.hash}, p.medium});
+    if (d.ref == 0) {
+      p.clean.insert(p.clean.begin(), b);
+      d.priority = Block::kNone;
+      d.duration = 0;
+    }
+  }
+
+  // Windowed eviction: an anchor content that left the anchor's device and host indexes
+  // can never verify a windowed block cached after it, so every such block of every
+  // windowed group (device and host) leaves the index, the most recently cached first.
+  // The contents are those the anchor's pools lost since the last call (device ones
+  // first), each checked as things are now.
+  void bury_dead_windows() {
+    if (anchor_ < 0) return;
+    Group& anchor = groups_[anchor_];
+    for (Pool* pool : {&anchor.device, &anchor.host}) {
+      for (const std::pair<BlockHash, uint64_t>& dead : std::exchange(pool->dead, {})) {
+        const uint64_t content = dead.second;
+        auto holds = [&](const Pool& p) {  // no structured binding: clang 14 refuses those
+          const auto it = p.index.find(key(dead.first));
+          return it != p.index.end() && p.blocks[it->second].content == content;
+        };
+        if (holds(anchor.device) || holds(anchor.host)) continue;
+        for (Group& g : groups_) {
+          if (!g.windowed()) continue;
+          for (Pool* p : {&g.device, &g.host}) {
+            std::vector<BlockId> children;
+            for (BlockId b = 0; b < static_cast<BlockId>(p->blocks.size()); ++b) {
+              if (p->blocks[b].cached() && p->blocks[b].parent_content == content) {
+                children.push_back(b);
+              }
+            }
+            std::sort(children.begin(), children.end(), [&](BlockId a, BlockId b) {
+              return p->blocks[a].cached_at > p->blocks[b].cached_at;
+            });
+            for (const BlockId b : children) drop_from_cache(*p, b);
+          }
+        }
+      }
+    }
+  }
+
   // Enters the sequence's newly full computed blocks into every group's index, each held
   // entry once. The anchor goes first: a windowed group's blocks are cached after the
   // anchor's previous block as it is once cached (a standby takes its original's contents
@@ -1539,13 +1668,17 @@ class ReferenceModel {
     }
     if (s.offered >= full) return;
     const std::vector<BlockHash> hashes = block_hashes(s, full);
+    // The full groups first (so the anchor first), then the windowed ones, each in group
+    // order; the events come in that order.
     std::vector<int32_t> order;
-    if (!kEmulateWindowedOfferBeforeAnchor && anchor_ >= 0) order.push_back(anchor_);
-    for (int32_t g = 0; g < num_groups(); ++g) {
-      if (kEmulateWindowedOfferBeforeAnchor || g != anchor_) order.push_back(g);
+    for (const bool windowed : {false, true}) {
+      for (int32_t g = 0; g < num_groups(); ++g) {
+        if (kEmulateWindowedOfferBeforeAnchor || groups_[g].windowed() == windowed) {
+          order.push_back(g);
+        }
+      }
+      if (kEmulateWindowedOfferBeforeAnchor) break;
     }
-    // NOTE (contract): the events come in group order, whatever order decides the keys.
-    std::vector<std::vector<KvEvent>> group_events(groups_.size());
     for (const int32_t g : order) {
       std::vector<uint64_t> anchor_keys;
       if (groups_[g].windowed()) {
@@ -1553,11 +1686,8 @@ class ReferenceModel {
           anchor_keys.push_back(content_of(groups_[anchor_].device, s.tables[anchor_].blocks[i]));
         }
       }
-      std::swap(events_, group_events[g]);
       cache_blocks(g, s, hashes, std::max(s.offered, s.tables[g].first_held), full, anchor_keys);
-      std::swap(events_, group_events[g]);
     }
-    for (std::vector<KvEvent>& e : group_events) events_.insert(events_.end(), e.begin(), e.end());
     s.offered = full;
   }
 
