@@ -543,7 +543,7 @@ void BlockPool::uncache_children(uint64_t parent_key) {
   for (const BlockId b : scratch_children_) drop_from_cache(b);
 }
 
-// Index_children pools: the copy indexed under `hash` holds these tokens and extra keys
+// In an index_children pool: the copy indexed under `hash` holds these tokens and extra keys
 // after other parent contents, which were recomputed since (a real collision of the
 // chained hash aside): it can never verify again, so it and its standbys give way.
 void BlockPool::replace_stale_copies(const BlockHash& hash, uint64_t parent_key,
