@@ -291,7 +291,7 @@ class HashIndex {
   std::vector<BlockId> next_;  // standby chain
   std::vector<BlockId> prev_;
   std::vector<absl::InlinedVector<uint64_t, 2>> extra_keys_;
-  std::unique_ptr<TokenId[]> tokens_;          // [num_blocks, block_size]
+  std::unique_ptr<TokenId[]> tokens_;                    // [num_blocks, block_size]
   std::optional<KeyedBlockLists<PrefixStart>> partial_;  // see index_partial_prefixes()
   std::optional<KeyedBlockLists<uint64_t>> children_;    // see index_children()
 };
