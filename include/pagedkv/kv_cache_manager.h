@@ -485,6 +485,7 @@ class KvCacheManager {
   internal::Sequence* find(SeqId seq) const;
   absl::StatusOr<internal::Sequence*> find_or_error(SeqId seq, const char* caller) const;
   absl::Status check_group(int32_t group, const char* caller) const;
+  int64_t decode_in_place(internal::Sequence& seq);
   absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(internal::Sequence& seq,
                                                                int32_t num_new_tokens,
                                                                int32_t num_lookahead);

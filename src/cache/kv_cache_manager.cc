@@ -164,6 +164,12 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
                      num_new_tokens, " new tokens exceeds the sequence's ", seq.tokens.size(),
                      " tokens; append_tokens() first"));
   }
+  if (!windowed_ && groups_.size() == 1 && num_new_tokens == 1 && num_lookahead == 0) {
+    if (const int64_t slot = decode_in_place(seq); slot >= 0) [[likely]] {
+      slot_mapping_.assign(1, slot);
+      return std::span<const int64_t>(slot_mapping_);
+    }
+  }
   const int64_t total_blocks = div_ceil(new_total + num_lookahead, bs);
   // Copy-on-write: the partially filled last block is written by this call and shared.
   const int32_t write_block = seq.num_computed / bs;
@@ -231,6 +237,28 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
     bury_dead_windows();
   }
   return std::span<const int64_t>(slot_mapping_).first(num_new_tokens);
+}
+
+// Most calls of a decode step: a running sequence of a one-group full-attention model
+// writes one token into the partly filled last block that it alone holds. Nothing is
+// allocated, copied or released, and nothing can fail: the token's slot; -1 where the
+// general path is needed.
+int64_t KvCacheManager::decode_in_place(Sequence& seq) {
+  const int32_t bs = options_.block_size;
+  const int32_t pos = seq.num_computed;
+  const int32_t write_block = pos / bs;
+  const GroupTable& t = seq.tables[0];
+  if (seq.state != SequenceState::kRunning || pos % bs == 0 ||
+      write_block >= std::ssize(t.blocks)) {
+    return -1;
+  }
+  const BlockId block = t.blocks[write_block];
+  if (groups_[0].device.ref_count_unchecked(block) != 1) return -1;  // copy-on-write
+  ledger_->mark_written(0, block);
+  ledger_->mark_scheduled(seq, pos);
+  seq.num_computed = pos + 1;
+  if (seq.num_offered_blocks < seq.num_computed / bs) offer_computed_blocks(seq);
+  return int64_t{block} * bs + pos % bs;
 }
 
 // The slots of consecutive tokens from `offset` of blocks[0] on: a decode step's one token
