@@ -345,7 +345,7 @@ absl::Status KvCacheManager::free(SeqId seq) {
   PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "free"));
   unshare_unwritten_blocks(*s);
   release_device_blocks(*s);
-  release_host_blocks(*s);
+  if (s->state == SequenceState::kSwapped) release_host_blocks(*s);  // held only while swapped
   set_state(*s, SequenceState::kWaiting);  // leaves the running count
   sequences_.erase(seq);
   if (windowed_ && anchor_ >= 0) bury_dead_windows();
