@@ -346,7 +346,7 @@ absl::Status KvCacheManager::free(SeqId seq) {
   unshare_unwritten_blocks(*s);
   release_device_blocks(*s);
   if (s->state == SequenceState::kSwapped) release_host_blocks(*s);  // held only while swapped
-  set_state(*s, SequenceState::kWaiting);  // leaves the running count
+  set_state(*s, SequenceState::kWaiting);                            // leaves the running count
   sequences_.erase(seq);
   if (windowed_ && anchor_ >= 0) bury_dead_windows();
   return absl::OkStatus();
