@@ -56,7 +56,7 @@ int32_t KvCacheManager::window_priority(const Sequence& seq, const GroupPools& g
     int64_t spacing = options_.window_checkpoint_tokens;
     for (int32_t level = 0; level < levels && spacing >= bs; ++level, spacing /= 2) {
       // The first checkpoint past the entry; a later one's window starts later still.
-      const int64_t k = div_ceil(int64_t{entry + 1} * bs, static_cast<int32_t>(spacing));
+      const int64_t k = div_ceil(int64_t{entry + 1} * bs, spacing);
       if (completes(k * spacing / bs)) {
         cls = top - 1 - level;
         break;
