@@ -70,7 +70,7 @@ class FreeQueue {
   void push_back(BlockId b, int32_t priority) {
     const int32_t l = priority_list(priority);
     stamp_[b] = ++last_stamp_;
-    link_after(prev_[tail(l)], b, l);
+    link_before_tail(b, l);
   }
 
   // Inserts b into the clean list right after the queued clean block `pos`, or at the
@@ -159,6 +159,21 @@ class FreeQueue {
     prev_[b] = node;
     next_[b] = after;
     prev_[after] = b;
+    ++size_;
+    list_[b] = static_cast<uint8_t>(l);
+    nonempty_[l / 64] |= uint64_t{1} << (l % 64);
+  }
+
+  // link_after(prev_[tail(l)], b, l) without reading the tail's neighbour's next link: on a
+  // run of frees that link is the store of the previous push, and the extra dependent load
+  // made BM_FreeSequence about 1.5x slower.
+  void link_before_tail(BlockId b, int32_t l) {
+    PAGEDKV_DCHECK(!is_queued(b));
+    const BlockId last = prev_[tail(l)];
+    next_[last] = b;
+    prev_[b] = last;
+    next_[b] = tail(l);
+    prev_[tail(l)] = b;
     ++size_;
     list_[b] = static_cast<uint8_t>(l);
     nonempty_[l / 64] |= uint64_t{1} << (l % 64);
