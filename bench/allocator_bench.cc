@@ -83,21 +83,32 @@ void BM_AdmitSharedPrefix(benchmark::State& state) {
 }
 BENCHMARK(BM_AdmitSharedPrefix);
 
+// How run_decode_steps() restarts its batch and calls the manager.
+struct DecodeRun {
+  // reset_prefix_cache() at each restart: later steps allocate clean blocks instead of
+  // evicting the cached ones.
+  bool flush = false;
+  // A step is the two batched calls instead of two calls per sequence.
+  bool batched = false;
+  // Each batch's prompts and tokens are new. Otherwise a batch repeats the previous one's
+  // tokens, so every block it fills holds contents already cached (kept as a standby copy
+  // of the indexed block since a4ca643; dropped uncached before).
+  bool fresh_batches = false;
+};
+
 // One decode step of 256 running sequences, each appending one token and reserving its
 // slot (a new block every 16 tokens, hashed and indexed when full). When the sequences
-// reach 4,096 tokens they are freed and the batch restarts (untimed); `flush` empties the
-// prefix cache there, so that later steps allocate clean blocks instead of evicting the
-// cached ones.
-// With `batched`, a step is the two batched calls instead of two calls per sequence.
-void run_decode_steps(benchmark::State& state, KvCacheManager& m, bool flush,
-                      bool batched = false) {
+// reach 4,096 tokens they are freed and the batch restarts (untimed).
+void run_decode_steps(benchmark::State& state, KvCacheManager& m, DecodeRun run) {
   constexpr int kSeqs = 256;
   constexpr int kPrompt = 64;
   constexpr int kMaxLen = 4096;
   std::vector<TokenId> prompt(kPrompt);
+  int batch = 0;
   auto admit_all = [&] {
+    const TokenId first = run.fresh_batches ? batch * kSeqs * kPrompt : 0;
     for (SeqId s = 0; s < kSeqs; ++s) {
-      std::iota(prompt.begin(), prompt.end(), static_cast<TokenId>(s * kPrompt));
+      std::iota(prompt.begin(), prompt.end(), static_cast<TokenId>(first + s * kPrompt));
       check(m.add_sequence(s, prompt));
       check(m.allocate_slots(s, kPrompt).status());
     }
@@ -105,28 +116,29 @@ void run_decode_steps(benchmark::State& state, KvCacheManager& m, bool flush,
   };
   admit_all();
   int length = kPrompt;
-  const TokenId token[] = {7};
   std::vector<SeqId> seqs(kSeqs);
   std::iota(seqs.begin(), seqs.end(), SeqId{0});
-  const std::vector<TokenId> tokens(kSeqs, 7);
+  std::vector<TokenId> tokens(kSeqs, 7);  // the step's token of each sequence
   const int32_t one_token[] = {1};
   for (auto _ : state) {
     if (length == kMaxLen) {  // restart the batch, untimed
       state.PauseTiming();
       for (SeqId s = 0; s < kSeqs; ++s) check(m.free(s));
-      if (flush) m.reset_prefix_cache();
+      if (run.flush) m.reset_prefix_cache();
+      ++batch;
+      if (run.fresh_batches) std::fill(tokens.begin(), tokens.end(), 1'000'000'000 + batch);
       admit_all();
       length = kPrompt;
       state.ResumeTiming();
     }
-    if (batched) {
+    if (run.batched) {
       check(m.append_tokens_batch(seqs, tokens).status());
-      auto batch = m.allocate_slots_batch(seqs, one_token);
-      if (!batch.ok() || batch->num_failed != 0) std::abort();
-      benchmark::DoNotOptimize(batch);
+      auto slots = m.allocate_slots_batch(seqs, one_token);
+      if (!slots.ok() || slots->num_failed != 0) std::abort();
+      benchmark::DoNotOptimize(slots);
     } else {
       for (SeqId s = 0; s < kSeqs; ++s) {
-        check(m.append_tokens(s, token));
+        check(m.append_tokens(s, {&tokens[s], 1}));
         auto slots = m.allocate_slots(s, 1);
         benchmark::DoNotOptimize(slots);
       }
@@ -142,14 +154,22 @@ constexpr int32_t kDecodeBlocks = 256 * 4096 / 16 + 64;
 // After the first batch, each new block evicts a cached block of the previous batch.
 void BM_DecodeStep(benchmark::State& state) {
   KvCacheManager m = make_manager(kDecodeBlocks);
-  run_decode_steps(state, m, /*flush=*/false);
+  run_decode_steps(state, m, {});
 }
 BENCHMARK(BM_DecodeStep);
+
+// The same steps when no batch repeats another's contents: each new block evicts a cached
+// block of the previous batch and is indexed under a hash of its own.
+void BM_DecodeStepFreshBatches(benchmark::State& state) {
+  KvCacheManager m = make_manager(kDecodeBlocks);
+  run_decode_steps(state, m, {.fresh_batches = true});
+}
+BENCHMARK(BM_DecodeStepFreshBatches);
 
 // The same steps through append_tokens_batch() and allocate_slots_batch().
 void BM_DecodeStepBatched(benchmark::State& state) {
   KvCacheManager m = make_manager(kDecodeBlocks);
-  run_decode_steps(state, m, /*flush=*/false, /*batched=*/true);
+  run_decode_steps(state, m, {.batched = true});
 }
 BENCHMARK(BM_DecodeStepBatched);
 
@@ -158,13 +178,13 @@ BENCHMARK(BM_DecodeStepBatched);
 // nothing is demoted, and no prefix match, so nothing is promoted).
 void BM_DecodeStepNoEvict(benchmark::State& state) {
   KvCacheManager m = make_manager(kDecodeBlocks);
-  run_decode_steps(state, m, /*flush=*/true);
+  run_decode_steps(state, m, {.flush = true});
 }
 BENCHMARK(BM_DecodeStepNoEvict);
 
 void BM_DecodeStepHostTierIdle(benchmark::State& state) {
   KvCacheManager m = make_tiered_manager(kDecodeBlocks, /*host_blocks=*/kDecodeBlocks);
-  run_decode_steps(state, m, /*flush=*/true);
+  run_decode_steps(state, m, {.flush = true});
   if (m.stats().blocks_demoted + m.stats().blocks_promoted != 0) {
     state.SkipWithError("the host tier was not idle");
   }
