@@ -311,6 +311,51 @@ NumpyArray<T> to_numpy(std::span<const T> values) {
   return result;
 }
 
+// --- counter structs --------------------------------------------------------------------
+
+// One field of a plain counters struct (Stats, GroupStats): its Python name, member and
+// docstring (nullptr: none).
+template <typename S, typename M>
+struct CounterField {
+  const char* name;
+  M S::*member;
+  const char* doc = nullptr;
+};
+
+template <typename S, typename M>
+CounterField<S, M> counter(const char* name, M S::*member, const char* doc = nullptr) {
+  return {name, member, doc};
+}
+
+// Binds each field read-only, `_asdict()` and `__repr__` (`type_name(a=1, b=2)`) from the
+// one list, so that the dict and the repr never miss a field.
+template <typename S, typename... M>
+void bind_counters(nb::class_<S>& cls, const char* type_name, CounterField<S, M>... fields) {
+  const auto bind_field = [&cls](const auto& f) {
+    if (f.doc != nullptr) {
+      cls.def_ro(f.name, f.member, f.doc);
+    } else {
+      cls.def_ro(f.name, f.member);
+    }
+  };
+  (bind_field(fields), ...);
+  cls.def(
+      "_asdict",
+      [fields...](const S& s) {
+        nb::dict d;
+        ((d[fields.name] = s.*(fields.member)), ...);
+        return d;
+      },
+      "The counters as a dict.");
+  cls.def("__repr__", [type_name, fields...](const S& s) {
+    std::string out = absl::StrCat(type_name, "(");
+    const char* separator = "";
+    ((absl::StrAppend(&out, std::exchange(separator, ", "), fields.name, "=", s.*(fields.member))),
+     ...);
+    return out + ")";
+  });
+}
+
 // --- module parts, in module.cc's order -------------------------------------------------
 
 void bind_errors(nb::module_& m);

@@ -61,19 +61,13 @@ class PyBlockPool {
 
 void bind_stats(nb::class_<PyBlockPool>& cls) {
   using Stats = BlockPool::Stats;
-  nb::class_<Stats>(cls, "Stats")
-      .def_ro("num_blocks", &Stats::num_blocks)
-      .def_ro("used_blocks", &Stats::used_blocks, "ref count > 0")
-      .def_ro("free_blocks", &Stats::free_blocks, "ref count 0 (clean + cached)")
-      .def_ro("cached_free_blocks", &Stats::cached_free_blocks, "ref count 0 and hashed")
-      .def_ro("cached_blocks", &Stats::cached_blocks, "hashed blocks, in use or free")
-      .def_ro("evictions", &Stats::evictions)
-      .def("__repr__", [](const Stats& s) {
-        return absl::StrCat("BlockPool.Stats(num_blocks=", s.num_blocks,
-                            ", used_blocks=", s.used_blocks, ", free_blocks=", s.free_blocks,
-                            ", cached_free_blocks=", s.cached_free_blocks,
-                            ", cached_blocks=", s.cached_blocks, ", evictions=", s.evictions, ")");
-      });
+  nb::class_<Stats> stats(cls, "Stats");
+  bind_counters(stats, "BlockPool.Stats", counter("num_blocks", &Stats::num_blocks),
+                counter("used_blocks", &Stats::used_blocks, "ref count > 0"),
+                counter("free_blocks", &Stats::free_blocks, "ref count 0 (clean + cached)"),
+                counter("cached_free_blocks", &Stats::cached_free_blocks, "ref count 0 and hashed"),
+                counter("cached_blocks", &Stats::cached_blocks, "hashed blocks, in use or free"),
+                counter("evictions", &Stats::evictions));
 }
 
 // Garbage-collector support: an event sink or a clock may refer back to the pool.

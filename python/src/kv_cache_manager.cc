@@ -391,100 +391,52 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
               "goes into its own pool (group_slots[0] is slots)");
 
   using Stats = KvCacheManager::Stats;
-  nb::class_<Stats>(cls, "Stats", "Counters; see KvCacheManager::Stats.")
-      .def_ro("num_blocks", &Stats::num_blocks)
-      .def_ro("used_blocks", &Stats::used_blocks)
-      .def_ro("free_blocks", &Stats::free_blocks)
-      .def_ro("cached_free_blocks", &Stats::cached_free_blocks)
-      .def_ro("num_host_blocks", &Stats::num_host_blocks)
-      .def_ro("used_host_blocks", &Stats::used_host_blocks)
-      .def_ro("prefix_query_tokens", &Stats::prefix_query_tokens)
-      .def_ro("prefix_hit_tokens", &Stats::prefix_hit_tokens)
-      .def_ro("partial_hit_tokens", &Stats::partial_hit_tokens,
-              "of prefix_hit_tokens, reused from part of a cached block")
-      .def_ro("evictions", &Stats::evictions)
-      .def_ro("cow_copies", &Stats::cow_copies)
-      .def_ro("preemptions_recompute", &Stats::preemptions_recompute)
-      .def_ro("preemptions_swap", &Stats::preemptions_swap)
-      .def_ro("blocks_swapped_out", &Stats::blocks_swapped_out)
-      .def_ro("blocks_swapped_in", &Stats::blocks_swapped_in)
-      .def_ro("claims_released", &Stats::claims_released,
-              "claimed prefixes given back (release_claim, or to make room)")
-      .def_ro("cached_host_blocks", &Stats::cached_host_blocks,
-              "host blocks holding a cached block's K/V (the host tier)")
-      .def_ro("host_hit_tokens", &Stats::host_hit_tokens,
-              "of prefix_hit_tokens, found in the host tier")
-      .def_ro("blocks_demoted", &Stats::blocks_demoted)
-      .def_ro("blocks_promoted", &Stats::blocks_promoted)
-      .def_ro("host_evictions", &Stats::host_evictions,
-              "host-tier blocks dropped to reuse their host block")
-      .def(
-          "_asdict",
-          [](const Stats& s) {
-            nb::dict d;
-            d["num_blocks"] = s.num_blocks;
-            d["used_blocks"] = s.used_blocks;
-            d["free_blocks"] = s.free_blocks;
-            d["cached_free_blocks"] = s.cached_free_blocks;
-            d["num_host_blocks"] = s.num_host_blocks;
-            d["used_host_blocks"] = s.used_host_blocks;
-            d["prefix_query_tokens"] = s.prefix_query_tokens;
-            d["prefix_hit_tokens"] = s.prefix_hit_tokens;
-            d["partial_hit_tokens"] = s.partial_hit_tokens;
-            d["evictions"] = s.evictions;
-            d["cow_copies"] = s.cow_copies;
-            d["preemptions_recompute"] = s.preemptions_recompute;
-            d["preemptions_swap"] = s.preemptions_swap;
-            d["blocks_swapped_out"] = s.blocks_swapped_out;
-            d["blocks_swapped_in"] = s.blocks_swapped_in;
-            d["claims_released"] = s.claims_released;
-            d["cached_host_blocks"] = s.cached_host_blocks;
-            d["host_hit_tokens"] = s.host_hit_tokens;
-            d["blocks_demoted"] = s.blocks_demoted;
-            d["blocks_promoted"] = s.blocks_promoted;
-            d["host_evictions"] = s.host_evictions;
-            return d;
-          },
-          "The counters as a dict.");
+  nb::class_<Stats> stats(cls, "Stats", "Counters; see KvCacheManager::Stats.");
+  bind_counters(stats, "KvCacheManager.Stats", counter("num_blocks", &Stats::num_blocks),
+                counter("used_blocks", &Stats::used_blocks),
+                counter("free_blocks", &Stats::free_blocks),
+                counter("cached_free_blocks", &Stats::cached_free_blocks),
+                counter("num_host_blocks", &Stats::num_host_blocks),
+                counter("used_host_blocks", &Stats::used_host_blocks),
+                counter("prefix_query_tokens", &Stats::prefix_query_tokens),
+                counter("prefix_hit_tokens", &Stats::prefix_hit_tokens),
+                counter("partial_hit_tokens", &Stats::partial_hit_tokens,
+                        "of prefix_hit_tokens, reused from part of a cached block"),
+                counter("evictions", &Stats::evictions), counter("cow_copies", &Stats::cow_copies),
+                counter("preemptions_recompute", &Stats::preemptions_recompute),
+                counter("preemptions_swap", &Stats::preemptions_swap),
+                counter("blocks_swapped_out", &Stats::blocks_swapped_out),
+                counter("blocks_swapped_in", &Stats::blocks_swapped_in),
+                counter("claims_released", &Stats::claims_released,
+                        "claimed prefixes given back (release_claim, or to make room)"),
+                counter("cached_host_blocks", &Stats::cached_host_blocks,
+                        "host blocks holding a cached block's K/V (the host tier)"),
+                counter("host_hit_tokens", &Stats::host_hit_tokens,
+                        "of prefix_hit_tokens, found in the host tier"),
+                counter("blocks_demoted", &Stats::blocks_demoted),
+                counter("blocks_promoted", &Stats::blocks_promoted),
+                counter("host_evictions", &Stats::host_evictions,
+                        "host-tier blocks dropped to reuse their host block"));
 
   using GroupStats = KvCacheManager::GroupStats;
-  nb::class_<GroupStats>(cls, "GroupStats",
-                         "One layer group's pools and cache traffic (group_stats(group)).")
-      .def_ro("num_blocks", &GroupStats::num_blocks)
-      .def_ro("used_blocks", &GroupStats::used_blocks)
-      .def_ro("free_blocks", &GroupStats::free_blocks)
-      .def_ro("cached_free_blocks", &GroupStats::cached_free_blocks)
-      .def_ro("num_host_blocks", &GroupStats::num_host_blocks)
-      .def_ro("used_host_blocks", &GroupStats::used_host_blocks)
-      .def_ro("cached_host_blocks", &GroupStats::cached_host_blocks)
-      .def_ro("evictions", &GroupStats::evictions)
-      .def_ro("host_evictions", &GroupStats::host_evictions)
-      .def_ro("hit_blocks", &GroupStats::hit_blocks,
-              "blocks prefix hits claimed from the group's cache")
-      .def_ro("released_blocks", &GroupStats::released_blocks,
-              "windowed: blocks released behind the window")
-      .def_ro("blocks_demoted", &GroupStats::blocks_demoted)
-      .def_ro("blocks_promoted", &GroupStats::blocks_promoted)
-      .def(
-          "_asdict",
-          [](const GroupStats& s) {
-            nb::dict d;
-            d["num_blocks"] = s.num_blocks;
-            d["used_blocks"] = s.used_blocks;
-            d["free_blocks"] = s.free_blocks;
-            d["cached_free_blocks"] = s.cached_free_blocks;
-            d["num_host_blocks"] = s.num_host_blocks;
-            d["used_host_blocks"] = s.used_host_blocks;
-            d["cached_host_blocks"] = s.cached_host_blocks;
-            d["evictions"] = s.evictions;
-            d["host_evictions"] = s.host_evictions;
-            d["hit_blocks"] = s.hit_blocks;
-            d["released_blocks"] = s.released_blocks;
-            d["blocks_demoted"] = s.blocks_demoted;
-            d["blocks_promoted"] = s.blocks_promoted;
-            return d;
-          },
-          "The counters as a dict.");
+  nb::class_<GroupStats> group_stats(
+      cls, "GroupStats", "One layer group's pools and cache traffic (group_stats(group)).");
+  bind_counters(group_stats, "KvCacheManager.GroupStats",
+                counter("num_blocks", &GroupStats::num_blocks),
+                counter("used_blocks", &GroupStats::used_blocks),
+                counter("free_blocks", &GroupStats::free_blocks),
+                counter("cached_free_blocks", &GroupStats::cached_free_blocks),
+                counter("num_host_blocks", &GroupStats::num_host_blocks),
+                counter("used_host_blocks", &GroupStats::used_host_blocks),
+                counter("cached_host_blocks", &GroupStats::cached_host_blocks),
+                counter("evictions", &GroupStats::evictions),
+                counter("host_evictions", &GroupStats::host_evictions),
+                counter("hit_blocks", &GroupStats::hit_blocks,
+                        "blocks prefix hits claimed from the group's cache"),
+                counter("released_blocks", &GroupStats::released_blocks,
+                        "windowed: blocks released behind the window"),
+                counter("blocks_demoted", &GroupStats::blocks_demoted),
+                counter("blocks_promoted", &GroupStats::blocks_promoted));
 
   using Options = KvCacheManager::Options;
   nb::class_<Options>(cls, "Options", "The options the manager was created with.")

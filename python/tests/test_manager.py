@@ -52,6 +52,21 @@ def test_prefix_hit_and_stats():
     m.check_invariants()
 
 
+def test_counters_asdict_and_repr_list_every_field():
+    m = make()
+    prefill(m, 1, list(range(9)))
+    pool = pk.BlockPool(num_blocks=4, block_size=4)
+    for stats, name in ((m.stats(), "KvCacheManager.Stats"),
+                        (m.group_stats(0), "KvCacheManager.GroupStats"),
+                        (pool.stats(), "BlockPool.Stats")):
+        fields = {n for n in dir(stats) if not n.startswith("_")}
+        d = stats._asdict()
+        assert set(d) == fields
+        assert all(getattr(stats, k) == v for k, v in d.items())
+        assert repr(stats) == name + "(" + ", ".join(f"{k}={v}" for k, v in d.items()) + ")"
+    assert m.stats().used_blocks == 3 and m.group_stats(0).used_blocks == 3
+
+
 def test_tokens_accepted_as_lists_and_arrays_of_any_int_dtype():
     m = make()
     m.add_sequence(1, [1, 2, 3])
