@@ -70,7 +70,9 @@ class FreeQueue {
   void push_back(BlockId b, int32_t priority) {
     const int32_t l = priority_list(priority);
     stamp_[b] = ++last_stamp_;
-    link_before_tail(b, l);
+    // The tail sentinel is known: reading it from the last block's link would make every
+    // push wait for the previous push's store (BM_FreeSequence 1.5x slower).
+    link_between(prev_[tail(l)], tail(l), b, l);
   }
 
   // Inserts b into the clean list right after the queued clean block `pos`, or at the
@@ -152,28 +154,15 @@ class FreeQueue {
   int32_t first_list() const { return next_list(0); }
 
   // `node` is a queued block of list l or l's head sentinel.
-  void link_after(BlockId node, BlockId b, int32_t l) {
-    PAGEDKV_DCHECK(!is_queued(b));
-    const BlockId after = next_[node];
-    next_[node] = b;
-    prev_[b] = node;
+  void link_after(BlockId node, BlockId b, int32_t l) { link_between(node, next_[node], b, l); }
+
+  // Links b between the adjacent nodes `before` and `after` of list l.
+  void link_between(BlockId before, BlockId after, BlockId b, int32_t l) {
+    PAGEDKV_DCHECK(!is_queued(b) && next_[before] == after);
+    next_[before] = b;
+    prev_[b] = before;
     next_[b] = after;
     prev_[after] = b;
-    ++size_;
-    list_[b] = static_cast<uint8_t>(l);
-    nonempty_[l / 64] |= uint64_t{1} << (l % 64);
-  }
-
-  // link_after(prev_[tail(l)], b, l) without reading the tail's neighbour's next link: on a
-  // run of frees that link is the store of the previous push, and the extra dependent load
-  // made BM_FreeSequence about 1.5x slower.
-  void link_before_tail(BlockId b, int32_t l) {
-    PAGEDKV_DCHECK(!is_queued(b));
-    const BlockId last = prev_[tail(l)];
-    next_[last] = b;
-    prev_[b] = last;
-    next_[b] = tail(l);
-    prev_[tail(l)] = b;
     ++size_;
     list_[b] = static_cast<uint8_t>(l);
     nonempty_[l / 64] |= uint64_t{1} << (l % 64);
