@@ -148,6 +148,43 @@ TEST_CASE("a budget is split in proportion to one target-length sequence", "[kv_
   CHECK(kGemma3.max_sequences(*split, 131072) == 5);
 }
 
+TEST_CASE(
+    "a split that counts the prefix cache gives the windowed pools what the full ones "
+    "cannot use",
+    "[kv_cache_config]") {
+  // 64 GiB at 32,768 tokens, 262,144 cached tokens (16,384 blocks). The full group's
+  // proportional share, 44,903 blocks, exceeds what it can use: 16,384 + 2,048 = 18,432
+  // blocks (24,159,191,040 bytes). The sliding group's cap, 16,384 + 66 blocks, is above
+  // the rest, 44,560,285,696 bytes / 6,815,744 = 6,537.8 -> 6,537 blocks (against 1,447
+  // without the cache). Lost: 5,767,168 bytes.
+  absl::StatusOr<PoolSplit> split = kGemma3.split_budget(int64_t{64} << 30, 32768, 262144);
+  REQUIRE(split.ok());
+  CHECK(split->groups[0].num_blocks == 6537);
+  CHECK(split->groups[1].num_blocks == 18432);
+  CHECK(split->lost_bytes == 5767168);
+  CHECK(split->cached_tokens == 262144);
+  // 9 sequences of 32,768 fit (18,432 / 2,048 = 9; 6,537 / 66 = 99), against 21.
+  CHECK(kGemma3.max_sequences(*split, 32768) == 9);
+
+  // 1,600 cached tokens (100 blocks): both groups reach their caps, 166 and 2,148 blocks
+  // (1,131,413,504 and 2,815,426,560 bytes); the other 64,772,636,672 bytes are shared in
+  // proportion: sliding 1,131,413,504 + 9,296,574,483 = 10,427,987,987 bytes -> 1,529
+  // blocks, full 58,291,488,748 bytes -> 44,472 blocks.
+  split = kGemma3.split_budget(int64_t{64} << 30, 32768, 1600);
+  REQUIRE(split.ok());
+  CHECK(split->groups[0].num_blocks == 1529);
+  CHECK(split->groups[1].num_blocks == 44472);
+
+  // A budget below what the full group can use: the proportional split, unchanged.
+  split = kGemma3.split_budget(int64_t{64} << 30, 32768, int64_t{1} << 30);
+  REQUIRE(split.ok());
+  CHECK(split->groups[0].num_blocks == 1447);
+  CHECK(split->groups[1].num_blocks == 44903);
+
+  expect_invalid(kGemma3.split_budget(int64_t{1} << 30, 4096, -1).status(),
+                 "cached_tokens is -1, must be in [0, 2^50]");
+}
+
 TEST_CASE("one group takes the whole budget in whole pages", "[kv_cache_config]") {
   // 8 GiB / 2,097,152-byte pages = 4,096 blocks, nothing lost; 16 sequences of 4,096.
   absl::StatusOr<PoolSplit> split = kLlama31_8B.split_budget(int64_t{8} << 30, 4096);

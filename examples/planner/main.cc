@@ -31,6 +31,12 @@ ABSL_FLAG(std::optional<int64_t>, target_len, std::nullopt,
           "the sequence length the pools are split for (every pool then holds the same "
           "number of such sequences); default: the trace's p50 with --trace, else "
           "max_model_len");
+ABSL_FLAG(std::optional<int64_t>, cached_tokens, std::nullopt,
+          "tokens of prompt content the prefix cache should keep in every group: no pool gets "
+          "more than that plus one target-length sequence while another is below it (the "
+          "windowed pools then cache more at large budgets); default 0, the split counts "
+          "running sequences only. With --trace, the report names the trace's distinct prompt "
+          "content");
 ABSL_FLAG(std::vector<std::string>, lengths, {},
           "sequence lengths in tokens to report, comma-separated or repeated; default: the "
           "trace's p50 and p99 with --trace, else the target and max_model_len");
@@ -49,7 +55,8 @@ constexpr const char* kUsage =
 Plans a KV cache from a model's Hugging Face config.json: the KV bytes per token of each
 layer group (full attention, sliding window, chunked local, MLA latent), the blocks of
 pagedkv's pools (one pool per group, pages of exactly the group's layers, the budget split
-in proportion to one sequence of the target length), the sequences that fit at each
+in proportion to one sequence of the target length, or with --cached-tokens also counting
+what the prefix cache should keep), the sequences that fit at each
 length beside vLLM's shared pool, what one sequence keeps against the analytic minimum,
 and the memory lost to padding: none for pagedkv, vLLM's padded layers
 (kv_cache_utils.py) beside it. Text by default, JSON with --json or --out FILE.
@@ -82,6 +89,10 @@ absl::Status validate_flags() {
                       "in [1, 2^31] tokens"),
            check_flag(FLAGS_target_len, tokens_ok(GetFlag(FLAGS_target_len)),
                       "in [1, 2^31] tokens"),
+           check_flag(FLAGS_cached_tokens,
+                      GetFlag(FLAGS_cached_tokens).value_or(0) >= 0 &&
+                          GetFlag(FLAGS_cached_tokens).value_or(0) <= int64_t{1} << 50,
+                      "in [0, 2^50] tokens"),
            check_flag(FLAGS_block_size,
                       GetFlag(FLAGS_block_size) >= 1 && GetFlag(FLAGS_block_size) <= 1 << 16,
                       "in [1, 65536] tokens"),
@@ -133,6 +144,7 @@ int main(int argc, char** argv) {
           std::floor(*absl::GetFlag(FLAGS_gpu_memory_gib) * static_cast<double>(int64_t{1} << 30))),
       .max_model_len = absl::GetFlag(FLAGS_max_model_len).value_or(model->max_position_embeddings),
       .target_tokens = absl::GetFlag(FLAGS_target_len).value_or(0),
+      .cached_tokens = absl::GetFlag(FLAGS_cached_tokens).value_or(0),
       .lengths = *lengths};
   std::optional<pagedkv::plan::TraceLengths> trace;
   if (const std::string path = absl::GetFlag(FLAGS_trace); !path.empty()) {
@@ -151,6 +163,12 @@ int main(int argc, char** argv) {
     plan->notes.push_back(absl::StrCat("trace ", trace->name, ": ", trace->requests,
                                        " requests; prompt + output tokens p50 ", trace->p50,
                                        ", p99 ", trace->p99, ", max ", trace->max));
+    if (trace->prompt_footprint_tokens > 0) {
+      plan->notes.push_back(
+          absl::StrCat("trace ", trace->name, ": ", trace->prompt_footprint_tokens,
+                       " tokens of distinct prompt content (--cached_tokens ",
+                       trace->prompt_footprint_tokens, " splits the pools to cache all of it)"));
+    }
   }
 
   const std::string json = pagedkv::format_plan_json(*plan);

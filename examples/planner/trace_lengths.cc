@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace pagedkv::plan {
@@ -29,6 +30,16 @@ TraceLengths lengths_of(const sim::Trace& trace) {
   out.p50 = nearest_rank(lengths, 50);
   out.p99 = nearest_rank(lengths, 99);
   out.max = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  absl::flat_hash_map<int64_t, int64_t> block_tokens;  // hash id -> its longest block
+  for (const sim::Request& r : trace.requests) {
+    for (size_t i = 0; i < r.hash_ids.size(); ++i) {
+      const int64_t start = static_cast<int64_t>(i) * sim::kMooncakeBlockTokens;
+      const int64_t tokens = std::min<int64_t>(sim::kMooncakeBlockTokens, r.input_length - start);
+      int64_t& longest = block_tokens[r.hash_ids[i]];
+      longest = std::max(longest, tokens);
+    }
+  }
+  for (const auto& [id, tokens] : block_tokens) out.prompt_footprint_tokens += tokens;
   return out;
 }
 

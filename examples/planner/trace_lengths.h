@@ -22,13 +22,16 @@ struct TraceLengths {
   int64_t p50 = 0;  // tokens, nearest rank
   int64_t p99 = 0;
   int64_t max = 0;
+  // Tokens of distinct prompt content (Mooncake hash ids, each block counted once at
+  // its longest): what a prefix cache that never evicts would hold. 0 without ids.
+  int64_t prompt_footprint_tokens = 0;
 };
 
 // The nearest-rank `percent` percentile (0 < percent <= 100) of `values`: the smallest
 // value with at least percent% of them at or below it. 0 for no values.
 int64_t nearest_rank(std::vector<int64_t> values, double percent);
 
-// Prompt + output lengths of `trace`, summarized.
+// Prompt + output lengths of `trace`, summarized, and its prompt footprint.
 TraceLengths lengths_of(const sim::Trace& trace);
 
 // Reads the trace at `path` (.csv Azure, .jsonl Mooncake) and summarizes it.

@@ -31,6 +31,17 @@ TEST_CASE("a trace's lengths are prompt plus output tokens", "[planner]") {
   CHECK(lengths.p50 == 50 * 101);  // the 50th of 101, 202, ..., 10,100
   CHECK(lengths.p99 == 99 * 101);
   CHECK(lengths.max == 100 * 101);
+  CHECK(lengths.prompt_footprint_tokens == 0);  // no hash ids
+}
+
+TEST_CASE("a trace's prompt footprint counts each hash block once, at its longest", "[planner]") {
+  sim::Trace trace;
+  // Ids 1, 2 (full 512-token blocks) and 3 (100 tokens); then 1 again and 3 with 300
+  // tokens, and a new id 4 of 40: 512 + 512 + 300 + 40 = 1,364 tokens.
+  trace.requests.push_back({.input_length = 1124, .output_length = 1, .hash_ids = {1, 2, 3}});
+  trace.requests.push_back({.input_length = 812, .output_length = 1, .hash_ids = {1, 3}});
+  trace.requests.push_back({.input_length = 40, .output_length = 1, .hash_ids = {4}});
+  CHECK(lengths_of(trace).prompt_footprint_tokens == 1364);
 }
 
 TEST_CASE("a trace that cannot be read names the file", "[planner]") {

@@ -197,6 +197,7 @@ absl::StatusOr<HybridHitStudy> hybrid_hit_study(const Trace& trace, const Hybrid
   study.target_tokens = median_request_tokens(trace);
   study.footprint_blocks = streams->num_ids;
   study.footprint_bytes = int64_t{streams->num_ids} * options.block_size * config.bytes_per_token();
+  study.cached_tokens = study.footprint_blocks * options.block_size;
   study.chunk_tokens = options.chunk_tokens;
   study.checkpoint_tokens = options.checkpoint_tokens;
   study.checkpoint_levels = options.checkpoint_levels;
@@ -208,6 +209,9 @@ absl::StatusOr<HybridHitStudy> hybrid_hit_study(const Trace& trace, const Hybrid
     absl::StatusOr<PoolSplit> split = config.split_budget(row.budget_bytes, study.target_tokens);
     if (!split.ok()) return split.status();
     row.groups = split->groups;
+    split = config.split_budget(row.budget_bytes, study.target_tokens, study.cached_tokens);
+    if (!split.ok()) return split.status();
+    row.cache_groups = split->groups;
     const VllmGrouping vllm = vllm_grouping(config, row.budget_bytes, study.target_tokens);
     std::vector<LayerGroup> vllm_groups;
     for (const VllmKvCacheGroup& g : vllm.groups) {
@@ -242,6 +246,11 @@ absl::StatusOr<HybridHitStudy> hybrid_hit_study(const Trace& trace, const Hybrid
                                     options.checkpoint_levels);
       if (!manager.ok()) return manager.status();
       row.manager_fixed = *std::move(manager);
+      manager =
+          replay_manager_hits(trace, row.cache_groups, options.block_size, options.chunk_tokens,
+                              options.checkpoint_tokens, options.checkpoint_levels);
+      if (!manager.ok()) return manager.status();
+      row.cache_manager = *std::move(manager);
       row.has_manager = true;
     }
     const int32_t chunk = options.chunk_tokens;
@@ -259,6 +268,9 @@ absl::StatusOr<HybridHitStudy> hybrid_hit_study(const Trace& trace, const Hybrid
     modelled = replay(proposed, &row.proposed_analysis);
     if (!modelled.ok()) return modelled.status();
     row.proposed = *std::move(modelled);
+    modelled = replay_pagedkv_model(*streams, row.cache_groups, proposed, nullptr);
+    if (!modelled.ok()) return modelled.status();
+    row.cache_proposed = *std::move(modelled);
     // The ablation: the proposed rule's parts one after another, then the rule without
     // each of two of them.
     HybridReplayOptions classes = proposed;
@@ -407,6 +419,23 @@ std::string format_hybrid_hit_study(const HybridHitStudy& s) {
         r.has_manager
             ? (same(r.manager, r.proposed) && same(r.manager_fixed, r.proposed) ? "yes" : "NO")
             : "not run");
+  }
+  out += fmt::format(
+      "The split counting the prefix cache ({} cached tokens, the footprint): the manager's "
+      "rule, hit tokens and their ratio to the full hold and to the vLLM rule:\n{:>6} {:>32} "
+      "| {:>11} {:>5} | {:>7} | {}\n",
+      commas(s.cached_tokens), "pool", "pagedkv pools (blocks)", "manager", "ratio", "mgr/vLLM",
+      "model = manager");
+  for (const HybridHitRow& r : s.rows) {
+    const HitReplayResult& manager = r.has_manager ? r.cache_manager : r.cache_proposed;
+    out += fmt::format("{:>5.1f}% {:>32} | {:>11} {:>5.3f} | {:>7.3f} | {}\n", 100 * r.fraction,
+                       pools_text(r.cache_groups), commas(manager.hit_tokens),
+                       manager.of_full_hold(), ratio(manager.hit_tokens, r.vllm.hit_tokens),
+                       !r.has_manager ? "not run"
+                       : r.cache_manager.hit_tokens == r.cache_proposed.hit_tokens &&
+                               r.cache_manager.full_hold_tokens == r.cache_proposed.full_hold_tokens
+                           ? "yes"
+                           : "NO");
   }
   out += "The proposed rule built up (hit tokens / full hold):\n";
   if (!s.rows.empty()) {

@@ -99,6 +99,12 @@ struct HybridHitRow {
   HitReplayResult fixed;          // plain LRU, the anchor cached first
   HitReplayResult proposed;       // HybridReplayOptions::proposed(): the manager's rule
   HitReplayResult vllm;           // the model of vLLM's rule
+  // The split that counts the prefix cache (KvCacheConfig::split_budget() with the
+  // footprint as cached_tokens): its pools, the manager's rule on them (model and, with
+  // HybridStudyOptions::manager, the KvCacheManager in the planner's group order).
+  std::vector<LayerGroup> cache_groups;
+  HitReplayResult cache_proposed;
+  HitReplayResult cache_manager;
   std::vector<HybridVariant> ablation;  // the proposed rule built up step by step
   CutAnalysis analysis;                 // where plain LRU loses hits (its model)
   CutAnalysis fixed_analysis;
@@ -112,6 +118,7 @@ struct HybridHitStudy {
   int64_t target_tokens = 0;  // the split's length: the trace's median request
   int64_t footprint_blocks = 0;
   int64_t footprint_bytes = 0;
+  int64_t cached_tokens = 0;  // the footprint in tokens: the cache-counting split's
   int32_t chunk_tokens = 0;
   int32_t checkpoint_tokens = 0;
   int32_t checkpoint_levels = 0;

@@ -215,6 +215,7 @@ TEST_CASE("quick hybrid study on the Mooncake trace", "[simulator][hybrid]") {
         CHECK(row.proposed.hit_tokens == row.manager.hit_tokens);
         CHECK(row.proposed.full_hold_tokens == row.manager.full_hold_tokens);
         CHECK(row.proposed.hit_tokens == row.manager_fixed.hit_tokens);
+        CHECK(row.cache_proposed.hit_tokens == row.cache_manager.hit_tokens);
       }
       // Hits never exceed what the full groups hold; vLLM's model rarely cuts one.
       CHECK(row.lru.hit_tokens <= row.lru.full_hold_tokens);
@@ -226,6 +227,10 @@ TEST_CASE("quick hybrid study on the Mooncake trace", "[simulator][hybrid]") {
       CHECK(row.proposed.hit_tokens > row.fixed.hit_tokens);
       CHECK(row.proposed.of_full_hold() >= 0.9);
       CHECK(row.proposed.hit_tokens >= row.vllm.hit_tokens);
+      // The split that counts the footprint never gives the full pool more than all of it
+      // cached, and hits at least what the sequence-only split hits.
+      CHECK(row.cache_groups.back().num_blocks <= study->cached_tokens / 16 + 5632 / 16 + 1);
+      CHECK(row.cache_proposed.hit_tokens >= row.proposed.hit_tokens);
     }
     CHECK(format_hybrid_hit_study(*study).find("model = manager") != std::string::npos);
   }

@@ -314,7 +314,10 @@ OrderedJson hybrid_json(const SimReport& report) {
       if (row.has_manager) {
         r["manager"] = hit_json(row.manager);
         r["manager_full_group_first"] = hit_json(row.manager_fixed);
+        r["cache_split_manager"] = hit_json(row.cache_manager);
       }
+      r["cache_split_groups"] = groups_json(row.cache_groups);
+      r["cache_split_model"] = hit_json(row.cache_proposed);
       r["lru_model"] = hit_json(row.lru);
       r["anchor_first_model"] = hit_json(row.fixed);
       r["proposed_model"] = hit_json(row.proposed);
@@ -335,6 +338,7 @@ OrderedJson hybrid_json(const SimReport& report) {
                     {"target_tokens", study.target_tokens},
                     {"footprint_blocks", study.footprint_blocks},
                     {"footprint_bytes", study.footprint_bytes},
+                    {"cached_tokens", study.cached_tokens},
                     {"chunk_tokens", study.chunk_tokens},
                     {"checkpoint_tokens", study.checkpoint_tokens},
                     {"checkpoint_levels", study.checkpoint_levels},

@@ -43,6 +43,9 @@ struct PlanOptions {
   int64_t max_model_len = 0;  // tokens; 0: the config's max_position_embeddings
   // The length the pools are split for (KvCacheConfig::split_budget()); 0: max_model_len.
   int64_t target_tokens = 0;
+  // Tokens of prompt content the prefix cache should keep (KvCacheConfig::split_budget()'s
+  // cached_tokens); 0: the split counts running sequences only.
+  int64_t cached_tokens = 0;
   // Lengths to report; empty: the target and max_model_len. Each is capped at
   // max_model_len.
   std::vector<int64_t> lengths = {};

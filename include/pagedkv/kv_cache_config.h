@@ -61,6 +61,7 @@ struct PoolSplit {
   int64_t used_bytes = 0;     // sum of pool_bytes
   int64_t lost_bytes = 0;     // budget_bytes - used_bytes: each pool's remainder below a page
   int64_t target_tokens = 0;  // the sequence length the split balances
+  int64_t cached_tokens = 0;  // the prefix-cache content it counts (0: none)
 };
 
 struct KvCacheConfig {
@@ -110,11 +111,21 @@ struct KvCacheConfig {
   // Splits `budget_bytes` into one pool per group in proportion to
   // blocks_per_sequence(g, target_tokens) x page_bytes(g), each pool whole pages
   // (capped at 2^31 - 1 blocks).
+  //
+  // `cached_tokens` > 0 counts the prefix cache too: the tokens of distinct prompt
+  // content the cache should keep (a trace's footprint; the planner's --cached-tokens).
+  // No group then gets more than it can use, ceil(cached_tokens / b) +
+  // blocks_per_sequence(g, target_tokens) blocks (all of that content cached, and one
+  // target-length sequence in flight), while another group is below its own: the
+  // excess goes to the others in the same proportion (water filling). Only budgets
+  // large enough for the full groups to cache everything change: the windowed pools,
+  // which the proportional split keeps small, then cache more. Once every group has its
+  // fill, the rest is shared in proportion again.
   // Errors: InvalidArgument for an invalid config, a budget outside [0, 2^50] bytes, a
-  // target below 1 token, or a budget that leaves a group less than one page (the
-  // message names the group, its share and its page size).
-  [[nodiscard]] absl::StatusOr<PoolSplit> split_budget(int64_t budget_bytes,
-                                                       int64_t target_tokens) const;
+  // target below 1 token, cached_tokens outside [0, 2^50], or a budget that leaves a
+  // group less than one page (the message names the group, its share and its page size).
+  [[nodiscard]] absl::StatusOr<PoolSplit> split_budget(int64_t budget_bytes, int64_t target_tokens,
+                                                       int64_t cached_tokens = 0) const;
 
   // Sequences of `tokens` tokens that the pools of `split` hold at once: the fewest over
   // the groups of split.groups[g].num_blocks / blocks_per_sequence(g, tokens).

@@ -54,7 +54,9 @@ void bind_kv_cache_config(nb::module_& m) {
       .def_ro("used_bytes", &PoolSplit::used_bytes)
       .def_ro("lost_bytes", &PoolSplit::lost_bytes,
               "budget_bytes - used_bytes: each pool's remainder below a page")
-      .def_ro("target_tokens", &PoolSplit::target_tokens, "the sequence length the split balances");
+      .def_ro("target_tokens", &PoolSplit::target_tokens, "the sequence length the split balances")
+      .def_ro("cached_tokens", &PoolSplit::cached_tokens,
+              "the prefix-cache content the split counts (0: none)");
 
   nb::class_<KvCacheConfig>(
       m, "KvCacheConfig",
@@ -136,14 +138,18 @@ void bind_kv_cache_config(nb::module_& m) {
           "tokens"_a)
       .def(
           "split_budget",
-          [](const KvCacheConfig& c, int64_t budget_bytes, int64_t target_tokens) {
-            return value_or_raise(c.split_budget(budget_bytes, target_tokens));
+          [](const KvCacheConfig& c, int64_t budget_bytes, int64_t target_tokens,
+             int64_t cached_tokens) {
+            return value_or_raise(c.split_budget(budget_bytes, target_tokens, cached_tokens));
           },
-          "budget_bytes"_a, "target_tokens"_a,
+          "budget_bytes"_a, "target_tokens"_a, "cached_tokens"_a = 0,
           "Splits budget_bytes into one pool per group in proportion to what a sequence of\n"
-          "target_tokens needs in each, whole pages each. Raises ValueError for an invalid\n"
-          "config, a budget outside [0, 2**50] bytes, a target below 1, or a budget that\n"
-          "leaves a group less than one page.")
+          "target_tokens needs in each, whole pages each. cached_tokens > 0 (the prefix\n"
+          "content the cache should keep) caps each group at what it can use, all of it\n"
+          "cached plus one target-length sequence, and gives the excess to the others.\n"
+          "Raises ValueError for an invalid config, a budget outside [0, 2**50] bytes, a\n"
+          "target below 1, cached_tokens outside [0, 2**50], or a budget that leaves a group\n"
+          "less than one page.")
       .def(
           "max_sequences",
           [](const KvCacheConfig& c, const PoolSplit& split, int64_t tokens) {

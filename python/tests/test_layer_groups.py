@@ -239,8 +239,13 @@ def test_kv_cache_config_and_the_budget_split():
     assert split.used_bytes + split.lost_bytes == split.budget_bytes == 64 << 30
     assert split.pool_bytes == [g.num_blocks * config.page_bytes(i)
                                 for i, g in enumerate(split.groups)]
-    assert split.target_tokens == 32768
+    assert split.target_tokens == 32768 and split.cached_tokens == 0
     assert config.max_sequences(split, 32768) == 21  # as docs/allocator.md has it
+    # Counting 262,144 cached tokens: the full pool stops at 16,384 + 2,048 blocks and
+    # the sliding pool takes the rest (tests/kv_cache_config_test.cc works it out).
+    cached = config.split_budget(64 << 30, 32768, cached_tokens=262144)
+    assert [g.num_blocks for g in cached.groups] == [6537, 18432]
+    assert cached.cached_tokens == 262144
     # The split's groups are what the manager takes.
     m = pk.KvCacheManager(block_size=16, layer_groups=split.groups)
     assert [m.layer_group(g).num_blocks for g in range(2)] == [g.num_blocks for g in split.groups]
@@ -252,6 +257,8 @@ def test_kv_cache_config_errors_name_the_value():
         config.tokens_attended(2, 10)
     with pytest.raises(ValueError, match="budget"):
         config.split_budget(-1, 32768)
+    with pytest.raises(ValueError, match=r"cached_tokens is -1, must be in \[0, 2\^50\]"):
+        config.split_budget(1 << 30, 32768, cached_tokens=-1)
     bad = pk.KvCacheConfig([pk.KvCacheGroup(kind=CHUNKED, window=0)])
     with pytest.raises(ValueError, match="window"):
         bad.blocks_per_sequence(0, 100)  # refused, not a division by zero

@@ -220,7 +220,8 @@ absl::StatusOr<CapacityPlan> plan_capacity(const KvCacheConfig& config,
                                                    plan.target_tokens, " tokens, must be in [1, ",
                                                    plan.max_model_len, "] (max_model_len)"));
   }
-  PAGEDKV_ASSIGN_OR_RETURN(plan.split, config.split_budget(plan.budget_bytes, plan.target_tokens));
+  PAGEDKV_ASSIGN_OR_RETURN(plan.split, config.split_budget(plan.budget_bytes, plan.target_tokens,
+                                                           options.cached_tokens));
   for (int32_t g = 0; g < config.num_groups(); ++g) {
     plan.groups.push_back({.group = config.groups[static_cast<size_t>(g)],
                            .bytes_per_token = config.bytes_per_token(g),
@@ -291,11 +292,14 @@ std::string format_plan_text(const CapacityPlan& plan) {
   const KvCacheConfig& c = plan.config;
   std::string out = absl::StrFormat(
       "model %s: %d layers in %d group%s, KV %s, %d-token blocks\n"
-      "budget %s (%s bytes); max_model_len %s; pools split for %s-token sequences\n\n",
+      "budget %s (%s bytes); max_model_len %s; pools split for %s-token sequences%s\n\n",
       plan.model_type.empty() ? "(unnamed)" : plan.model_type, c.num_layers(), c.num_groups(),
       c.num_groups() == 1 ? "" : "s", kv_dtype_name(c.dtype), c.block_size, gib(plan.budget_bytes),
       with_commas(plan.budget_bytes), with_commas(plan.max_model_len),
-      with_commas(plan.target_tokens));
+      with_commas(plan.target_tokens),
+      plan.split.cached_tokens == 0
+          ? ""
+          : absl::StrCat(" and ", with_commas(plan.split.cached_tokens), " cached tokens"));
   absl::StrAppendFormat(&out, "%-24s %6s %10s %12s %12s %10s %10s %11s\n", "group", "layers",
                         "KV shape", "bytes/token", "page bytes", "blocks/seq", "blocks", "pool");
   int64_t total_bpt = 0;
@@ -393,6 +397,7 @@ std::string format_plan_json(const CapacityPlan& plan) {
                       {"budget_bytes", plan.budget_bytes},
                       {"max_model_len", plan.max_model_len},
                       {"target_tokens", plan.target_tokens},
+                      {"cached_tokens", plan.split.cached_tokens},
                       {"bytes_per_token", c.bytes_per_token()},
                       {"groups", groups},
                       {"padding_bytes", plan.padding_bytes},

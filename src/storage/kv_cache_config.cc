@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/arithmetic.h"
@@ -142,8 +143,43 @@ int64_t KvCacheConfig::reserved_bytes_per_sequence(int64_t tokens) const {
 
 // --- the budget split -----------------------------------------------------------------------
 
-absl::StatusOr<PoolSplit> KvCacheConfig::split_budget(int64_t budget_bytes,
-                                                      int64_t target_tokens) const {
+namespace {
+
+// Water filling: `budget` shared in proportion to `demand`, no group above its cap while
+// another is below its own; once every group is at its cap, what is left is shared in
+// proportion again. No caps: plain proportion.
+std::vector<__int128> fill_shares(__int128 budget, const std::vector<__int128>& demand,
+                                  const std::vector<__int128>& caps) {
+  const size_t n = demand.size();
+  std::vector<__int128> share(n, 0);
+  std::vector<bool> at_cap(n, false);
+  __int128 left = budget;
+  // A group over its cap at this level is over it at every later one: the level only
+  // rises as capped groups give back their excess.
+  for (bool capped = !caps.empty(); capped;) {
+    __int128 total = 0;
+    for (size_t g = 0; g < n; ++g) total += at_cap[g] ? 0 : demand[g];
+    capped = false;
+    for (size_t g = 0; g < n && total > 0; ++g) {
+      if (at_cap[g] || left * demand[g] / total < caps[g]) continue;
+      at_cap[g] = capped = true;
+      share[g] = caps[g];
+      left -= caps[g];
+    }
+  }
+  const bool all_at_cap = std::find(at_cap.begin(), at_cap.end(), false) == at_cap.end();
+  __int128 total = 0;
+  for (size_t g = 0; g < n; ++g) total += all_at_cap || !at_cap[g] ? demand[g] : 0;
+  for (size_t g = 0; g < n; ++g) {
+    if (all_at_cap || !at_cap[g]) share[g] += left * demand[g] / total;
+  }
+  return share;
+}
+
+}  // namespace
+
+absl::StatusOr<PoolSplit> KvCacheConfig::split_budget(int64_t budget_bytes, int64_t target_tokens,
+                                                      int64_t cached_tokens) const {
   PAGEDKV_RETURN_IF_ERROR(validate());
   if (budget_bytes < 0 || budget_bytes > kMaxBudgetBytes) {
     return absl::InvalidArgumentError(
@@ -153,21 +189,29 @@ absl::StatusOr<PoolSplit> KvCacheConfig::split_budget(int64_t budget_bytes,
     return absl::InvalidArgumentError(absl::StrCat("split_budget: target length is ", target_tokens,
                                                    " tokens, must be at least 1"));
   }
+  if (cached_tokens < 0 || cached_tokens > kMaxBudgetBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split_budget: cached_tokens is ", cached_tokens, ", must be in [0, 2^50]"));
+  }
   // Demand of one target-length sequence in each group, in bytes; the budget is shared in
   // that proportion, so that every pool holds the same number of such sequences.
   std::vector<__int128> demand(groups.size());
-  __int128 total = 0;
+  std::vector<__int128> caps;
   for (int32_t g = 0; g < num_groups(); ++g) {
-    demand[static_cast<size_t>(g)] =
-        static_cast<__int128>(blocks_per_sequence(g, target_tokens)) * page_bytes(g);
-    total += demand[static_cast<size_t>(g)];
+    const int64_t per_sequence = blocks_per_sequence(g, target_tokens);
+    demand[static_cast<size_t>(g)] = static_cast<__int128>(per_sequence) * page_bytes(g);
+    if (cached_tokens > 0) {
+      caps.push_back(static_cast<__int128>(div_ceil(cached_tokens, block_size) + per_sequence) *
+                     page_bytes(g));
+    }
   }
+  const std::vector<__int128> shares = fill_shares(budget_bytes, demand, caps);
   PoolSplit split;
   split.budget_bytes = budget_bytes;
   split.target_tokens = target_tokens;
+  split.cached_tokens = cached_tokens;
   for (int32_t g = 0; g < num_groups(); ++g) {
-    const int64_t share = static_cast<int64_t>(static_cast<__int128>(budget_bytes) *
-                                               demand[static_cast<size_t>(g)] / total);
+    const int64_t share = static_cast<int64_t>(shares[static_cast<size_t>(g)]);
     const int64_t page = page_bytes(g);
     const int64_t blocks = std::min<int64_t>(share / page, std::numeric_limits<int32_t>::max());
     if (blocks < 1) {
