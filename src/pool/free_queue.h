@@ -18,10 +18,12 @@
 // gives it (a retention that expired).
 //
 // IMPLEMENTATION DETAILS
-//   prev_, next_: int32 arrays of num_blocks + 2 * kLists entries. Entries [0, num_blocks)
-//   are the links of the blocks; list l has sentinels head = num_blocks + 2l and
-//   tail = num_blocks + 2l + 1, so that insertion and removal need no branches for the ends.
-//   prev_[b] == kDetached: b is not queued. Links are written only by FreeQueue.
+//   nodes_: num_blocks + 2 * kLists nodes of 16 bytes. Nodes [0, num_blocks) are the
+//   blocks'; list l has sentinels head = num_blocks + 2l and tail = num_blocks + 2l + 1, so
+//   that insertion and removal need no branches for the ends. A block's links, list and
+//   stamp share its node, so a free or an eviction touches one cache line per block, not
+//   four (separate arrays made BM_FreeSequence 1.3x slower than the two links alone).
+//   prev == kDetached: the block is not queued. Nodes are written only by FreeQueue.
 #ifndef PAGEDKV_POOL_FREE_QUEUE_H_
 #define PAGEDKV_POOL_FREE_QUEUE_H_
 
@@ -42,44 +44,40 @@ class FreeQueue {
 
   // A queue holding every block in the clean list, in id order.
   explicit FreeQueue(int32_t num_blocks)
-      : num_blocks_(num_blocks),
-        prev_(num_blocks + 2 * kLists),
-        next_(num_blocks + 2 * kLists),
-        list_(num_blocks, kCleanList),
-        stamp_(num_blocks, 0) {
+      : num_blocks_(num_blocks), nodes_(num_blocks + 2 * kLists) {
     for (int32_t l = 0; l < kLists; ++l) {
-      next_[head(l)] = tail(l);
-      prev_[tail(l)] = head(l);
-      prev_[head(l)] = kDetached;
-      next_[tail(l)] = kDetached;
+      nodes_[head(l)] = {.prev = kDetached, .next = tail(l)};
+      nodes_[tail(l)] = {.prev = head(l), .next = kDetached};
     }
-    for (BlockId b = 0; b < num_blocks; ++b) prev_[b] = kDetached;
-    for (BlockId b = 0; b < num_blocks; ++b) link_after(prev_[tail(kCleanList)], b, kCleanList);
+    for (BlockId b = 0; b < num_blocks; ++b) nodes_[b].prev = kDetached;
+    for (BlockId b = 0; b < num_blocks; ++b) {
+      link_between(nodes_[tail(kCleanList)].prev, tail(kCleanList), b, kCleanList, 0);
+    }
   }
 
   int32_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   // O(1) membership from the links; check_invariants() cross-checks it with a walk.
-  bool is_queued(BlockId b) const { return prev_[b] != kDetached; }
+  bool is_queued(BlockId b) const { return nodes_[b].prev != kDetached; }
   // The list a queued block is in: kCleanList, or 1 + its priority.
-  int32_t list_of(BlockId b) const { return list_[b]; }
+  int32_t list_of(BlockId b) const { return static_cast<int32_t>(nodes_[b].stamp_and_list & 0xff); }
   static int32_t priority_list(int32_t priority) { return 1 + priority; }
-  uint64_t stamp(BlockId b) const { return stamp_[b]; }
+  uint64_t stamp(BlockId b) const { return nodes_[b].stamp_and_list >> 8; }
 
   // Appends b to the tail of priority `priority`'s list (most recently used).
   void push_back(BlockId b, int32_t priority) {
     const int32_t l = priority_list(priority);
-    stamp_[b] = ++last_stamp_;
     // The tail sentinel is known: reading it from the last block's link would make every
     // push wait for the previous push's store (BM_FreeSequence 1.5x slower).
-    link_between(prev_[tail(l)], tail(l), b, l);
+    link_between(nodes_[tail(l)].prev, tail(l), b, l, ++last_stamp_);
   }
 
   // Inserts b into the clean list right after the queued clean block `pos`, or at the
   // head when pos is kNoBlock.
   void insert_clean_after(BlockId pos, BlockId b) {
-    PAGEDKV_DCHECK(pos == kNoBlock || (is_queued(pos) && list_[pos] == kCleanList));
-    link_after(pos == kNoBlock ? head(kCleanList) : pos, b, kCleanList);
+    PAGEDKV_DCHECK(pos == kNoBlock || (is_queued(pos) && list_of(pos) == kCleanList));
+    const BlockId before = pos == kNoBlock ? head(kCleanList) : pos;
+    link_between(before, nodes_[before].next, b, kCleanList, stamp(b));
   }
 
   // Moves the queued block b into priority `priority`'s list at the place its stamp gives
@@ -87,53 +85,56 @@ class FreeQueue {
   void move_by_stamp(BlockId b, int32_t priority) {
     remove(b);
     const int32_t l = priority_list(priority);
-    BlockId from_head = next_[head(l)];
-    BlockId from_tail = prev_[tail(l)];
+    const uint64_t b_stamp = stamp(b);
+    BlockId from_head = nodes_[head(l)].next;
+    BlockId from_tail = nodes_[tail(l)].prev;
     while (true) {
       // Before the first block from the head side stamped later than b...
-      if (from_head == tail(l) || stamp_[from_head] > stamp_[b]) {
-        link_after(prev_[from_head], b, l);
+      if (from_head == tail(l) || stamp(from_head) > b_stamp) {
+        link_between(nodes_[from_head].prev, from_head, b, l, b_stamp);
         return;
       }
       // ... or after the first block from the tail side stamped earlier.
-      if (from_tail < num_blocks_ && stamp_[from_tail] < stamp_[b]) {
-        link_after(from_tail, b, l);
+      if (from_tail < num_blocks_ && stamp(from_tail) < b_stamp) {
+        link_between(from_tail, nodes_[from_tail].next, b, l, b_stamp);
         return;
       }
-      from_head = next_[from_head];
-      from_tail = prev_[from_tail];
+      from_head = nodes_[from_head].next;
+      from_tail = nodes_[from_tail].prev;
     }
   }
 
   BlockId pop_front() {
     PAGEDKV_DCHECK(size_ > 0);
-    const BlockId b = next_[head(first_list())];
+    const BlockId b = nodes_[head(first_list())].next;
     remove(b);
     return b;
   }
 
   void remove(BlockId b) {
     PAGEDKV_DCHECK(is_queued(b));
-    next_[prev_[b]] = next_[b];
-    prev_[next_[b]] = prev_[b];
-    prev_[b] = kDetached;
-    next_[b] = kDetached;
+    Node& node = nodes_[b];
+    nodes_[node.prev].next = node.next;
+    nodes_[node.next].prev = node.prev;
+    node.prev = node.next = kDetached;
     --size_;
-    const int32_t l = list_[b];
-    if (next_[head(l)] == tail(l)) nonempty_[l / 64] &= ~(uint64_t{1} << (l % 64));
+    const int32_t l = list_of(b);
+    if (nodes_[head(l)].next == tail(l)) nonempty_[l / 64] &= ~(uint64_t{1} << (l % 64));
   }
 
   // Iteration from head to tail across the lists: first(), then next(b) until it returns
   // kNoBlock.
-  BlockId first() const { return size_ == 0 ? kNoBlock : next_[head(first_list())]; }
+  BlockId first() const { return size_ == 0 ? kNoBlock : nodes_[head(first_list())].next; }
   BlockId next(BlockId b) const {
-    if (next_[b] < num_blocks_) return next_[b];
-    const int32_t l = next_list(list_[b] + 1);
-    return l == kLists ? kNoBlock : next_[head(l)];
+    if (nodes_[b].next < num_blocks_) return nodes_[b].next;
+    const int32_t l = next_list(list_of(b) + 1);
+    return l == kLists ? kNoBlock : nodes_[head(l)].next;
   }
   // The link before b within its list, for the link-agreement check; kNoBlock at the
   // head of the list.
-  BlockId prev_in_list(BlockId b) const { return prev_[b] < num_blocks_ ? prev_[b] : kNoBlock; }
+  BlockId prev_in_list(BlockId b) const {
+    return nodes_[b].prev < num_blocks_ ? nodes_[b].prev : kNoBlock;
+  }
 
  private:
   static constexpr BlockId kDetached = -2;
@@ -153,27 +154,29 @@ class FreeQueue {
   }
   int32_t first_list() const { return next_list(0); }
 
-  // `node` is a queued block of list l or l's head sentinel.
-  void link_after(BlockId node, BlockId b, int32_t l) { link_between(node, next_[node], b, l); }
+  // A block's (or sentinel's) links, and the list it is (or was last) in with the stamp
+  // of its last push to a priority list: stamp << 8 | list.
+  struct Node {
+    BlockId prev = kDetached;
+    BlockId next = kDetached;
+    uint64_t stamp_and_list = kCleanList;
+  };
+  static_assert(kLists <= 0xff + 1 && sizeof(Node) == 16);
 
-  // Links b between the adjacent nodes `before` and `after` of list l.
-  void link_between(BlockId before, BlockId after, BlockId b, int32_t l) {
-    PAGEDKV_DCHECK(!is_queued(b) && next_[before] == after);
-    next_[before] = b;
-    prev_[b] = before;
-    next_[b] = after;
-    prev_[after] = b;
+  // Links b, stamped `stamp`, between the adjacent nodes `before` and `after` of list l.
+  void link_between(BlockId before, BlockId after, BlockId b, int32_t l, uint64_t stamp) {
+    PAGEDKV_DCHECK(!is_queued(b) && nodes_[before].next == after);
+    nodes_[before].next = b;
+    nodes_[b] = {
+        .prev = before, .next = after, .stamp_and_list = stamp << 8 | static_cast<uint64_t>(l)};
+    nodes_[after].prev = b;
     ++size_;
-    list_[b] = static_cast<uint8_t>(l);
     nonempty_[l / 64] |= uint64_t{1} << (l % 64);
   }
 
   int32_t num_blocks_;
-  std::vector<BlockId> prev_;
-  std::vector<BlockId> next_;
-  std::vector<uint8_t> list_;    // per block: the list it is (or was last) in
-  std::vector<uint64_t> stamp_;  // per block: when it was last pushed to a priority list
-  uint64_t last_stamp_ = 0;
+  std::vector<Node> nodes_;
+  uint64_t last_stamp_ = 0;  // below 2^56 for 2^56 pushes: years at one per nanosecond
   int32_t size_ = 0;
   uint64_t nonempty_[kWords] = {};  // bit l: list l holds a block
 };
