@@ -402,12 +402,13 @@ std::string format_hybrid_hit_study(const HybridHitStudy& s) {
       "{:>11} {:>5} | {:>7} | {}\n",
       "pool", "GiB", "pagedkv pools (blocks)", "vLLM blocks", "LRU", "ratio", "anchor 1st", "ratio",
       "manager", "ratio", "vLLM rule", "ratio", "mgr/vLLM", "model = manager");
+  // Whether the manager hit exactly what its model predicted.
+  const auto same = [](const HitReplayResult& a, const HitReplayResult& b) {
+    return a.hit_tokens == b.hit_tokens && a.full_hold_tokens == b.full_hold_tokens;
+  };
   for (const HybridHitRow& r : s.rows) {
     // The manager's rule is the proposed one; without a manager run, its model stands in.
     const HitReplayResult& manager = r.has_manager ? r.manager : r.proposed;
-    auto same = [](const HitReplayResult& a, const HitReplayResult& b) {
-      return a.hit_tokens == b.hit_tokens && a.full_hold_tokens == b.full_hold_tokens;
-    };
     out += fmt::format(
         "{:>5.1f}% {:>8.1f} {:>32} {:>10} | {:>11} {:>5.3f} | {:>11} {:>5.3f} | {:>11} {:>5.3f} | "
         "{:>11} {:>5.3f} | {:>7.3f} | {}\n",
@@ -431,11 +432,9 @@ std::string format_hybrid_hit_study(const HybridHitStudy& s) {
     out += fmt::format("{:>5.1f}% {:>32} | {:>11} {:>5.3f} | {:>7.3f} | {}\n", 100 * r.fraction,
                        pools_text(r.cache_groups), commas(manager.hit_tokens),
                        manager.of_full_hold(), ratio(manager.hit_tokens, r.vllm.hit_tokens),
-                       !r.has_manager ? "not run"
-                       : r.cache_manager.hit_tokens == r.cache_proposed.hit_tokens &&
-                               r.cache_manager.full_hold_tokens == r.cache_proposed.full_hold_tokens
-                           ? "yes"
-                           : "NO");
+                       !r.has_manager                            ? "not run"
+                       : same(r.cache_manager, r.cache_proposed) ? "yes"
+                                                                 : "NO");
   }
   out += "The proposed rule built up (hit tokens / full hold):\n";
   if (!s.rows.empty()) {
