@@ -35,6 +35,8 @@ std::string CacheGroup::name() const {
       return absl::StrCat("sliding window ", window);
     case AttentionKind::kChunkedLocal:
       return absl::StrCat("chunked local ", window);
+    case AttentionKind::kState:
+      return "state";
   }
   return "unknown";
 }

@@ -83,6 +83,7 @@ PAGEDKV_HOST_DEVICE PAGEDKV_INLINE int32_t window_first(const AttentionParams& p
     case AttentionKind::kChunkedLocal:
       return pos - pos % p.window;
     case AttentionKind::kFull:
+    case AttentionKind::kState:  // refused by the argument checks: no K/V to attend
       break;
   }
   return 0;

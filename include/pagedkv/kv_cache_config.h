@@ -42,13 +42,37 @@
 
 namespace pagedkv {
 
-// One layer group: the layers of one attention kind (and window) and their KV shape.
+// The per-sequence state of the layers of a kState group: a short causal convolution's
+// last kernel - 1 inputs and the recurrent state, each in its own dtype (vLLM's
+// mamba_cache_dtype and mamba_ssm_cache_dtype).
+//   Mamba2:          conv (conv_kernel - 1) x (intermediate + 2 x n_groups x state_size),
+//                    recurrent num_heads x head_dim x state_size
+//   Gated DeltaNet:  conv (conv_kernel - 1) x (2 x k_heads x k_dim + v_heads x v_dim),
+//                    recurrent v_heads x k_dim x v_dim
+struct StateShape {
+  int32_t num_layers = 0;
+  int64_t conv_elements = 0;       // per layer
+  int64_t recurrent_elements = 0;  // per layer
+  DType conv_dtype = DType::kBFloat16;
+  DType recurrent_dtype = DType::kFloat32;
+
+  int64_t bytes_per_layer() const {
+    return conv_elements * bytes_per_element(conv_dtype) +
+           recurrent_elements * bytes_per_element(recurrent_dtype);
+  }
+  // One state slot: every layer's state of one sequence.
+  int64_t bytes() const { return num_layers * bytes_per_layer(); }
+};
+
+// One layer group: the layers of one attention kind (and window) and their KV shape, or
+// (kState) the layers' state.
 struct KvCacheGroup {
   AttentionKind kind = AttentionKind::kFull;
-  int32_t window = 0;  // tokens: > 0 for kSlidingWindow and kChunkedLocal, 0 for kFull
+  int32_t window = 0;  // tokens: > 0 for kSlidingWindow and kChunkedLocal, else 0
   // The group's layers: num_layers, num_kv_heads, head_dim, latent. Its dtype and
-  // block_size are ignored: the config's apply to every group.
-  KvCacheSpec shape;
+  // block_size are ignored: the config's apply to every group. Unused for kState.
+  KvCacheSpec shape = {};
+  StateShape state = {};  // kState only
 };
 
 // A byte budget split into one pool per group (KvCacheConfig::split_budget()).

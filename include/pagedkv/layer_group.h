@@ -11,6 +11,12 @@
 //                   (Mistral, Gemma 2/3, gpt-oss, Command-A: vLLM's sliding_window).
 //   kChunkedLocal   a token at position p attends to [p - p % window, p], the tokens of
 //                   its own window-aligned chunk (Llama 4's attention_chunk_size).
+//   kState          not attention: state-space or linear-attention layers (Mamba2, Gated
+//                   DeltaNet) that keep one fixed-size state per sequence, updated in
+//                   place every token. The group's pool holds state slots, not token
+//                   blocks: one per running sequence, the rest checkpoints (a copy of a
+//                   sequence's state at a block-aligned position, found by the prefix
+//                   hash there). A token reads no earlier token's K/V.
 //
 // Blocks wholly before the first position any future token of a sequence attends to are
 // released by the manager (hashed ones stay cached); kernels never read them.
@@ -29,6 +35,7 @@ enum class AttentionKind : uint8_t {
   kFull,
   kSlidingWindow,
   kChunkedLocal,
+  kState,
 };
 
 // The first position that a token at `pos` attends to, for a group of `kind` with
@@ -40,6 +47,8 @@ PAGEDKV_HOST_DEVICE constexpr int64_t first_attended(AttentionKind kind, int32_t
       return pos - window + 1 > 0 ? pos - window + 1 : 0;
     case AttentionKind::kChunkedLocal:
       return pos - pos % window;
+    case AttentionKind::kState:
+      return pos;
     case AttentionKind::kFull:
       break;
   }
@@ -49,8 +58,8 @@ PAGEDKV_HOST_DEVICE constexpr int64_t first_attended(AttentionKind kind, int32_t
 // What the allocator knows of a group: which tokens its layers attend to, and its pools.
 struct LayerGroup {
   AttentionKind kind = AttentionKind::kFull;
-  int32_t window = 0;           // tokens: > 0 for the windowed kinds, 0 for kFull
-  int32_t num_blocks = 0;       // device blocks of the group's pool, > 0
+  int32_t window = 0;           // tokens: > 0 for the windowed kinds, 0 for kFull and kState
+  int32_t num_blocks = 0;       // device blocks (kState: state slots) of the group's pool, > 0
   int32_t num_host_blocks = 0;  // host blocks (swap and host tier) of the group, >= 0
 };
 
@@ -62,6 +71,8 @@ inline const char* attention_kind_name(AttentionKind kind) {
       return "sliding_window";
     case AttentionKind::kChunkedLocal:
       return "chunked_local";
+    case AttentionKind::kState:
+      return "state";
   }
   return "unknown";
 }

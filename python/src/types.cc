@@ -123,6 +123,8 @@ std::string kind_repr(AttentionKind kind) {
       return "AttentionKind.SLIDING_WINDOW";
     case AttentionKind::kChunkedLocal:
       return "AttentionKind.CHUNKED_LOCAL";
+    case AttentionKind::kState:
+      return "AttentionKind.STATE";
   }
   return "AttentionKind(" + std::to_string(static_cast<int>(kind)) + ")";
 }
@@ -153,7 +155,9 @@ void bind_enums(nb::module_& m) {
       .value("SLIDING_WINDOW", AttentionKind::kSlidingWindow,
              "the last `window` tokens: [p - window + 1, p] (Mistral, Gemma 2/3, gpt-oss)")
       .value("CHUNKED_LOCAL", AttentionKind::kChunkedLocal,
-             "the tokens of its window-aligned chunk: [p - p % window, p] (Llama 4)");
+             "the tokens of its window-aligned chunk: [p - p % window, p] (Llama 4)")
+      .value("STATE", AttentionKind::kState,
+             "no attention: one recurrent state per sequence (Mamba2, Gated DeltaNet)");
   nb::enum_<SequenceState>(m, "SequenceState")
       .value("WAITING", SequenceState::kWaiting, "holds no blocks: new, or preempted by recompute")
       .value("RUNNING", SequenceState::kRunning, "holds device blocks")

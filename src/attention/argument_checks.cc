@@ -108,6 +108,8 @@ absl::Status validate_window(const char* fn, AttentionKind kind, int32_t window)
                                         " group must be > 0 tokens"));
       }
       return absl::OkStatus();
+    case AttentionKind::kState:
+      break;
   }
   return invalid(fn, absl::StrCat("attention kind ", static_cast<int>(kind),
                                   " is not full (0), sliding_window (1) or chunked_local (2)"));

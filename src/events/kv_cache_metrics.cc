@@ -42,6 +42,8 @@ const char* kind_label(AttentionKind kind) {
       return "sliding_window";
     case AttentionKind::kChunkedLocal:
       return "chunked_local_attention";
+    case AttentionKind::kState:
+      return "mamba";  // vLLM's MambaSpec
   }
   return "unknown";
 }

@@ -110,6 +110,8 @@ const char* spec_kind_name(AttentionKind kind) {
       return "sliding_window";
     case AttentionKind::kChunkedLocal:
       return "chunked_local_attention";
+    case AttentionKind::kState:
+      return "mamba";  // vLLM's MambaSpec
   }
   return "unknown";  // vLLM's KVCacheSpecKind.UNKNOWN
 }

@@ -54,6 +54,8 @@ std::string kind_label(const KvCacheGroup& g) {
       return absl::StrCat("sliding window ", with_commas(g.window));
     case AttentionKind::kChunkedLocal:
       return absl::StrCat("chunked local ", with_commas(g.window));
+    case AttentionKind::kState:
+      return "state";
     case AttentionKind::kFull:
       break;
   }

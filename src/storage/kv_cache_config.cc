@@ -127,6 +127,8 @@ int64_t KvCacheConfig::blocks_per_sequence(int32_t g, int64_t tokens) const {
               1);
     case AttentionKind::kChunkedLocal:
       return std::min(all, div_ceil(std::min<int64_t>(tokens, group.window), block_size) + 1);
+    case AttentionKind::kState:
+      return 1;  // one state slot per sequence
     case AttentionKind::kFull:
       break;
   }

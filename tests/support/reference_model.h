@@ -658,6 +658,8 @@ class ReferenceModel {
         return std::max<int64_t>(0, pos - spec.window + 1);
       case AttentionKind::kChunkedLocal:
         return pos / spec.window * spec.window;
+      case AttentionKind::kState:
+        return pos;
       case AttentionKind::kFull:
         break;
     }
@@ -729,6 +731,8 @@ class ReferenceModel {
           return static_cast<int32_t>(std::max<int64_t>(0, pos - spec.window + 1) / bs);
         case AttentionKind::kChunkedLocal:
           return static_cast<int32_t>(pos / spec.window * spec.window / bs);
+        case AttentionKind::kState:
+          return static_cast<int32_t>(pos / bs);
         case AttentionKind::kFull:
           break;
       }
