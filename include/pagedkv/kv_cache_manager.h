@@ -164,6 +164,10 @@ class KvCacheManager {
     // first. 0 tokens or 0 levels: no checkpoint classes.
     int32_t window_checkpoint_tokens = 16384;
     int32_t window_checkpoint_levels = 5;
+    // State groups (kState, docs/allocator.md "State groups"): besides the checkpoints at
+    // the end of each prompt's last full block and at the branch point of its match, one
+    // every this many blocks of a sequence (0: none).
+    int32_t state_checkpoint_interval_blocks = 0;
     int32_t watermark_blocks = 0;  // blocks an admission leaves free while others run
     bool enable_prefix_caching = true;
     PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // default policy's mode
@@ -176,7 +180,10 @@ class KvCacheManager {
     std::function<int64_t()> clock = nullptr;
     // The layer groups of a hybrid model (layer_group.h), each with device and host pools
     // of its own sizes (KvCacheConfig splits a byte budget into them); num_blocks and
-    // num_host_blocks must then be 0. Empty: one full-attention group of num_blocks device
+    // num_host_blocks must then be 0. A state group's pools hold state slots: one per
+    // sequence that has started, the rest checkpoints; its host pool serves swapping (no
+    // host tier for checkpoints), it has no slot mapping, and partial-block reuse is
+    // refused with it. Empty: one full-attention group of num_blocks device
     // and num_host_blocks host blocks. watermark_blocks applies to the first group and,
     // scaled to its size (rounded up), to each other group. A windowed group with prefix
     // caching needs a full-attention group beside it: hits are verified along the first
@@ -226,6 +233,9 @@ class KvCacheManager {
     int64_t released_blocks = 0;  // windowed: blocks released behind the window
     int64_t blocks_demoted = 0;
     int64_t blocks_promoted = 0;
+    // State groups: checkpoints saved (StepOps::save_state) and restored by prefix hits.
+    int64_t checkpoints_saved = 0;
+    int64_t checkpoints_restored = 0;
   };
 
   // Returns InvalidArgument for num_blocks (of every group) or block_size outside
@@ -272,6 +282,10 @@ class KvCacheManager {
   // scheduled in this step) and leaves the host tier. When that device block held an
   // evicted cached block, the two trade places (a StepOps::exchange copy): promotions never
   // evict host-tier blocks.
+  // With state groups, the hit also ends where every state group holds a checkpoint
+  // (saved in an earlier step, verified like a block): the sequence takes a state slot
+  // per state group and a StepOps::copy_state restores the checkpoint into it (so it
+  // counts as scheduled in this step). No free slot: no hit.
   // Errors: NotFound; FailedPrecondition unless the sequence is waiting.
   [[nodiscard]] absl::StatusOr<int32_t> match_prefix(SeqId seq);
 
@@ -286,6 +300,11 @@ class KvCacheManager {
   // another sequence is running it must leave watermark_blocks free (headroom for the
   // running ones to grow); with none running it may use every block, so a sequence
   // preempted after growing past num_blocks - watermark_blocks can always come back.
+  // State groups: the admission also takes one state slot per state group (a sequence
+  // admitted with no computed tokens starts from the zero state; the engine clears it),
+  // and where the new tokens reach a checkpoint position (docs/allocator.md, "State
+  // groups") the call records a StepOps::save_state into a new checkpoint slot, if one is
+  // free beyond the watermark (checkpoints are best effort; they never fail the call).
   // Errors: NotFound; InvalidArgument (negative counts, more tokens than the sequence
   // has); FailedPrecondition (swapped: call swap_in() first; or a copy-on-write that would
   // copy tokens whose K/V this step has not written yet); ResourceExhausted when the pool
@@ -299,7 +318,8 @@ class KvCacheManager {
   // The slot mapping of layer group `group` (in [0, num_groups())) from the last
   // allocate_slots() or allocate_slots_or_preempt() call that succeeded: each group's K/V
   // goes into its own pool, so each has its own slots; group 0's is what the call
-  // returned. Valid until the next non-const call.
+  // returned. A state group has no slots: its entries are -1. Valid until the next
+  // non-const call.
   std::span<const int64_t> slot_mapping(int32_t group) const;
 
   // KvCacheManager::allocate_slots_or_preempt()
@@ -341,7 +361,10 @@ class KvCacheManager {
   // Errors: NotFound (unknown parent); AlreadyExists (child id in use);
   // FailedPrecondition (parent swapped). A child forked from a parent scheduled in this
   // step shares its unwritten tokens: it may append only after the step (see
-  // allocate_slots()).
+  // allocate_slots()). State groups: the child takes a slot of its own and a
+  // StepOps::copy_state copies the parent's into it; FailedPrecondition when the parent
+  // holds a slot and was scheduled in this step (its state is not computed yet: fork
+  // after the step), ResourceExhausted when a state group has no free slot.
   [[nodiscard]] absl::Status fork(SeqId parent, SeqId child);
 
   // KvCacheManager::release_claim()
@@ -414,11 +437,12 @@ class KvCacheManager {
   // KvCacheManager::build_block_tables()
   //
   // Fills `out` (padded and CSR) for `seqs` in order with their tables of layer group
-  // `group`, using each sequence's computed tokens as its context length. A windowed
+  // `group` (an attention group: a state group's are write_state_slots()), using each
+  // sequence's computed tokens as its context length. A windowed
   // group's released entries (before the window of the next token) hold kPaddingBlock:
   // kernels start reading at first_attended() of their queries, so they never read them.
   // Reuses out's buffers. Errors: NotFound; FailedPrecondition for a sequence that is not
-  // running; InvalidArgument for a null `out` or a group out of range.
+  // running; InvalidArgument for a null `out`, a group out of range or a state group.
   [[nodiscard]] absl::Status build_block_tables(std::span<const SeqId> seqs, BlockTables* out,
                                                 int32_t group = 0) const;
 
@@ -437,6 +461,16 @@ class KvCacheManager {
                                                     std::span<int32_t> indices,
                                                     std::span<int32_t> last_page_len,
                                                     int32_t group = 0) const;
+
+  // KvCacheManager::write_state_slots()
+  //
+  // The state slot of each running sequence of `seqs` in state group `group`, into `out`
+  // (seqs.size() entries): where a state-space kernel reads and updates each sequence's
+  // state (vLLM's state indices). Errors: NotFound; FailedPrecondition for a sequence that
+  // is not running; InvalidArgument for a group out of range or not a state group, or an
+  // `out` too small. Nothing is written on error.
+  [[nodiscard]] absl::Status write_state_slots(std::span<const SeqId> seqs, int32_t group,
+                                               std::span<int32_t> out) const;
 
   // KvCacheManager::reset_prefix_cache()
   //
@@ -528,6 +562,13 @@ class KvCacheManager {
   void set_release_retention(const internal::Sequence& seq, internal::GroupPools& g, int32_t entry);
   void release_device_blocks(internal::Sequence& seq);
   void release_host_blocks(internal::Sequence& seq);
+  // State groups (state_groups.cc).
+  absl::Status check_state_slots(const internal::Sequence& seq, const char* caller) const;
+  void save_checkpoints(internal::Sequence& seq, int32_t old_computed);
+  void save_checkpoint(internal::Sequence& seq, internal::GroupPools& g, int32_t blocks);
+  int32_t checkpoint_hit(const internal::Sequence& seq, internal::GroupPools& g, int32_t p);
+  void restore_checkpoints(internal::Sequence& seq, int32_t hit);
+  void fork_state(internal::Sequence& child);
   // Checks (invariants.cc) and block tables (block_tables.cc).
   absl::Status check_pool_balance(const internal::GroupPools& g, bool host) const;
   absl::Status check_host_blocks(const internal::GroupPools& g) const;
@@ -543,6 +584,10 @@ class KvCacheManager {
   std::vector<internal::GroupPools> groups_;  // pools, host tier and scratch per group
   int32_t anchor_ = -1;                       // the first full-attention group, or -1
   bool windowed_ = false;                     // some group is windowed
+  bool has_state_ = false;                    // some group is a state group
+  // Windowed blocks or checkpoints verify after the anchor's: bury_dead_windows() after
+  // each change.
+  bool buries_ = false;
   absl::flat_hash_map<SeqId, std::unique_ptr<internal::Sequence>> sequences_;
   // Pending copies, holds and write marks of the step (src/cache/step_ledger.h).
   std::unique_ptr<internal::StepLedger> ledger_;

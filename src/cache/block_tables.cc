@@ -29,6 +29,13 @@ void copy_table(const Sequence& seq, int32_t group, std::span<const BlockId> blo
   std::copy(blocks.begin() + released, blocks.end(), out);
 }
 
+// Block tables are attention groups' (a state group's are write_state_slots()).
+absl::Status attention_group(const internal::GroupPools& g, const char* caller) {
+  if (!g.holds_state()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(caller, ": layer group ", g.index,
+                                                 " is a state group; use write_state_slots()"));
+}
+
 }  // namespace
 
 absl::StatusOr<const Sequence*> KvCacheManager::running_sequence(SeqId seq,
@@ -84,6 +91,7 @@ absl::Status KvCacheManager::write_block_tables(std::span<const SeqId> seqs, int
                                                 std::span<int32_t> context_lens,
                                                 int32_t group) const {
   PAGEDKV_RETURN_IF_ERROR(check_group(group, "write_block_tables"));
+  PAGEDKV_RETURN_IF_ERROR(attention_group(groups_[group], "write_block_tables"));
   const int64_t table_entries = static_cast<int64_t>(seqs.size()) * max_blocks;
   if (max_blocks < 0 || static_cast<int64_t>(block_table.size()) < table_entries ||
       context_lens.size() < seqs.size()) {
@@ -114,6 +122,7 @@ absl::Status KvCacheManager::write_csr_block_tables(std::span<const SeqId> seqs,
                                                     std::span<int32_t> last_page_len,
                                                     int32_t group) const {
   PAGEDKV_RETURN_IF_ERROR(check_group(group, "write_csr_block_tables"));
+  PAGEDKV_RETURN_IF_ERROR(attention_group(groups_[group], "write_csr_block_tables"));
   PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "write_csr_block_tables"));
   int64_t total = 0;
   for (const Sequence* s : batch_)
@@ -133,6 +142,7 @@ absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs, Blo
                                                 int32_t group) const {
   if (out == nullptr) return absl::InvalidArgumentError("build_block_tables: out is null");
   PAGEDKV_RETURN_IF_ERROR(check_group(group, "build_block_tables"));
+  PAGEDKV_RETURN_IF_ERROR(attention_group(groups_[group], "build_block_tables"));
   PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "build_block_tables"));
   int32_t max_blocks = 0;
   int32_t total = 0;

@@ -40,22 +40,38 @@ absl::Status check_groups(const KvCacheManager::Options& options,
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": num_host_blocks ", g.num_host_blocks, " must be >= 0"));
     }
-    const bool windowed = g.kind != AttentionKind::kFull;
+    const bool windowed =
+        g.kind == AttentionKind::kSlidingWindow || g.kind == AttentionKind::kChunkedLocal;
     if (windowed ? g.window <= 0 : g.window != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": window ", g.window,
+          windowed ? " must be > 0"
+                   : (g.kind == AttentionKind::kFull ? " must be 0 for full attention"
+                                                     : " must be 0 for a state group")));
+    }
+    if (g.kind == AttentionKind::kState && i == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name, ": window ", g.window,
-                       windowed ? " must be > 0" : " must be 0 for full attention"));
+          absl::StrCat(name,
+                       ": the first group must be an attention group: allocate_slots() returns its "
+                       "slot mapping, and a state group has none"));
+    }
+    if (g.kind == AttentionKind::kState && options.enable_partial_block_reuse) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name,
+                       ": enable_partial_block_reuse with a state group: a hit must end where a "
+                       "checkpoint holds the state, at a block boundary"));
     }
     if (options.enable_host_cache && g.num_host_blocks == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": enable_host_cache needs num_host_blocks > 0 in every group"));
     }
-    has_full |= !windowed;
+    has_full |= g.kind == AttentionKind::kFull;
   }
   if (!has_full && options.enable_prefix_caching) {
     return absl::InvalidArgumentError(
-        "KvCacheManager: windowed layer groups with prefix caching need a full-attention group: "
-        "hits are verified along its chain (disable prefix caching, or add the group)");
+        "KvCacheManager: windowed or state layer groups with prefix caching need a "
+        "full-attention group: hits are verified along its chain (disable prefix caching, or "
+        "add the group)");
   }
   return absl::OkStatus();
 }
@@ -86,6 +102,11 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
   if (options.hash_fn == nullptr) {
     return absl::InvalidArgumentError("KvCacheManager: hash_fn must not be null");
   }
+  if (options.state_checkpoint_interval_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheManager: state_checkpoint_interval_blocks ",
+                     options.state_checkpoint_interval_blocks, " must be >= 0"));
+  }
   if (options.window_checkpoint_tokens < 0 || options.window_checkpoint_levels < 0 ||
       options.window_checkpoint_levels > kMaxCheckpointLevels) {
     return absl::InvalidArgumentError(
@@ -114,10 +135,11 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
   }
   // With windowed groups that cache, the anchor reports contents it loses, and the
   // windowed pools drop the blocks cached after them (docs/allocator.md).
+  // So do state groups: their checkpoints verify after the anchor's blocks too.
+  auto follows_anchor = [](const LayerGroup& g) { return g.kind != AttentionKind::kFull; };
   const bool windowed_caching =
       options.enable_prefix_caching &&
-      std::any_of(layer_groups.begin(), layer_groups.end(),
-                  [](const LayerGroup& g) { return g.kind != AttentionKind::kFull; });
+      std::any_of(layer_groups.begin(), layer_groups.end(), follows_anchor);
   const auto anchor = static_cast<size_t>(
       std::find_if(layer_groups.begin(), layer_groups.end(),
                    [](const LayerGroup& g) { return g.kind == AttentionKind::kFull; }) -
@@ -126,7 +148,8 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
     std::vector<GroupPools> groups;
     for (size_t i = 0; i < layer_groups.size(); ++i) {
       const LayerGroup& spec = layer_groups[i];
-      const bool windowed = spec.kind != AttentionKind::kFull;
+      const bool full = spec.kind == AttentionKind::kFull;
+      const bool holds_state = spec.kind == AttentionKind::kState;
       const bool logs_deaths = windowed_caching && i == anchor;
       // The events of a hybrid model name their group (docs/events.md, "Layer groups");
       // those of one group are as they were without groups.
@@ -134,21 +157,22 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
           layer_groups.size() > 1 ? std::optional<EventGroup>(
                                         EventGroup{static_cast<int32_t>(i), spec.kind, spec.window})
                                   : std::nullopt;
+      // Checkpoints send no events yet: the vLLM format has none for state.
       auto device = BlockPool::create({.num_blocks = spec.num_blocks,
                                        .block_size = options.block_size,
                                        .enable_caching = options.enable_prefix_caching,
-                                       .event_sink = options.event_sink,
+                                       .event_sink = holds_state ? nullptr : options.event_sink,
                                        .event_group = event_group,
                                        .clock = options.clock,
-                                       .log_evictions = options.enable_host_cache,
+                                       .log_evictions = options.enable_host_cache && !holds_state,
                                        .index_partial_prefixes = options.enable_partial_block_reuse,
                                        .log_dead_contents = logs_deaths,
-                                       .index_children = windowed_caching && windowed});
+                                       .index_children = windowed_caching && !full});
       if (!device.ok()) return device.status();
       auto host = BlockPool::create({.num_blocks = spec.num_host_blocks,
                                      .block_size = options.block_size,
-                                     .enable_caching = options.enable_host_cache,
-                                     .event_sink = options.event_sink,
+                                     .enable_caching = options.enable_host_cache && !holds_state,
+                                     .event_sink = holds_state ? nullptr : options.event_sink,
                                      .medium = Medium::kHost,
                                      .event_group = event_group,
                                      .clock = options.clock,
@@ -157,7 +181,7 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                                      // for swapping) are drawn apart from the device's.
                                      .first_content_key = uint64_t{1} << 63,
                                      .log_dead_contents = logs_deaths,
-                                     .index_children = windowed_caching && windowed});
+                                     .index_children = windowed_caching && !full});
       if (!host.ok()) return host.status();
       // The watermark scaled to the group's pool, rounded up: the same headroom share.
       const int64_t watermark =
@@ -168,7 +192,9 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                             static_cast<int32_t>(std::min<int64_t>(watermark, spec.num_blocks - 1)),
                         .device = *std::move(device),
                         .host = *std::move(host),
-                        .host_tier = options.enable_host_cache
+                        // Checkpoints are not demoted: a state group's host pool
+                        // serves swapping only.
+                        .host_tier = options.enable_host_cache && !holds_state
                                          ? std::make_unique<internal::HostTier>()
                                          : nullptr,
                         .match = {}});
@@ -187,13 +213,16 @@ KvCacheManager::KvCacheManager(Options options, std::vector<LayerGroup> layer_gr
       groups_(std::move(groups)),
       ledger_(std::make_unique<internal::StepLedger>(layer_groups_)) {
   for (const GroupPools& g : groups_) {
-    if (!g.windowed()) {
+    if (g.full()) {
       anchor_ = g.index;
       break;
     }
   }
   windowed_ =
       std::any_of(groups_.begin(), groups_.end(), [](const GroupPools& g) { return g.windowed(); });
+  has_state_ = std::any_of(groups_.begin(), groups_.end(),
+                           [](const GroupPools& g) { return g.holds_state(); });
+  buries_ = (windowed_ || has_state_) && anchor_ >= 0;
   group_counters_.resize(groups_.size());
   plans_.resize(groups_.size());
 }

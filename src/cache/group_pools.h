@@ -6,8 +6,9 @@
 // i of every table holds the same tokens.
 //
 // Which blocks a group needs: a full group every block of the context; a windowed group
-// the blocks from first_attended() of the next token to compute. A prefix hit of p blocks
-// needs, in every group, the blocks that the token at p * block_size attends to.
+// the blocks from first_attended() of the next token to compute; a state group one state
+// slot. A prefix hit of p blocks needs, in every attention group, the blocks that the
+// token at p * block_size attends to, and in every state group a checkpoint at p.
 #ifndef PAGEDKV_CACHE_GROUP_POOLS_H_
 #define PAGEDKV_CACHE_GROUP_POOLS_H_
 
@@ -37,6 +38,7 @@ struct GroupMatch {
   std::vector<BlockId> promote_hits;
   std::vector<uint64_t> parent_keys;
   BlockId partial_src = kNoBlock;  // the block partial-block reuse copies from
+  BlockId checkpoint = kNoBlock;   // state groups: the checkpoint the hit restores
 
   // Sizes the scratch for `n` entries; a windowed group's entries become unknown.
   void reset(int32_t n, bool windowed) {
@@ -60,7 +62,13 @@ struct GroupPools {
   std::unique_ptr<HostTier> host_tier;  // null without Options::enable_host_cache
   GroupMatch match;                     // match_prefix()'s scratch
 
-  bool windowed() const { return spec.kind != AttentionKind::kFull; }
+  bool full() const { return spec.kind == AttentionKind::kFull; }
+  bool windowed() const {
+    return spec.kind == AttentionKind::kSlidingWindow || spec.kind == AttentionKind::kChunkedLocal;
+  }
+  // A state group's pool holds state slots: a sequence's table is its one slot, and the
+  // cached slots are checkpoints, each indexed under the hash of the block it ends.
+  bool holds_state() const { return spec.kind == AttentionKind::kState; }
 
   // The first table entry that a token at position `pos` needs.
   int32_t first_needed_block(int64_t pos, int32_t block_size) const {

@@ -40,9 +40,32 @@ absl::Status check_tokens(const Sequence& s, int32_t block_size, int32_t max_mod
   return absl::OkStatus();
 }
 
+// A state group's table of `s`: one slot from its admission on (a waiting sequence's
+// claim restores one), its host copy while swapped; never a cached checkpoint.
+absl::Status check_state_table(const Sequence& s, const GroupPools& g) {
+  const GroupTable& t = s.tables[g.index];
+  const auto table = static_cast<int32_t>(t.blocks.size());
+  const auto host = static_cast<int32_t>(t.host_blocks.size());
+  const int32_t slots = s.state == SequenceState::kRunning   ? 1
+                        : s.state == SequenceState::kWaiting ? (s.num_computed > 0 ? 1 : 0)
+                                                             : 0;
+  const int32_t host_slots = s.state == SequenceState::kSwapped ? 1 : 0;
+  if (table != slots || host != host_slots || t.first_held != 0) {
+    return broken("seq ", s.id, " state group ", g.index, " ", internal::state_name(s.state),
+                  " with ", s.num_computed, " computed tokens: ", table, " slots (want ", slots,
+                  "), ", host, " host slots (want ", host_slots, "), first held ", t.first_held);
+  }
+  if (table == 1 && g.device.is_cached(t.blocks[0]).value()) {
+    return broken("seq ", s.id, " state group ", g.index, ": its slot ", t.blocks[0],
+                  " is a cached checkpoint");
+  }
+  return absl::OkStatus();
+}
+
 // One group's table of `s`: its length for the state, released entries only before the
 // window of the next token, and held blocks indexed under the sequence's hashes.
 absl::Status check_table(const Sequence& s, const GroupPools& g, int32_t block_size) {
+  if (g.holds_state()) return check_state_table(s, g);
   const GroupTable& t = s.tables[g.index];
   const int32_t context_blocks = num_blocks_for_tokens(s.num_computed, block_size);
   const auto table = static_cast<int32_t>(t.blocks.size());

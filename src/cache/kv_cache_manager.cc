@@ -73,12 +73,13 @@ absl::Status KvCacheManager::add_sequence(SeqId seq, std::span<const TokenId> pr
     }
   }
   // The watermark does not count: a sequence alone in the pool may use every block. A
-  // windowed group needs at least the blocks one token's window spans.
+  // windowed group needs at least the blocks one token's window spans, a state group a slot.
   const int32_t bs = options_.block_size;
   const int64_t prompt_blocks = div_ceil(static_cast<int64_t>(prompt.size()), bs);
   for (const GroupPools& g : groups_) {
-    const int64_t needed =
-        g.windowed() ? std::min(prompt_blocks, div_ceil(g.spec.window - 1, bs) + 1) : prompt_blocks;
+    const int64_t needed = g.windowed()
+                               ? std::min(prompt_blocks, div_ceil(g.spec.window - 1, bs) + 1)
+                               : (g.holds_state() ? 1 : prompt_blocks);
     if (needed > g.spec.num_blocks) {
       return absl::InvalidArgumentError(absl::StrCat(
           "add_sequence(seq ", seq, "): prompt of ", prompt.size(), " tokens needs ", needed,
@@ -91,6 +92,7 @@ absl::Status KvCacheManager::add_sequence(SeqId seq, std::span<const TokenId> pr
   s->priority = options.priority;
   s->arrival = next_arrival_++;
   s->tokens.assign(prompt.begin(), prompt.end());
+  s->prompt_len = static_cast<int32_t>(prompt.size());
   s->tables.resize(groups_.size());
   s->extra_keys.assign(options.extra_keys.begin(), options.extra_keys.end());
   s->retention = std::move(options.retention);
@@ -181,6 +183,17 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
   for (GroupPools& g : groups_) {
     const GroupTable& t = tables[g.index];
     GroupPlan& plan = plans_[g.index];
+    const int32_t reserve = admission && num_running_ > 0 ? g.watermark_blocks : 0;
+    if (g.holds_state()) [[unlikely]] {
+      plan = {.new_blocks = t.blocks.empty() ? 1 : 0};  // a slot from the admission on
+      if (plan.new_blocks + reserve > g.device.num_free_blocks()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "allocate_slots(seq ", seq.id, "): need a state slot",
+            reserve > 0 ? absl::StrCat(" + watermark ", reserve) : "", " in group ", g.index, ", ",
+            g.device.num_free_blocks(), " free of ", g.spec.num_blocks));
+      }
+      continue;
+    }
     int32_t freed = 0;
     plan.release_end = g.windowed() ? release_end(seq, g, freed) : 0;
     const int64_t held = total_blocks - (g.windowed() ? plan.release_end : 0);
@@ -200,7 +213,6 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
     plan.new_blocks =
         static_cast<int32_t>(std::max<int64_t>(0, total_blocks - std::ssize(t.blocks))) +
         (plan.copy_on_write ? 1 : 0);
-    const int32_t reserve = admission && num_running_ > 0 ? g.watermark_blocks : 0;
     const int32_t free_blocks = g.device.num_free_blocks() + freed;
     if (plan.new_blocks + reserve > free_blocks) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -221,6 +233,11 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
       release_behind_window(seq, g, plan.release_end);
     }
     if (plan.new_blocks > 0) grow_table(seq, g, plan, write_block, partial);
+    if (g.holds_state()) [[unlikely]] {  // no slots: the state is updated in place
+      std::fill_n(slots, num_new_tokens, int64_t{-1});
+      slots += num_new_tokens;
+      continue;
+    }
     const BlockId* blocks = tables[g.index].blocks.data();
     // The blocks the new tokens' K/V goes into, once each; then their slots.
     if (num_new_tokens > 0) {
@@ -230,10 +247,14 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
     slots += num_new_tokens;
   }
   if (num_new_tokens > 0) ledger_->mark_scheduled(seq, seq.num_computed);
+  const int32_t old_computed = seq.num_computed;
   seq.num_computed = static_cast<int32_t>(new_total);
   set_state(seq, SequenceState::kRunning);
   if (seq.num_offered_blocks < seq.num_computed / bs) offer_computed_blocks(seq);
-  if (windowed_ && anchor_ >= 0) [[unlikely]] {
+  if (has_state_ && old_computed / bs < seq.num_computed / bs) [[unlikely]] {
+    save_checkpoints(seq, old_computed);
+  }
+  if (buries_) [[unlikely]] {
     bury_dead_windows();
   }
   return std::span<const int64_t>(slot_mapping_).first(num_new_tokens);
@@ -324,16 +345,19 @@ absl::Status KvCacheManager::fork(SeqId parent, SeqId child) {
     return absl::FailedPreconditionError(
         absl::StrCat("fork(parent ", parent, "): parent is swapped; swap_in() first"));
   }
+  if (has_state_) PAGEDKV_RETURN_IF_ERROR(check_state_slots(*p, "fork"));
   auto c = std::make_unique<Sequence>(*p);
   c->id = child;
   c->arrival = next_arrival_++;
   // Only blocks holding computed tokens are shared; the parent keeps its lookahead blocks.
   const auto context_blocks = div_ceil(p->num_computed, options_.block_size);
   for (GroupPools& g : groups_) {
+    if (g.holds_state()) continue;
     GroupTable& t = c->tables[g.index];
     t.blocks.resize(std::max<int64_t>(t.first_held, context_blocks));
     for (size_t i = t.first_held; i < t.blocks.size(); ++i) g.device.touch_unchecked(t.blocks[i]);
   }
+  if (has_state_) fork_state(*c);
   c->num_offered_blocks = std::min(c->num_offered_blocks, static_cast<int32_t>(context_blocks));
   num_running_ += c->state == SequenceState::kRunning;
   sequences_.emplace(child, std::move(c));
@@ -348,7 +372,7 @@ absl::Status KvCacheManager::free(SeqId seq) {
   if (s->state == SequenceState::kSwapped) release_host_blocks(*s);  // held only while swapped
   set_state(*s, SequenceState::kWaiting);                            // leaves the running count
   sequences_.erase(seq);
-  if (windowed_ && anchor_ >= 0) bury_dead_windows();
+  if (buries_) bury_dead_windows();
   return absl::OkStatus();
 }
 
@@ -357,6 +381,7 @@ void KvCacheManager::unshare_unwritten_blocks(Sequence& seq) {
   // Blocks that this step's K/V writes fill and it holds alone may never be written. A
   // block a swap-in or promotion fills stays cached: its copy runs with the step's ops.
   for (GroupPools& g : groups_) {
+    if (g.holds_state()) continue;
     const GroupTable& t = seq.tables[g.index];
     const int32_t first = std::max(seq.settled_tokens / options_.block_size, t.first_held);
     for (int32_t i = first; i < seq.num_offered_blocks; ++i) {
@@ -381,7 +406,7 @@ void KvCacheManager::release_device_blocks(Sequence& seq) {
     GroupTable& t = seq.tables[g.index];
     // A swapped sequence's device tables are empty; first_held is kept for swap_in().
     const auto first = std::min(static_cast<size_t>(t.first_held), t.blocks.size());
-    if (!seq.retention.empty() || (g.windowed() && caching)) [[unlikely]] {
+    if (!g.holds_state() && (!seq.retention.empty() || (g.windowed() && caching))) [[unlikely]] {
       for (size_t i = first; i < t.blocks.size(); ++i) {
         set_release_retention(seq, g, static_cast<int32_t>(i));
       }

@@ -21,6 +21,18 @@ using internal::Hold;
 using internal::Sequence;
 using internal::state_name;
 
+namespace {
+
+// The entries of `s`'s table in `g` that a swap copies to host blocks: those holding
+// computed tokens, or a state group's slot.
+int32_t held_entries(const Sequence& s, const GroupPools& g, int32_t block_size) {
+  const GroupTable& t = s.tables[g.index];
+  if (g.holds_state()) return static_cast<int32_t>(t.blocks.size());
+  return num_blocks_for_tokens(s.num_computed, block_size) - t.first_held;
+}
+
+}  // namespace
+
 absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preempt(
     SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
@@ -60,10 +72,7 @@ std::optional<Preemption> KvCacheManager::choose_victim(SeqId requester) const {
   auto fits_host = [this](SeqId id) {
     const Sequence& s = *find(id);
     return std::all_of(groups_.begin(), groups_.end(), [&](const GroupPools& g) {
-      const GroupTable& t = s.tables[g.index];
-      const int32_t held =
-          num_blocks_for_tokens(s.num_computed, options_.block_size) - t.first_held;
-      return held <= g.host.num_free_blocks();
+      return held_entries(s, g, options_.block_size) <= g.host.num_free_blocks();
     });
   };
   return internal::choose_victim(candidates, requester, options_.victim_policy,
@@ -102,9 +111,8 @@ absl::Status KvCacheManager::preempt(SeqId seq, PreemptionMode mode) {
 // same group, then frees the device blocks: the sequence is swapped.
 absl::Status KvCacheManager::swap_out(Sequence& s) {
   const int32_t bs = options_.block_size;
-  const int32_t context_blocks = num_blocks_for_tokens(s.num_computed, bs);
   for (const GroupPools& g : groups_) {
-    const int32_t needed = context_blocks - s.tables[g.index].first_held;
+    const int32_t needed = held_entries(s, g, options_.block_size);
     if (needed > g.host.num_free_blocks()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("preempt(seq ", s.id, ", swap): need ", needed, " host blocks",
@@ -114,10 +122,11 @@ absl::Status KvCacheManager::swap_out(Sequence& s) {
   }
   for (GroupPools& g : groups_) {
     GroupTable& t = s.tables[g.index];
-    t.host_blocks.resize(context_blocks - t.first_held);
+    t.host_blocks.resize(held_entries(s, g, options_.block_size));
     g.host.allocate_unchecked(t.host_blocks);
-    for (int32_t i = t.first_held; i < context_blocks; ++i) {
-      const int32_t valid = std::min(bs, s.num_computed - i * bs);
+    const int32_t end = t.first_held + static_cast<int32_t>(t.host_blocks.size());
+    for (int32_t i = t.first_held; i < end; ++i) {
+      const int32_t valid = g.holds_state() ? bs : std::min(bs, s.num_computed - i * bs);
       // The device source is released below on purpose: swap-out runs first in a step.
       ledger_->record(internal::kSwapOut,
                       {t.blocks[i], t.host_blocks[i - t.first_held], valid, g.index});
@@ -158,7 +167,7 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
     allocate_device_blocks(g, std::span(t.blocks).subspan(t.first_held));
     for (int32_t j = 0; j < needed; ++j) {
       const int32_t i = t.first_held + j;
-      const int32_t valid = std::min(bs, s->num_computed - i * bs);
+      const int32_t valid = g.holds_state() ? bs : std::min(bs, s->num_computed - i * bs);
       ledger_->record(internal::kSwapIn, {t.host_blocks[j], t.blocks[i], valid, g.index});
       ledger_->mark_filled_by_copy(g.index, t.blocks[i]);
     }
@@ -168,7 +177,7 @@ absl::Status KvCacheManager::swap_in(SeqId seq) {
   set_state(*s, SequenceState::kRunning);
   ledger_->mark_scheduled(*s, /*settled_tokens=*/0);  // nothing is on the device before swap-in
   offer_computed_blocks(*s);
-  if (windowed_ && anchor_ >= 0) bury_dead_windows();
+  if (buries_) bury_dead_windows();
   return absl::OkStatus();
 }
 
@@ -192,7 +201,7 @@ void KvCacheManager::drop_claim(Sequence& seq) {
   seq.num_offered_blocks = 0;
   seq.kv_before_reset = false;
   internal::StepLedger::unschedule(seq);
-  if (windowed_ && anchor_ >= 0) bury_dead_windows();
+  if (buries_) bury_dead_windows();
 }
 
 }  // namespace pagedkv

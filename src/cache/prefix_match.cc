@@ -126,24 +126,24 @@ int32_t KvCacheManager::window_hit(const Sequence& seq, GroupPools& g, int32_t p
 }
 
 // The longest prefix, in blocks, that every group can serve; changes nothing.
-// *chain_end: the full groups' part of it, before the windowed groups cut it.
+// *chain_end: the full groups' part of it, before the windowed and state groups cut it.
 int32_t KvCacheManager::find_hit(const Sequence& seq, int32_t max_blocks, int32_t* chain_end) {
   int32_t p = max_blocks;
   for (GroupPools& g : groups_) {
-    if (!g.windowed()) p = std::min(p, match_chain(seq, g, max_blocks));
+    if (g.full()) p = std::min(p, match_chain(seq, g, max_blocks));
   }
   *chain_end = p;
-  if (!windowed_) return p;
+  if (!windowed_ && !has_state_) return p;
   for (GroupPools& g : groups_) {
     if (g.windowed()) g.match.reset(max_blocks, /*windowed=*/true);
   }
-  // Each windowed group may cut the hit shorter, which changes what the others need: stop
-  // when a whole round agrees.
+  // Each windowed or state group may cut the hit shorter, which changes what the others
+  // need: stop when a whole round agrees.
   for (bool changed = true; changed && p > 0;) {
     changed = false;
     for (GroupPools& g : groups_) {
-      if (!g.windowed()) continue;
-      const int32_t q = window_hit(seq, g, p);
+      if (g.full()) continue;
+      const int32_t q = g.windowed() ? window_hit(seq, g, p) : checkpoint_hit(seq, g, p);
       changed |= q < p;
       p = q;
     }
@@ -282,6 +282,7 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   int32_t chain_end = 0;  // what the full groups hold, before the windowed ones cut it
   const int32_t hit = find_hit(*s, max_blocks, &chain_end);
   for (GroupPools& g : groups_) {
+    if (g.holds_state()) continue;
     const int32_t first = g.windowed() ? g.first_needed_block(int64_t{hit} * bs, bs) : 0;
     share_device_hits(*s, g, first, hit);
     group_counters_[g.index].hit_blocks += hit - first;
@@ -289,13 +290,16 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   for (GroupPools& g : groups_) {
     if (g.host_tier != nullptr) promote_host_hits(*s, g, hit);
   }
+  if (has_state_ && hit > 0) restore_checkpoints(*s, hit);
   const int32_t partial = options_.enable_partial_block_reuse ? reuse_partial_block(*s, hit) : 0;
   s->num_computed = hit * bs + partial;
   s->num_offered_blocks = hit;
   // A hit on a block another sequence fills in this step holds K/V not written yet, and
-  // so does a partial block until the step's copies run.
-  int32_t first_unwritten = partial > 0 ? hit : hit + 1;
+  // so does a partial block until the step's copies run; a restored state is there only
+  // once they run too.
+  int32_t first_unwritten = partial > 0 || (has_state_ && hit > 0) ? hit : hit + 1;
   for (const GroupPools& g : groups_) {
+    if (g.holds_state()) continue;
     const GroupTable& t = s->tables[g.index];
     for (int32_t i = t.first_held; i < std::min(hit, first_unwritten); ++i) {
       if (ledger_->written(g.index, t.blocks[i])) {
@@ -310,8 +314,9 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
   if (windowed_) {
     s->match_chain_end = chain_end;
     s->match_hit = hit;
-    bury_dead_windows();
   }
+  if (has_state_) s->state_branch = chain_end > hit ? chain_end : 0;
+  if (buries_) bury_dead_windows();
   return s->num_computed;
 }
 
@@ -337,7 +342,7 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
   // The full groups first: a recomputed anchor block may become a standby and take the
   // indexed copy's content key, and the windowed groups must cache after that key.
   for (GroupPools& g : groups_) {
-    if (g.windowed()) continue;
+    if (!g.full()) continue;
     const std::vector<BlockId>& blocks = seq.tables[g.index].blocks;
     g.device.cache_full_blocks_unchecked(std::span<const BlockId>(blocks).subspan(first, count),
                                          hashes, first == 0 ? kNoBlock : blocks[first - 1],

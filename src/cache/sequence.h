@@ -15,7 +15,9 @@ namespace pagedkv::internal {
 
 // One layer group's part of a sequence (see layer_group.h). Entry i of `blocks` holds
 // tokens [i * block_size, (i + 1) * block_size). A windowed group releases the blocks no
-// future token attends to: entries before `first_held` are kNoBlock.
+// future token attends to: entries before `first_held` are kNoBlock. A state group's
+// `blocks` is the sequence's one state slot (or empty), `host_blocks` its copy while
+// swapped.
 struct GroupTable {
   std::vector<BlockId> blocks;       // device table (running; a waiting sequence's claim)
   std::vector<BlockId> host_blocks;  // while swapped: host copies of entries first_held..
@@ -50,6 +52,10 @@ struct Sequence {
   // blocks: branch points whose windows the windowed groups keep longest.
   int32_t match_chain_end = 0;
   int32_t match_hit = 0;
+  // State groups: the prompt's length, and the branch point of its match (where the full
+  // groups' chain ended past the hit; 0: none), in blocks: where checkpoints are saved.
+  int32_t prompt_len = 0;
+  int32_t state_branch = 0;
 };
 
 inline const char* state_name(SequenceState state) {

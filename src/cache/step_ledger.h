@@ -3,7 +3,7 @@
 // A step is what happens between two take_step_ops() calls: the scheduler admits, grows,
 // preempts and frees sequences, and the manager records the block copies the engine must
 // run before the step's K/V writes. StepLedger owns everything that lives for one step:
-//   - the pending copies, per list of StepOps;
+//   - the pending copies, per list of StepOps, and the state saves;
 //   - holds: per block of every layer group's pools, how many pending copies name it. A block
 //   released while held is
 //     parked (deferred) until the engine has taken the ops, so that one batch of copies
@@ -47,10 +47,11 @@ inline constexpr OpList kSwapOut{&StepOps::swap_out, Hold::kNone, Hold::kHost};
 inline constexpr OpList kDemote{&StepOps::demote, Hold::kNone, Hold::kHost};
 inline constexpr OpList kExchange{&StepOps::exchange, Hold::kDevice, Hold::kHost};
 inline constexpr OpList kCopyOnWrite{&StepOps::copy_on_write, Hold::kDevice, Hold::kDevice};
+inline constexpr OpList kCopyState{&StepOps::copy_state, Hold::kDevice, Hold::kDevice};
 inline constexpr OpList kSwapIn{&StepOps::swap_in, Hold::kHost, Hold::kDevice};
 inline constexpr OpList kPromote{&StepOps::promote, Hold::kHost, Hold::kDevice};
-inline constexpr OpList kOpLists[] = {kSwapOut,     kDemote, kExchange,
-                                      kCopyOnWrite, kSwapIn, kPromote};
+inline constexpr OpList kOpLists[] = {kSwapOut,   kDemote, kExchange, kCopyOnWrite,
+                                      kCopyState, kSwapIn, kPromote};
 
 class StepLedger {
  public:
@@ -91,6 +92,13 @@ class StepLedger {
     (pending_.*list.ops).push_back(op);
     hold(list.src, op.group, op.src, +1);
     hold(list.dst, op.group, op.dst, +1);
+  }
+  // Records a state save; both slots stay held until take(): the computation reads the
+  // sequence's slot and writes the checkpoint after the step's copies.
+  void record(const StateSave& save) {
+    pending_.save_state.push_back(save);
+    hold(Hold::kDevice, save.group, save.src, +1);
+    hold(Hold::kDevice, save.group, save.dst, +1);
   }
   bool holds_device(int32_t group, BlockId block) const {
     return device_holds_[device(group, block)] > 0;
@@ -160,7 +168,7 @@ class StepLedger {
       host_holds_[host(group, block)] += delta;
     }
   }
-  // Calls fn(side, group, block) for each held end of every pending copy.
+  // Calls fn(side, group, block) for each held end of every pending copy and save.
   template <typename Fn>
   void for_each_hold(Fn fn) const {
     for (const OpList& list : kOpLists) {
@@ -168,6 +176,10 @@ class StepLedger {
         if (list.src != Hold::kNone) fn(list.src, op.group, op.src);
         if (list.dst != Hold::kNone) fn(list.dst, op.group, op.dst);
       }
+    }
+    for (const StateSave& save : pending_.save_state) {
+      fn(Hold::kDevice, save.group, save.src);
+      fn(Hold::kDevice, save.group, save.dst);
     }
   }
   void drop_holds_and_advance();
@@ -205,15 +217,19 @@ StepOps StepLedger::take(PoolOf pool_of) {
 template <typename DevicePool>
 absl::Status StepLedger::check_invariants(DevicePool device_pool) const {
   if (absl::Status s = check_holds(); !s.ok()) return s;
+  auto in_use = [&](int32_t group, BlockId dst) {
+    if (device_pool(group).ref_count_unchecked(dst) > 0) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("StepLedger invariant: pending copy into group ", group,
+                                            " device block ", dst, ", which is free"));
+  };
   for (const OpList& list : kOpLists) {
     if (list.dst != Hold::kDevice) continue;
     for (const BlockCopy& op : pending_.*list.ops) {
-      if (device_pool(op.group).ref_count_unchecked(op.dst) == 0) {
-        return absl::InternalError(absl::StrCat("StepLedger invariant: pending copy into group ",
-                                                op.group, " device block ", op.dst,
-                                                ", which is free"));
-      }
+      if (absl::Status s = in_use(op.group, op.dst); !s.ok()) return s;
     }
+  }
+  for (const StateSave& save : pending_.save_state) {
+    if (absl::Status s = in_use(save.group, save.dst); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

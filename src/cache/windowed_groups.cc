@@ -66,8 +66,9 @@ int32_t KvCacheManager::window_priority(const Sequence& seq, const GroupPools& g
   return kDefaultRetentionPriority - (top - cls);
 }
 
-// Drops the windowed blocks cached after anchor contents that are gone from both of the
-// anchor's pools: no hit can verify them again, and they would outlive their anchors.
+// Drops the windowed blocks and checkpoints cached after anchor contents that are gone
+// from both of the anchor's pools: no hit can verify them again, and they would outlive
+// their anchors.
 void KvCacheManager::bury_dead_windows() {
   GroupPools& anchor = groups_[anchor_];
   for (BlockPool* pool : {&anchor.device, &anchor.host}) {
@@ -80,7 +81,7 @@ void KvCacheManager::bury_dead_windows() {
       };
       if (holds(anchor.device) || holds(anchor.host)) continue;
       for (GroupPools& g : groups_) {
-        if (!g.windowed()) continue;
+        if (g.full()) continue;
         g.device.uncache_children(d.content_key);
         g.host.uncache_children(d.content_key);
       }

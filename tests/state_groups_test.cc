@@ -1,0 +1,285 @@
+// Tests of KvCacheManager's state groups (AttentionKind::kState): a state slot per started
+// sequence, checkpoint saves at the prompt's end and at branch points, restores on prefix
+// hits, forks, preemption, the order of the ops within a step and the checkpoints'
+// eviction classes. Exact values are worked out in the comments: a fresh pool hands out
+// its clean blocks (slots) in id order, and freed clean ones go back to the head of the
+// free queue.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "pagedkv/kv_cache_manager.h"
+#include "support/manager_test_util.h"
+
+namespace pagedkv {
+namespace {
+
+using namespace pagedkv::testing;  // NOLINT: the shared test helpers
+
+constexpr int32_t kFull = 0;  // group indices of the managers below
+constexpr int32_t kState = 1;
+
+// A full-attention group of `blocks` 4-token blocks and a state group of `slots` slots.
+KvCacheManager with_state(int32_t blocks, int32_t slots, KvCacheManager::Options options = {}) {
+  options.block_size = 4;
+  options.layer_groups = {
+      {.kind = AttentionKind::kFull, .num_blocks = blocks, .num_host_blocks = 8},
+      {.kind = AttentionKind::kState, .num_blocks = slots, .num_host_blocks = 2}};
+  return make_manager(std::move(options));
+}
+
+// Tokens first, first + 1, ... of `n` tokens.
+std::vector<TokenId> run(TokenId first, int n) { return iota_tokens(n, first); }
+
+std::vector<TokenId> concat(std::vector<TokenId> a, const std::vector<TokenId>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The state slot of a running sequence, as a kernel gets it.
+int32_t state_slot(const KvCacheManager& m, SeqId seq) {
+  int32_t slot = -1;
+  const SeqId seqs[] = {seq};
+  REQUIRE(m.write_state_slots(seqs, kState, {&slot, 1}).ok());
+  return slot;
+}
+
+// The slots of any sequence's state group table: one once it has started or claimed.
+Blocks state_table(const KvCacheManager& m, SeqId seq) {
+  auto view = m.sequence(seq, kState);
+  REQUIRE(view.ok());
+  return Blocks(view->block_table.begin(), view->block_table.end());
+}
+
+TEST_CASE("a sequence takes a state slot at admission and saves its prompt's end", "[state]") {
+  KvCacheManager m = with_state(16, 8);
+  admit(m, 1, run(100, 10));
+  allocate(m, 1, 10);
+  // Slot 0 for the sequence; its 10-token prompt ends its last full block at 8 tokens, so
+  // slot 1 takes the checkpoint there. No slot mapping in a state group.
+  CHECK(state_slot(m, 1) == 0);
+  CHECK(m.slot_mapping(kState).size() == 10);
+  for (const int64_t s : m.slot_mapping(kState)) CHECK(s == -1);
+  CHECK(m.slot_mapping(kFull).front() == 0);
+  BlockTables tables;
+  const SeqId seqs[] = {1};
+  require_error(m.build_block_tables(seqs, &tables, kState), absl::StatusCode::kInvalidArgument,
+                "state group");
+  const StepOps ops = m.take_step_ops();
+  CHECK(ops.save_state ==
+        std::vector<StateSave>{{.seq = 1, .position = 8, .src = 0, .dst = 1, .group = kState}});
+  CHECK(ops.copy_state.empty());
+  CHECK(m.group_stats(kState).checkpoints_saved == 1);
+  CHECK(m.group_stats(kState).used_blocks == 1);         // the checkpoint is free once saved
+  CHECK(m.group_stats(kState).cached_free_blocks == 1);  // and cached
+  require_valid(m);
+}
+
+TEST_CASE("a prefix hit ends at a checkpoint and restores it", "[state]") {
+  KvCacheManager m = with_state(16, 8);
+  admit(m, 1, run(100, 10));
+  allocate(m, 1, 10);
+  end_step(m);  // the checkpoint at 8 tokens is saved by this step's computation
+  REQUIRE(m.free(1).ok());
+  // The same 8 tokens, then others: the full group holds blocks 0 and 1, the state group
+  // a checkpoint after them.
+  admit(m, 2, concat(run(100, 8), run(200, 4)));
+  CHECK(*m.match_prefix(2) == 8);
+  // free(1) returned slot 0 clean to the head of the free queue: the restore takes it.
+  CHECK(state_table(m, 2) == Blocks{0});
+  allocate(m, 2, 4);
+  const StepOps ops = m.take_step_ops();
+  CHECK(ops.copy_state ==
+        std::vector<BlockCopy>{{.src = 1, .dst = 0, .num_tokens = 4, .group = kState}});
+  CHECK(m.group_stats(kState).checkpoints_restored == 1);
+  CHECK(m.stats().prefix_hit_tokens == 8);
+  require_valid(m);
+}
+
+TEST_CASE("a checkpoint saved in this step is restored only after it", "[state]") {
+  KvCacheManager m = with_state(16, 8);
+  admit(m, 1, run(100, 10));
+  allocate(m, 1, 10);
+  // Same step: the blocks are shared (their K/V is written before attention reads it),
+  // the state is not: its save runs during this step's computation, after the copies.
+  admit(m, 2, concat(run(100, 8), run(200, 4)));
+  CHECK(*m.match_prefix(2) == 0);
+  REQUIRE(m.release_claim(2).ok());
+  end_step(m);
+  CHECK(*m.match_prefix(2) == 8);
+  require_valid(m);
+}
+
+TEST_CASE("a prompt that branches from a cached one saves a checkpoint at the branch", "[state]") {
+  KvCacheManager m = with_state(32, 8);
+  const std::vector<TokenId> system = run(100, 8);  // two blocks
+  // Turn one: the prompt's end, 12 tokens, is its only checkpoint.
+  admit(m, 1, concat(system, run(200, 6)));
+  allocate(m, 1, 14);
+  CHECK(m.take_step_ops().save_state.size() == 1);
+  REQUIRE(m.free(1).ok());
+  // Another user after the same system prompt: the full group holds its two blocks, but no
+  // checkpoint ends there, so no hit; the branch point (8 tokens) and the prompt's end (12)
+  // are saved.
+  admit(m, 2, concat(system, run(300, 6)));
+  CHECK(*m.match_prefix(2) == 0);
+  allocate(m, 2, 14);
+  const StepOps ops = m.take_step_ops();
+  REQUIRE(ops.save_state.size() == 2);
+  CHECK(ops.save_state[0].position == 8);
+  CHECK(ops.save_state[1].position == 12);
+  REQUIRE(m.free(2).ok());
+  // A third user hits the system prompt.
+  admit(m, 3, concat(system, run(400, 6)));
+  CHECK(*m.match_prefix(3) == 8);
+  require_valid(m);
+}
+
+TEST_CASE("a fork copies its parent's state slot once the parent's state is computed", "[state]") {
+  KvCacheManager m = with_state(16, 4);
+  admit(m, 1, run(100, 6));
+  allocate(m, 1, 6);  // slot 0; a checkpoint at 4 tokens in slot 1
+  require_error(m.fork(1, 2), absl::StatusCode::kFailedPrecondition, "fork after the step");
+  end_step(m);
+  REQUIRE(m.fork(1, 2).ok());
+  // Slot 1 holds the checkpoint (cached, free) behind the clean slots 2 and 3: the child
+  // takes slot 2.
+  CHECK(state_slot(m, 2) == 2);
+  const StepOps ops = m.take_step_ops();
+  CHECK(ops.copy_state ==
+        std::vector<BlockCopy>{{.src = 0, .dst = 2, .num_tokens = 4, .group = kState}});
+  require_valid(m);
+}
+
+TEST_CASE("preemption drops or swaps the state slot", "[state]") {
+  KvCacheManager m = with_state(16, 4);
+  admit(m, 1, run(100, 3));
+  allocate(m, 1, 3);  // slot 0; no full block, no checkpoint
+  end_step(m);
+  SECTION("swap copies it to a host slot and back") {
+    REQUIRE(m.preempt(1, PreemptionMode::kSwap).ok());
+    StepOps ops = m.take_step_ops();
+    CHECK(ops.swap_out ==
+          std::vector<BlockCopy>{{.src = 0, .dst = 0, .num_tokens = 3, .group = kFull},
+                                 {.src = 0, .dst = 0, .num_tokens = 4, .group = kState}});
+    CHECK(m.group_stats(kState).used_blocks == 0);
+    REQUIRE(m.swap_in(1).ok());
+    ops = m.take_step_ops();
+    CHECK(ops.swap_in ==
+          std::vector<BlockCopy>{{.src = 0, .dst = 0, .num_tokens = 3, .group = kFull},
+                                 {.src = 0, .dst = 0, .num_tokens = 4, .group = kState}});
+    CHECK(state_slot(m, 1) == 0);
+  }
+  SECTION("recompute frees it: the sequence starts again from the zero state") {
+    REQUIRE(m.preempt(1, PreemptionMode::kRecompute).ok());
+    CHECK(m.group_stats(kState).used_blocks == 0);
+    allocate(m, 1, 3);
+    CHECK(state_slot(m, 1) == 0);
+  }
+  require_valid(m);
+}
+
+TEST_CASE("within a step a restored state is saved again from the sequence's slot", "[state]") {
+  KvCacheManager m = with_state(32, 8);
+  admit(m, 1, run(100, 9));
+  allocate(m, 1, 9);  // slot 0, checkpoint at 8 tokens in slot 1
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // A longer prompt after the same 8 tokens: hit at 8 (restore slot 1 into slot 0), then
+  // its computation reaches its own prompt end at 16 (save slot 0 into slot 2). The
+  // engine runs the restore with the step's copies, the save during the computation.
+  admit(m, 2, concat(run(100, 8), run(200, 9)));
+  CHECK(*m.match_prefix(2) == 8);
+  allocate(m, 2, 9);
+  StepOps ops = m.take_step_ops();
+  CHECK(ops.copy_state ==
+        std::vector<BlockCopy>{{.src = 1, .dst = 0, .num_tokens = 4, .group = kState}});
+  CHECK(ops.save_state ==
+        std::vector<StateSave>{{.seq = 2, .position = 16, .src = 0, .dst = 2, .group = kState}});
+  require_valid(m);
+}
+
+TEST_CASE("slots named by the step's state ops are not reused before it ends", "[state]") {
+  // Two slots: the sequence's and its checkpoint's.
+  KvCacheManager m = with_state(16, 2);
+  admit(m, 1, run(100, 5));
+  allocate(m, 1, 5);  // slot 0; checkpoint at 4 tokens into slot 1
+  // Freed before the step ends (an abort): the pending save still reads slot 0 and
+  // writes slot 1, so neither is free for another sequence in this step.
+  REQUIRE(m.free(1).ok());
+  admit(m, 2, run(300, 5));
+  require_error(m.allocate_slots(2, 5).status(), absl::StatusCode::kResourceExhausted,
+                "state slot");
+  require_valid(m);
+  end_step(m);
+  allocate(m, 2, 5);
+  // Slot 0 came back clean (first), slot 1 cached: the sequence takes 0, and its own
+  // checkpoint at 4 tokens evicts the old one from slot 1.
+  CHECK(state_slot(m, 2) == 0);
+  CHECK(m.take_step_ops().save_state ==
+        std::vector<StateSave>{{.seq = 2, .position = 4, .src = 0, .dst = 1, .group = kState}});
+  require_valid(m);
+}
+
+TEST_CASE("checkpoints never hit are evicted first, the shortest first", "[state]") {
+  KvCacheManager m = with_state(64, 8);
+  // Three prompts, each alone; each leaves a checkpoint at its last full block's end: A at
+  // 1 block, B at 4 blocks, D at 2 blocks.
+  auto checkpoint_of = [&](SeqId seq, std::vector<TokenId> prompt) {
+    admit(m, seq, prompt);
+    allocate(m, seq, static_cast<int32_t>(prompt.size()));
+    const StepOps ops = m.take_step_ops();
+    REQUIRE(ops.save_state.size() == 1);
+    REQUIRE(m.free(seq).ok());
+    return ops.save_state[0].dst;
+  };
+  const BlockId a = checkpoint_of(1, run(100, 5));
+  const BlockId b = checkpoint_of(2, run(300, 17));
+  const BlockId d = checkpoint_of(3, run(700, 9));
+  // C hits A's checkpoint: A's joins the hit class.
+  admit(m, 4, concat(run(100, 4), run(500, 5)));
+  CHECK(*m.match_prefix(4) == 4);
+  end_step(m);
+  std::vector<BlockId> cached;
+  for (const BlockId slot : m.device_pool(kState).free_queue_order()) {
+    if (*m.device_pool(kState).is_cached(slot)) cached.push_back(slot);
+  }
+  CHECK(cached == std::vector<BlockId>{d, b, a});
+  require_valid(m);
+}
+
+TEST_CASE("state groups are validated", "[state]") {
+  KvCacheManager::Options options{.block_size = 4};
+  SECTION("not first") {
+    options.layer_groups = {{.kind = AttentionKind::kState, .num_blocks = 4},
+                            {.kind = AttentionKind::kFull, .num_blocks = 4}};
+    require_error(KvCacheManager::create(options).status(), absl::StatusCode::kInvalidArgument,
+                  "first group must be an attention group");
+  }
+  SECTION("no window") {
+    options.layer_groups = {{.kind = AttentionKind::kFull, .num_blocks = 4},
+                            {.kind = AttentionKind::kState, .window = 8, .num_blocks = 4}};
+    require_error(KvCacheManager::create(options).status(), absl::StatusCode::kInvalidArgument,
+                  "must be 0 for a state group");
+  }
+  SECTION("no partial-block reuse") {
+    options.enable_partial_block_reuse = true;
+    options.layer_groups = {{.kind = AttentionKind::kFull, .num_blocks = 4},
+                            {.kind = AttentionKind::kState, .num_blocks = 4}};
+    require_error(KvCacheManager::create(options).status(), absl::StatusCode::kInvalidArgument,
+                  "partial_block_reuse");
+  }
+  SECTION("state slots of a state group only") {
+    KvCacheManager m = with_state(8, 4);
+    admit(m, 1, run(100, 3));
+    allocate(m, 1, 3);
+    int32_t slot = -1;
+    const SeqId seqs[] = {1};
+    require_error(m.write_state_slots(seqs, kFull, {&slot, 1}), absl::StatusCode::kInvalidArgument,
+                  "need a state group");
+    CHECK(slot == -1);
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv
