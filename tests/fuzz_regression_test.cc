@@ -18,6 +18,7 @@
 #include "pagedkv/kv_cache_manager.h"
 
 #include "support/manager_ops.h"
+#include "support/state_ops.h"
 
 namespace pagedkv::testing {
 namespace {
@@ -29,8 +30,10 @@ std::vector<uint8_t> read_bytes(const fs::path& path) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
-// Runs every file under fuzz/<folder>/<target>/; returns how many there were.
-int replay(const std::string& folder, const std::string& target, OpProfile profile) {
+// Runs every file under fuzz/<folder>/<target>/ through `run` (bytes -> "" or an error);
+// returns how many there were.
+template <typename Run>
+int replay_with(const std::string& folder, const std::string& target, Run run) {
   const fs::path dir = fs::path(PAGEDKV_SOURCE_DIR) / "fuzz" / folder / target;
   if (!fs::is_directory(dir)) return 0;
   std::vector<fs::path> files;
@@ -42,14 +45,26 @@ int replay(const std::string& folder, const std::string& target, OpProfile profi
   std::sort(files.begin(), files.end());
   for (const fs::path& file : files) {
     INFO("input " << file.string());
-    REQUIRE(run_manager_ops(read_bytes(file), profile) == "");
+    REQUIRE(run(read_bytes(file)) == "");
   }
   return static_cast<int>(files.size());
+}
+
+int replay(const std::string& folder, const std::string& target, OpProfile profile) {
+  return replay_with(folder, target, [profile](const std::vector<uint8_t>& bytes) {
+    return run_manager_ops(bytes, profile);
+  });
 }
 
 TEST_CASE("the manager fuzzer's corpus and saved crashes replay cleanly", "[fuzz]") {
   CHECK(replay("corpus", "manager", OpProfile::kManager) > 0);
   replay("regressions", "manager", OpProfile::kManager);
+}
+
+TEST_CASE("the state fuzzer's corpus and saved crashes replay cleanly", "[fuzz]") {
+  auto run = [](const std::vector<uint8_t>& bytes) { return run_state_ops(bytes); };
+  CHECK(replay_with("corpus", "state", run) > 0);
+  replay_with("regressions", "state", run);
 }
 
 TEST_CASE("the hash fuzzer's corpus and saved crashes replay cleanly", "[fuzz]") {

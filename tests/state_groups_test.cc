@@ -6,10 +6,15 @@
 // free queue.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "pagedkv/kv_cache_manager.h"
 #include "support/manager_test_util.h"
+#include "support/state_ops.h"
 
 namespace pagedkv {
 namespace {
@@ -279,6 +284,33 @@ TEST_CASE("state groups are validated", "[state]") {
                   "need a state group");
     CHECK(slot == -1);
   }
+}
+
+// Random runs of add, match, allocate (chunks and decode steps, with preemption), fork,
+// preempt in both modes, swap in, free, release of claims and flushes, each step's ops
+// run by a simulated engine whose states are fingerprints of the tokens they cover
+// (support/state_ops.h): no sequence ever starts a step with another prefix's state.
+TEST_CASE("state groups: random runs keep every sequence's state its own", "[property]") {
+  const char* env = std::getenv("PAGEDKV_PROPERTY_SEED");
+  const uint64_t seed = env != nullptr ? std::strtoull(env, nullptr, 10) : 20261202;
+  std::mt19937_64 rng(seed);
+  StateOpsTotals totals;
+  for (int run = 0; run < 2000; ++run) {
+    std::vector<uint8_t> bytes(600);
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+    const std::string error = run_state_ops(bytes, &totals);
+    INFO("seed " << seed << " run " << run);
+    REQUIRE(error == "");
+  }
+  std::printf(
+      "property test (state groups): seed %llu, %lld operations in %lld steps: %lld "
+      "checkpoints saved, %lld restored (%lld tokens), %lld forks, %lld swaps\n",
+      static_cast<unsigned long long>(seed), static_cast<long long>(totals.operations),
+      static_cast<long long>(totals.steps), static_cast<long long>(totals.saves),
+      static_cast<long long>(totals.restores), static_cast<long long>(totals.restored_tokens),
+      static_cast<long long>(totals.forks), static_cast<long long>(totals.swaps));
+  CHECK(totals.restores > 0);
+  CHECK(totals.saves > 0);
 }
 
 }  // namespace

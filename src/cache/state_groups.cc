@@ -154,7 +154,8 @@ absl::Status KvCacheManager::check_state_slots(const Sequence& seq, const char* 
 }
 
 // The child of a fork (a copy of its parent) takes a slot of its own in every state group
-// where the parent holds one, filled by a copy of the parent's.
+// where the parent holds one, filled by a copy of the parent's. Until the step's copies
+// run it counts as scheduled: a swap-out, which runs first, would read the slot empty.
 void KvCacheManager::fork_state(Sequence& child) {
   for (GroupPools& g : groups_) {
     std::vector<BlockId>& blocks = child.tables[g.index].blocks;
@@ -163,6 +164,7 @@ void KvCacheManager::fork_state(Sequence& child) {
     allocate_device_blocks(g, {blocks.data(), 1});
     ledger_->record(internal::kCopyState, {parent_slot, blocks[0], options_.block_size, g.index});
     ledger_->mark_filled_by_copy(g.index, blocks[0]);
+    ledger_->mark_scheduled(child, child.num_computed);
   }
 }
 
