@@ -49,15 +49,21 @@ struct PlanOptions {
   // Lengths to report; empty: the target and max_model_len. Each is capped at
   // max_model_len.
   std::vector<int64_t> lengths = {};
+  // For a model with state layers: the Mamba2 chunk of vLLM's prefix-caching block rule
+  // (VllmStateBlockOptions::prefix_caching_chunk); 0: the config.json's, else vLLM's
+  // default 2048.
+  int32_t vllm_state_chunk = 0;
 };
 
 // One group of pagedkv's arrangement.
 struct GroupPlan {
   KvCacheGroup group;
-  int64_t bytes_per_token = 0;
-  int64_t page_bytes = 0;           // block_size tokens of the group's layers
-  int64_t blocks_per_sequence = 0;  // set aside per target-length sequence
-  int32_t num_blocks = 0;           // the group's pool
+  int32_t num_layers = 0;
+  int64_t bytes_per_token = 0;      // 0 for a state group
+  int64_t page_bytes = 0;           // block_size tokens of the group's layers, or a state slot
+  int64_t blocks_per_sequence = 0;  // set aside per target-length sequence (state: the
+                                    // running slot and its checkpoints)
+  int32_t num_blocks = 0;           // the group's pool (state: slots)
   int64_t pool_bytes = 0;
 };
 
@@ -84,6 +90,13 @@ struct VllmGrouping {
   int64_t num_blocks = 0;     // of the shared pool: budget / block_bytes
   int64_t padding_bytes = 0;  // of the target-length sequences that fill the pool
   double waste_fraction = 0;  // padding_bytes / budget
+  // With state layers (vllm_state_block_size()): the attention block size vLLM takes, the
+  // one it takes with prefix caching on the state layers and the chunk that rule used, and
+  // one layer's state page before vLLM pads it to page_bytes. 0 without state layers.
+  int32_t state_block_size = 0;
+  int32_t state_prefix_caching_block_size = 0;
+  int32_t state_chunk = 0;
+  int64_t state_page_bytes = 0;
 };
 
 // What one sequence of `tokens` tokens costs and how many fit.
@@ -124,8 +137,10 @@ struct CapacityPlan {
 
 // vLLM's grouping of `config`'s layers (see the top of this file), its shared pool for
 // `budget_bytes`, and its padding waste when sequences of `target_tokens` fill it.
-VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes,
-                           int64_t target_tokens);
+// With state layers, their pages are one attention block of vllm_state_block_size() tokens
+// (the state padded up to it), and `state_chunk` is the prefix-caching rule's chunk.
+VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes, int64_t target_tokens,
+                           int32_t state_chunk = 2048);
 // Sequences of `tokens` tokens that vLLM's shared pool holds: num_blocks over the blocks
 // one such sequence takes in all of its groups.
 int64_t vllm_max_sequences(const KvCacheConfig& config, const VllmGrouping& vllm, int64_t tokens);

@@ -85,7 +85,11 @@ struct HfModelConfig {
   std::vector<int32_t> layer_group;     // per layer: its group in kv.groups, -1 without KV
                                         // or state (Nemotron-H's MLP and MoE layers)
   int64_t max_position_embeddings = 0;  // 0: the config names none
-  std::vector<std::string> notes;       // defaults applied and fields read in a given way
+  // The Mamba2 kernel's chunk (mamba_chunk_size, else chunk_size; vLLM's
+  // get_mamba_chunk_size()); 0: the config names none. vLLM's block size with prefix
+  // caching on state layers is a multiple of it (capacity_plan.h).
+  int32_t state_chunk_size = 0;
+  std::vector<std::string> notes;  // defaults applied and fields read in a given way
 };
 
 // Parses the text of a config.json.

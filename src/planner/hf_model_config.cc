@@ -619,6 +619,13 @@ absl::StatusOr<HfModelConfig> parse_hf_config(std::string_view json_text,
     ++(k.kind == AttentionKind::kState ? group.state.num_layers : group.shape.num_layers);
     model.layer_group.push_back(static_cast<int32_t>(g));
   }
+  for (const char* name : {"mamba_chunk_size", "chunk_size"}) {
+    PAGEDKV_ASSIGN_OR_RETURN(std::optional<int64_t> chunk, get_int(text, name));
+    if (chunk) {
+      model.state_chunk_size = static_cast<int32_t>(*chunk);
+      break;
+    }
+  }
   PAGEDKV_RETURN_IF_ERROR(model.kv.validate());
   return model;
 }
