@@ -53,7 +53,9 @@ constexpr const char* kUsage =
     R"(Usage: pagedkv-plan --config config.json --gpu-memory-gib G [options]
 
 Plans a KV cache from a model's Hugging Face config.json: the KV bytes per token of each
-layer group (full attention, sliding window, chunked local, MLA latent), the blocks of
+layer group (full attention, sliding window, chunked local, MLA latent; Mamba2 and Gated
+DeltaNet state layers by their slot of per-sequence state, with vLLM's attention block size
+for the model beside ours), the blocks of
 pagedkv's pools (one pool per group, pages of exactly the group's layers, the budget split
 in proportion to one sequence of the target length, or with --cached-tokens also counting
 what the prefix cache should keep), the sequences that fit at each

@@ -49,15 +49,21 @@ struct PlanOptions {
   // Lengths to report; empty: the target and max_model_len. Each is capped at
   // max_model_len.
   std::vector<int64_t> lengths = {};
+  // For a model with state layers: the Mamba2 chunk of vLLM's prefix-caching block rule
+  // (VllmStateBlockOptions::prefix_caching_chunk); 0: the config.json's, else vLLM's
+  // default 2048.
+  int32_t vllm_state_chunk = 0;
 };
 
 // One group of pagedkv's arrangement.
 struct GroupPlan {
   KvCacheGroup group;
-  int64_t bytes_per_token = 0;
-  int64_t page_bytes = 0;           // block_size tokens of the group's layers
-  int64_t blocks_per_sequence = 0;  // set aside per target-length sequence
-  int32_t num_blocks = 0;           // the group's pool
+  int32_t num_layers = 0;
+  int64_t bytes_per_token = 0;      // 0 for a state group
+  int64_t page_bytes = 0;           // block_size tokens of the group's layers, or a state slot
+  int64_t blocks_per_sequence = 0;  // set aside per target-length sequence (state: the
+                                    // running slot and its checkpoints)
+  int32_t num_blocks = 0;           // the group's pool (state: slots)
   int64_t pool_bytes = 0;
 };
 
@@ -84,6 +90,13 @@ struct VllmGrouping {
   int64_t num_blocks = 0;     // of the shared pool: budget / block_bytes
   int64_t padding_bytes = 0;  // of the target-length sequences that fill the pool
   double waste_fraction = 0;  // padding_bytes / budget
+  // With state layers (vllm_state_block_size()): the attention block size vLLM takes, the
+  // one it takes with prefix caching on the state layers and the chunk that rule used, and
+  // one layer's state page before vLLM pads it to page_bytes. 0 without state layers.
+  int32_t state_block_size = 0;
+  int32_t state_prefix_caching_block_size = 0;
+  int32_t state_chunk = 0;
+  int64_t state_page_bytes = 0;
 };
 
 // What one sequence of `tokens` tokens costs and how many fit.
@@ -124,11 +137,52 @@ struct CapacityPlan {
 
 // vLLM's grouping of `config`'s layers (see the top of this file), its shared pool for
 // `budget_bytes`, and its padding waste when sequences of `target_tokens` fill it.
-VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes,
-                           int64_t target_tokens);
+// With state layers, their pages are one attention block of vllm_state_block_size() tokens
+// (the state padded up to it), and `state_chunk` is the prefix-caching rule's chunk.
+VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes, int64_t target_tokens,
+                           int32_t state_chunk = 2048);
 // Sequences of `tokens` tokens that vLLM's shared pool holds: num_blocks over the blocks
 // one such sequence takes in all of its groups.
 int64_t vllm_max_sequences(const KvCacheConfig& config, const VllmGrouping& vllm, int64_t tokens);
+
+// --- vLLM's attention block size beside state layers -------------------------------------------
+//
+// vLLM keeps a state layer's slot in the same pool as attention blocks, so one attention
+// page must hold at least one layer's state: it grows the attention block size until it
+// does, and pads the state page up to it. The rule, from
+// vllm/model_executor/models/config.py at commit 1936cf3841edb9781b06c50fc4daf4bac9d3b23e,
+// HybridAttentionMambaModelConfig.verify_and_update_config() (later vLLM moved it unchanged
+// into Platform._align_hybrid_block_size(), taking the alignment from the attention
+// backend's smallest kernel block size):
+//   token page  = one attention layer's KV of one token: 2 x kv_heads x head_dim x dtype
+//                 bytes (FullAttentionSpec), or 1 x latent dim x dtype bytes for MLA
+//                 (MLAAttentionSpec)
+//   state page  = one state layer's state (MambaSpec.page_size_bytes): the largest state
+//                 group's StateShape::bytes_per_layer()
+//   a           = the kernel block alignment: 16, or 64 for MLA (128 with CUTLASS MLA)
+//   block size  = a x ceil(state page / (a x token page))
+// With prefix caching on the state layers (enable_prefix_caching, mamba_cache_mode "all"),
+// the block is instead a multiple of the Mamba2 kernel's chunk, so that checkpoints fall on
+// chunk boundaries:
+//   c           = lcm(chunk_size, a)      (chunk_size: mamba_chunk_size or chunk_size of the
+//                                          config.json; vLLM's default 2048)
+//   block size  = c x ceil(ceil(state page / token page) / c)
+// Prefix hits in vLLM then land only on multiples of that block size.
+struct VllmStateBlockOptions {
+  // The kernel block alignment a; 0: vLLM's default, 16, or 64 when the attention group is
+  // latent (MLA).
+  int32_t kernel_alignment = 0;
+  // > 0: the prefix-caching rule with this Mamba2 chunk size; 0: the rule without.
+  int32_t prefix_caching_chunk = 0;
+};
+
+// vLLM's attention block size, in tokens, for `config`'s attention and state layers. The
+// token page is the first attention group's (the models vLLM sizes this way have one
+// attention shape).
+// Errors: InvalidArgument when the config has no state group with state bytes, or no
+// attention group, when an option is negative, or when the block size exceeds 2^31 - 1.
+[[nodiscard]] absl::StatusOr<int32_t> vllm_state_block_size(
+    const KvCacheConfig& config, const VllmStateBlockOptions& options = {});
 
 // The plan as an aligned text report, and as JSON (the same figures, machine-readable).
 std::string format_plan_text(const CapacityPlan& plan);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +25,9 @@ namespace {
 // What makes two layers' vLLM KVCacheSpec equal: attention type, window, shape (dtype and
 // block size are the config's, shared by all).
 bool same_spec(const KvCacheGroup& a, const KvCacheGroup& b) {
+  if (a.kind == AttentionKind::kState || b.kind == AttentionKind::kState) {
+    return a.kind == b.kind && a.state.bytes_per_layer() == b.state.bytes_per_layer();
+  }
   return a.kind == b.kind && a.window == b.window && a.shape.num_kv_heads == b.shape.num_kv_heads &&
          a.shape.head_dim == b.shape.head_dim && a.shape.latent == b.shape.latent;
 }
@@ -71,9 +76,34 @@ std::string shape_label(const KvCacheSpec& s) {
 
 // --- vLLM's grouping -------------------------------------------------------------------------
 
-VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes,
-                           int64_t target_tokens) {
+VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes, int64_t target_tokens,
+                           int32_t state_chunk) {
   VllmGrouping v;
+  // State layers: vLLM grows the attention block until its page holds a layer's state, and
+  // pads every state page to that attention page (vllm_state_block_size()).
+  int32_t base_block = config.block_size;
+  int32_t attention = -1;
+  for (int32_t g = 0; g < config.num_groups(); ++g) {
+    if (config.is_state(g)) {
+      v.state_page_bytes = std::max(v.state_page_bytes,
+                                    config.groups[static_cast<size_t>(g)].state.bytes_per_layer());
+    } else if (attention < 0) {
+      attention = g;
+    }
+  }
+  if (v.state_page_bytes > 0) {
+    absl::StatusOr<int32_t> block = vllm_state_block_size(config);
+    absl::StatusOr<int32_t> cached = vllm_state_block_size(
+        config, {.prefix_caching_chunk = state_chunk > 0 ? state_chunk : 2048});
+    if (!block.ok() || !cached.ok()) {
+      v.rule = "unsupported";
+      v.reason = std::string((block.ok() ? cached : block).status().message());
+      return v;
+    }
+    v.state_block_size = base_block = *block;
+    v.state_prefix_caching_block_size = *cached;
+    v.state_chunk = state_chunk > 0 ? state_chunk : 2048;
+  }
   // get_kv_cache_groups() groups layers by spec; our groups already are one kind and
   // window each, so merge only groups whose specs are equal.
   std::vector<int32_t> type_of(config.groups.size());
@@ -90,12 +120,15 @@ VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes,
       type_layers.push_back(0);
     }
     type_of[static_cast<size_t>(g)] = static_cast<int32_t>(t);
-    type_layers[t] += config.groups[static_cast<size_t>(g)].shape.num_layers;
+    type_layers[t] += config.num_layers(g);
   }
   const int32_t total_layers = config.num_layers();
+  // One layer's page at the base block size; a state layer's is the attention page it is
+  // padded to.
   auto layer_page = [&](int32_t g) {
-    KvCacheSpec one = config.group_spec(g);
+    KvCacheSpec one = config.group_spec(config.is_state(g) ? attention : g);
     one.num_layers = 1;
+    one.block_size = base_block;
     return one.bytes_per_block();
   };
   bool one_kind = true;
@@ -113,15 +146,15 @@ VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes,
     v.groups.push_back(
         {.source_group = 0,
          .num_layers = total_layers,
-         .block_size = config.block_size,
-         .blocks_per_sequence = blocks_at(config.groups[0], config.block_size, target_tokens)});
+         .block_size = base_block,
+         .blocks_per_sequence = blocks_at(config.groups[0], base_block, target_tokens)});
   } else if (one_kind) {
     // UniformTypeKVCacheSpecs: one attention type, layers of different shapes, one group;
     // each layer's tensor holds its own page per block.
     v.rule = "uniform_type";
     v.group_size = total_layers;
     for (int32_t g = 0; g < config.num_groups(); ++g) {
-      v.block_bytes += layer_page(g) * config.groups[static_cast<size_t>(g)].shape.num_layers;
+      v.block_bytes += layer_page(g) * config.num_layers(g);
     }
     v.groups.push_back(
         {.source_group = 0,
@@ -145,7 +178,7 @@ VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes,
                          kind_label(config.groups[static_cast<size_t>(type_first[t])]), ")");
         return v;
       }
-      type_block_size[t] = static_cast<int32_t>(config.block_size * (max_page / page));
+      type_block_size[t] = static_cast<int32_t>(base_block * (max_page / page));
     }
     // _get_kv_cache_groups_uniform_page_size(): group_size is the fewest layers of a type,
     // or the most when that is below 1.5x the fewest; each type is cut into
@@ -198,6 +231,61 @@ int64_t vllm_max_sequences(const KvCacheConfig& config, const VllmGrouping& vllm
   return blocks > 0 ? vllm.num_blocks / blocks : 0;
 }
 
+// --- vLLM's attention block size beside state layers ------------------------------------------
+
+absl::StatusOr<int32_t> vllm_state_block_size(const KvCacheConfig& config,
+                                              const VllmStateBlockOptions& options) {
+  if (options.kernel_alignment < 0 || options.prefix_caching_chunk < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vllm_state_block_size: kernel_alignment is ", options.kernel_alignment,
+                     " and prefix_caching_chunk is ", options.prefix_caching_chunk,
+                     "; neither may be negative"));
+  }
+  int32_t attention = -1;
+  int64_t state_page = 0;
+  for (int32_t g = 0; g < config.num_groups(); ++g) {
+    const KvCacheGroup& group = config.groups[static_cast<size_t>(g)];
+    if (group.kind == AttentionKind::kState) {
+      state_page = std::max(state_page, group.state.bytes_per_layer());
+    } else if (attention < 0) {
+      attention = g;
+    }
+  }
+  if (state_page <= 0) {
+    return absl::InvalidArgumentError(
+        "vllm_state_block_size: the config has no state group with state bytes; vLLM's rule "
+        "applies to attention beside state layers");
+  }
+  if (attention < 0) {
+    return absl::InvalidArgumentError(
+        "vllm_state_block_size: the config has no attention group; vLLM's rule sizes the "
+        "attention block beside state layers");
+  }
+  // FullAttentionSpec / MLAAttentionSpec with block_size 1: one layer, one token.
+  KvCacheSpec one = config.group_spec(attention);
+  one.num_layers = 1;
+  const int64_t token_page = one.bytes_per_token();
+  if (token_page <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vllm_state_block_size: group ", attention, " has ", token_page,
+                     " KV bytes per token and layer, must be positive"));
+  }
+  const int64_t a = options.kernel_alignment > 0 ? options.kernel_alignment : one.latent ? 64 : 16;
+  int64_t block = 0;
+  if (options.prefix_caching_chunk > 0) {
+    const int64_t chunk = std::lcm(int64_t{options.prefix_caching_chunk}, a);
+    block = chunk * div_ceil(div_ceil(state_page, token_page), chunk);
+  } else {
+    block = a * div_ceil(state_page, a * token_page);
+  }
+  if (block > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vllm_state_block_size: ", block, " tokens, more than 2^31 - 1 (state page ",
+                     state_page, " bytes, token page ", token_page, " bytes)"));
+  }
+  return static_cast<int32_t>(block);
+}
+
 // --- the plan --------------------------------------------------------------------------------
 
 absl::StatusOr<CapacityPlan> plan_capacity(const KvCacheConfig& config,
@@ -225,16 +313,19 @@ absl::StatusOr<CapacityPlan> plan_capacity(const KvCacheConfig& config,
   PAGEDKV_ASSIGN_OR_RETURN(plan.split, config.split_budget(plan.budget_bytes, plan.target_tokens,
                                                            options.cached_tokens));
   for (int32_t g = 0; g < config.num_groups(); ++g) {
-    plan.groups.push_back({.group = config.groups[static_cast<size_t>(g)],
-                           .bytes_per_token = config.bytes_per_token(g),
-                           .page_bytes = config.page_bytes(g),
-                           .blocks_per_sequence = config.blocks_per_sequence(g, plan.target_tokens),
-                           .num_blocks = plan.split.groups[static_cast<size_t>(g)].num_blocks,
-                           .pool_bytes = plan.split.pool_bytes[static_cast<size_t>(g)]});
+    plan.groups.push_back(
+        {.group = config.groups[static_cast<size_t>(g)],
+         .num_layers = config.num_layers(g),
+         .bytes_per_token = config.bytes_per_token(g),
+         .page_bytes = config.page_bytes(g),
+         .blocks_per_sequence = config.split_pages_per_sequence(g, plan.target_tokens),
+         .num_blocks = plan.split.groups[static_cast<size_t>(g)].num_blocks,
+         .pool_bytes = plan.split.pool_bytes[static_cast<size_t>(g)]});
   }
   plan.waste_fraction = static_cast<double>(plan.padding_bytes + plan.split.lost_bytes) /
                         static_cast<double>(plan.budget_bytes);
-  plan.vllm = vllm_grouping(config, plan.budget_bytes, plan.target_tokens);
+  plan.vllm =
+      vllm_grouping(config, plan.budget_bytes, plan.target_tokens, options.vllm_state_chunk);
   if (plan.vllm.rule == "unsupported") plan.notes.push_back("vLLM: " + plan.vllm.reason);
 
   std::vector<int64_t> lengths = options.lengths;
@@ -282,6 +373,7 @@ absl::StatusOr<CapacityPlan> plan_capacity(const KvCacheConfig& config,
 absl::StatusOr<CapacityPlan> plan_capacity(const HfModelConfig& model, const PlanOptions& options) {
   PlanOptions resolved = options;
   if (resolved.max_model_len == 0) resolved.max_model_len = model.max_position_embeddings;
+  if (resolved.vllm_state_chunk == 0) resolved.vllm_state_chunk = model.state_chunk_size;
   PAGEDKV_ASSIGN_OR_RETURN(CapacityPlan plan, plan_capacity(model.kv, resolved));
   plan.model_type = model.model_type;
   plan.notes.insert(plan.notes.begin(), model.notes.begin(), model.notes.end());
@@ -306,15 +398,30 @@ std::string format_plan_text(const CapacityPlan& plan) {
                         "KV shape", "bytes/token", "page bytes", "blocks/seq", "blocks", "pool");
   int64_t total_bpt = 0;
   for (const GroupPlan& g : plan.groups) {
+    const bool state = g.group.kind == AttentionKind::kState;
     absl::StrAppendFormat(&out, "%-24s %6d %10s %12s %12s %10s %10s %11s\n", kind_label(g.group),
-                          g.group.shape.num_layers, shape_label(g.group.shape),
+                          g.num_layers, state ? "slot" : shape_label(g.group.shape),
                           with_commas(g.bytes_per_token), with_commas(g.page_bytes),
                           with_commas(g.blocks_per_sequence), with_commas(g.num_blocks),
                           gib(g.pool_bytes));
     total_bpt += g.bytes_per_token;
   }
-  absl::StrAppendFormat(&out, "%-24s %6d %10s %12s\n\n", "all layers", c.num_layers(), "",
+  absl::StrAppendFormat(&out, "%-24s %6d %10s %12s\n", "all layers", c.num_layers(), "",
                         with_commas(total_bpt));
+  for (const GroupPlan& g : plan.groups) {
+    if (g.group.kind != AttentionKind::kState) continue;
+    const StateShape& s = g.group.state;
+    absl::StrAppendFormat(
+        &out,
+        "state: a slot of %s bytes = %d layers x (conv %s x %s + recurrent %s x %s = %s "
+        "bytes); %s slots in the pool: one per running sequence, the rest checkpoints "
+        "(%d per sequence in the split)\n",
+        with_commas(g.page_bytes), s.num_layers, with_commas(s.conv_elements),
+        kv_dtype_name(s.conv_dtype), with_commas(s.recurrent_elements),
+        kv_dtype_name(s.recurrent_dtype), with_commas(s.bytes_per_layer()),
+        with_commas(g.num_blocks), c.checkpoints_per_sequence);
+  }
+  absl::StrAppend(&out, "\n");
   absl::StrAppendFormat(&out,
                         "pagedkv: one pool per group, no padding; %s bytes below a page lost "
                         "(%.4f%% of the budget)\n",
@@ -336,6 +443,17 @@ std::string format_plan_text(const CapacityPlan& plan) {
   } else {
     absl::StrAppendFormat(
         &out, "vLLM:    one KV cache group (%s), no padding (0.00%% of the budget)\n", v.rule);
+  }
+  if (v.state_block_size > 0) {
+    absl::StrAppendFormat(
+        &out,
+        "vLLM's block size for this model by its rule: %s tokens (pagedkv: %d), so that one "
+        "attention page holds a layer's state of %s bytes, padded to %s; with prefix caching "
+        "on the state layers (chunk %s): %s tokens, and prefix hits only at multiples of "
+        "that (pagedkv: of %d)\n",
+        with_commas(v.state_block_size), c.block_size, with_commas(v.state_page_bytes),
+        with_commas(v.page_bytes), with_commas(v.state_chunk),
+        with_commas(v.state_prefix_caching_block_size), c.block_size);
   }
   absl::StrAppendFormat(&out, "\n%10s %14s %14s %8s %14s %10s %10s %10s\n", "tokens",
                         "min bytes/seq", "held bytes", "held/min", "set aside", "pagedkv", "vLLM",
@@ -359,9 +477,20 @@ std::string format_plan_json(const CapacityPlan& plan) {
   const KvCacheConfig& c = plan.config;
   OrderedJson groups = OrderedJson::array();
   for (const GroupPlan& g : plan.groups) {
+    OrderedJson state = nullptr;
+    if (g.group.kind == AttentionKind::kState) {
+      const StateShape& s = g.group.state;
+      state = {{"conv_elements", s.conv_elements},
+               {"recurrent_elements", s.recurrent_elements},
+               {"conv_dtype", kv_dtype_name(s.conv_dtype)},
+               {"recurrent_dtype", kv_dtype_name(s.recurrent_dtype)},
+               {"bytes_per_layer", s.bytes_per_layer()},
+               {"slot_bytes", s.bytes()}};
+    }
     groups.push_back({{"kind", attention_kind_name(g.group.kind)},
                       {"window", g.group.window},
-                      {"layers", g.group.shape.num_layers},
+                      {"layers", g.num_layers},
+                      {"state", state},
                       {"kv_heads", g.group.shape.num_kv_heads},
                       {"head_dim", g.group.shape.head_dim},
                       {"latent", g.group.shape.latent},
@@ -400,6 +529,7 @@ std::string format_plan_json(const CapacityPlan& plan) {
                       {"max_model_len", plan.max_model_len},
                       {"target_tokens", plan.target_tokens},
                       {"cached_tokens", plan.split.cached_tokens},
+                      {"checkpoints_per_sequence", c.checkpoints_per_sequence},
                       {"bytes_per_token", c.bytes_per_token()},
                       {"groups", groups},
                       {"padding_bytes", plan.padding_bytes},
@@ -418,7 +548,11 @@ std::string format_plan_json(const CapacityPlan& plan) {
                         {"block_bytes", v.block_bytes},
                         {"num_blocks", v.num_blocks},
                         {"padding_bytes", v.padding_bytes},
-                        {"waste_fraction", v.waste_fraction}}},
+                        {"waste_fraction", v.waste_fraction},
+                        {"state_block_size", v.state_block_size},
+                        {"state_prefix_caching_block_size", v.state_prefix_caching_block_size},
+                        {"state_chunk", v.state_chunk},
+                        {"state_page_bytes", v.state_page_bytes}}},
                       {"lengths", lengths},
                       {"notes", plan.notes}};
   return json.dump(2) + "\n";
