@@ -211,6 +211,135 @@ TEST_CASE("split_budget refuses what it cannot split, naming the value and the l
                  "page of 6815744 bytes");
 }
 
+// Nemotron-H-8B: 24 Mamba2 layers and 4 full layers of 8 KV heads x 128, bf16. A Mamba2
+// layer's state: conv 3 x (8,192 + 2 x 8 x 128) = 30,720 bf16 elements (61,440 bytes) and
+// recurrent 128 x 64 x 128 = 1,048,576 fp32 elements (4,194,304 bytes): 4,255,744 bytes, so
+// a slot is 24 x 4,255,744 = 102,137,856 bytes. A full layer's token: 4,096 bytes.
+const KvCacheConfig kNemotronH{
+    .groups = {{.kind = AttentionKind::kState,
+                .state = {.num_layers = 24,
+                          .conv_elements = 30720,
+                          .recurrent_elements = 1048576,
+                          .conv_dtype = DType::kBFloat16,
+                          .recurrent_dtype = DType::kFloat32}},
+               {.kind = AttentionKind::kFull,
+                .shape = {.num_layers = 4, .num_kv_heads = 8, .head_dim = 128}}},
+    .dtype = DType::kBFloat16,
+    .block_size = 16};
+
+TEST_CASE("a state group costs one slot per sequence, whatever its length", "[kv_cache_config]") {
+  REQUIRE(kNemotronH.validate().ok());
+  CHECK(kNemotronH.num_layers() == 28);
+  CHECK(kNemotronH.num_layers(0) == 24);
+  CHECK(kNemotronH.bytes_per_token(0) == 0);      // the state does not grow with tokens
+  CHECK(kNemotronH.bytes_per_token(1) == 16384);  // 4 x 4,096
+  CHECK(kNemotronH.bytes_per_token() == 16384);
+  CHECK(kNemotronH.page_bytes(0) == 102137856);  // one slot
+  CHECK(kNemotronH.page_bytes(1) == 262144);     // 16 x 16,384
+  // 8,192 tokens: the slot and 8,192 x 16,384 = 134,217,728 bytes of the full layers, in 512
+  // whole blocks: 236,355,584 bytes, minimum, held and set aside alike.
+  CHECK(kNemotronH.min_bytes_per_sequence(8192) == 236355584);
+  CHECK(kNemotronH.held_bytes_per_sequence(8192) == 236355584);
+  CHECK(kNemotronH.reserved_bytes_per_sequence(8192) == 236355584);
+  // One token more: a 513th block (+262,144); the slot is the same.
+  CHECK(kNemotronH.held_bytes_per_sequence(8193) == 236617728);
+  CHECK(kNemotronH.min_bytes_per_sequence(1) == 102137856 + 16384);
+  CHECK(kNemotronH.min_bytes_per_sequence(0) == 0);
+  CHECK(kNemotronH.blocks_held(0, 100000) == 1);
+  CHECK(kNemotronH.blocks_per_sequence(0, 8192) == 1);
+  // The split counts the running slot and two checkpoints.
+  CHECK(kNemotronH.split_pages_per_sequence(0, 8192) == 3);
+  CHECK(kNemotronH.split_pages_per_sequence(1, 8192) == 512);
+}
+
+TEST_CASE("a state group's pool gets a running slot and checkpoints per sequence",
+          "[kv_cache_config]") {
+  constexpr int64_t kBudget = int64_t{64} << 30;  // 68,719,476,736
+  // Demand per 8,192-token sequence: state 3 x 102,137,856 = 306,413,568, full 512 x
+  // 262,144 = 134,217,728; 440,631,296 in all.
+  // State: 68,719,476,736 x 306,413,568 / 440,631,296 = 47,787,300,286 -> 467 slots.
+  // Full: 68,719,476,736 x 134,217,728 / 440,631,296 = 20,932,176,449 -> 79,849 blocks.
+  absl::StatusOr<PoolSplit> split = kNemotronH.split_budget(kBudget, 8192);
+  REQUIRE(split.ok());
+  CHECK(split->groups[0].kind == AttentionKind::kState);
+  CHECK(split->groups[0].num_blocks == 467);
+  CHECK(split->groups[1].num_blocks == 79849);
+  CHECK(split->pool_bytes[0] == 467 * int64_t{102137856});
+  // Lost: 88,921,534 below a slot and 240,193 below a page.
+  CHECK(split->lost_bytes == 89161728);
+  // 79,849 / 512 = 155 sequences of 8K at once; the state pool holds their 155 running slots
+  // and 312 checkpoints (2 each, and 2 more).
+  CHECK(kNemotronH.max_sequences(*split, 8192) == 155);
+
+  // No checkpoints: the state pool shrinks to a slot per sequence. Demand 102,137,856 +
+  // 134,217,728 = 236,355,584; state 68,719,476,736 x 102,137,856 / 236,355,584 =
+  // 29,696,188,685 bytes -> 290 slots; full 148,862 blocks, 290 sequences of 512.
+  KvCacheConfig no_checkpoints = kNemotronH;
+  no_checkpoints.checkpoints_per_sequence = 0;
+  split = no_checkpoints.split_budget(kBudget, 8192);
+  REQUIRE(split.ok());
+  CHECK(split->groups[0].num_blocks == 290);
+  CHECK(kNemotronH.max_sequences(*split, 8192) == 290);
+}
+
+TEST_CASE("with cached tokens a state pool caps at a checkpoint per cached block",
+          "[kv_cache_config]") {
+  constexpr int64_t kBudget = int64_t{64} << 30;
+  // 1,048,576 cached tokens = 65,536 blocks. Full cap (65,536 + 512) x 262,144 =
+  // 17,314,086,912 bytes, below its proportional 20,932,176,449: capped at 66,048 blocks.
+  // State cap (65,536 + 3) slots = 6.69e12 bytes, beyond the budget: it takes the rest,
+  // 68,719,476,736 - 17,314,086,912 = 51,405,389,824 bytes -> 503 slots (30,048,256 lost).
+  absl::StatusOr<PoolSplit> split = kNemotronH.split_budget(kBudget, 8192, 1048576);
+  REQUIRE(split.ok());
+  CHECK(split->groups[1].num_blocks == 66048);
+  CHECK(split->groups[0].num_blocks == 503);
+  CHECK(split->lost_bytes == 30048256);
+  // 32 cached tokens = 2 blocks: state cap (2 + 3) slots = 510,689,280 bytes, full cap
+  // (2 + 512) x 262,144 = 134,742,016 bytes. 1 GiB proportionally gives state
+  // 1,073,741,824 x 306,413,568 / 440,631,296 = 746,676,566 bytes, above its cap: capped,
+  // leaving 563,052,544; full then 563,052,544 x 134,217,728 / 440,631,296 = 171,505,... bytes,
+  // above its cap too. The rest, 1,073,741,824 - 510,689,280 - 134,742,016 = 428,310,528
+  // bytes, is shared in proportion again: state + 297,845,746 = 808,535,026 bytes = 7 slots;
+  // full + 130,464,781 = 265,206,797 bytes = 1,011 blocks.
+  split = kNemotronH.split_budget(int64_t{1} << 30, 8192, 32);
+  REQUIRE(split.ok());
+  CHECK(split->groups[0].num_blocks == 7);
+  CHECK(split->groups[1].num_blocks == 1011);
+}
+
+TEST_CASE("a state group is refused by the field that is wrong", "[kv_cache_config]") {
+  KvCacheConfig c = kNemotronH;
+  c.groups[0].window = 4;
+  expect_invalid(c.validate(), "group 0 is state with window 4; a state group takes window 0");
+  c = kNemotronH;
+  c.groups[0].state.num_layers = 0;
+  expect_invalid(c.validate(), "group 0: state.num_layers is 0, must be at least 1");
+  c = kNemotronH;
+  c.groups[0].state.conv_elements = 0;
+  c.groups[0].state.recurrent_elements = 0;
+  expect_invalid(c.validate(), "state.conv_elements is 0 and state.recurrent_elements is 0");
+  c.groups[0].state.conv_elements = -1;
+  c.groups[0].state.recurrent_elements = 5;
+  expect_invalid(c.validate(), "state.conv_elements is -1");
+  c = kNemotronH;
+  c.groups[0].state.recurrent_elements = int64_t{1} << 37;
+  expect_invalid(c.validate(), "more than 2^40 bytes");
+  c = kNemotronH;
+  c.groups.pop_back();
+  expect_invalid(c.validate(), "only state groups; a prefix hit is verified along an attention");
+  c = kNemotronH;
+  c.checkpoints_per_sequence = -1;
+  expect_invalid(c.validate(), "checkpoints_per_sequence is -1, must be at least 0");
+  // The state group's unused shape is not validated.
+  c = kNemotronH;
+  c.groups[0].shape.num_layers = 0;
+  CHECK(c.validate().ok());
+  // A budget below a slot names the slot: 2^26 x 306,413,568 / 440,631,296 = 46,667,285.
+  expect_invalid(kNemotronH.split_budget(int64_t{1} << 26, 8192).status(),
+                 "gives group 0 (state, 24 layers) 46667285 bytes, less than one state slot of "
+                 "102137856 bytes");
+}
+
 TEST_CASE("validate names the group and the field", "[kv_cache_config]") {
   expect_invalid(KvCacheConfig{}.validate(), "no layer groups");
   KvCacheConfig c = kGemma3;

@@ -130,6 +130,45 @@ VllmGrouping vllm_grouping(const KvCacheConfig& config, int64_t budget_bytes,
 // one such sequence takes in all of its groups.
 int64_t vllm_max_sequences(const KvCacheConfig& config, const VllmGrouping& vllm, int64_t tokens);
 
+// --- vLLM's attention block size beside state layers -------------------------------------------
+//
+// vLLM keeps a state layer's slot in the same pool as attention blocks, so one attention
+// page must hold at least one layer's state: it grows the attention block size until it
+// does, and pads the state page up to it. The rule, from
+// vllm/model_executor/models/config.py at commit 1936cf3841edb9781b06c50fc4daf4bac9d3b23e,
+// HybridAttentionMambaModelConfig.verify_and_update_config() (later vLLM moved it unchanged
+// into Platform._align_hybrid_block_size(), taking the alignment from the attention
+// backend's smallest kernel block size):
+//   token page  = one attention layer's KV of one token: 2 x kv_heads x head_dim x dtype
+//                 bytes (FullAttentionSpec), or 1 x latent dim x dtype bytes for MLA
+//                 (MLAAttentionSpec)
+//   state page  = one state layer's state (MambaSpec.page_size_bytes): the largest state
+//                 group's StateShape::bytes_per_layer()
+//   a           = the kernel block alignment: 16, or 64 for MLA (128 with CUTLASS MLA)
+//   block size  = a x ceil(state page / (a x token page))
+// With prefix caching on the state layers (enable_prefix_caching, mamba_cache_mode "all"),
+// the block is instead a multiple of the Mamba2 kernel's chunk, so that checkpoints fall on
+// chunk boundaries:
+//   c           = lcm(chunk_size, a)      (chunk_size: mamba_chunk_size or chunk_size of the
+//                                          config.json; vLLM's default 2048)
+//   block size  = c x ceil(ceil(state page / token page) / c)
+// Prefix hits in vLLM then land only on multiples of that block size.
+struct VllmStateBlockOptions {
+  // The kernel block alignment a; 0: vLLM's default, 16, or 64 when the attention group is
+  // latent (MLA).
+  int32_t kernel_alignment = 0;
+  // > 0: the prefix-caching rule with this Mamba2 chunk size; 0: the rule without.
+  int32_t prefix_caching_chunk = 0;
+};
+
+// vLLM's attention block size, in tokens, for `config`'s attention and state layers. The
+// token page is the first attention group's (the models vLLM sizes this way have one
+// attention shape).
+// Errors: InvalidArgument when the config has no state group with state bytes, or no
+// attention group, when an option is negative, or when the block size exceeds 2^31 - 1.
+[[nodiscard]] absl::StatusOr<int32_t> vllm_state_block_size(
+    const KvCacheConfig& config, const VllmStateBlockOptions& options = {});
+
 // The plan as an aligned text report, and as JSON (the same figures, machine-readable).
 std::string format_plan_text(const CapacityPlan& plan);
 std::string format_plan_json(const CapacityPlan& plan);

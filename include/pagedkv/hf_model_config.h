@@ -18,6 +18,25 @@
 //                                         RoPE are chunked, the NoPE layers are full)
 //   torch_dtype or dtype                  the KV dtype unless HfConfigOptions::kv_dtype
 //   max_position_embeddings               the model's longest context
+// State layers (one kState group, sized as vLLM's MambaStateShapeCalculator at commit
+// 2afe1e8573cf51b73569ae1d35f59078a2032a91, vllm/model_executor/layers/mamba/mamba_utils.py):
+//   qwen3_next (Gated DeltaNet)           layer_types linear_attention / full_attention, or
+//                                         full_attention_interval (default 4: every 4th
+//                                         layer full); linear_num_key_heads,
+//                                         linear_key_head_dim, linear_num_value_heads,
+//                                         linear_value_head_dim, linear_conv_kernel_dim
+//   nemotron_h (Mamba2)                   hybrid_override_pattern: M Mamba2, * attention,
+//                                         - MLP and E MoE (no KV); mamba_num_heads,
+//                                         mamba_head_dim, ssm_state_size, n_groups,
+//                                         conv_kernel, attention_head_dim
+//   granitemoehybrid (Mamba2)             layer_types mamba / attention; mamba_n_heads,
+//                                         mamba_d_head, mamba_d_state, mamba_n_groups,
+//                                         mamba_d_conv, mamba_expand x hidden_size
+// State dtypes are vLLM's defaults (mamba_cache_dtype and mamba_ssm_cache_dtype "auto"):
+// the conv state in the model's dtype; the recurrent state too, except Nemotron-H's, which
+// vLLM keeps in the config's mamba_ssm_cache_dtype or float32 (NemotronHForCausalLMConfig);
+// HfConfigOptions overrides either, and `notes` says which applied. Mamba1 (Jamba) and
+// other state kinds are refused by name.
 // Absent fields take the defaults of the model type's transformers config class where the
 // planner knows them (gemma3_text: sliding_window_pattern 6, max_position_embeddings
 // 131072; llama4_text: no_rope_layer_interval 4), each recorded in `notes`.
@@ -49,6 +68,12 @@ namespace pagedkv {
 struct HfConfigOptions {
   std::optional<DType> kv_dtype = std::nullopt;  // the KV dtype; empty: the config's torch_dtype
   int32_t block_size = 16;                       // tokens per block of every group
+  // State layers' conv state dtype (vLLM's --mamba-cache-dtype); empty: vLLM's default,
+  // the model's dtype. Gated DeltaNet keeps its recurrent state in this dtype too.
+  std::optional<DType> state_dtype = std::nullopt;
+  // Mamba2's recurrent (SSM) state dtype (vLLM's --mamba-ssm-cache-dtype); empty: vLLM's
+  // default (see above).
+  std::optional<DType> recurrent_dtype = std::nullopt;
 };
 
 // A model's KV cache as its config.json describes it.
@@ -57,14 +82,15 @@ struct HfModelConfig {
   // Groups in the order their first layer appears; layers of one kind, window and shape
   // form one group.
   KvCacheConfig kv;
-  std::vector<int32_t> layer_group;     // per layer: its group in kv.groups
+  std::vector<int32_t> layer_group;     // per layer: its group in kv.groups, -1 without KV
+                                        // or state (Nemotron-H's MLP and MoE layers)
   int64_t max_position_embeddings = 0;  // 0: the config names none
   std::vector<std::string> notes;       // defaults applied and fields read in a given way
 };
 
 // Parses the text of a config.json.
 // Errors: InvalidArgument naming the field and its value: malformed JSON, a missing or
-// non-positive count, a layer kind the planner does not size (linear attention, Mamba),
+// non-positive count, a layer kind the planner does not size (Mamba1, unknown layer types),
 // a field that contradicts another (layer_types against no_rope_layers, a sliding layer
 // without sliding_window), an unknown dtype.
 [[nodiscard]] absl::StatusOr<HfModelConfig> parse_hf_config(std::string_view json_text,

@@ -2,7 +2,8 @@
 //
 // KvCacheConfig is a model's KV cache as a list of layer groups: each group is an
 // attention kind (full, sliding window, chunked local) and the KV shape of its layers, all
-// groups sharing one block size and dtype. It says how many bytes a token costs in each
+// groups sharing one block size and dtype, or (kState) state-space layers and the size of
+// their per-sequence state. It says how many bytes a token costs in each
 // group, the least KV a sequence of L tokens must keep, and how a byte budget is split
 // into one pool per group. It knows nothing of BlockPool: it sizes, the allocator
 // allocates (KvCacheManager takes the LayerGroup values split_budget() returns).
@@ -13,6 +14,14 @@
 // budget is split in proportion to what one sequence of a target length needs in each
 // group (blocks_per_sequence()), so at that length every pool runs out together; at other
 // lengths one pool runs out first (docs/allocator.md, "Layer groups and their pools").
+//
+// A kState group's pool holds state slots instead of token blocks: a slot is every layer's
+// state of one sequence (StateShape::bytes()), whatever its length. A running sequence
+// holds one; the others are checkpoints, copies of a sequence's state at a block-aligned
+// position that a prefix hit restores. The split sets aside 1 + checkpoints_per_sequence
+// slots per sequence. Hits are verified along an attention group's block chain, so a
+// config needs an attention group beside its state groups: state-only models (Mamba,
+// RWKV) are out of scope.
 //
 // Gemma-3-27B has 52 sliding-window layers of 1,024 tokens and 10 full layers, 16 KV heads
 // of 128 in bf16.
@@ -80,7 +89,7 @@ struct PoolSplit {
   // Per group, in the config's order: kind, window and num_blocks for
   // KvCacheManager::Options (num_host_blocks 0).
   std::vector<LayerGroup> groups;
-  std::vector<int64_t> pool_bytes;  // per group: num_blocks x page bytes
+  std::vector<int64_t> pool_bytes;  // per group: num_blocks x page bytes (kState: slots x slot)
   int64_t budget_bytes = 0;
   int64_t used_bytes = 0;     // sum of pool_bytes
   int64_t lost_bytes = 0;     // budget_bytes - used_bytes: each pool's remainder below a page
@@ -92,32 +101,47 @@ struct KvCacheConfig {
   std::vector<KvCacheGroup> groups;
   DType dtype = DType::kBFloat16;
   int32_t block_size = 16;  // tokens per block, every group
+  // Checkpoint slots the split sets aside per sequence in each kState group, beside its
+  // running slot: the prompt-end checkpoint (a later request with the same prompt resumes
+  // there) and one branch point (where two requests' prompts part). A model-independent
+  // default, not tuned per trace.
+  int32_t checkpoints_per_sequence = 2;
 
   // OK, or InvalidArgument naming the first bad field: no groups, a window that does not
-  // fit its kind, a shape that KvCacheSpec::validate() refuses.
+  // fit its kind, a shape that KvCacheSpec::validate() refuses, a state group with a
+  // window, no layers or no state elements, state groups with no attention group beside
+  // them, a negative checkpoints_per_sequence.
   [[nodiscard]] absl::Status validate() const;
 
-  // Group g's shape with the config's dtype and block_size.
+  // Group g's shape with the config's dtype and block_size (meaningless for kState).
   KvCacheSpec group_spec(int32_t g) const;
   int32_t num_groups() const { return static_cast<int32_t>(groups.size()); }
-  int32_t num_layers() const;  // over all groups
+  bool is_state(int32_t g) const {
+    return groups[static_cast<size_t>(g)].kind == AttentionKind::kState;
+  }
+  int32_t num_layers() const;           // over all groups
+  int32_t num_layers(int32_t g) const;  // group g's: shape.num_layers, or state.num_layers
 
-  // Bytes of one token in group g's layers, and in all layers.
-  int64_t bytes_per_token(int32_t g) const { return group_spec(g).bytes_per_token(); }
+  // Bytes of one token in group g's layers, and in all layers. 0 for a kState group: its
+  // state does not grow with tokens.
+  int64_t bytes_per_token(int32_t g) const;
   int64_t bytes_per_token() const;
-  // Bytes of one page of group g's pool: block_size tokens of its layers.
-  int64_t page_bytes(int32_t g) const { return group_spec(g).bytes_per_block(); }
+  // Bytes of one page of group g's pool: block_size tokens of its layers, or (kState) one
+  // state slot, StateShape::bytes().
+  int64_t page_bytes(int32_t g) const;
 
   // Tokens of group g that the last token of a sequence of `tokens` tokens attends to:
   // full: all of them; sliding window w: min(tokens, w); chunked c: its chunk so far,
   // (tokens - 1) % c + 1. 0 for tokens <= 0.
   int64_t tokens_attended(int32_t g, int64_t tokens) const;
   // The analytic minimum of KV bytes one sequence of `tokens` tokens keeps: the tokens
-  // its last token attends to, in every group, at bytes_per_token(g), no block rounding.
+  // its last token attends to, in every group, at bytes_per_token(g), no block rounding,
+  // plus one state slot per kState group.
   int64_t min_bytes_per_sequence(int64_t tokens) const;
 
   // Blocks of group g that hold a token the last token attends to: what a sequence of
-  // `tokens` tokens keeps once the manager has released the blocks before its window.
+  // `tokens` tokens keeps once the manager has released the blocks before its window
+  // (kState: its one slot).
   int64_t blocks_held(int32_t g, int64_t tokens) const;
   // Bytes of those blocks over all groups.
   int64_t held_bytes_per_sequence(int64_t tokens) const;
@@ -128,26 +152,32 @@ struct KvCacheConfig {
   //   sliding w:   ceil(min(tokens, w - 1 + b) / b) + 1  (a step of up to b new tokens
   //                sees w - 1 earlier ones, and the window straddles a block boundary)
   //   chunked c:   ceil(min(tokens, c) / b) + 1          (the chunk, straddling a block)
+  //   state:       1                                     (its running slot)
   int64_t blocks_per_sequence(int32_t g, int64_t tokens) const;
+  // Pages of group g the budget split counts per target-length sequence:
+  // blocks_per_sequence(), plus checkpoints_per_sequence for a kState group.
+  int64_t split_pages_per_sequence(int32_t g, int64_t tokens) const;
   // Bytes of those blocks over all groups.
   int64_t reserved_bytes_per_sequence(int64_t tokens) const;
 
   // Splits `budget_bytes` into one pool per group in proportion to
-  // blocks_per_sequence(g, target_tokens) x page_bytes(g), each pool whole pages
+  // split_pages_per_sequence(g, target_tokens) x page_bytes(g), each pool whole pages
   // (capped at 2^31 - 1 blocks).
   //
   // `cached_tokens` > 0 counts the prefix cache too: the tokens of distinct prompt
   // content the cache should keep (a trace's footprint; the planner's --cached-tokens).
   // No group then gets more than it can use, ceil(cached_tokens / b) +
-  // blocks_per_sequence(g, target_tokens) blocks (all of that content cached, and one
-  // target-length sequence in flight), while another group is below its own: the
+  // split_pages_per_sequence(g, target_tokens) pages (all of that content cached, a
+  // state group's with a checkpoint per cached block at most, and one target-length
+  // sequence in flight), while another group is below its own: the
   // excess goes to the others in the same proportion (water filling). Only budgets
   // large enough for the full groups to cache everything change: the windowed pools,
   // which the proportional split keeps small, then cache more. Once every group has its
   // fill, the rest is shared in proportion again.
   // Errors: InvalidArgument for an invalid config, a budget outside [0, 2^50] bytes, a
   // target below 1 token, cached_tokens outside [0, 2^50], or a budget that leaves a
-  // group less than one page (the message names the group, its share and its page size).
+  // group less than one page or slot (the message names the group, its share and its
+  // page size).
   [[nodiscard]] absl::StatusOr<PoolSplit> split_budget(int64_t budget_bytes, int64_t target_tokens,
                                                        int64_t cached_tokens = 0) const;
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -196,6 +198,61 @@ int64_t vllm_max_sequences(const KvCacheConfig& config, const VllmGrouping& vllm
     blocks += blocks_at(config.groups[static_cast<size_t>(g.source_group)], g.block_size, tokens);
   }
   return blocks > 0 ? vllm.num_blocks / blocks : 0;
+}
+
+// --- vLLM's attention block size beside state layers ------------------------------------------
+
+absl::StatusOr<int32_t> vllm_state_block_size(const KvCacheConfig& config,
+                                              const VllmStateBlockOptions& options) {
+  if (options.kernel_alignment < 0 || options.prefix_caching_chunk < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vllm_state_block_size: kernel_alignment is ", options.kernel_alignment,
+                     " and prefix_caching_chunk is ", options.prefix_caching_chunk,
+                     "; neither may be negative"));
+  }
+  int32_t attention = -1;
+  int64_t state_page = 0;
+  for (int32_t g = 0; g < config.num_groups(); ++g) {
+    const KvCacheGroup& group = config.groups[static_cast<size_t>(g)];
+    if (group.kind == AttentionKind::kState) {
+      state_page = std::max(state_page, group.state.bytes_per_layer());
+    } else if (attention < 0) {
+      attention = g;
+    }
+  }
+  if (state_page <= 0) {
+    return absl::InvalidArgumentError(
+        "vllm_state_block_size: the config has no state group with state bytes; vLLM's rule "
+        "applies to attention beside state layers");
+  }
+  if (attention < 0) {
+    return absl::InvalidArgumentError(
+        "vllm_state_block_size: the config has no attention group; vLLM's rule sizes the "
+        "attention block beside state layers");
+  }
+  // FullAttentionSpec / MLAAttentionSpec with block_size 1: one layer, one token.
+  KvCacheSpec one = config.group_spec(attention);
+  one.num_layers = 1;
+  const int64_t token_page = one.bytes_per_token();
+  if (token_page <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vllm_state_block_size: group ", attention, " has ", token_page,
+                     " KV bytes per token and layer, must be positive"));
+  }
+  const int64_t a = options.kernel_alignment > 0 ? options.kernel_alignment : one.latent ? 64 : 16;
+  int64_t block = 0;
+  if (options.prefix_caching_chunk > 0) {
+    const int64_t chunk = std::lcm(int64_t{options.prefix_caching_chunk}, a);
+    block = chunk * div_ceil(div_ceil(state_page, token_page), chunk);
+  } else {
+    block = a * div_ceil(state_page, a * token_page);
+  }
+  if (block > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vllm_state_block_size: ", block, " tokens, more than 2^31 - 1 (state page ",
+                     state_page, " bytes, token page ", token_page, " bytes)"));
+  }
+  return static_cast<int32_t>(block);
 }
 
 // --- the plan --------------------------------------------------------------------------------

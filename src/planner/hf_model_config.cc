@@ -1,8 +1,9 @@
-// Hugging Face config.json -> KvCacheConfig: which layers are full, sliding window or
-// chunked local, and their KV shape, read as transformers' config classes and vLLM's model
-// code read the same fields.
+// Hugging Face config.json -> KvCacheConfig: which layers are full, sliding window, chunked
+// local or state (Mamba2, Gated DeltaNet), and their KV shape or state size, read as transformers'
+// config classes and vLLM's model code read the same fields.
 #include "pagedkv/hf_model_config.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <optional>
@@ -22,15 +23,14 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Fields of layer kinds whose state the planner does not size (SSM, KV shared across
+// Fields of layer kinds whose state the planner does not size (Mamba1, KV shared across
 // layers, per-kind head shapes): refused by name rather than silently sized as attention.
 constexpr const char* kUnsupportedFields[] = {
-    "hybrid_override_pattern",  // Nemotron-H: Mamba layers
-    "layers_block_type",        // Jamba: Mamba layers
-    "attn_layer_period",        // Jamba
-    "num_kv_shared_layers",     // Gemma 3n: layers reusing another layer's KV
-    "global_head_dim",          // Gemma 4: full layers with another head shape
-    "index_topk",               // DeepSeek-V3.2: the sparse-attention indexer's own cache
+    "layers_block_type",     // Jamba: Mamba1 layers
+    "attn_layer_period",     // Jamba
+    "num_kv_shared_layers",  // Gemma 3n: layers reusing another layer's KV
+    "global_head_dim",       // Gemma 4: full layers with another head shape
+    "index_topk",            // DeepSeek-V3.2: the sparse-attention indexer's own cache
 };
 
 // The object the attention fields live in: "text_config" of a multimodal config, else the
@@ -131,8 +131,46 @@ absl::StatusOr<std::optional<DType>> config_dtype(const Scope& text, const Scope
 struct LayerKind {
   AttentionKind kind = AttentionKind::kFull;
   int32_t window = 0;
+  bool cached = true;  // false: an MLP or MoE layer, no KV and no state
   bool operator==(const LayerKind&) const = default;
 };
+
+constexpr LayerKind kStateLayer{.kind = AttentionKind::kState};
+constexpr LayerKind kNoCacheLayer{.cached = false};
+
+// Nemotron-H: one character per layer, M Mamba2, * attention, - MLP, E MoE.
+absl::StatusOr<std::vector<LayerKind>> pattern_kinds(const Scope& text, const Json& pattern,
+                                                     int64_t layers) {
+  if (!pattern.is_string()) {
+    return field_error(text, "hybrid_override_pattern", pattern, "must be a string");
+  }
+  const std::string p = pattern.get<std::string>();
+  if (static_cast<int64_t>(p.size()) != layers) {
+    return field_error(
+        text, "hybrid_override_pattern", pattern,
+        absl::StrCat("has ", p.size(), " characters but num_hidden_layers is ", layers));
+  }
+  std::vector<LayerKind> kinds(p.size());
+  for (size_t i = 0; i < p.size(); ++i) {
+    switch (p[i]) {
+      case 'M':
+        kinds[i] = kStateLayer;
+        break;
+      case '*':
+        kinds[i] = {};
+        break;
+      case '-':
+      case 'E':
+        kinds[i] = kNoCacheLayer;
+        break;
+      default:
+        return field_error(text, absl::StrCat("hybrid_override_pattern[", i, "]"),
+                           Json(std::string(1, p[i])),
+                           "is not M (Mamba2), * (attention), - (MLP) or E (MoE)");
+    }
+  }
+  return kinds;
+}
 
 // Llama 4: layers that use RoPE are chunked local, the NoPE layers full attention. vLLM's
 // Llama4Attention: nope = no_rope_layers[i] == 0, chunked iff not nope. transformers fills
@@ -207,6 +245,9 @@ absl::StatusOr<std::vector<LayerKind>> layer_kinds(const Scope& text, const std:
   }
   const int32_t window = static_cast<int32_t>(sliding_window.value_or(0));
   std::vector<LayerKind> kinds(static_cast<size_t>(layers));
+  if (const Json* pattern = find(text, "hybrid_override_pattern"); pattern != nullptr) {
+    return pattern_kinds(text, *pattern, layers);
+  }
 
   if (const Json* types = find(text, "layer_types"); types != nullptr) {
     if (!types->is_array()) return field_error(text, "layer_types", *types, "must be a list");
@@ -232,10 +273,15 @@ absl::StatusOr<std::vector<LayerKind>> layer_kinds(const Scope& text, const std:
       } else if (name == "chunked_attention") {
         if (!chunk) return field_error(text, field, t, "but attention_chunk_size is not set");
         kinds[i] = {AttentionKind::kChunkedLocal, static_cast<int32_t>(*chunk)};
+      } else if (name == "attention") {  // granitemoehybrid
+        kinds[i] = {};
+      } else if (name == "linear_attention" || name == "mamba") {  // qwen3_next, granite
+        kinds[i] = kStateLayer;
       } else {
         return field_error(text, field, t,
                            "a layer kind the planner does not size (it sizes full_attention, "
-                           "sliding_attention and chunked_attention)");
+                           "attention, sliding_attention, chunked_attention, linear_attention "
+                           "and mamba)");
       }
     }
     // Older fields that say the same must agree with it.
@@ -261,6 +307,18 @@ absl::StatusOr<std::vector<LayerKind>> layer_kinds(const Scope& text, const std:
     return kinds;
   }
 
+  if (model_type == "qwen3_next") {
+    // transformers' Qwen3NextConfig: layer i is full attention iff (i + 1) % interval == 0,
+    // the others Gated DeltaNet.
+    PAGEDKV_ASSIGN_OR_RETURN(std::optional<int64_t> interval,
+                             get_int(text, "full_attention_interval"));
+    if (!interval) notes->push_back("full_attention_interval absent: qwen3_next default 4");
+    for (int64_t i = 0; i < layers; ++i) {
+      kinds[static_cast<size_t>(i)] =
+          (i + 1) % interval.value_or(4) == 0 ? LayerKind{} : kStateLayer;
+    }
+    return kinds;
+  }
   if (chunk) {
     PAGEDKV_ASSIGN_OR_RETURN(std::vector<bool> rope, rope_layers(text, layers, notes));
     for (int64_t i = 0; i < layers; ++i) {
@@ -291,6 +349,110 @@ absl::StatusOr<std::vector<LayerKind>> layer_kinds(const Scope& text, const std:
   }
   for (LayerKind& k : kinds) k = {AttentionKind::kSlidingWindow, window};  // Mistral
   return kinds;
+}
+
+// Per-layer state elements in vLLM's MambaStateShapeCalculator; its dtypes are set by the
+// caller. Products in 128 bits: a count beyond 2^36 is refused by name.
+absl::StatusOr<StateShape> state_elements(const Scope& text, const std::string& model_type,
+                                          std::vector<std::string>* notes) {
+  auto count = [&](__int128 v, const char* what) -> absl::StatusOr<int64_t> {
+    if (v > (__int128{1} << 36)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: ", text.prefix, model_type, "'s ", what, " state has ",
+                       static_cast<double>(v), " elements per layer, more than 2^36"));
+    }
+    return static_cast<int64_t>(v);
+  };
+  StateShape state;
+  if (find(text, "linear_num_value_heads") != nullptr || model_type == "qwen3_next") {
+    // Gated DeltaNet: conv (kernel - 1) x (2 x k_heads x k_dim + v_heads x v_dim), recurrent
+    // v_heads x k_dim x v_dim (gated_delta_net_state_shape).
+    PAGEDKV_ASSIGN_OR_RETURN(const int64_t kh, require_int(text, "linear_num_key_heads"));
+    PAGEDKV_ASSIGN_OR_RETURN(const int64_t kd, require_int(text, "linear_key_head_dim"));
+    PAGEDKV_ASSIGN_OR_RETURN(const int64_t vh, require_int(text, "linear_num_value_heads"));
+    PAGEDKV_ASSIGN_OR_RETURN(const int64_t vd, require_int(text, "linear_value_head_dim"));
+    PAGEDKV_ASSIGN_OR_RETURN(const int64_t k, require_int(text, "linear_conv_kernel_dim"));
+    PAGEDKV_ASSIGN_OR_RETURN(
+        state.conv_elements,
+        count(__int128{k - 1} * (__int128{2} * kh * kd + __int128{vh} * vd), "conv"));
+    PAGEDKV_ASSIGN_OR_RETURN(state.recurrent_elements, count(__int128{vh} * kd * vd, "recurrent"));
+    notes->push_back(absl::StrCat("Gated DeltaNet state per layer: conv ", k - 1, " x (2 x ", kh,
+                                  " x ", kd, " + ", vh, " x ", vd, "), recurrent ", vh, " x ", kd,
+                                  " x ", vd, " elements"));
+    return state;
+  }
+  // Mamba2: conv (kernel - 1) x (intermediate + 2 x n_groups x state_size), recurrent
+  // heads x head_dim x state_size (mamba2_state_shape); the intermediate size as vLLM's
+  // model classes pass it.
+  int64_t heads = 0, head_dim = 0, state_size = 0, groups = 0, kernel = 0;
+  __int128 intermediate = 0;
+  if (model_type == "nemotron_h") {
+    PAGEDKV_ASSIGN_OR_RETURN(heads, require_int(text, "mamba_num_heads"));
+    PAGEDKV_ASSIGN_OR_RETURN(head_dim, require_int(text, "mamba_head_dim"));
+    PAGEDKV_ASSIGN_OR_RETURN(state_size, require_int(text, "ssm_state_size"));
+    PAGEDKV_ASSIGN_OR_RETURN(groups, require_int(text, "n_groups"));
+    PAGEDKV_ASSIGN_OR_RETURN(kernel, require_int(text, "conv_kernel"));
+    intermediate = __int128{heads} * head_dim;  // NemotronH: mamba_num_heads x mamba_head_dim
+  } else if (model_type == "granitemoehybrid") {
+    PAGEDKV_ASSIGN_OR_RETURN(heads, require_int(text, "mamba_n_heads"));
+    PAGEDKV_ASSIGN_OR_RETURN(head_dim, require_int(text, "mamba_d_head"));
+    PAGEDKV_ASSIGN_OR_RETURN(state_size, require_int(text, "mamba_d_state"));
+    PAGEDKV_ASSIGN_OR_RETURN(groups, require_int(text, "mamba_n_groups"));
+    PAGEDKV_ASSIGN_OR_RETURN(kernel, require_int(text, "mamba_d_conv"));
+    PAGEDKV_ASSIGN_OR_RETURN(const int64_t expand, require_int(text, "mamba_expand"));
+    PAGEDKV_ASSIGN_OR_RETURN(const int64_t hidden, require_int(text, "hidden_size"));
+    intermediate = __int128{expand} * hidden;  // GraniteMoeHybrid: mamba_expand x hidden_size
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: model_type '", model_type,
+        "' has state layers the planner does not size (it sizes qwen3_next's Gated DeltaNet "
+        "and nemotron_h's and granitemoehybrid's Mamba2)"));
+  }
+  PAGEDKV_ASSIGN_OR_RETURN(
+      state.conv_elements,
+      count(__int128{kernel - 1} * (intermediate + __int128{2} * groups * state_size), "conv"));
+  PAGEDKV_ASSIGN_OR_RETURN(state.recurrent_elements,
+                           count(__int128{heads} * head_dim * state_size, "recurrent"));
+  notes->push_back(absl::StrCat("Mamba2 state per layer: conv ", kernel - 1, " x (",
+                                static_cast<int64_t>(intermediate), " + 2 x ", groups, " x ",
+                                state_size, "), recurrent ", heads, " x ", head_dim, " x ",
+                                state_size, " elements"));
+  return state;
+}
+
+// The state dtypes vLLM takes by default (mamba_utils.py's MambaStateDtypeCalculator):
+// conv in mamba_cache_dtype, "auto" the model's dtype; Mamba2's recurrent state in
+// mamba_ssm_cache_dtype, "auto" the conv dtype, except Nemotron-H's (vLLM's
+// NemotronHForCausalLMConfig: the config's mamba_ssm_cache_dtype, else float32); Gated
+// DeltaNet's recurrent state in the conv dtype.
+absl::Status state_dtypes(const Scope& text, const std::string& model_type, DType model_dtype,
+                          const HfConfigOptions& options, StateShape* state,
+                          std::vector<std::string>* notes) {
+  state->conv_dtype = options.state_dtype.value_or(model_dtype);
+  std::string why = options.state_dtype ? "given" : "vLLM's mamba_cache_dtype auto: the model's";
+  state->recurrent_dtype = state->conv_dtype;
+  std::string recurrent_why = "the conv state's";
+  const bool gated_delta_net = find(text, "linear_num_value_heads") != nullptr;
+  if (options.recurrent_dtype) {
+    state->recurrent_dtype = *options.recurrent_dtype;
+    recurrent_why = "given";
+  } else if (model_type == "nemotron_h" && !gated_delta_net) {
+    state->recurrent_dtype = DType::kFloat32;
+    recurrent_why = "vLLM's NemotronH default float32";
+    if (const Json* v = find(text, "mamba_ssm_cache_dtype"); v != nullptr) {
+      std::optional<DType> d = v->is_string() ? torch_dtype(v->get<std::string>()) : std::nullopt;
+      if (!d) {
+        return field_error(text, "mamba_ssm_cache_dtype", *v,
+                           "must be bfloat16, float16 or float32");
+      }
+      state->recurrent_dtype = *d;
+      recurrent_why = "the config's mamba_ssm_cache_dtype";
+    }
+  }
+  notes->push_back(absl::StrCat("state dtypes: conv ", kv_dtype_name(state->conv_dtype), " (", why,
+                                "), recurrent ", kv_dtype_name(state->recurrent_dtype), " (",
+                                recurrent_why, ")"));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -353,7 +515,8 @@ absl::StatusOr<HfModelConfig> parse_hf_config(std::string_view json_text,
     if (const Json* value = find(text, name); value != nullptr) {
       return field_error(text, name, *value,
                          "a layer structure the planner does not size (it sizes full, sliding "
-                         "window, chunked local and MLA attention KV)");
+                         "window, chunked local and MLA attention KV, and Mamba2 and Gated "
+                         "DeltaNet state)");
     }
   }
 
@@ -381,6 +544,9 @@ absl::StatusOr<HfModelConfig> parse_hf_config(std::string_view json_text,
                                        kv_heads.value_or(heads), " is not the cached shape)"));
   } else {
     PAGEDKV_ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, get_int(text, "head_dim"));
+    if (!head_dim) {  // Nemotron-H names it attention_head_dim
+      PAGEDKV_ASSIGN_OR_RETURN(head_dim, get_int(text, "attention_head_dim"));
+    }
     if (!head_dim) {
       PAGEDKV_ASSIGN_OR_RETURN(std::optional<int64_t> hidden, get_int(text, "hidden_size"));
       if (!hidden) {
@@ -405,6 +571,7 @@ absl::StatusOr<HfModelConfig> parse_hf_config(std::string_view json_text,
   }
 
   PAGEDKV_ASSIGN_OR_RETURN(std::optional<DType> dtype, config_dtype(text, root_scope));
+  const std::optional<DType> model_dtype = dtype;
   if (options.kv_dtype) {
     dtype = options.kv_dtype;
   } else if (!dtype) {
@@ -424,17 +591,32 @@ absl::StatusOr<HfModelConfig> parse_hf_config(std::string_view json_text,
                            layer_kinds(text, model.model_type, layers, &model.notes));
   model.kv.dtype = *dtype;
   model.kv.block_size = options.block_size;
+  StateShape state;
+  if (std::find(kinds.begin(), kinds.end(), kStateLayer) != kinds.end()) {
+    PAGEDKV_ASSIGN_OR_RETURN(state, state_elements(text, model.model_type, &model.notes));
+    // vLLM's "auto" is the model's dtype; a config that names none falls back to the KV's.
+    PAGEDKV_RETURN_IF_ERROR(state_dtypes(text, model.model_type, model_dtype.value_or(*dtype),
+                                         options, &state, &model.notes));
+  }
   std::vector<LayerKind> group_kinds;
   for (const LayerKind& k : kinds) {
+    if (!k.cached) {
+      model.layer_group.push_back(-1);
+      continue;
+    }
     size_t g = 0;
     while (g < group_kinds.size() && !(group_kinds[g] == k)) ++g;
     if (g == group_kinds.size()) {
       group_kinds.push_back(k);
       KvCacheSpec group_shape = shape;
       group_shape.num_layers = 0;
-      model.kv.groups.push_back({.kind = k.kind, .window = k.window, .shape = group_shape});
+      StateShape group_state = state;
+      group_state.num_layers = 0;
+      model.kv.groups.push_back(
+          {.kind = k.kind, .window = k.window, .shape = group_shape, .state = group_state});
     }
-    ++model.kv.groups[g].shape.num_layers;
+    KvCacheGroup& group = model.kv.groups[g];
+    ++(k.kind == AttentionKind::kState ? group.state.num_layers : group.shape.num_layers);
     model.layer_group.push_back(static_cast<int32_t>(g));
   }
   PAGEDKV_RETURN_IF_ERROR(model.kv.validate());

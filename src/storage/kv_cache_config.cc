@@ -21,8 +21,43 @@ namespace {
 std::string describe(const KvCacheConfig& config, int32_t g) {
   const KvCacheGroup& group = config.groups[static_cast<size_t>(g)];
   std::string kind = attention_kind_name(group.kind);
-  if (group.kind != AttentionKind::kFull) absl::StrAppend(&kind, " ", group.window);
-  return absl::StrCat("group ", g, " (", kind, ", ", group.shape.num_layers, " layers)");
+  if (group.kind != AttentionKind::kFull && group.kind != AttentionKind::kState) {
+    absl::StrAppend(&kind, " ", group.window);
+  }
+  return absl::StrCat("group ", g, " (", kind, ", ", config.num_layers(g), " layers)");
+}
+
+// A state group: window 0, layers, and some state; its `shape` is not read.
+absl::Status validate_state(const KvCacheGroup& group, int32_t g) {
+  const StateShape& state = group.state;
+  if (group.window != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheConfig: group ", g,
+                                                   " is state with window ", group.window,
+                                                   "; a state group takes window 0"));
+  }
+  if (state.num_layers <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheConfig: group ", g,
+                                                   ": state.num_layers is ", state.num_layers,
+                                                   ", must be at least 1"));
+  }
+  if (state.conv_elements < 0 || state.recurrent_elements < 0 ||
+      state.conv_elements + state.recurrent_elements == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheConfig: group ", g, ": state.conv_elements is ", state.conv_elements,
+                     " and state.recurrent_elements is ", state.recurrent_elements,
+                     "; both must be >= 0 and one > 0"));
+  }
+  // A slot beyond 2^40 bytes (a TiB per sequence) is a unit mistake; the bound keeps slot
+  // bytes x slot counts inside int64.
+  constexpr int64_t kMaxElements = int64_t{1} << 36;
+  if (state.conv_elements > kMaxElements || state.recurrent_elements > kMaxElements ||
+      state.bytes_per_layer() > (int64_t{1} << 40) / state.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheConfig: group ", g, ": a state slot of ", state.num_layers,
+                     " layers x (", state.conv_elements, " + ", state.recurrent_elements,
+                     ") elements is more than 2^40 bytes"));
+  }
+  return absl::OkStatus();
 }
 
 // A budget beyond 1 PiB is a unit mistake, and the bound keeps budget x demand products
@@ -53,6 +88,9 @@ absl::Status KvCacheConfig::validate() const {
                            " with window ", group.window, ", must be at least 1 token"));
         }
         break;
+      case AttentionKind::kState:
+        PAGEDKV_RETURN_IF_ERROR(validate_state(group, g));
+        continue;  // its shape is not read
       default:
         return absl::InvalidArgumentError(
             absl::StrCat("KvCacheConfig: group ", g, " has attention kind value ",
@@ -62,6 +100,19 @@ absl::Status KvCacheConfig::validate() const {
       return absl::InvalidArgumentError(
           absl::StrCat("KvCacheConfig: group ", g, ": ", status.message()));
     }
+  }
+  bool attention = false;
+  for (int32_t g = 0; g < num_groups(); ++g) attention = attention || !is_state(g);
+  if (!attention) {
+    return absl::InvalidArgumentError(
+        "KvCacheConfig: only state groups; a prefix hit is verified along an attention "
+        "group's block chain, so state-only models (Mamba, RWKV) are out of scope: add the "
+        "attention group");
+  }
+  if (checkpoints_per_sequence < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheConfig: checkpoints_per_sequence is ",
+                                                   checkpoints_per_sequence,
+                                                   ", must be at least 0"));
   }
   return absl::OkStatus();
 }
@@ -73,10 +124,24 @@ KvCacheSpec KvCacheConfig::group_spec(int32_t g) const {
   return spec;
 }
 
+int32_t KvCacheConfig::num_layers(int32_t g) const {
+  const KvCacheGroup& group = groups[static_cast<size_t>(g)];
+  return group.kind == AttentionKind::kState ? group.state.num_layers : group.shape.num_layers;
+}
+
 int32_t KvCacheConfig::num_layers() const {
   int32_t layers = 0;
-  for (const KvCacheGroup& group : groups) layers += group.shape.num_layers;
+  for (int32_t g = 0; g < num_groups(); ++g) layers += num_layers(g);
   return layers;
+}
+
+int64_t KvCacheConfig::bytes_per_token(int32_t g) const {
+  return is_state(g) ? 0 : group_spec(g).bytes_per_token();
+}
+
+int64_t KvCacheConfig::page_bytes(int32_t g) const {
+  return is_state(g) ? groups[static_cast<size_t>(g)].state.bytes()
+                     : group_spec(g).bytes_per_block();
 }
 
 int64_t KvCacheConfig::bytes_per_token() const {
@@ -96,13 +161,16 @@ int64_t KvCacheConfig::tokens_attended(int32_t g, int64_t tokens) const {
 int64_t KvCacheConfig::min_bytes_per_sequence(int64_t tokens) const {
   int64_t bytes = 0;
   for (int32_t g = 0; g < num_groups(); ++g) {
-    bytes += tokens_attended(g, tokens) * bytes_per_token(g);
+    // A state group keeps its slot whatever the length.
+    bytes += is_state(g) ? (tokens > 0 ? page_bytes(g) : 0)
+                         : tokens_attended(g, tokens) * bytes_per_token(g);
   }
   return bytes;
 }
 
 int64_t KvCacheConfig::blocks_held(int32_t g, int64_t tokens) const {
   if (tokens <= 0) return 0;
+  if (is_state(g)) return 1;  // its slot
   const KvCacheGroup& group = groups[static_cast<size_t>(g)];
   const int64_t first_block = first_attended(group.kind, group.window, tokens - 1) / block_size;
   const int64_t last_block = (tokens - 1) / block_size;
@@ -133,6 +201,11 @@ int64_t KvCacheConfig::blocks_per_sequence(int32_t g, int64_t tokens) const {
       break;
   }
   return all;
+}
+
+int64_t KvCacheConfig::split_pages_per_sequence(int32_t g, int64_t tokens) const {
+  const int64_t blocks = blocks_per_sequence(g, tokens);
+  return is_state(g) && blocks > 0 ? blocks + checkpoints_per_sequence : blocks;
 }
 
 int64_t KvCacheConfig::reserved_bytes_per_sequence(int64_t tokens) const {
@@ -195,12 +268,14 @@ absl::StatusOr<PoolSplit> KvCacheConfig::split_budget(int64_t budget_bytes, int6
     return absl::InvalidArgumentError(
         absl::StrCat("split_budget: cached_tokens is ", cached_tokens, ", must be in [0, 2^50]"));
   }
-  // Demand of one target-length sequence in each group, in bytes; the budget is shared in
-  // that proportion, so that every pool holds the same number of such sequences.
+  // Demand of one target-length sequence in each group, in bytes (a state group's: its
+  // running slot and checkpoints); the budget is shared in that proportion, so that every
+  // pool holds the same number of such sequences. A cached block is at most one block of
+  // each attention group and one checkpoint of each state group.
   std::vector<__int128> demand(groups.size());
   std::vector<__int128> caps;
   for (int32_t g = 0; g < num_groups(); ++g) {
-    const int64_t per_sequence = blocks_per_sequence(g, target_tokens);
+    const int64_t per_sequence = split_pages_per_sequence(g, target_tokens);
     demand[static_cast<size_t>(g)] = static_cast<__int128>(per_sequence) * page_bytes(g);
     if (cached_tokens > 0) {
       caps.push_back(static_cast<__int128>(div_ceil(cached_tokens, block_size) + per_sequence) *
@@ -217,10 +292,13 @@ absl::StatusOr<PoolSplit> KvCacheConfig::split_budget(int64_t budget_bytes, int6
     const int64_t page = page_bytes(g);
     const int64_t blocks = std::min<int64_t>(share / page, std::numeric_limits<int32_t>::max());
     if (blocks < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "split_budget: a budget of ", budget_bytes, " bytes gives ", describe(*this, g), " ",
-          share, " bytes, less than one page of ", page, " bytes (", block_size, " tokens x ",
-          bytes_per_token(g), " bytes); raise the budget"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("split_budget: a budget of ", budget_bytes, " bytes gives ",
+                       describe(*this, g), " ", share, " bytes, less than one ",
+                       is_state(g) ? absl::StrCat("state slot of ", page, " bytes")
+                                   : absl::StrCat("page of ", page, " bytes (", block_size,
+                                                  " tokens x ", bytes_per_token(g), " bytes)"),
+                       "; raise the budget"));
     }
     const KvCacheGroup& group = groups[static_cast<size_t>(g)];
     split.groups.push_back(LayerGroup{

@@ -280,6 +280,75 @@ TEST_CASE("vLLM keeps one attention type of mixed shapes in one group", "[planne
   CHECK(v.num_blocks == kBudget / 393216);
 }
 
+// --- vLLM's attention block size beside state layers ---------------------------------------
+
+// Nemotron-H-8B: 24 Mamba2 layers and 4 attention layers of 8 KV heads x 128, bf16.
+// Mamba2 state per layer (mamba_utils.py): intermediate 128 heads x 64 = 8,192, conv_dim
+// 8,192 + 2 x 8 groups x 128 = 10,240, conv 3 x 10,240 = 30,720 bf16 elements = 61,440
+// bytes; recurrent 128 x 64 x 128 = 1,048,576 fp32 elements = 4,194,304 bytes; 4,255,744
+// bytes per layer.
+const KvCacheConfig kNemotronH{
+    .groups = {{.kind = AttentionKind::kState,
+                .state = {.num_layers = 24,
+                          .conv_elements = 30720,
+                          .recurrent_elements = 1048576,
+                          .conv_dtype = DType::kBFloat16,
+                          .recurrent_dtype = DType::kFloat32}},
+               {.kind = AttentionKind::kFull,
+                .shape = {.num_layers = 4, .num_kv_heads = 8, .head_dim = 128}}},
+    .dtype = DType::kBFloat16};
+
+TEST_CASE("vLLM's attention block size beside state layers, by its own rule", "[planner]") {
+  // Token page 2 x 8 x 128 x 2 = 4,096 bytes. 16 x ceil(4,255,744 / (16 x 4,096)) =
+  // 16 x ceil(64.94) = 16 x 65 = 1,040 tokens.
+  absl::StatusOr<int32_t> block = vllm_state_block_size(kNemotronH);
+  REQUIRE(block.ok());
+  CHECK(*block == 1040);
+  // Prefix caching, chunk_size 128: lcm(128, 16) = 128; ceil(4,255,744 / 4,096) = 1,039
+  // tokens; 128 x ceil(1,039 / 128) = 128 x 9 = 1,152.
+  CHECK(*vllm_state_block_size(kNemotronH, {.prefix_caching_chunk = 128}) == 1152);
+  // An alignment of 32 (vLLM's Blackwell FlashInfer head-256 case): 32 x ceil(4,255,744 /
+  // 131,072) = 32 x 33 = 1,056.
+  CHECK(*vllm_state_block_size(kNemotronH, {.kernel_alignment = 32}) == 1056);
+
+  // Qwen3-Next-80B-A3B: Gated DeltaNet, conv 3 x (2 x 16 x 128 + 32 x 128) = 24,576 and
+  // recurrent 32 x 128 x 128 = 524,288 elements, both bf16: 1,097,728 bytes per layer.
+  // Attention 2 KV heads x 256: token page 2 x 2 x 256 x 2 = 2,048 bytes.
+  // 16 x ceil(1,097,728 / 32,768) = 16 x ceil(33.5) = 544.
+  KvCacheConfig qwen3_next{
+      .groups = {{.kind = AttentionKind::kState,
+                  .state = {.num_layers = 36,
+                            .conv_elements = 24576,
+                            .recurrent_elements = 524288,
+                            .recurrent_dtype = DType::kBFloat16}},
+                 {.kind = AttentionKind::kFull,
+                  .shape = {.num_layers = 12, .num_kv_heads = 2, .head_dim = 256}}}};
+  CHECK(*vllm_state_block_size(qwen3_next) == 544);
+  // Prefix caching at vLLM's default chunk of 2,048: ceil(1,097,728 / 2,048) = 536 tokens,
+  // one chunk: 2,048.
+  CHECK(*vllm_state_block_size(qwen3_next, {.prefix_caching_chunk = 2048}) == 2048);
+
+  // MLA beside the Nemotron-H state: a latent of 576 bf16 is 1,152 bytes per token, and
+  // vLLM aligns MLA blocks to 64: 64 x ceil(4,255,744 / 73,728) = 64 x 58 = 3,712.
+  KvCacheConfig mla = kNemotronH;
+  mla.groups[1].shape = {.num_layers = 4, .num_kv_heads = 1, .head_dim = 576, .latent = true};
+  CHECK(*vllm_state_block_size(mla) == 3712);
+}
+
+TEST_CASE("vllm_state_block_size refuses a config without both kinds of layers", "[planner]") {
+  auto invalid = [](const absl::StatusOr<int32_t>& block, const std::string& fragment) {
+    INFO(block.status().ToString());
+    CHECK(block.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(block.status().message().find(fragment) != std::string::npos);
+  };
+  invalid(vllm_state_block_size(KvCacheConfig{.groups = {group(AttentionKind::kFull, 0, 4)}}),
+          "no state group");
+  KvCacheConfig state_only = kNemotronH;
+  state_only.groups.pop_back();
+  invalid(vllm_state_block_size(state_only), "no attention group");
+  invalid(vllm_state_block_size(kNemotronH, {.kernel_alignment = -16}), "kernel_alignment is -16");
+}
+
 // --- options, errors and output ---------------------------------------------------------------
 
 const KvCacheConfig kTwoGroups{

@@ -14,10 +14,16 @@
 namespace pagedkv::testing {
 
 inline constexpr const char* kPlannerFixtures[] = {
-    "meta-llama--Llama-3.1-8B", "meta-llama--Llama-3.1-70B",
-    "Qwen--Qwen3-8B",           "google--gemma-3-27b-it",
-    "openai--gpt-oss-120b",     "meta-llama--Llama-4-Scout-17B-16E-Instruct",
+    "meta-llama--Llama-3.1-8B",
+    "meta-llama--Llama-3.1-70B",
+    "Qwen--Qwen3-8B",
+    "google--gemma-3-27b-it",
+    "openai--gpt-oss-120b",
+    "meta-llama--Llama-4-Scout-17B-16E-Instruct",
     "deepseek-ai--DeepSeek-V3",
+    "Qwen--Qwen3-Next-80B-A3B-Instruct",
+    "nvidia--Nemotron-H-8B-Base-8K",
+    "ibm-granite--granite-4.0-h-tiny",
 };
 
 inline std::string fixture_excerpt(const std::string& model) {

@@ -1,4 +1,4 @@
-// hf_model_config.h: Hugging Face config.json -> KvCacheConfig, on the seven public
+// hf_model_config.h: Hugging Face config.json -> KvCacheConfig, on the ten public
 // models (tests/planner/fixtures: the fields the reader takes, each with its SOURCE.md;
 // fixtures.h) and on small configs that exercise one field each. Bytes per token are worked out in
 // the comments: (latent ? 1 : 2) x layers x KV heads x head_dim x bytes per element.
@@ -31,7 +31,7 @@ void expect_invalid(const absl::Status& s, const std::string& fragment) {
   CHECK(s.message().find(fragment) != std::string::npos);
 }
 
-// --- the seven fixtures ----------------------------------------------------------------------
+// --- the fixtures ----------------------------------------------------------------------
 
 TEST_CASE("Llama-3.1-8B and 70B: one full group, 131,072 and 327,680 bytes per token",
           "[planner]") {
@@ -141,6 +141,128 @@ TEST_CASE("DeepSeek-V3: MLA, one latent of 512 + 64 per layer, 70,272 bytes per 
 
 // Each excerpt holds every field the reader takes: the upstream file, where it is here,
 // reads to the same groups, layers, length and notes.
+// --- state layers -----------------------------------------------------------------------------
+
+TEST_CASE("Qwen3-Next-80B: 36 Gated DeltaNet layers of 1,097,728 state bytes, 12 full",
+          "[planner]") {
+  std::optional<HfModelConfig> m = read_fixture("Qwen--Qwen3-Next-80B-A3B-Instruct");
+  CHECK(m->model_type == "qwen3_next");
+  REQUIRE(m->kv.groups.size() == 2);
+  // Layer 0 is linear attention: the state group comes first.
+  const KvCacheGroup& state = m->kv.groups[0];
+  CHECK(state.kind == AttentionKind::kState);
+  CHECK(state.state.num_layers == 36);  // 48 - 12
+  // conv 3 x (2 x 16 x 128 + 32 x 128) = 3 x 8,192 = 24,576; recurrent 32 x 128 x 128.
+  CHECK(state.state.conv_elements == 24576);
+  CHECK(state.state.recurrent_elements == 524288);
+  CHECK(state.state.conv_dtype == DType::kBFloat16);  // vLLM: the model's dtype for both
+  CHECK(state.state.recurrent_dtype == DType::kBFloat16);
+  CHECK(state.state.bytes_per_layer() == 1097728);  // 2 x (24,576 + 524,288)
+  CHECK(m->kv.page_bytes(0) == 39518208);           // a slot: 36 x 1,097,728
+  CHECK(m->kv.groups[1].kind == AttentionKind::kFull);
+  CHECK(m->kv.groups[1].shape.num_layers == 12);  // layers 3, 7, ..., 47
+  CHECK(m->kv.bytes_per_token() == 24576);        // 2 x 12 x 2 x 256 x 2
+  CHECK(m->layer_group[2] == 0);
+  CHECK(m->layer_group[3] == 1);
+  CHECK(m->max_position_embeddings == 262144);
+  // The same layers listed in layer_types read alike.
+  std::string types;
+  for (int i = 0; i < 48; ++i) {
+    types += std::string(i ? ", " : "") +
+             ((i + 1) % 4 == 0 ? "\"full_attention\"" : "\"linear_attention\"");
+  }
+  absl::StatusOr<HfModelConfig> listed = parse_hf_config(R"({"model_type": "qwen3_next",
+      "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+      "head_dim": 256, "torch_dtype": "bfloat16", "linear_conv_kernel_dim": 4,
+      "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+      "linear_value_head_dim": 128, "layer_types": [)" + types +
+                                                         "]}");
+  REQUIRE(listed.ok());
+  CHECK(listed->layer_group == m->layer_group);
+  CHECK(listed->kv.page_bytes(0) == 39518208);
+  // --mamba-cache-dtype fp32 keeps both in fp32: 4 x 548,864 = 2,195,456 bytes per layer.
+  m = read_fixture("Qwen--Qwen3-Next-80B-A3B-Instruct", {.state_dtype = DType::kFloat32});
+  CHECK(m->kv.groups[0].state.bytes_per_layer() == 2195456);
+}
+
+TEST_CASE("Nemotron-H-8B: 24 Mamba2 layers of 4,255,744 state bytes, 4 attention, 24 MLP",
+          "[planner]") {
+  std::optional<HfModelConfig> m = read_fixture("nvidia--Nemotron-H-8B-Base-8K");
+  CHECK(m->model_type == "nemotron_h");
+  REQUIRE(m->kv.groups.size() == 2);
+  const KvCacheGroup& state = m->kv.groups[0];
+  CHECK(state.kind == AttentionKind::kState);
+  CHECK(state.state.num_layers == 24);  // the M of the pattern
+  // intermediate 128 x 64 = 8,192; conv 3 x (8,192 + 2 x 8 x 128) = 3 x 10,240 = 30,720;
+  // recurrent 128 x 64 x 128 = 1,048,576.
+  CHECK(state.state.conv_elements == 30720);
+  CHECK(state.state.recurrent_elements == 1048576);
+  CHECK(state.state.conv_dtype == DType::kBFloat16);
+  CHECK(state.state.recurrent_dtype == DType::kFloat32);  // vLLM's NemotronH default
+  CHECK(state.state.bytes_per_layer() == 4255744);        // 30,720 x 2 + 1,048,576 x 4
+  CHECK(m->kv.page_bytes(0) == 102137856);                // 24 x 4,255,744
+  CHECK(m->kv.groups[1].shape.num_layers == 4);           // the * of the pattern
+  CHECK(m->kv.groups[1].shape.head_dim == 128);           // attention_head_dim
+  CHECK(m->kv.bytes_per_token() == 16384);                // 2 x 4 x 8 x 128 x 2
+  CHECK(m->kv.num_layers() == 28);                        // the 24 MLP layers keep nothing
+  CHECK(m->layer_group[0] == 0);
+  CHECK(m->layer_group[1] == -1);
+  CHECK(m->layer_group[7] == 1);
+  bool noted = false;
+  for (const std::string& note : m->notes) {
+    noted = noted ||
+            note.find("recurrent fp32 (vLLM's NemotronH default float32)") != std::string::npos;
+  }
+  CHECK(noted);
+  // --mamba-ssm-cache-dtype bf16: 30,720 x 2 + 1,048,576 x 2 = 2,158,592 bytes per layer.
+  m = read_fixture("nvidia--Nemotron-H-8B-Base-8K", {.recurrent_dtype = DType::kBFloat16});
+  CHECK(m->kv.groups[0].state.bytes_per_layer() == 2158592);
+  CHECK(m->kv.page_bytes(0) == 51806208);  // 24 x 2,158,592
+}
+
+TEST_CASE("Granite-4.0-H-Tiny: 36 Mamba2 layers of 806,400 state bytes, 4 attention", "[planner]") {
+  std::optional<HfModelConfig> m = read_fixture("ibm-granite--granite-4.0-h-tiny");
+  CHECK(m->model_type == "granitemoehybrid");
+  REQUIRE(m->kv.groups.size() == 2);
+  const KvCacheGroup& state = m->kv.groups[0];
+  CHECK(state.state.num_layers == 36);
+  // intermediate mamba_expand 2 x hidden 1,536 = 3,072; conv 3 x (3,072 + 2 x 1 x 128) =
+  // 3 x 3,328 = 9,984; recurrent 48 x 64 x 128 = 393,216; both bf16.
+  CHECK(state.state.conv_elements == 9984);
+  CHECK(state.state.recurrent_elements == 393216);
+  CHECK(state.state.recurrent_dtype == DType::kBFloat16);
+  CHECK(state.state.bytes_per_layer() == 806400);  // 2 x (9,984 + 393,216)
+  CHECK(m->kv.page_bytes(0) == 29030400);          // 36 x 806,400
+  CHECK(m->kv.groups[1].shape.num_layers == 4);    // layers 5, 15, 25, 35
+  CHECK(m->kv.groups[1].shape.head_dim == 128);    // 1,536 / 12
+  CHECK(m->kv.bytes_per_token() == 8192);          // 2 x 4 x 4 x 128 x 2
+  CHECK(m->layer_group[5] == 1);
+}
+
+TEST_CASE("state layers the planner cannot size are refused by name", "[planner]") {
+  // All Mamba2: no attention group to verify hits along.
+  expect_invalid(parse_error(R"({"model_type": "nemotron_h", "num_hidden_layers": 2,
+      "hybrid_override_pattern": "MM", "num_attention_heads": 4, "hidden_size": 512,
+      "mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 16, "n_groups": 1,
+      "conv_kernel": 4, "torch_dtype": "bfloat16"})"),
+                 "only state groups");
+  expect_invalid(parse_error(R"({"model_type": "nemotron_h", "num_hidden_layers": 2,
+      "hybrid_override_pattern": "M*", "num_attention_heads": 4, "hidden_size": 512,
+      "mamba_head_dim": 64, "ssm_state_size": 16, "n_groups": 1, "conv_kernel": 4,
+      "torch_dtype": "bfloat16"})"),
+                 "mamba_num_heads is missing");
+  expect_invalid(parse_error(R"({"model_type": "nemotron_h", "num_hidden_layers": 2,
+      "hybrid_override_pattern": "M*", "num_attention_heads": 4, "hidden_size": 512,
+      "mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 16, "n_groups": 1,
+      "conv_kernel": 4, "mamba_ssm_cache_dtype": "int8", "torch_dtype": "bfloat16"})"),
+                 "mamba_ssm_cache_dtype is \"int8\", must be bfloat16, float16 or float32");
+  expect_invalid(parse_error(R"({"model_type": "qwen3_next", "num_hidden_layers": 4,
+      "num_attention_heads": 4, "head_dim": 64, "torch_dtype": "bfloat16",
+      "linear_num_key_heads": 2147483647, "linear_key_head_dim": 2147483647,
+      "linear_num_value_heads": 1, "linear_value_head_dim": 1, "linear_conv_kernel_dim": 4})"),
+                 "more than 2^36");
+}
+
 TEST_CASE("each fixture excerpt reads like its upstream config.json", "[planner]") {
   int compared = 0;
   for (const char* name : testing::kPlannerFixtures) {
@@ -260,7 +382,10 @@ TEST_CASE("malformed or contradictory configs are refused, naming the field", "[
                  "has 1 entries but num_hidden_layers is 4");
   expect_invalid(parse_error(config(R"("layer_types": ["full_attention", "linear_attention",
                                             "full_attention", "full_attention"])")),
-                 "layer_types[1] is \"linear_attention\", a layer kind the planner does not size");
+                 "model_type '' has state layers the planner does not size");
+  expect_invalid(parse_error(config(R"("layer_types": ["full_attention", "ssm",
+                                            "full_attention", "full_attention"])")),
+                 "layer_types[1] is \"ssm\", a layer kind the planner does not size");
   expect_invalid(parse_error(config(R"("layer_types": ["sliding_attention", "full_attention",
                                             "full_attention", "full_attention"])")),
                  "layer_types[0] is \"sliding_attention\", but sliding_window is not set");
@@ -296,9 +421,14 @@ TEST_CASE("malformed or contradictory configs are refused, naming the field", "[
                                  "torch_dtype": "bfloat16"})"),
                  "head_dim and hidden_size are both missing");
   expect_invalid(parse_error(config(R"("kv_lora_rank": 512)")), "qk_rope_head_dim is missing");
-  expect_invalid(parse_error(config(R"("hybrid_override_pattern": "M-M*")")),
-                 "hybrid_override_pattern is \"M-M*\", a layer structure the planner does not "
-                 "size");
+  expect_invalid(parse_error(config(R"("hybrid_override_pattern": "M-M")")),
+                 "hybrid_override_pattern is \"M-M\", has 3 characters but num_hidden_layers is 4");
+  expect_invalid(parse_error(config(R"("hybrid_override_pattern": "M-X*")")),
+                 "hybrid_override_pattern[2] is \"X\", is not M (Mamba2)");
+  // Jamba's Mamba1 layers are not sized.
+  expect_invalid(parse_error(config(R"("layers_block_type": ["mamba", "attention"])")),
+                 "layers_block_type is [\"mamba\",\"attention\"], a layer structure the planner "
+                 "does not size");
   expect_invalid(parse_error(R"({"text_config": 3})"), "text_config is 3, must be an object");
 }
 
