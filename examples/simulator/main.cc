@@ -119,8 +119,8 @@ ABSL_FLAG(bool, state, false,
 ABSL_FLAG(bool, state_only, false, "run only the state-layer study");
 ABSL_FLAG(std::vector<std::string>, state_models, kDefaults.state_models,
           "state-layer study models, comma-separated: qwen3-next-80b-a3b, nemotron-h-8b, "
-          "granite-4.0-h-small");
-ABSL_FLAG(double, state_checkpoints_per_sequence, kDefaults.state_options.checkpoints_per_sequence,
+          "granite-4.0-h-tiny");
+ABSL_FLAG(int32_t, state_checkpoints_per_sequence, kDefaults.state_options.checkpoints_per_sequence,
           "state-layer study: cached checkpoints per target-length sequence in pagedkv's split");
 ABSL_FLAG(int32_t, state_conversations, kDefaults.shared_prompt_options.conversations,
           "state-layer study: conversations of the generated shared-prompt workload");

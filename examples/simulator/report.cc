@@ -376,6 +376,7 @@ OrderedJson state_json(const SimReport& report) {
   for (const StateStudy& s : report.state_hits) {
     OrderedJson rows = OrderedJson::array();
     for (const StateStudyRow& row : s.rows) {
+      if (!row.fits) continue;
       OrderedJson policies = OrderedJson::object();
       for (size_t i = 0; i < row.policies.size(); ++i)
         policies[s.policy_names[i]] = state_result_json(row.policies[i]);

@@ -9,7 +9,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "fmt/format.h"
+#include "pagedkv/capacity_plan.h"
+#include "pagedkv/hf_model_config.h"
 #include "report.h"
 #include "tokens.h"
 
@@ -347,6 +350,16 @@ absl::StatusOr<StateModel> state_model(std::string name, const KvCacheConfig& co
       state_layers += group.state.num_layers;
     }
   }
+  int32_t full_groups = 0, state_groups = 0;
+  for (const KvCacheGroup& group : config.groups) {
+    full_groups += group.kind == AttentionKind::kFull ? 1 : 0;
+    state_groups += group.kind == AttentionKind::kState ? 1 : 0;
+  }
+  if (full_groups != 1 || state_groups != 1 || config.num_groups() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(m.name, ": the state study takes one full-attention and one state group, not ",
+                     full_groups, " and ", state_groups, " of ", config.num_groups()));
+  }
   if (attention_layers == 0 || state_layers == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(m.name, ": the state study needs full-attention and state groups (",
@@ -371,68 +384,36 @@ absl::StatusOr<StateModel> state_model(std::string name, const KvCacheConfig& co
   return m;
 }
 
-int32_t vllm_block_tokens_for(const KvCacheConfig& config) {
-  constexpr int64_t kAlignment = 16;
-  int64_t token_page = 0, state_page = 0;
-  for (int32_t g = 0; g < config.num_groups(); ++g) {
-    const KvCacheGroup& group = config.groups[g];
-    if (group.kind == AttentionKind::kFull)
-      token_page = std::max(token_page, config.bytes_per_token(g) / group.shape.num_layers);
-    if (group.kind == AttentionKind::kState)
-      state_page = std::max(state_page, group.state.bytes_per_layer());
-  }
-  if (token_page == 0) return 0;
-  return static_cast<int32_t>(kAlignment * ceil_div(state_page, kAlignment * token_page));
-}
-
 namespace {
 
-KvCacheConfig attention_and_state(int32_t attention_layers, int32_t kv_heads, int32_t head_dim,
-                                  const StateShape& state) {
-  return {.groups = {{.kind = AttentionKind::kFull,
-                      .shape = {.num_layers = attention_layers,
-                                .num_kv_heads = kv_heads,
-                                .head_dim = head_dim}},
-                     {.kind = AttentionKind::kState, .state = state}},
-          .dtype = DType::kBFloat16,
-          .block_size = 16};
-}
-
-// Mamba2: conv (kernel - 1) x (heads x head_dim + 2 x groups x state), recurrent
-// heads x head_dim x state.
-StateShape mamba2(int32_t layers, int64_t heads, int64_t head_dim, int64_t state, int64_t groups) {
-  return {.num_layers = layers,
-          .conv_elements = 3 * (heads * head_dim + 2 * groups * state),
-          .recurrent_elements = heads * head_dim * state,
-          .conv_dtype = DType::kBFloat16,
-          .recurrent_dtype = DType::kBFloat16};
-}
+// The built-in models: a short name and its fixture directory.
+constexpr std::pair<std::string_view, std::string_view> kStateModels[] = {
+    {"qwen3-next-80b-a3b", "Qwen--Qwen3-Next-80B-A3B-Instruct"},
+    {"nemotron-h-8b", "nvidia--Nemotron-H-8B-Base-8K"},
+    {"granite-4.0-h-tiny", "ibm-granite--granite-4.0-h-tiny"},
+};
 
 }  // namespace
 
 std::vector<std::string> builtin_state_model_names() {
-  return {"qwen3-next-80b-a3b", "nemotron-h-8b", "granite-4.0-h-small"};
+  std::vector<std::string> names;
+  for (const auto& [name, dir] : kStateModels) names.emplace_back(name);
+  return names;
 }
 
 absl::StatusOr<StateModel> builtin_state_model(std::string_view name) {
-  KvCacheConfig config;
-  if (name == "qwen3-next-80b-a3b") {
-    config = attention_and_state(12, 2, 256,
-                                 {.num_layers = 36,
-                                  .conv_elements = 3 * (2 * 16 * 128 + 32 * 128),
-                                  .recurrent_elements = 32 * 128 * 128,
-                                  .conv_dtype = DType::kBFloat16,
-                                  .recurrent_dtype = DType::kBFloat16});
-  } else if (name == "nemotron-h-8b") {
-    config = attention_and_state(4, 8, 128, mamba2(24, 128, 64, 128, 8));
-  } else if (name == "granite-4.0-h-small") {
-    config = attention_and_state(4, 8, 128, mamba2(36, 128, 64, 128, 1));
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown state model '", std::string(name),
-                     "'; known: qwen3-next-80b-a3b, nemotron-h-8b, granite-4.0-h-small"));
+  for (const auto& [known, dir] : kStateModels) {
+    if (known != name) continue;
+    absl::StatusOr<HfModelConfig> hf =
+        read_hf_config(absl::StrCat(PAGEDKV_FIXTURES_DIR, "/", std::string(dir), "/excerpt.json"));
+    if (!hf.ok()) return hf.status();
+    absl::StatusOr<int32_t> block = vllm_state_block_size(hf->kv);
+    if (!block.ok()) return block.status();
+    return state_model(std::string(name), hf->kv, *block);
   }
-  return state_model(std::string(name), config, vllm_block_tokens_for(config));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown state model '", std::string(name),
+                   "'; known: ", absl::StrJoin(builtin_state_model_names(), ", ")));
 }
 
 // ---- Policies -------------------------------------------------------------------------------
@@ -583,18 +564,18 @@ absl::StatusOr<StateReplayResult> replay_vllm_state(const StateWorkload& workloa
   return r;
 }
 
-StateSplit split_state_budget(const StateModel& model, int64_t budget_bytes, int64_t target_tokens,
-                              double checkpoints_per_sequence, int32_t block_size) {
-  const int64_t block_bytes = int64_t{block_size} * model.attention_bytes_per_token;
-  const long double attention =
-      static_cast<long double>(ceil_div(target_tokens, block_size)) * block_bytes;
-  const long double state = (1 + static_cast<long double>(checkpoints_per_sequence)) *
-                            static_cast<long double>(model.slot_bytes);
+absl::StatusOr<StateSplit> split_state_budget(const StateModel& model, int64_t budget_bytes,
+                                              int64_t target_tokens,
+                                              int32_t checkpoints_per_sequence) {
+  KvCacheConfig config = model.config;
+  config.checkpoints_per_sequence = checkpoints_per_sequence;
+  absl::StatusOr<PoolSplit> split = config.split_budget(budget_bytes, target_tokens);
+  if (!split.ok()) return split.status();
   StateSplit s;
-  s.attention_blocks =
-      static_cast<int64_t>(budget_bytes * attention / (attention + state)) / block_bytes;
-  // The attention pool's remainder below a block goes to the state pool.
-  s.state_slots = (budget_bytes - s.attention_blocks * block_bytes) / model.slot_bytes;
+  for (int32_t g = 0; g < config.num_groups(); ++g) {
+    // state_model() allows one attention and one state group.
+    (config.is_state(g) ? s.state_slots : s.attention_blocks) = split->groups[g].num_blocks;
+  }
   return s;
 }
 
@@ -622,34 +603,49 @@ absl::StatusOr<StateStudy> state_study(const StateWorkload& workload, const Stat
   study.footprint_bytes = study.footprint_blocks * b * model.attention_bytes_per_token +
                           study.footprint_checkpoints * model.slot_bytes;
 
-  auto run_pagedkv = [&](int64_t budget, double share, const CheckpointPolicy& policy)
-      -> absl::StatusOr<std::pair<StateSplit, StateReplayResult>> {
-    const StateSplit split = split_state_budget(model, budget, study.target_tokens, share, b);
-    absl::StatusOr<StateReplayResult> r =
-        replay_pagedkv_state(workload, split.attention_blocks, split.state_slots, policy, b);
-    if (!r.ok()) return r.status();
-    return std::make_pair(split, *r);
+  int32_t longest = 0;
+  for (const PromptKeys& p : workload.prompts) longest = std::max(longest, p.length);
+  // Both models must hold the longest prompt while it runs: its blocks, and for vLLM its
+  // running state and the two boundary states it holds while writing the next.
+  auto fits = [&](const StateSplit& split, int64_t budget) {
+    const int64_t vllm_need = ceil_div(longest, model.vllm_block_tokens) * model.vllm_block_bytes +
+                              3 * model.vllm_state_bytes;
+    return split.attention_blocks >= ceil_div(longest, b) && split.state_slots >= 2 &&
+           budget >= vllm_need;
   };
   for (double fraction : options.fractions) {
     StateStudyRow row;
     row.fraction = fraction;
     row.budget_bytes = static_cast<int64_t>(fraction * study.footprint_bytes);
+    absl::StatusOr<StateSplit> split = split_state_budget(
+        model, row.budget_bytes, study.target_tokens, options.checkpoints_per_sequence);
+    if (!split.ok()) return split.status();
+    row.split = *split;
+    row.fits = fits(row.split, row.budget_bytes);
     for (const CheckpointPolicy& policy : policies) {
-      auto r = run_pagedkv(row.budget_bytes, options.checkpoints_per_sequence, policy);
+      if (!row.fits) break;
+      absl::StatusOr<StateReplayResult> r = replay_pagedkv_state(
+          workload, row.split.attention_blocks, row.split.state_slots, policy, b);
       if (!r.ok()) return r.status();
-      row.split = r->first;
-      row.policies.push_back(r->second);
+      row.policies.push_back(*r);
     }
-    absl::StatusOr<StateReplayResult> v = replay_vllm_state(workload, model, row.budget_bytes, b);
-    if (!v.ok()) return v.status();
-    row.vllm = *v;
+    if (row.fits) {
+      absl::StatusOr<StateReplayResult> v = replay_vllm_state(workload, model, row.budget_bytes, b);
+      if (!v.ok()) return v.status();
+      row.vllm = *v;
+    }
     study.rows.push_back(std::move(row));
   }
   const int64_t budget = static_cast<int64_t>(options.sensitivity_fraction * study.footprint_bytes);
-  for (double share : options.sensitivity) {
-    auto r = run_pagedkv(budget, share, policies[0]);
+  for (int32_t share : options.sensitivity) {
+    absl::StatusOr<StateSplit> split =
+        split_state_budget(model, budget, study.target_tokens, share);
+    if (!split.ok()) return split.status();
+    if (!fits(*split, budget)) continue;
+    absl::StatusOr<StateReplayResult> r =
+        replay_pagedkv_state(workload, split->attention_blocks, split->state_slots, policies[0], b);
     if (!r.ok()) return r.status();
-    study.sensitivity.emplace_back(share, r->second);
+    study.sensitivity.emplace_back(share, *r);
   }
   return study;
 }
@@ -673,6 +669,10 @@ std::string format_state_study(const StateStudy& s) {
     out += fmt::format("| {:.0f} % | {:.0f} | {} / {} |", row.fraction * 100,
                        row.budget_bytes / double(int64_t{1} << 30),
                        commas(row.split.attention_blocks), commas(row.split.state_slots));
+    if (!row.fits) {
+      out += " a pool below the longest prompt |\n";
+      continue;
+    }
     for (const StateReplayResult& r : row.policies)
       out += fmt::format(" {} ({:.3f}) |", commas(r.hit_tokens), r.hit_rate());
     out += fmt::format(" {} ({:.3f}) |", commas(row.vllm.hit_tokens), row.vllm.hit_rate());
@@ -683,6 +683,7 @@ std::string format_state_study(const StateStudy& s) {
   }
   out += "  recomputed tokens (pagedkv / vLLM rule):";
   for (const StateStudyRow& row : s.rows) {
+    if (!row.fits) continue;
     out += fmt::format(" {:.0f} %: {} / {};", row.fraction * 100,
                        commas(row.policies[0].recomputed_tokens()),
                        commas(row.vllm.recomputed_tokens()));

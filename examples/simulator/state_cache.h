@@ -96,25 +96,15 @@ struct StateModel {
 };
 
 // The study's view of `config` with vLLM's attention block of `vllm_block_tokens`.
-// Errors: InvalidArgument without a full-attention group, a state group, or with a block
-// size that is not a positive multiple of config.block_size or too small for the state.
+// Errors: InvalidArgument unless the config has one full-attention and one state group, or with a
+// block size that is not a positive multiple of config.block_size or too small for the state.
 [[nodiscard]] absl::StatusOr<StateModel> state_model(std::string name, const KvCacheConfig& config,
                                                      int32_t vllm_block_tokens);
 
-// vLLM's attention block beside state layers: the smallest multiple of 16 tokens whose
-// attention page (one layer) holds one state layer. Stands in for the planner's
-// vllm_state_block_size() (capacity_plan.h) until that lands.
-int32_t vllm_block_tokens_for(const KvCacheConfig& config);
-
-// The built-in models, bf16 KV and bf16 state (vLLM's default mamba_cache_dtype and
-// mamba_ssm_cache_dtype "auto": the model's dtype), from their config.json:
-//   qwen3-next-80b-a3b  12 full layers (2 KV heads x 256) and 36 Gated DeltaNet layers
-//                       (conv 3 x (2 x 16 x 128 + 32 x 128), recurrent 32 x 128 x 128)
-//   nemotron-h-8b       4 full layers (8 x 128) and 24 Mamba2 layers (128 heads x 64,
-//                       state 128, 8 groups: conv 3 x (8,192 + 2 x 8 x 128))
-//   granite-4.0-h-small 4 full layers (8 x 128) and 36 Mamba2 layers (128 heads x 64,
-//                       state 128, 1 group)
-// Errors: InvalidArgument naming the known models.
+// The built-in models, read from the planner's fixtures (tests/planner/fixtures, with
+// vLLM's default state dtypes) with vLLM's block by vllm_state_block_size():
+// qwen3-next-80b-a3b, nemotron-h-8b, granite-4.0-h-tiny. Errors: InvalidArgument naming
+// the known models, the reader's.
 [[nodiscard]] absl::StatusOr<StateModel> builtin_state_model(std::string_view name);
 std::vector<std::string> builtin_state_model_names();
 
@@ -222,15 +212,17 @@ struct StateReplayResult {
                                                                   int64_t pool_bytes,
                                                                   int32_t block_size);
 
-// pagedkv's split of a budget between attention blocks and state slots: in proportion to
-// one target-length sequence's blocks, ceil(target / b), and its slots, 1 running plus
-// `checkpoints_per_sequence` cached.
+// pagedkv's split of a budget between attention blocks and state slots:
+// KvCacheConfig::split_budget() for `target_tokens`, each sequence with
+// `checkpoints_per_sequence` cached checkpoints beside its running slot.
 struct StateSplit {
   int64_t attention_blocks = 0;
   int64_t state_slots = 0;
 };
-StateSplit split_state_budget(const StateModel& model, int64_t budget_bytes, int64_t target_tokens,
-                              double checkpoints_per_sequence, int32_t block_size);
+[[nodiscard]] absl::StatusOr<StateSplit> split_state_budget(const StateModel& model,
+                                                            int64_t budget_bytes,
+                                                            int64_t target_tokens,
+                                                            int32_t checkpoints_per_sequence);
 
 // The study: per model and workload, pool sizes as fractions of the footprint (every
 // distinct attention block plus every checkpoint pagedkv's admission keeps with nothing
@@ -243,9 +235,9 @@ struct StateStudyOptions {
       CheckpointPolicy::every_block(),
       CheckpointPolicy::with_every(CheckpointPolicy::pagedkv(), 64),
       CheckpointPolicy::with_every(CheckpointPolicy::admission_lru(), 64)};
-  double checkpoints_per_sequence = 1;
+  int32_t checkpoints_per_sequence = 2;  // KvCacheConfig's default
   // The sensitivity table: pagedkv's policy at these shares, at sensitivity_fraction.
-  std::vector<double> sensitivity = {0.25, 0.5, 1, 2, 4, 8};
+  std::vector<int32_t> sensitivity = {0, 1, 2, 4, 8, 16};
   double sensitivity_fraction = 0.25;
   int32_t block_size = 16;
 };
@@ -254,6 +246,7 @@ struct StateStudyRow {
   double fraction = 0;
   int64_t budget_bytes = 0;
   StateSplit split;
+  bool fits = true;  // the pools hold the longest prompt (else no replay)
   std::vector<StateReplayResult> policies;  // in the order of StateStudy::policy_names
   StateReplayResult vllm;
 };
@@ -271,7 +264,7 @@ struct StateStudy {
   StateReplayResult unbounded;  // pagedkv's policy with nothing evicted
   std::vector<std::string> policy_names;
   std::vector<StateStudyRow> rows;
-  std::vector<std::pair<double, StateReplayResult>> sensitivity;
+  std::vector<std::pair<int32_t, StateReplayResult>> sensitivity;
 };
 
 [[nodiscard]] absl::StatusOr<StateStudy> state_study(const StateWorkload& workload,

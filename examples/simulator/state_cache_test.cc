@@ -153,16 +153,23 @@ TEST_CASE("state: the vLLM rule's pool evicts least recent entries first", "[sta
 }
 
 TEST_CASE("state: the budget split by checkpoints per sequence", "[state]") {
-  StateModel m = unit_model(64);
-  m.attention_bytes_per_token = 1000;  // 16,000 bytes per block
-  m.slot_bytes = 40000;
-  // 160 tokens: 10 blocks, 160,000 bytes; 1 running + 1 checkpoint: 80,000 bytes.
-  const StateSplit split = split_state_budget(m, 240000, 160, 1, 16);
-  CHECK(split.attention_blocks == 10);
-  CHECK(split.state_slots == 2);
-  const StateSplit more = split_state_budget(m, 240000, 160, 3, 16);  // 160,000 : 160,000
-  CHECK(more.attention_blocks == 7);
-  CHECK(more.state_slots == 3);
+  absl::StatusOr<StateModel> m = builtin_state_model("qwen3-next-80b-a3b");
+  REQUIRE(m.ok());
+  // 12 layers x 2 x 2 x 256 x 2 bytes = 24,576 bytes per token, 393,216 per block; a
+  // slot is 36 x (49,152 + 1,048,576) = 39,518,208 bytes. 1,600 tokens: 100 blocks,
+  // 39,321,600 bytes; with 2 checkpoints, 3 slots: 118,554,624 bytes. A budget of
+  // 100 x (39,321,600 + 118,554,624) splits into 10,000 blocks and 300 slots.
+  const int64_t budget = 100 * (int64_t{39321600} + 118554624);
+  absl::StatusOr<StateSplit> split = split_state_budget(*m, budget, 1600, 2);
+  REQUIRE(split.ok());
+  CHECK(split->attention_blocks == 10000);
+  CHECK(split->state_slots == 300);
+  // With no checkpoint (a running slot only) the state share is a third as large.
+  absl::StatusOr<StateSplit> none = split_state_budget(*m, budget, 1600, 0);
+  REQUIRE(none.ok());
+  CHECK(none->state_slots * 39518208 + none->attention_blocks * 393216 <= budget);
+  CHECK(none->attention_blocks > 10000);
+  CHECK(none->state_slots < 300);
 }
 
 TEST_CASE("state: a system prompt shorter than vLLM's block hits in pagedkv", "[state]") {
@@ -178,9 +185,10 @@ TEST_CASE("state: a system prompt shorter than vLLM's block hits in pagedkv", "[
   for (uint64_t u = 0; u < 10; ++u)
     w.prompts.push_back(prompt_keys(concat(system, stream_tokens(100 + u, 100)), 16));
   const int64_t budget = int64_t{64} << 30;  // evicts nothing
-  const StateSplit split = split_state_budget(*model, budget, 400, 1, 16);
+  absl::StatusOr<StateSplit> split = split_state_budget(*model, budget, 400, 2);
+  REQUIRE(split.ok());
   absl::StatusOr<StateReplayResult> pagedkv = replay_pagedkv_state(
-      w, split.attention_blocks, split.state_slots, CheckpointPolicy::pagedkv(), 16);
+      w, split->attention_blocks, split->state_slots, CheckpointPolicy::pagedkv(), 16);
   absl::StatusOr<StateReplayResult> vllm = replay_vllm_state(w, *model, budget, 16);
   REQUIRE(pagedkv.ok());
   REQUIRE(vllm.ok());
