@@ -246,7 +246,7 @@ struct StateStudyRow {
   double fraction = 0;
   int64_t budget_bytes = 0;
   StateSplit split;
-  bool fits = true;  // the pools hold the longest prompt (else no replay)
+  bool fits = true;                         // the pools hold the longest prompt (else no replay)
   std::vector<StateReplayResult> policies;  // in the order of StateStudy::policy_names
   StateReplayResult vllm;
 };
