@@ -11,22 +11,12 @@
 #include "pagedkv/block_hash.h"
 #include "pagedkv/capacity_plan.h"
 #include "pagedkv/kv_cache_manager.h"
+#include "report.h"
 #include "sim_allocator.h"
 #include "tokens.h"
 
 namespace pagedkv::sim {
 namespace {
-
-// 1234567 -> "1,234,567".
-std::string commas(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return n < 0 ? "-" + out : out;
-}
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(1 << 30); }
 

@@ -112,6 +112,18 @@ ABSL_FLAG(int32_t, hybrid_checkpoint_levels, kDefaults.hybrid_options.checkpoint
           "the proposed rule's checkpoint levels, each at half the spacing of the one before");
 ABSL_FLAG(bool, hybrid_models_only, false,
           "hit study: the block-level models only, without replaying the KvCacheManager");
+ABSL_FLAG(bool, state, false,
+          "also run the state-layer study: prefix hits of hybrid models with state layers "
+          "(Mamba2, Gated DeltaNet), pagedkv's checkpoints against vLLM's rule, on the Mooncake "
+          "traces and a generated shared-prompt workload");
+ABSL_FLAG(bool, state_only, false, "run only the state-layer study");
+ABSL_FLAG(std::vector<std::string>, state_models, kDefaults.state_models,
+          "state-layer study models, comma-separated: qwen3-next-80b-a3b, nemotron-h-8b, "
+          "granite-4.0-h-tiny");
+ABSL_FLAG(int32_t, state_checkpoints_per_sequence, kDefaults.state_options.checkpoints_per_sequence,
+          "state-layer study: cached checkpoints per target-length sequence in pagedkv's split");
+ABSL_FLAG(int32_t, state_conversations, kDefaults.shared_prompt_options.conversations,
+          "state-layer study: conversations of the generated shared-prompt workload");
 ABSL_FLAG(std::string, out_dir, "out/sim", "where results.json and results-utilization.svg go");
 ABSL_FLAG(bool, no_progress, false, "no progress line");
 
@@ -165,6 +177,10 @@ absl::Status validate_flags() {
                       GetFlag(FLAGS_hybrid_checkpoint_levels) >= 1 &&
                           GetFlag(FLAGS_hybrid_checkpoint_levels) <= 16,
                       "in [1, 16]"),
+           check_flag(FLAGS_state_checkpoints_per_sequence,
+                      GetFlag(FLAGS_state_checkpoints_per_sequence) >= 0, ">= 0"),
+           check_flag(FLAGS_state_conversations, count_in(GetFlag(FLAGS_state_conversations), 1),
+                      count_range(1)),
        }) {
     if (!status.ok()) return status;
   }
@@ -223,6 +239,11 @@ SimOptions options_from_flags() {
   options.hybrid_options.checkpoint_tokens = GetFlag(FLAGS_hybrid_checkpoint);
   options.hybrid_options.checkpoint_levels = GetFlag(FLAGS_hybrid_checkpoint_levels);
   options.hybrid_options.manager = !GetFlag(FLAGS_hybrid_models_only);
+  options.state = GetFlag(FLAGS_state);
+  options.state_only = GetFlag(FLAGS_state_only);
+  options.state_models = GetFlag(FLAGS_state_models);
+  options.state_options.checkpoints_per_sequence = GetFlag(FLAGS_state_checkpoints_per_sequence);
+  options.shared_prompt_options.conversations = GetFlag(FLAGS_state_conversations);
   return options;
 }
 
@@ -281,6 +302,9 @@ int main(int argc, char** argv) {
   }
   for (const pagedkv::sim::HybridHitStudy& study : report->hybrid_hits) {
     fmt::print("{}\n", pagedkv::sim::format_hybrid_hit_study(study));
+  }
+  for (const pagedkv::sim::StateStudy& study : report->state_hits) {
+    fmt::print("{}\n", pagedkv::sim::format_state_study(study));
   }
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);

@@ -13,6 +13,17 @@
 #include "nlohmann/json.hpp"
 
 namespace pagedkv::sim {
+
+std::string commas(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
 namespace {
 
 using OrderedJson = nlohmann::ordered_json;  // members in the order they are set
@@ -348,6 +359,54 @@ OrderedJson hybrid_json(const SimReport& report) {
   return {{"utilization", util}, {"hits", hits}};
 }
 
+OrderedJson state_result_json(const StateReplayResult& r) {
+  return {{"prompt_tokens", r.prompt_tokens},
+          {"hit_tokens", r.hit_tokens},
+          {"hit_rate", r.hit_rate()},
+          {"recomputed_tokens", r.recomputed_tokens()},
+          {"attention_tokens", r.attention_tokens},
+          {"hits", r.hits},
+          {"checkpoints_saved", r.checkpoints_saved},
+          {"checkpoints_evicted", r.checkpoints_evicted},
+          {"hit_class_peak", r.hit_class_peak}};
+}
+
+OrderedJson state_json(const SimReport& report) {
+  OrderedJson studies = OrderedJson::array();
+  for (const StateStudy& s : report.state_hits) {
+    OrderedJson rows = OrderedJson::array();
+    for (const StateStudyRow& row : s.rows) {
+      if (!row.fits) continue;
+      OrderedJson policies = OrderedJson::object();
+      for (size_t i = 0; i < row.policies.size(); ++i)
+        policies[s.policy_names[i]] = state_result_json(row.policies[i]);
+      rows.push_back({{"fraction", row.fraction},
+                      {"budget_bytes", row.budget_bytes},
+                      {"attention_blocks", row.split.attention_blocks},
+                      {"state_slots", row.split.state_slots},
+                      {"policies", policies},
+                      {"vllm_rule", state_result_json(row.vllm)}});
+    }
+    OrderedJson sensitivity = OrderedJson::array();
+    for (const auto& [share, r] : s.sensitivity)
+      sensitivity.push_back(
+          {{"checkpoints_per_sequence", share}, {"pagedkv", state_result_json(r)}});
+    studies.push_back({{"model", s.model},
+                       {"workload", s.workload},
+                       {"requests", s.requests},
+                       {"prompt_tokens", s.prompt_tokens},
+                       {"target_tokens", s.target_tokens},
+                       {"footprint_blocks", s.footprint_blocks},
+                       {"footprint_checkpoints", s.footprint_checkpoints},
+                       {"footprint_bytes", s.footprint_bytes},
+                       {"vllm_block_tokens", s.vllm_block_tokens},
+                       {"unbounded", state_result_json(s.unbounded)},
+                       {"rows", rows},
+                       {"sensitivity", sensitivity}});
+  }
+  return studies;
+}
+
 }  // namespace
 
 std::string to_json(const SimReport& report) {
@@ -362,6 +421,7 @@ std::string to_json(const SimReport& report) {
   if (!report.hybrid_util.empty() || !report.hybrid_hits.empty()) {
     json["hybrid"] = hybrid_json(report);
   }
+  if (!report.state_hits.empty()) json["state"] = state_json(report);
   // A trace named by a file whose name is not UTF-8 gets U+FFFD rather than an exception.
   return json.dump(2, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace) + "\n";
 }

@@ -14,6 +14,7 @@
 #include "engine.h"
 #include "eviction.h"
 #include "hybrid.h"
+#include "state_cache.h"
 #include "trace.h"
 
 namespace pagedkv::sim {
@@ -42,7 +43,11 @@ struct SimReport {
   TierCostModel tier_costs;
   std::vector<HybridUtilRun> hybrid_util;  // the hybrid-model study (hybrid.h)
   std::vector<HybridHitStudy> hybrid_hits;
+  std::vector<StateStudy> state_hits;  // the state-layer study (state_cache.h)
 };
+
+// 1234567 -> "1,234,567".
+std::string commas(int64_t n);
 
 // The engine results of one trace as an aligned text table.
 std::string format_run_table(const TraceRun& run);

@@ -168,6 +168,19 @@ absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions
   return run;
 }
 
+// The state-layer study (state_cache.h) on one workload, for each of options.state_models.
+absl::Status run_state(const StateWorkload& workload, const SimOptions& options,
+                       SimReport& report) {
+  for (const std::string& name : options.state_models) {
+    absl::StatusOr<StateModel> model = builtin_state_model(name);
+    if (!model.ok()) return model.status();
+    absl::StatusOr<StateStudy> study = state_study(workload, *model, options.state_options);
+    if (!study.ok()) return study.status();
+    report.state_hits.push_back(*std::move(study));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
   SimReport report;
   report.model =
@@ -187,6 +200,16 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
     absl::StatusOr<Trace> trace = read_trace(path);
     if (!trace.ok()) return trace.status();
     const TraceKind kind = kind_of(path);
+    if ((options.state || options.state_only) && kind == TraceKind::kMooncake) {
+      Trace prefix = *trace;
+      if (options.quick) truncate_trace(prefix, options.quick_requests);
+      if (absl::Status s =
+              run_state(state_workload(prefix, options.state_options.block_size), options, report);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (options.state_only) continue;
     if (options.hybrid || options.hybrid_only) {
       if (absl::Status s = run_hybrid(*trace, kind, options, report); !s.ok()) return s;
       if (options.hybrid_only) continue;
@@ -209,7 +232,16 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
     if (!run.ok()) return run.status();
     report.runs.push_back(std::move(*run));
   }
-  if (synthetic && !options.hybrid_only) {
+  if (options.state || options.state_only) {
+    SharedPromptOptions shared = options.shared_prompt_options;
+    if (options.quick) shared.conversations = std::min(shared.conversations, 100);
+    if (absl::Status s = run_state(shared_prompt_workload(shared, options.state_options.block_size),
+                                   options, report);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (synthetic && !options.hybrid_only && !options.state_only) {
     absl::StatusOr<Trace> trace = generate_synthetic(options.synthetic_options);
     if (!trace.ok()) return trace.status();
     absl::StatusOr<TraceRun> run = run_trace(std::move(*trace), TraceKind::kSynthetic, options);

@@ -19,6 +19,7 @@
 #include "hybrid.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "report.h"
+#include "state_cache.h"
 #include "synthetic.h"
 
 namespace pagedkv::sim {
@@ -67,6 +68,14 @@ struct SimOptions {
   bool hybrid = false;
   bool hybrid_only = false;
   HybridStudyOptions hybrid_options;
+  // The state-layer study (state_cache.h): prefix hits of hybrid models with state layers,
+  // pagedkv's checkpoint policy against the vLLM rule, on the Mooncake traces and the
+  // generated shared-prompt workload. state_only skips everything else.
+  bool state = false;
+  bool state_only = false;
+  std::vector<std::string> state_models = builtin_state_model_names();
+  StateStudyOptions state_options;
+  SharedPromptOptions shared_prompt_options;
   // Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x 2 bytes x 2 = 128 KiB per token.
   KvCacheSpec spec{.num_layers = 32,
                    .num_kv_heads = 8,
