@@ -226,10 +226,10 @@ TEST_CASE("slots named by the step's state ops are not reused before it ends", "
   require_valid(m);
 }
 
-TEST_CASE("checkpoints never hit are evicted first, the shortest first", "[state]") {
+TEST_CASE("checkpoints are evicted least recently used first", "[state]") {
   KvCacheManager m = with_state(64, 8);
   // Three prompts, each alone; each leaves a checkpoint at its last full block's end: A at
-  // 1 block, B at 4 blocks, D at 2 blocks.
+  // 1 block, B at 4 blocks, D at 2 blocks, freed in that order.
   auto checkpoint_of = [&](SeqId seq, std::vector<TokenId> prompt) {
     admit(m, seq, prompt);
     allocate(m, seq, static_cast<int32_t>(prompt.size()));
@@ -241,7 +241,7 @@ TEST_CASE("checkpoints never hit are evicted first, the shortest first", "[state
   const BlockId a = checkpoint_of(1, run(100, 5));
   const BlockId b = checkpoint_of(2, run(300, 17));
   const BlockId d = checkpoint_of(3, run(700, 9));
-  // C hits A's checkpoint: A's joins the hit class.
+  // C hits A's checkpoint: it goes back to the tail once the step's restore has run.
   admit(m, 4, concat(run(100, 4), run(500, 5)));
   CHECK(*m.match_prefix(4) == 4);
   end_step(m);
@@ -249,7 +249,7 @@ TEST_CASE("checkpoints never hit are evicted first, the shortest first", "[state
   for (const BlockId slot : m.device_pool(kState).free_queue_order()) {
     if (*m.device_pool(kState).is_cached(slot)) cached.push_back(slot);
   }
-  CHECK(cached == std::vector<BlockId>{d, b, a});
+  CHECK(cached == std::vector<BlockId>{b, d, a});
   require_valid(m);
 }
 

@@ -567,7 +567,7 @@ class KvCacheManager {
   void save_checkpoints(internal::Sequence& seq, int32_t old_computed);
   void save_checkpoint(internal::Sequence& seq, internal::GroupPools& g, int32_t blocks);
   int32_t checkpoint_hit(const internal::Sequence& seq, internal::GroupPools& g, int32_t p);
-  void restore_checkpoints(internal::Sequence& seq, int32_t hit);
+  void restore_checkpoints(internal::Sequence& seq);
   void fork_state(internal::Sequence& child);
   // Checks (invariants.cc) and block tables (block_tables.cc).
   absl::Status check_pool_balance(const internal::GroupPools& g, bool host) const;

@@ -9,11 +9,9 @@
 // a conversation's next turn resumes), the branch point of the sequence's match (where
 // the cached chain stopped matching its prompt: a prefix two prompts share, such as a
 // system prompt), and every Options::state_checkpoint_interval_blocks blocks. Eviction:
-// the free queue's retention classes, never-hit checkpoints below hit ones, and within
-// each the shortest prefixes (the most bytes per token a hit saves) first; LRU within a
-// class.
+// the free queue's LRU order (a hit moves a checkpoint to the back). Retention classes by
+// hits and length were measured and lost to LRU (docs/results.md, "State-space layers").
 #include <algorithm>
-#include <bit>
 
 #include "absl/strings/str_cat.h"
 #include "cache/group_pools.h"
@@ -28,22 +26,6 @@ using internal::block_tokens;
 using internal::GroupPools;
 using internal::Hold;
 using internal::Sequence;
-
-namespace {
-
-constexpr int32_t kNotHitClasses = 1;  // priorities 1..31: never hit
-constexpr int32_t kHitClasses = 50;    // priorities 50..80: hit at least once
-constexpr int32_t kLengthClasses = 31;
-
-// The retention priority of a checkpoint of `blocks` blocks: log2 of its length within
-// its class.
-int32_t checkpoint_priority(int32_t blocks, bool hit) {
-  const int32_t length_class =
-      std::min<int32_t>(std::bit_width(static_cast<uint32_t>(blocks)) - 1, kLengthClasses - 1);
-  return (hit ? kHitClasses : kNotHitClasses) + length_class;
-}
-
-}  // namespace
 
 // Records the saves of the checkpoint positions that allocate_slots() just computed past:
 // blocks (old_computed / b, num_computed / b].
@@ -91,7 +73,6 @@ void KvCacheManager::save_checkpoint(Sequence& seq, GroupPools& g, int32_t block
                             .dst = checkpoint,
                             .group = g.index});
   ledger_->mark_written(g.index, checkpoint);  // restorable from the next step on
-  g.device.set_retention_unchecked(checkpoint, checkpoint_priority(blocks, /*hit=*/false), 0);
   ledger_->release(g.device, Hold::kDevice, g.index, checkpoint);  // parked until the step ends
   ++group_counters_[g.index].checkpoints_saved;
 }
@@ -116,9 +97,9 @@ int32_t KvCacheManager::checkpoint_hit(const Sequence& seq, GroupPools& g, int32
   return 0;
 }
 
-// Gives `seq` a slot in every state group and restores the checkpoint of its hit of `hit`
-// (> 0) blocks into it (StepOps::copy_state); the checkpoint joins the hit class.
-void KvCacheManager::restore_checkpoints(Sequence& seq, int32_t hit) {
+// Gives `seq` a slot in every state group and restores the checkpoint of its hit into it
+// (StepOps::copy_state); the checkpoint returns to the free queue's tail after the step.
+void KvCacheManager::restore_checkpoints(Sequence& seq) {
   for (GroupPools& g : groups_) {
     if (!g.holds_state()) continue;
     const BlockId checkpoint = g.match.checkpoint;
@@ -127,7 +108,6 @@ void KvCacheManager::restore_checkpoints(Sequence& seq, int32_t hit) {
     allocate_device_blocks(g, {&slot, 1});
     ledger_->record(internal::kCopyState, {checkpoint, slot, options_.block_size, g.index});
     ledger_->mark_filled_by_copy(g.index, slot);
-    g.device.set_retention_unchecked(checkpoint, checkpoint_priority(hit, /*hit=*/true), 0);
     ledger_->release(g.device, Hold::kDevice, g.index, checkpoint);  // parked until the step
     seq.tables[g.index].blocks.assign(1, slot);
     ++group_counters_[g.index].checkpoints_restored;
