@@ -418,12 +418,12 @@ absl::StatusOr<StateModel> builtin_state_model(std::string_view name) {
 
 // ---- Policies -------------------------------------------------------------------------------
 
-CheckpointPolicy CheckpointPolicy::pagedkv() { return {"pagedkv", true, true, 0, true}; }
-CheckpointPolicy CheckpointPolicy::every_block() {
-  return {"every block + LRU", true, true, 1, false};
+CheckpointPolicy CheckpointPolicy::pagedkv() { return {.name = "pagedkv"}; }
+CheckpointPolicy CheckpointPolicy::classes() {
+  return {.name = "classes: never-hit, then shortest, first", .eviction = Eviction::kClasses};
 }
-CheckpointPolicy CheckpointPolicy::admission_lru() {
-  return {"admission + LRU", true, true, 0, false};
+CheckpointPolicy CheckpointPolicy::every_block() {
+  return {.name = "every block + LRU", .every_blocks = 1};
 }
 
 CheckpointPolicy CheckpointPolicy::with_every(CheckpointPolicy base, int32_t blocks) {
@@ -485,7 +485,7 @@ void CheckpointCache::save(uint64_t key, int64_t position) {
 }
 
 CheckpointCache::Rank CheckpointCache::rank(uint64_t key, const Entry& e) const {
-  if (!policy_.value_order) return {0, 0, e.stamp, key};
+  if (policy_.eviction == CheckpointPolicy::Eviction::kLru) return {0, 0, e.stamp, key};
   return {e.hits > 0 ? 1 : 0, checkpoint_bucket(e.position, block_size_), e.stamp, key};
 }
 

@@ -111,17 +111,22 @@ std::vector<std::string> builtin_state_model_names();
 // Where a sequence saves its state and how cached checkpoints are evicted. One policy type,
 // so that variants differ only in these fields.
 struct CheckpointPolicy {
+  // The order in which cached checkpoints are evicted.
+  enum class Eviction {
+    kLru,      // least recently saved or hit first (the state pool's free queue)
+    kClasses,  // never-hit before hit, then the smallest log2(position / b) bucket, LRU within
+  };
   std::string name;
   bool prompt_end = true;    // (a) floor(prompt / b) b
   bool branch_point = true;  // (b) where the attention chain's match ended
   int32_t every_blocks = 0;  // (c) every N blocks (0: off; 1: every block boundary)
-  // Eviction among cached checkpoints: false, plain LRU; true, never-hit before hit, then
-  // the smallest log2(position / b) bucket (the most bytes per token saved), LRU within.
-  bool value_order = true;
+  Eviction eviction = Eviction::kLru;
 
-  static CheckpointPolicy pagedkv();        // (a) + (b), value order: the manager's
-  static CheckpointPolicy every_block();    // every block boundary, LRU
-  static CheckpointPolicy admission_lru();  // (a) + (b), LRU
+  // (a) + (b), LRU: the KvCacheManager's policy.
+  static CheckpointPolicy pagedkv();
+  // (a) + (b), priority classes: never hit, then shortest, first (measured, not taken).
+  static CheckpointPolicy classes();
+  static CheckpointPolicy every_block();  // every block boundary, LRU
   // A copy of `base` that also saves every `blocks` blocks, named after it.
   static CheckpointPolicy with_every(CheckpointPolicy base, int32_t blocks);
 };
@@ -133,8 +138,8 @@ std::vector<int64_t> admission_positions(int64_t prompt_len, int64_t match_token
                                          int64_t hit_tokens, const CheckpointPolicy& policy,
                                          int32_t block_size);
 
-// The eviction rank of a checkpoint (the smallest goes first): class (0 never hit, 1 hit),
-// then floor(log2(position / b)) under value order (0 under LRU).
+// The bucket of a checkpoint at `position` under Eviction::kClasses (the smallest goes
+// first within a class): floor(log2(position / b)).
 int32_t checkpoint_bucket(int64_t position, int32_t block_size);
 
 // The cached checkpoints of one state pool under a CheckpointPolicy: `capacity` slots (the
@@ -145,7 +150,8 @@ class CheckpointCache {
   CheckpointCache(int64_t capacity, const CheckpointPolicy& policy, int32_t block_size);
 
   bool contains(uint64_t key) const { return entries_.contains(key); }
-  // A hit: the checkpoint joins the hit class and becomes the most recent of its bucket.
+  // A hit: the checkpoint becomes the most recent (under kClasses, of its bucket in the hit
+  // class).
   void hit(uint64_t key);
   // Saves a checkpoint at `position`; a cached one is only made the most recent.
   void save(uint64_t key, int64_t position);
@@ -231,10 +237,8 @@ struct StateStudyOptions {
   std::vector<double> fractions = {1, 0.5, 0.25};
   // The first is pagedkv's policy: the ratio to the vLLM rule and the sensitivity use it.
   std::vector<CheckpointPolicy> policies = {
-      CheckpointPolicy::pagedkv(), CheckpointPolicy::admission_lru(),
-      CheckpointPolicy::every_block(),
-      CheckpointPolicy::with_every(CheckpointPolicy::pagedkv(), 64),
-      CheckpointPolicy::with_every(CheckpointPolicy::admission_lru(), 64)};
+      CheckpointPolicy::pagedkv(), CheckpointPolicy::classes(), CheckpointPolicy::every_block(),
+      CheckpointPolicy::with_every(CheckpointPolicy::pagedkv(), 64)};
   int32_t checkpoints_per_sequence = 2;  // KvCacheConfig's default
   // The sensitivity table: pagedkv's policy at these shares, at sensitivity_fraction.
   std::vector<int32_t> sensitivity = {0, 1, 2, 4, 8, 16};

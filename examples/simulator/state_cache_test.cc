@@ -65,7 +65,7 @@ TEST_CASE("state: checkpoint buckets are log2 of position / b", "[state]") {
   CHECK(checkpoint_bucket(1024, 16) == 6);
 }
 
-TEST_CASE("state: eviction order, value order against LRU", "[state]") {
+TEST_CASE("state: eviction order, priority classes against LRU", "[state]") {
   // Three slots: A at 160 (bucket 3), B at 32 (bucket 1), C at 1,024 (bucket 6); B is hit.
   auto run = [](const CheckpointPolicy& policy) {
     CheckpointCache cache(3, policy, 16);
@@ -81,21 +81,42 @@ TEST_CASE("state: eviction order, value order against LRU", "[state]") {
     }
     return held;
   };
-  // Value order: never-hit first, smallest bucket first: D (48) evicts A (bucket 3 < 6);
+  // Classes: never-hit first, smallest bucket first: D (48) evicts A (bucket 3 < 6);
   // E (4,096) evicts D (bucket 1); F (64) evicts C (6 < E's 8). B, hit, stays.
-  const auto value = run(CheckpointPolicy::pagedkv());
-  CHECK(value[0] == std::vector<bool>{false, true, true, true, false});
-  CHECK(value[1] == std::vector<bool>{false, true, true, false, true});
-  CHECK(value[2] == std::vector<bool>{false, true, false, false, true});
-  // LRU (the hit made B the most recent): A, then C, then B go.
-  const auto lru = run(CheckpointPolicy::admission_lru());
+  const auto classes = run(CheckpointPolicy::classes());
+  CHECK(classes[0] == std::vector<bool>{false, true, true, true, false});
+  CHECK(classes[1] == std::vector<bool>{false, true, true, false, true});
+  CHECK(classes[2] == std::vector<bool>{false, true, false, false, true});
+  // pagedkv's LRU (the hit made B the most recent): A, then C, then B go.
+  const auto lru = run(CheckpointPolicy::pagedkv());
   CHECK(lru[0] == std::vector<bool>{false, true, true, true, false});
   CHECK(lru[1] == std::vector<bool>{false, true, false, true, true});
   CHECK(lru[2] == std::vector<bool>{false, false, false, true, true});
 }
 
-TEST_CASE("state: LRU within a bucket", "[state]") {
-  CheckpointCache cache(3, CheckpointPolicy::pagedkv(), 16);
+TEST_CASE("state: the hit class never decays: classes evict the next turn's checkpoint",
+          "[state]") {
+  // Two slots. Checkpoints 1 (32) and 2 (48) are each hit once, as a prompt end is by the
+  // next turn, then 3 (64) and 4 (80) are saved, 3 to be hit by its next turn.
+  auto run = [](const CheckpointPolicy& policy) {
+    CheckpointCache cache(2, policy, 16);
+    cache.save(1, 32);
+    cache.hit(1);
+    cache.save(2, 48);
+    cache.hit(2);
+    cache.save(3, 64);  // both hit, bucket 1: the older, 1, goes (both orders)
+    cache.save(4, 80);
+    return std::vector<bool>{cache.contains(1), cache.contains(2), cache.contains(3),
+                             cache.contains(4)};
+  };
+  // Classes: 3 has not been hit yet, so it goes before the stale 2.
+  CHECK(run(CheckpointPolicy::classes()) == std::vector<bool>{false, true, false, true});
+  // LRU: 2 was last used before 3 was saved: 2 goes, 3 waits for its hit.
+  CHECK(run(CheckpointPolicy::pagedkv()) == std::vector<bool>{false, false, true, true});
+}
+
+TEST_CASE("state: LRU within a bucket under classes", "[state]") {
+  CheckpointCache cache(3, CheckpointPolicy::classes(), 16);
   cache.save(1, 32);    // bucket 1
   cache.save(2, 48);    // bucket 1, newer
   cache.save(3, 1024);  // bucket 6
