@@ -31,20 +31,43 @@ const KvCacheConfig& checked(const KvCacheConfig& config, const char* caller, in
 }  // namespace
 
 void bind_kv_cache_config(nb::module_& m) {
-  nb::class_<KvCacheGroup>(m, "KvCacheGroup",
-                           "One layer group of a KvCacheConfig: the layers of one attention "
-                           "kind (and window) and their KV shape.")
+  nb::class_<StateShape>(m, "StateShape",
+                         "The per-sequence state of a STATE group's layers: per layer, conv and "
+                         "recurrent elements in their dtypes.")
       .def(
           "__init__",
-          [](KvCacheGroup* self, AttentionKind kind, int32_t window, const KvCacheSpec& shape) {
-            new (self) KvCacheGroup{kind, window, shape};
+          [](StateShape* self, int32_t num_layers, int64_t conv_elements,
+             int64_t recurrent_elements, DType conv_dtype, DType recurrent_dtype) {
+            new (self) StateShape{num_layers, conv_elements, recurrent_elements, conv_dtype,
+                                  recurrent_dtype};
           },
-          nb::kw_only(), "kind"_a = AttentionKind::kFull, "window"_a = 0, "shape"_a = KvCacheSpec{})
+          nb::kw_only(), "num_layers"_a = 0, "conv_elements"_a = 0, "recurrent_elements"_a = 0,
+          "conv_dtype"_a = DType::kBFloat16, "recurrent_dtype"_a = DType::kFloat32)
+      .def_rw("num_layers", &StateShape::num_layers)
+      .def_rw("conv_elements", &StateShape::conv_elements)
+      .def_rw("recurrent_elements", &StateShape::recurrent_elements)
+      .def_rw("conv_dtype", &StateShape::conv_dtype)
+      .def_rw("recurrent_dtype", &StateShape::recurrent_dtype)
+      .def("bytes_per_layer", &StateShape::bytes_per_layer)
+      .def("bytes", &StateShape::bytes, "one state slot: every layer's state of one sequence");
+
+  nb::class_<KvCacheGroup>(m, "KvCacheGroup",
+                           "One layer group of a KvCacheConfig: the layers of one attention "
+                           "kind (and window) and their KV shape, or a STATE group's state.")
+      .def(
+          "__init__",
+          [](KvCacheGroup* self, AttentionKind kind, int32_t window, const KvCacheSpec& shape,
+             const StateShape& state) {
+            new (self) KvCacheGroup{kind, window, shape, state};
+          },
+          nb::kw_only(), "kind"_a = AttentionKind::kFull, "window"_a = 0, "shape"_a = KvCacheSpec{},
+          "state"_a = StateShape{})
       .def_rw("kind", &KvCacheGroup::kind)
       .def_rw("window", &KvCacheGroup::window, "tokens: > 0 for the windowed kinds, 0 for FULL")
       .def_rw("shape", &KvCacheGroup::shape,
               "a KvCacheSpec: num_layers, num_kv_heads, head_dim, latent (its dtype and "
-              "block_size are the config's)");
+              "block_size are the config's)")
+      .def_rw("state", &KvCacheGroup::state, "a STATE group's StateShape");
 
   nb::class_<PoolSplit>(m, "PoolSplit", "A byte budget split into one pool per layer group.")
       .def_ro("groups", &PoolSplit::groups,
@@ -74,11 +97,14 @@ void bind_kv_cache_config(nb::module_& m) {
       .def_rw("groups", &KvCacheConfig::groups)
       .def_rw("dtype", &KvCacheConfig::dtype)
       .def_rw("block_size", &KvCacheConfig::block_size)
+      .def_rw("checkpoints_per_sequence", &KvCacheConfig::checkpoints_per_sequence,
+              "checkpoint slots a STATE group's pool sets aside per sequence, beside its own")
       .def(
           "validate", [](const KvCacheConfig& c) { raise_if_error(c.validate()); },
           "Raises ValueError naming the first bad field.")
       .def("num_groups", &KvCacheConfig::num_groups)
-      .def("num_layers", &KvCacheConfig::num_layers, "over all groups")
+      .def(
+          "num_layers", [](const KvCacheConfig& c) { return c.num_layers(); }, "over all groups")
       .def(
           "group_spec",
           [](const KvCacheConfig& c, int32_t g) {

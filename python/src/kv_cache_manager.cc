@@ -436,7 +436,9 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
                 counter("released_blocks", &GroupStats::released_blocks,
                         "windowed: blocks released behind the window"),
                 counter("blocks_demoted", &GroupStats::blocks_demoted),
-                counter("blocks_promoted", &GroupStats::blocks_promoted));
+                counter("blocks_promoted", &GroupStats::blocks_promoted),
+                counter("checkpoints_saved", &GroupStats::checkpoints_saved),
+                counter("checkpoints_restored", &GroupStats::checkpoints_restored));
 
   using Options = KvCacheManager::Options;
   nb::class_<Options>(cls, "Options", "The options the manager was created with.")
@@ -591,6 +593,17 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
           "(0: the kernels start reading at the window, so they never read them). With out,\n"
           "reuses its buffers when none of its views is alive.")
       .def(
+          "write_state_slots",
+          [](const M& self, IntValues<SeqId> seqs, int32_t group) {
+            const std::span<const SeqId> ids = seqs.checked("write_state_slots", "seqs");
+            std::vector<int32_t> slots(ids.size());
+            raise_if_error(self.get().write_state_slots(ids, group, slots));
+            return slots;
+          },
+          "seqs"_a, "group"_a,
+          "The state slot of each running sequence in state group `group` (a list of int): where\n"
+          "a state-space kernel reads and updates its state.")
+      .def(
           "write_block_tables",
           [](const M& self, IntValues<SeqId> seqs,
              nb::ndarray<int32_t, nb::ndim<2>, nb::device::cpu, nb::c_contig> block_table,
@@ -726,7 +739,8 @@ void bind_kv_cache_manager(nb::module_& m) {
          bool enable_host_cache, int32_t max_model_len, int32_t watermark_blocks,
          bool enable_prefix_caching, PreemptionMode preemption_mode, nb::object event_sink,
          nb::object preemption_hooks, nb::object victim_policy, nb::object clock,
-         std::vector<LayerGroup> layer_groups, bool enable_partial_block_reuse) {
+         std::vector<LayerGroup> layer_groups, bool enable_partial_block_reuse,
+         int32_t state_checkpoint_interval_blocks) {
         KvCacheManager::Options options;
         options.num_blocks = num_blocks;
         options.block_size = block_size;
@@ -738,6 +752,7 @@ void bind_kv_cache_manager(nb::module_& m) {
         options.preemption_mode = preemption_mode;
         options.layer_groups = std::move(layer_groups);
         options.enable_partial_block_reuse = enable_partial_block_reuse;
+        options.state_checkpoint_interval_blocks = state_checkpoint_interval_blocks;
         new (self)
             PyKvCacheManager(std::move(options), std::move(event_sink), std::move(preemption_hooks),
                              std::move(victim_policy), std::move(clock));
@@ -748,11 +763,15 @@ void bind_kv_cache_manager(nb::module_& m) {
       "event_sink"_a = nb::none(), "preemption_hooks"_a = nb::none(),
       "victim_policy"_a = nb::none(), "clock"_a = nb::none(),
       "layer_groups"_a = std::vector<LayerGroup>{}, "enable_partial_block_reuse"_a = false,
+      "state_checkpoint_interval_blocks"_a = 0,
       "num_blocks: device blocks (> 0), or 0 with layer_groups.\n"
       "layer_groups: a hybrid model's LayerGroups (full, sliding window, chunked local), each\n"
       "with device and host pools of its own sizes (num_blocks and num_host_blocks must then\n"
       "be 0); empty: one full group of num_blocks. A windowed group with prefix caching needs\n"
-      "a full group beside it.\n"
+      "a full group beside it. A STATE group's pool holds state slots and checkpoints\n"
+      "(docs/allocator.md, \"State groups\"); the first group must be an attention group.\n"
+      "state_checkpoint_interval_blocks: state groups also save a checkpoint every this many\n"
+      "blocks (0: only at prompt ends and branch points).\n"
       "enable_partial_block_reuse: match_prefix() also reuses the first tokens of a cached\n"
       "block that continues the prompt past its full-block hit (a copy-on-write copy).\n"
       "num_host_blocks: host blocks, shared by swapped sequences and the host tier (swap\n"

@@ -213,12 +213,29 @@ void bind_values(nb::module_& m) {
                (c.group != 0 ? ", group=" + std::to_string(c.group) : std::string()) + ")";
       });
 
+  nb::class_<StateSave>(m, "StateSave",
+                        "A state group's checkpoint: when the computation of sequence `seq` has\n"
+                        "processed exactly `position` tokens, copy its state slot src into the\n"
+                        "checkpoint slot dst of layer group `group`.")
+      .def_ro("seq", &StateSave::seq)
+      .def_ro("position", &StateSave::position)
+      .def_ro("src", &StateSave::src)
+      .def_ro("dst", &StateSave::dst)
+      .def_ro("group", &StateSave::group)
+      .def(nb::self == nb::self)
+      .def("__repr__", [](const StateSave& s) {
+        return "StateSave(seq=" + std::to_string(s.seq) +
+               ", position=" + std::to_string(s.position) + ", src=" + std::to_string(s.src) +
+               ", dst=" + std::to_string(s.dst) + ", group=" + std::to_string(s.group) + ")";
+      });
+
   nb::class_<StepOps>(
       m, "StepOps",
       "Every block copy of one step (KvCacheManager.take_step_ops()), one list of\n"
       "BlockCopy per kind, in the order to run them before the step's K/V writes\n"
       "(KvStorage.run_step_ops() does): swap_out, demote, exchange, copy_on_write,\n"
-      "swap_in, promote. Copies within one list may run concurrently.")
+      "copy_state, swap_in, promote. Copies within one list may run concurrently. The\n"
+      "state saves (save_state) run during the step's computation.")
       .def_ro("swap_out", &StepOps::swap_out, "device src -> host dst: a preempted sequence")
       .def_ro("demote", &StepOps::demote, "device src -> host dst: an evicted cached block")
       .def_ro("exchange", &StepOps::exchange,
@@ -226,8 +243,13 @@ void bind_values(nb::module_& m) {
               "block of its new device block")
       .def_ro("copy_on_write", &StepOps::copy_on_write,
               "device src -> device dst: a shared partially filled block about to be appended to")
+      .def_ro("copy_state", &StepOps::copy_state,
+              "device src -> device dst of a state group: a checkpoint restored by a prefix hit, "
+              "or a fork's copy of its parent's slot")
       .def_ro("swap_in", &StepOps::swap_in, "host src -> device dst: a swapped sequence resumes")
       .def_ro("promote", &StepOps::promote, "host src -> device dst: a host-tier prefix hit")
+      .def_ro("save_state", &StepOps::save_state,
+              "StateSave list: checkpoints to copy during the step's computation")
       .def("empty", &StepOps::empty, "True when the step has no copy to run.");
 
   nb::class_<RetentionRange>(m, "RetentionRange",

@@ -264,3 +264,42 @@ def test_kv_cache_config_errors_name_the_value():
         bad.blocks_per_sequence(0, 100)  # refused, not a division by zero
     with pytest.raises(ValueError):
         pk.KvCacheConfig([]).validate()
+
+
+def test_state_group_slots_checkpoints_and_restores():
+    """A STATE group: a slot per started sequence, a checkpoint at the prompt's last full
+    block (saved during the step's computation), restored by a later prompt's hit."""
+    m = pk.KvCacheManager(block_size=4, layer_groups=[
+        pk.LayerGroup(kind=FULL, num_blocks=16),
+        pk.LayerGroup(kind=pk.AttentionKind.STATE, num_blocks=8)])
+    m.add_sequence(1, list(range(100, 110)))
+    m.allocate_slots(1, 10)
+    assert m.write_state_slots([1], 1) == [0]
+    assert list(m.slot_mapping(1)) == [-1] * 10
+    ops = m.take_step_ops()
+    assert [(s.seq, s.position, s.src, s.dst, s.group) for s in ops.save_state] == [
+        (1, 8, 0, 1, 1)]
+    m.free(1)
+    m.add_sequence(2, list(range(100, 108)) + [200, 201, 202, 203])
+    assert m.match_prefix(2) == 8
+    ops = m.take_step_ops()
+    assert ops.copy_state == [pk.BlockCopy(1, 0, 4, group=1)]
+    assert m.group_stats(1).checkpoints_restored == 1
+    with pytest.raises(ValueError, match="state group"):
+        m.write_state_slots([2], 0)
+
+
+def test_state_shape_in_a_kv_cache_config():
+    # Qwen3-Next's Gated DeltaNet layer in bf16: conv 3 x (2 x 16 x 128 + 32 x 128) and
+    # recurrent 32 x 128 x 128 elements.
+    shape = pk.StateShape(num_layers=36, conv_elements=3 * (2 * 16 * 128 + 32 * 128),
+                          recurrent_elements=32 * 128 * 128, conv_dtype=pk.DType.BFLOAT16,
+                          recurrent_dtype=pk.DType.BFLOAT16)
+    assert shape.bytes_per_layer() == 2 * (24576 + 524288) == 1097728
+    assert shape.bytes() == 36 * 1097728
+    group = pk.KvCacheGroup(kind=pk.AttentionKind.STATE, state=shape)
+    assert group.state.num_layers == 36
+    config = pk.KvCacheConfig([pk.KvCacheGroup(kind=FULL, shape=pk.KvCacheSpec(
+        num_layers=12, num_kv_heads=2, head_dim=256)), group])
+    config.validate()
+    assert config.checkpoints_per_sequence == 2
