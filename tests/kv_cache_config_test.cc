@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include "support/state_models.h"
 
 namespace pagedkv {
 namespace {
@@ -211,21 +212,7 @@ TEST_CASE("split_budget refuses what it cannot split, naming the value and the l
                  "page of 6815744 bytes");
 }
 
-// Nemotron-H-8B: 24 Mamba2 layers and 4 full layers of 8 KV heads x 128, bf16. A Mamba2
-// layer's state: conv 3 x (8,192 + 2 x 8 x 128) = 30,720 bf16 elements (61,440 bytes) and
-// recurrent 128 x 64 x 128 = 1,048,576 fp32 elements (4,194,304 bytes): 4,255,744 bytes, so
-// a slot is 24 x 4,255,744 = 102,137,856 bytes. A full layer's token: 4,096 bytes.
-const KvCacheConfig kNemotronH{
-    .groups = {{.kind = AttentionKind::kState,
-                .state = {.num_layers = 24,
-                          .conv_elements = 30720,
-                          .recurrent_elements = 1048576,
-                          .conv_dtype = DType::kBFloat16,
-                          .recurrent_dtype = DType::kFloat32}},
-               {.kind = AttentionKind::kFull,
-                .shape = {.num_layers = 4, .num_kv_heads = 8, .head_dim = 128}}},
-    .dtype = DType::kBFloat16,
-    .block_size = 16};
+using testing::kNemotronH;  // support/state_models.h
 
 TEST_CASE("a state group costs one slot per sequence, whatever its length", "[kv_cache_config]") {
   REQUIRE(kNemotronH.validate().ok());

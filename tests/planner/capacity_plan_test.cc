@@ -9,6 +9,7 @@
 
 #include "nlohmann/json.hpp"
 #include "planner/fixtures.h"
+#include "support/state_models.h"
 
 namespace pagedkv {
 namespace {
@@ -282,21 +283,7 @@ TEST_CASE("vLLM keeps one attention type of mixed shapes in one group", "[planne
 
 // --- vLLM's attention block size beside state layers ---------------------------------------
 
-// Nemotron-H-8B: 24 Mamba2 layers and 4 attention layers of 8 KV heads x 128, bf16.
-// Mamba2 state per layer (mamba_utils.py): intermediate 128 heads x 64 = 8,192, conv_dim
-// 8,192 + 2 x 8 groups x 128 = 10,240, conv 3 x 10,240 = 30,720 bf16 elements = 61,440
-// bytes; recurrent 128 x 64 x 128 = 1,048,576 fp32 elements = 4,194,304 bytes; 4,255,744
-// bytes per layer.
-const KvCacheConfig kNemotronH{
-    .groups = {{.kind = AttentionKind::kState,
-                .state = {.num_layers = 24,
-                          .conv_elements = 30720,
-                          .recurrent_elements = 1048576,
-                          .conv_dtype = DType::kBFloat16,
-                          .recurrent_dtype = DType::kFloat32}},
-               {.kind = AttentionKind::kFull,
-                .shape = {.num_layers = 4, .num_kv_heads = 8, .head_dim = 128}}},
-    .dtype = DType::kBFloat16};
+using testing::kNemotronH;  // support/state_models.h
 
 TEST_CASE("vLLM's attention block size beside state layers, by its own rule", "[planner]") {
   // Token page 2 x 8 x 128 x 2 = 4,096 bytes. 16 x ceil(4,255,744 / (16 x 4,096)) =
