@@ -12,7 +12,8 @@ After 2 s of live batches, while a SUB socket timestamps every live message:
     turn) and read the reply (asking again when answered busy);
   - 100 DEALERs send a replay-from-0 request each and never read (receive HWM 1).
 Requires, over the 6 s of abuse: the largest gap between live messages under 100 ms, no
-sequence-number gap, every one of the 300 replies complete, the flood's peer answered,
+sequence-number gap, every one of the 300 replies complete and the flood's peer answered
+(within a grace after the abuse for replies still being read; the gaps count there too),
 and the memory bound; for the decode loop also that the run outlasted the abuse and that
 the index rebuilt from the stream (live, replay for what the subscriber missed) equals the
 manager's (--kv-index-out). Memory: the publisher's peak RSS under MAX_PEAK_RSS_MB; the
@@ -37,6 +38,10 @@ import msgspec
 import zmq
 
 WARMUP_S, ABUSE_S, MAX_GAP_S = 2.0, 6.0, 0.100
+# The 300 replies are read by this one Python process, which shares two cores with the
+# publisher on a small CI machine: a reply still being read when the abuse ends may finish
+# in this grace (the live gaps are measured over it too). Starvation would outlast it.
+REPLY_GRACE_S = 10.0
 FLOOD_REQUESTS, PEERS, SILENT_PEERS = 10_000, 300, 100
 END, SNAPSHOT = -1, -2
 BUSY = b"busy"
@@ -185,14 +190,16 @@ def sample_rss(pid, stop, samples):
 
 def flood(ctx, endpoint, answered):
     """FLOOD_REQUESTS replay-from-0 and as many snapshot requests from one peer; then
-    reads what comes back: answered counts complete replies and busy answers."""
+    reads what comes back (past the abuse, in the grace, until one reply completed):
+    answered counts complete replies and busy answers."""
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(endpoint)
     for _ in range(FLOOD_REQUESTS):
         dealer.send_multipart([b"", request(0)])
         dealer.send_multipart([b"", request(SNAPSHOT)])
-    deadline = time.monotonic() + ABUSE_S - 1
-    while time.monotonic() < deadline:
+    start = time.monotonic()
+    while (time.monotonic() < start + ABUSE_S - 1 or
+           (answered["complete"] == 0 and time.monotonic() < start + ABUSE_S + REPLY_GRACE_S)):
         if dealer.poll(100):
             end, busy = is_end(dealer.recv_multipart())
             if end:
@@ -202,7 +209,8 @@ def flood(ctx, endpoint, answered):
 
 def abuse(ctx, target, recent):
     """The 400 peers and the flood for ABUSE_S; returns (start, replies complete, sizes
-    {replay, snapshot}: the largest reply of each kind in bytes, busy answers, flood)."""
+    {replay, snapshot}: the largest reply of each kind in bytes, busy answers, flood, the
+    seconds into the abuse when the last reply completed)."""
     abuse_start = time.monotonic()
     silent = []
     for _ in range(SILENT_PEERS):
@@ -227,7 +235,8 @@ def abuse(ctx, target, recent):
     done, busy_answers = set(), 0
     largest = dict(replay=0, snapshot=0)
     received = {s: 0 for s in peers}
-    while len(done) < PEERS and time.monotonic() < abuse_start + ABUSE_S:
+    last_done = 0.0
+    while len(done) < PEERS and time.monotonic() < abuse_start + ABUSE_S + REPLY_GRACE_S:
         for s, _ in poller.poll(100):
             while s.poll(0) and s not in done:
                 frames = s.recv_multipart()
@@ -240,11 +249,12 @@ def abuse(ctx, target, recent):
                     s.send_multipart([b"", request(asked[s])])
                 elif end:
                     done.add(s)
+                    last_done = time.monotonic() - abuse_start
     time.sleep(max(0.0, abuse_start + ABUSE_S - time.monotonic()))
     flooder.join()
     for s in silent + peers:
         s.close(linger=0)
-    return abuse_start, len(done), largest, busy_answers, flood_answered
+    return abuse_start, len(done), largest, busy_answers, flood_answered, last_done
 
 
 def check_index(target, arrivals, ctx):
@@ -297,7 +307,8 @@ def main():
         before = [kb for t, kb in rss if t >= time.monotonic() - 1.0]
         baseline_kb = max(before) if before else rss_kb(target.proc.pid)
         recent = arrivals[-1][1] - 100
-        abuse_start, complete, largest, busy_answers, flood_answered = abuse(ctx, target, recent)
+        abuse_start, complete, largest, busy_answers, flood_answered, last_done = abuse(
+            ctx, target, recent)
         abuse_end = time.monotonic()
         outlasted = target.running()
         peak_kb = max(kb for t, kb in rss if t >= abuse_start)
@@ -334,7 +345,8 @@ def main():
     if seq_gaps:
         fail(f"sequence gaps {seq_gaps[:5]}")
     if complete < PEERS:
-        fail(f"only {complete} of {PEERS} replay replies complete within {ABUSE_S} s")
+        fail(f"only {complete} of {PEERS} replay replies complete within "
+             f"{ABUSE_S + REPLY_GRACE_S} s")
     if flood_answered["complete"] == 0:
         fail("the flooding peer got no complete reply")
 
