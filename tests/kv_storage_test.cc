@@ -365,6 +365,97 @@ TEST_CASE("swap out then swap in restores the blocks bit for bit", "[kv_storage]
   }
 }
 
+// A state group's storage: 2 layers, each slot 4 fp32 conv elements then 8 bf16
+// recurrent ones (32 bytes); 5 device slots, 2 host slots.
+constexpr StateShape kState{.num_layers = 2,
+                            .conv_elements = 4,
+                            .recurrent_elements = 8,
+                            .conv_dtype = DType::kFloat32,
+                            .recurrent_dtype = DType::kBFloat16};
+
+// Every byte of (layer, slot) set to a value naming both.
+void fill_slots(const KvStorage& s) {
+  for (int32_t layer = 0; layer < s.spec().num_layers; ++layer) {
+    for (int32_t slot = 0; slot < s.num_blocks(); ++slot) {
+      std::memset(s.state(layer, slot), 16 * layer + slot + 1, 32);
+    }
+  }
+}
+
+// The byte every position of (layer, slot) holds, or -1 when they differ.
+int slot_byte(const KvStorage& s, int32_t layer, int32_t slot) {
+  const auto* p = reinterpret_cast<const uint8_t*>(s.state(layer, slot));
+  for (int i = 1; i < 32; ++i) {
+    if (p[i] != p[0]) return -1;
+  }
+  return p[0];
+}
+
+TEST_CASE("a state storage holds slots per layer and runs its group's state copies",
+          "[kv_storage]") {
+  absl::StatusOr<KvStorage> created = KvStorage::create_state(
+      kState, 5, {.device = Device::kCpu, .num_host_blocks = 2, .layer_group = 1});
+  REQUIRE(created.ok());
+  KvStorage& s = *created;
+  CHECK(s.holds_state());
+  CHECK(s.bytes() == 2 * 5 * 32);
+  CHECK(s.host_bytes() == 2 * 2 * 32);
+  CHECK(s.state(1, 0) - s.state(0, 0) == 5 * 32);  // a pool per layer
+  CHECK(s.state(0, 3) - s.state(0, 2) == 32);
+  CHECK(slot_byte(s, 1, 4) == 0);  // zero-filled
+  fill_slots(s);
+  // Step 1: slot 2 swapped out to host slot 0 (it runs first, before slot 2 is refilled
+  // by the checkpoint copy 3 -> 2); slot 1 restored into slot 4; a KV group's op skipped.
+  StepOps step;
+  step.swap_out = {{.src = 2, .dst = 0, .num_tokens = 16, .group = 1}};
+  step.copy_state = {{.src = 3, .dst = 2, .num_tokens = 16, .group = 1},
+                     {.src = 1, .dst = 4, .num_tokens = 16, .group = 1},
+                     {.src = 0, .dst = 7, .num_tokens = 16, .group = 0}};
+  REQUIRE(s.run_step_ops(step).ok());
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    const int base = 16 * layer + 1;
+    CHECK(slot_byte(s, layer, 0) == base + 0);
+    CHECK(slot_byte(s, layer, 1) == base + 1);
+    CHECK(slot_byte(s, layer, 2) == base + 3);
+    CHECK(slot_byte(s, layer, 3) == base + 3);
+    CHECK(slot_byte(s, layer, 4) == base + 1);
+  }
+  // Step 2: host slot 0 (the old slot 2) swapped into slot 0; a zero-token op copies
+  // nothing.
+  StepOps back;
+  back.swap_in = {{.src = 0, .dst = 0, .num_tokens = 16, .group = 1}};
+  back.copy_state = {{.src = 4, .dst = 3, .num_tokens = 0, .group = 1}};
+  REQUIRE(s.run_step_ops(back).ok());
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    CHECK(slot_byte(s, layer, 0) == 16 * layer + 1 + 2);
+    CHECK(slot_byte(s, layer, 3) == 16 * layer + 1 + 3);
+  }
+}
+
+TEST_CASE("a state storage refuses bad shapes and bad slot ids, copying nothing", "[kv_storage]") {
+  auto refused = [](const StateShape& shape, int32_t slots, const std::string& fragment) {
+    absl::StatusOr<KvStorage> s = KvStorage::create_state(shape, slots);
+    INFO(s.status().ToString());
+    CHECK(s.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.status().message().find(fragment) != std::string::npos);
+  };
+  refused({.num_layers = 0, .conv_elements = 4}, 2, "a state shape of 0 layers");
+  refused({.num_layers = 1}, 2, "need layers, state");
+  refused({.num_layers = 1, .conv_elements = int64_t{1} << 40}, 2, "at most 68719476736");
+  refused(kState, -1, "num_slots -1");
+  refused({.num_layers = 1, .recurrent_elements = int64_t{1} << 36}, 1 << 30, "bytes per pool");
+  absl::StatusOr<KvStorage> s = KvStorage::create_state(kState, 3, {.num_host_blocks = 1});
+  REQUIRE(s.ok());
+  fill_slots(*s);
+  const std::vector<BlockCopy> out_of_range = {{0, 1, 16}, {3, 2, 16}};
+  absl::Status st = s->copy_blocks(out_of_range);
+  CHECK(st.message() == "copy_blocks: op 1: src block 3 outside [0, 3) of the device pool");
+  const std::vector<BlockCopy> host = {{0, 1, 16}};
+  st = s->swap_out(host);
+  CHECK(st.message() == "swap_out: op 0: dst block 1 outside [0, 1) of the host pool");
+  for (int32_t slot = 0; slot < 3; ++slot) CHECK(slot_byte(*s, 0, slot) == slot + 1);
+}
+
 TEST_CASE("invalid copy batches are refused whole, naming the op", "[kv_storage]") {
   KvStorage s = make(KvLayout::kHND);
   fill_random(s, 3);

@@ -31,6 +31,15 @@
 // the copies of its own group: run_step_ops() takes the whole step and runs those, and
 // the single-list calls refuse a copy of another group.
 //
+// State groups (AttentionKind::kState): create_state() makes the storage of a group of
+// state-space layers, whose "blocks" are state slots (kv_cache_config.h, StateShape): per
+// layer one pool of slots, each slot the layer's convolution state then its recurrent
+// state, packed (state()). The same batched copies move them: run_step_ops() runs the
+// group's copy_state, swap_out and swap_in ops, and every op with num_tokens > 0 copies a
+// whole slot (a slot holds a position's state, not tokens). The state saves
+// (StepOps::save_state) are the engine's: it runs them mid-computation, as copies between
+// state() pointers, when its scan reaches their position.
+//
 // Threading and streams: like a container, one owner; CUDA calls are queued on the stream
 // given (default: the legacy default stream) and storage calls must use one stream, as
 // the batched ops share a device scratch buffer.
@@ -62,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "pagedkv/block_copy.h"
 #include "pagedkv/device.h"
+#include "pagedkv/kv_cache_config.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "pagedkv/kv_cache_view.h"
 #include "pagedkv/step_ops.h"
@@ -87,6 +97,13 @@ class KvStorage {
   [[nodiscard]] static absl::StatusOr<KvStorage> create(const KvCacheSpec& spec, int32_t num_blocks,
                                                         const KvStorageOptions& options = {});
 
+  // A state group's storage: `num_slots` slots of `shape` (and options.num_host_blocks
+  // host slots, for swapped sequences). Errors as create(): InvalidArgument for a shape
+  // without layers or state, or (CUDA) shape.bytes_per_layer() not a multiple of 16.
+  [[nodiscard]] static absl::StatusOr<KvStorage> create_state(const StateShape& shape,
+                                                              int32_t num_slots,
+                                                              const KvStorageOptions& options = {});
+
   // As create(), with as many blocks as `budget_bytes` holds (spec.num_blocks_for_budget).
   [[nodiscard]] static absl::StatusOr<KvStorage> create_for_budget(
       const KvCacheSpec& spec, int64_t budget_bytes, const KvStorageOptions& options = {});
@@ -101,7 +118,10 @@ class KvStorage {
   KvStorage& operator=(const KvStorage&) = delete;
   ~KvStorage();
 
+  // A KV storage's spec; of a state storage only num_layers is set.
   const KvCacheSpec& spec() const { return spec_; }
+  bool holds_state() const { return state_.num_layers > 0; }
+  const StateShape& state_shape() const { return state_; }
   Device device() const { return device_; }
   KvLayout layout() const { return layout_; }
   int32_t num_blocks() const { return num_blocks_; }
@@ -113,8 +133,12 @@ class KvStorage {
   int64_t host_bytes() const { return num_pools() * host_pool_bytes_; }
 
   // Layer `layer`'s pools (0 <= layer < num_layers), on the storage device; v is null for
-  // a latent spec. Views stay valid for the storage's life.
+  // a latent spec. Views stay valid for the storage's life. Not for a state storage.
   KvCacheView view(int32_t layer) const;
+  // A state storage's layer `layer` in slot `slot` (0 <= slot < num_blocks()), on the
+  // storage device: state_shape().conv_elements of conv_dtype, then recurrent_elements of
+  // recurrent_dtype. Valid for the storage's life.
+  char* state(int32_t layer, int32_t slot) const;
   // Layer `layer`'s pools in the host pool (host pointers; num_blocks = host blocks).
   KvCacheView host_view(int32_t layer) const;
 
@@ -157,7 +181,7 @@ class KvStorage {
   // KvStorage::run_step_ops()
   //
   // Runs every list of a step's ops in StepOps' order: swap_out, demote, exchange,
-  // copy_on_write (copy_blocks()), swap_in, promote; of each list, the copies of this
+  // copy_on_write (copy_blocks()), copy_state, swap_in, promote; of each list, the copies of this
   // storage's layer group (the others are another group's storage's). Errors: the first
   // list's that fails; the lists before it have run (their copies are queued), the rest
   // have not.
@@ -175,12 +199,16 @@ class KvStorage {
   // The ops of `ops` whose group is layer_group_: `ops` itself when all are (one group),
   // else a copy in group_ops_.
   std::span<const BlockCopy> own_group(std::span<const BlockCopy> ops);
-  // Pools per layer: 2 (K, V), or 1 for a latent spec.
-  int64_t pools_per_layer() const { return spec_.vectors_per_token(); }
+  static absl::StatusOr<KvStorage> allocate(KvStorage s);
+  // Pools per layer: 2 (K, V), or 1 for a latent spec or a state storage.
+  int64_t pools_per_layer() const { return holds_state() ? 1 : spec_.vectors_per_token(); }
+  // Bytes of one block (a state slot) in one pool.
+  int64_t block_bytes() const;
   int64_t num_pools() const { return pools_per_layer() * spec_.num_layers; }
   void release();
 
   KvCacheSpec spec_;
+  StateShape state_;  // a state storage's (num_layers > 0)
   Device device_ = Device::kCpu;
   KvLayout layout_ = KvLayout::kHND;
   int32_t num_blocks_ = 0;

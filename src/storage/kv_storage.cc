@@ -85,9 +85,64 @@ absl::StatusOr<KvStorage> KvStorage::create(const KvCacheSpec& spec, int32_t num
   s.num_blocks_ = num_blocks;
   s.num_host_blocks_ = options.num_host_blocks;
   s.layer_group_ = options.layer_group;
-  const int64_t block_bytes = int64_t{spec.num_kv_heads} * spec.block_size * spec.head_dim * elem;
-  s.pool_bytes_ = block_bytes * num_blocks;
-  s.host_pool_bytes_ = block_bytes * options.num_host_blocks;
+  return allocate(std::move(s));
+}
+
+absl::StatusOr<KvStorage> KvStorage::create_state(const StateShape& shape, int32_t num_slots,
+                                                  const KvStorageOptions& options) {
+  // Elements bounded first, so that the byte products below cannot overflow.
+  constexpr int64_t kMaxStateElements = int64_t{1} << 36;
+  if (shape.num_layers <= 0 || shape.conv_elements < 0 || shape.recurrent_elements < 0 ||
+      shape.conv_elements > kMaxStateElements || shape.recurrent_elements > kMaxStateElements ||
+      shape.bytes_per_layer() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvStorage: a state shape of ", shape.num_layers, " layers x (", shape.conv_elements, " + ",
+        shape.recurrent_elements, ") elements: need layers, state, and at most ", kMaxStateElements,
+        " elements of each kind"));
+  }
+  if (num_slots < 0 || options.num_host_blocks < 0 || options.layer_group < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvStorage: num_slots ", num_slots, ", num_host_blocks ", options.num_host_blocks,
+        " and layer_group ", options.layer_group, " must not be negative"));
+  }
+  constexpr int64_t kMaxPoolBytes = int64_t{1} << 52;
+  const int64_t slots = std::max(num_slots, options.num_host_blocks);
+  if (slots > kMaxPoolBytes / shape.bytes_per_layer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvStorage: ", slots, " slots of ", shape.bytes_per_layer(),
+                     " bytes per layer exceed ", kMaxPoolBytes, " bytes per pool"));
+  }
+  if (options.device == Device::kCuda) {
+    if (!cuda_device_available()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("KvStorage: no usable CUDA device (", cuda_unavailable_reason(), ")"));
+    }
+    if (shape.bytes_per_layer() % 16 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvStorage: CUDA copies move 16-byte units; a layer's state of ",
+                       shape.bytes_per_layer(), " bytes is not a multiple of 16"));
+    }
+  }
+  KvStorage s;
+  s.spec_.num_layers = shape.num_layers;
+  s.state_ = shape;
+  s.device_ = options.device;
+  s.num_blocks_ = num_slots;
+  s.num_host_blocks_ = options.num_host_blocks;
+  s.layer_group_ = options.layer_group;
+  return allocate(std::move(s));
+}
+
+int64_t KvStorage::block_bytes() const {
+  if (holds_state()) return state_.bytes_per_layer();
+  return int64_t{spec_.num_kv_heads} * spec_.block_size * spec_.head_dim *
+         bytes_per_element(spec_.dtype);
+}
+
+// Allocates and zero-fills the pools of `s`, whose shape and counts are set.
+absl::StatusOr<KvStorage> KvStorage::allocate(KvStorage s) {
+  s.pool_bytes_ = s.block_bytes() * s.num_blocks_;
+  s.host_pool_bytes_ = s.block_bytes() * s.num_host_blocks_;
   const int64_t main_bytes = s.bytes();
   const int64_t host_bytes = s.host_bytes();
   auto exhausted = [](const char* what, int64_t bytes) {
@@ -180,6 +235,7 @@ KvStorage& KvStorage::operator=(KvStorage&& other) noexcept {
   if (this != &other) {
     release();
     spec_ = other.spec_;
+    state_ = other.state_;
     device_ = other.device_;
     layout_ = other.layout_;
     num_blocks_ = other.num_blocks_;
@@ -222,15 +278,21 @@ void KvStorage::release() {
 
 // A layer's pools start at [layer][K, V] (or [layer][latent]) in the buffer.
 KvCacheView KvStorage::view(int32_t layer) const {
-  PAGEDKV_DCHECK(layer >= 0 && layer < spec_.num_layers);
+  PAGEDKV_DCHECK(layer >= 0 && layer < spec_.num_layers && !holds_state());
   char* k = data_ == nullptr ? nullptr : data_ + pools_per_layer() * layer * pool_bytes_;
   char* v = k == nullptr || spec_.latent ? nullptr : k + pool_bytes_;
   return make_kv_cache_view(k, v, spec_.dtype, num_blocks_, spec_.num_kv_heads, spec_.block_size,
                             spec_.head_dim, layout_);
 }
 
+char* KvStorage::state(int32_t layer, int32_t slot) const {
+  PAGEDKV_DCHECK(holds_state() && layer >= 0 && layer < spec_.num_layers && slot >= 0 &&
+                 slot < num_blocks_);
+  return data_ + layer * pool_bytes_ + slot * block_bytes();
+}
+
 KvCacheView KvStorage::host_view(int32_t layer) const {
-  PAGEDKV_DCHECK(layer >= 0 && layer < spec_.num_layers);
+  PAGEDKV_DCHECK(layer >= 0 && layer < spec_.num_layers && !holds_state());
   char* k =
       host_data_ == nullptr ? nullptr : host_data_ + pools_per_layer() * layer * host_pool_bytes_;
   char* v = k == nullptr || spec_.latent ? nullptr : k + host_pool_bytes_;
@@ -257,6 +319,7 @@ absl::Status KvStorage::run_step_ops(const StepOps& ops, void* stream) {
   PAGEDKV_RETURN_IF_ERROR(demote(own_group(ops.demote), stream));
   PAGEDKV_RETURN_IF_ERROR(exchange(own_group(ops.exchange), stream));
   PAGEDKV_RETURN_IF_ERROR(copy_blocks(own_group(ops.copy_on_write), stream));
+  PAGEDKV_RETURN_IF_ERROR(copy_blocks(own_group(ops.copy_state), stream));
   PAGEDKV_RETURN_IF_ERROR(swap_in(own_group(ops.swap_in), stream));
   return promote(own_group(ops.promote), stream);
 }
@@ -313,12 +376,12 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
                                                      " outside [0, ", dst_blocks, ") of the ",
                                                      dst_name, " pool"));
     }
-    if (op.num_tokens < 0 || op.num_tokens > spec_.block_size) {
+    if (op.num_tokens < 0 || (op.num_tokens > spec_.block_size && !holds_state())) {
       return absl::InvalidArgumentError(absl::StrCat(fn, ": op ", i, ": num_tokens ", op.num_tokens,
                                                      " outside [0, block_size ", spec_.block_size,
                                                      "]"));
     }
-    if (whole_blocks && op.num_tokens != spec_.block_size) {
+    if (whole_blocks && op.num_tokens != spec_.block_size && !holds_state()) {
       return absl::InvalidArgumentError(
           absl::StrCat(fn, ": op ", i, ": num_tokens ", op.num_tokens, " is not a whole block (",
                        spec_.block_size, "); only full cached blocks move between tiers"));
@@ -344,14 +407,16 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
   const int32_t num_ops = static_cast<int32_t>(packed.size() / 3);
   if (num_ops == 0 || spec_.num_layers == 0) return absl::OkStatus();
 
+  // A state slot is one unit: any num_tokens > 0 copies it whole.
   const int64_t elem = bytes_per_element(spec_.dtype);
-  const int64_t block_bytes =
-      int64_t{spec_.num_kv_heads} * spec_.block_size * spec_.head_dim * elem;
-  const bool hnd = layout_ == KvLayout::kHND;
+  const int64_t block_bytes = this->block_bytes();
+  const int32_t block_size = holds_state() ? 1 : spec_.block_size;
+  const bool hnd = layout_ == KvLayout::kHND && !holds_state();
   const int32_t segments = hnd ? spec_.num_kv_heads : 1;
   const int64_t segment_bytes = hnd ? int64_t{spec_.block_size} * spec_.head_dim * elem : 0;
-  const int64_t token_bytes =
-      hnd ? spec_.head_dim * elem : spec_.num_kv_heads * spec_.head_dim * elem;
+  const int64_t token_bytes = holds_state() ? block_bytes
+                              : hnd         ? spec_.head_dim * elem
+                                            : spec_.num_kv_heads * spec_.head_dim * elem;
   char* src = src_host ? host_data_device_ : data_;
   char* dst = dst_host ? host_data_device_ : data_;
   const int64_t src_pool = src_host ? host_pool_bytes_ : pool_bytes_;
@@ -368,7 +433,7 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
           std::swap_ranges(to, to + block_bytes, src + pool * src_pool + s * block_bytes);
           continue;
         }
-        if (n >= spec_.block_size) {
+        if (n >= block_size) {
           std::memcpy(to, from, static_cast<size_t>(block_bytes));
           continue;
         }
@@ -403,7 +468,7 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
   p.num_pools = pools;
   p.ops = ops_scratch_;
   p.num_ops = num_ops;
-  p.block_size = spec_.block_size;
+  p.block_size = block_size;
   p.block_bytes = block_bytes;
   p.segments = segments;
   p.segment_bytes = segment_bytes;
