@@ -41,15 +41,21 @@ std::string CacheGroup::name() const {
   return "unknown";
 }
 
+int64_t CacheGroup::page_bytes() const {
+  return kind == AttentionKind::kState ? state.bytes() : spec.bytes_per_block();
+}
+
 int64_t CachePlan::pool_bytes() const {
   int64_t bytes = 0;
-  for (const CacheGroup& g : groups) bytes += int64_t{g.num_blocks} * g.spec.bytes_per_block();
+  for (const CacheGroup& g : groups) bytes += int64_t{g.num_blocks} * g.page_bytes();
   return bytes;
 }
 
 int64_t CachePlan::bytes_per_block_all_groups() const {
   int64_t bytes = 0;
-  for (const CacheGroup& g : groups) bytes += g.spec.bytes_per_block();
+  for (const CacheGroup& g : groups) {
+    if (g.kind != AttentionKind::kState) bytes += g.spec.bytes_per_block();
+  }
   return bytes;
 }
 
@@ -57,6 +63,12 @@ absl::StatusOr<CachePlan> plan_cache(const ModelConfig& model, pagedkv::DType dt
                                      int32_t block_size, bool treat_as_full) {
   CachePlan plan;
   plan.treat_as_full = treat_as_full;
+  for (int32_t l = 0; l < model.num_layers && treat_as_full; ++l) {
+    if (model.is_state_layer(l)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--treat-as-full: layer ", l, " is a state-space layer, which holds no K/V"));
+    }
+  }
   plan.places.resize(model.num_layers);
   // Full groups first: group 0 anchors the windowed groups' prefix hits.
   for (const bool full : {true, false}) {
@@ -77,6 +89,15 @@ absl::StatusOr<CachePlan> plan_cache(const ModelConfig& model, pagedkv::DType dt
   plan.config.dtype = dtype;
   plan.config.block_size = block_size;
   for (CacheGroup& g : plan.groups) {
+    if (g.kind == AttentionKind::kState) {
+      g.state = {.num_layers = static_cast<int32_t>(g.layers.size()),
+                 .conv_elements = model.conv_state_elements(),
+                 .recurrent_elements = model.recurrent_state_elements(),
+                 .conv_dtype = pagedkv::DType::kFloat32,
+                 .recurrent_dtype = pagedkv::DType::kFloat32};
+      plan.config.groups.push_back({.kind = g.kind, .state = g.state});
+      continue;
+    }
     g.spec = {.num_layers = static_cast<int32_t>(g.layers.size()),
               .num_kv_heads = model.mla() ? 1 : model.num_kv_heads,
               .head_dim = model.mla() ? model.latent_dim() : model.head_dim,
@@ -121,8 +142,8 @@ absl::Status size_pools(const PoolBudgets& budgets, int64_t split_tokens, CacheP
     }
     group.num_host_blocks = static_cast<int32_t>(host_blocks);
   }
-  // A windowed pool must hold a window's blocks beside its watermark, or no sequence
-  // could ever decode in it.
+  // A windowed pool must hold a window's blocks (a state pool a slot) beside its
+  // watermark, or no sequence could ever decode in it.
   for (int32_t g = 0; g < plan->num_groups(); ++g) {
     const CacheGroup& group = plan->groups[g];
     if (group.kind == AttentionKind::kFull) continue;
@@ -133,7 +154,7 @@ absl::Status size_pools(const PoolBudgets& budgets, int64_t split_tokens, CacheP
       return absl::InvalidArgumentError(
           absl::StrCat("--kv-budget-mb: group ", g, " (", group.name(), ") gets ", group.num_blocks,
                        " blocks, ", usable, " beside its watermark; a sequence needs ",
-                       window_blocks, " for its window: raise the budget"));
+                       window_blocks, " for its window or state: raise the budget"));
     }
   }
   return absl::OkStatus();
@@ -149,6 +170,7 @@ absl::StatusOr<int32_t> max_sequence_tokens(const CachePlan& plan, int32_t prefi
   for (int32_t g = 0; g < plan.num_groups(); ++g) {
     const CacheGroup& group = plan.groups[g];
     const int32_t usable = group.num_blocks - group_watermark(plan, g);
+    if (group.kind == AttentionKind::kState) continue;  // a slot, whatever the length
     if (group.kind == AttentionKind::kFull || prefill_chunk == 0) {
       blocks = std::min(blocks, usable);
       continue;

@@ -9,6 +9,9 @@
 //           manager's group 0, whose chain verifies the windowed groups' prefix hits and
 //           whose figures stats() reports), then the windowed groups in layer order
 //   mla     one full-attention group of latents (KvCacheSpec::latent)
+//   ssm     the full group first, then one state group (AttentionKind::kState) of the
+//           state layers: a slot per sequence of their conv and recurrent states (fp32),
+//           and the checkpoint slots that prefix hits restore
 //   treat_as_full (--treat-as-full): every layer in one full group, as an allocator
 //           without layer groups keeps a hybrid model. The layers still attend only to
 //           their windows (the kernels take each layer's kind and window), but no block
@@ -38,13 +41,16 @@ struct CacheGroup {
   pagedkv::AttentionKind kind = pagedkv::AttentionKind::kFull;  // as the allocator treats it
   int32_t window = 0;
   std::vector<int32_t> layers = {};  // the model's layers in the group, ascending
-  pagedkv::KvCacheSpec spec = {};    // their K/V (or latents) as stored
+  pagedkv::KvCacheSpec spec = {};    // their K/V (or latents) as stored; unused for kState
+  pagedkv::StateShape state = {};    // kState: their states, one slot per sequence
   int32_t num_blocks = 0;            // device blocks
   int32_t num_host_blocks = 0;       // host blocks: swap space and host tier
   int32_t host_cache_blocks = 0;     // of those, the host tier's share
 
   // "full", "sliding window 40": for summaries.
   std::string name() const;
+  // Bytes of one block, or of one state slot.
+  int64_t page_bytes() const;
 };
 
 // Where a model layer's K/V are: its group, and its index among the group's layers.
@@ -63,12 +69,13 @@ struct CachePlan {
 
   int32_t num_groups() const { return static_cast<int32_t>(groups.size()); }
   int64_t pool_bytes() const;  // device bytes of all pools
-  // Device bytes of one block in every group: the bytes a token costs, times block_size.
+  // Device bytes of one block in every attention group: the bytes a token costs, times
+  // block_size (a state group's slot costs the same at any length).
   int64_t bytes_per_block_all_groups() const;
 };
 
 // Groups the layers of `model` (see above). InvalidArgument for a configuration the
-// storage cannot hold (KvCacheConfig::validate()).
+// storage cannot hold (KvCacheConfig::validate()), or state layers treated as full.
 absl::StatusOr<CachePlan> plan_cache(const ModelConfig& model, pagedkv::DType dtype,
                                      int32_t block_size, bool treat_as_full);
 

@@ -21,7 +21,9 @@ rate must rise. With --concurrency-gain RATIO (a model with windowed layer group
 ARGS and ARGS --treat-as-full; both must pass the checks above, and with the layer groups
 the mean decode batch must be at least RATIO times that of full treatment.
 With windowed layer groups, every run must release blocks behind the windows in each of
-them; with --full prefix hits must also claim blocks in each.
+them; with --full prefix hits must also claim blocks in each. With state groups (--model
+ssm), --full also needs checkpoints saved and restored in each, and a verified sequence
+restored from one.
 """
 import json
 import subprocess
@@ -110,7 +112,8 @@ def check_run(summary, check, full):
                   f"verification covers every mechanism exercised "
                   f"({summary['mechanisms_exercised']}; uncovered "
                   f"{verify['mechanisms_uncovered']})")
-    windowed = [g for g in summary["kv_cache"]["layer_groups"] if g["kind"] != "full"]
+    groups = summary["kv_cache"]["layer_groups"]
+    windowed = [g for g in groups if g["kind"] not in ("full", "state")]
     for g in windowed:
         check(g["released_blocks"] > 0,
               f"{g['kind']} {g['window']} group releases blocks behind its window "
@@ -119,6 +122,12 @@ def check_run(summary, check, full):
             check(g["hit_blocks"] > 0,
                   f"{g['kind']} {g['window']} group: prefix hits claim its blocks "
                   f"({g['hit_blocks']})")
+    for g in (g for g in groups if g["kind"] == "state" and full):
+        check(g["checkpoints_saved"] > 0 and g["checkpoints_restored"] > 0,
+              f"state group saves and restores checkpoints ({g['checkpoints_saved']} and "
+              f"{g['checkpoints_restored']})")
+        check(verify is not None and "state-restore" in verify["mechanisms_covered"],
+              "a verified sequence was restored from a checkpoint")
     if full:
         check(summary["prefix_cache_hit_rate"] > 0,
               f"prefix-cache hit rate > 0 ({summary['prefix_cache_hit_rate']:.3f})")

@@ -92,6 +92,21 @@ class CausalAttention {
   std::vector<float> k_, v_, q_, latents_, scores_;
 };
 
+// A state layer's scan over the whole sequence from a zero state at token 0, one token
+// after another: no checkpoint, restore or copy involved.
+absl::Status scan_from_start(const Model& model, const ScanIo& io) {
+  const ModelConfig& c = model.config();
+  const int32_t ch = c.state_channels();
+  std::vector<float> conv(c.conv_state_elements(), 0.0f);
+  std::vector<float> recurrent(c.recurrent_state_elements(), 0.0f);
+  for (int32_t t = 0; t < io.num_tokens; ++t) {
+    const size_t row = static_cast<size_t>(t) * ch;
+    model.scan_token(io.layer, io.input + row, io.decay + row, conv.data(), recurrent.data(),
+                     io.out + row);
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int32_t> iota(int32_t n, int32_t first = 0) {
   std::vector<int32_t> v(n);
   std::iota(v.begin(), v.end(), first);
@@ -112,10 +127,11 @@ absl::StatusOr<std::vector<float>> dense_logits(const Model& model, std::span<co
     attention(io);
     return absl::OkStatus();
   };
+  const ScanFn scan = [&](const ScanIo& io) { return scan_from_start(model, io); };
   std::vector<float> logits;
   Workspace ws;
   const absl::Status status =
-      model.forward(tokens, iota(n), attend, iota(num_rows, n - num_rows), &logits, &ws);
+      model.forward(tokens, iota(n), attend, scan, iota(num_rows, n - num_rows), &logits, &ws);
   if (!status.ok()) return status;
   return logits;
 }
@@ -141,7 +157,8 @@ absl::StatusOr<KvFormat> calibrate_fp8(const Model& model, std::span<const Token
   Workspace ws;
   const auto n = static_cast<int32_t>(tokens.size());
   const int32_t last[] = {n - 1};
-  const absl::Status status = model.forward(tokens, iota(n), attend, last, &logits, &ws);
+  const ScanFn scan = [&](const ScanIo& io) { return scan_from_start(model, io); };
+  const absl::Status status = model.forward(tokens, iota(n), attend, scan, last, &logits, &ws);
   if (!status.ok()) return status;
   KvFormat format;
   format.cache_dtype = pagedkv::DType::kFloat8E4M3;

@@ -229,6 +229,7 @@ class PagedKvStore final : public KvStore {
     }
     const bool mla_rows = model_.config().mla() && !qo_indptr.empty();
     for (size_t g = 0; g < storages_.size(); ++g) {
+      if (storages_[g].holds_state()) continue;  // its slots come with set_state_batch()
       GroupBatch& b = *batches_[g];
       const pagedkv::BlockTables& t = tables[g];
       b.num_slots = static_cast<int32_t>(slots[g].size());
@@ -382,6 +383,84 @@ class PagedKvStore final : public KvStore {
     return absl::OkStatus();
   }
 
+  absl::Status set_state_batch(StateBatch batch) override {
+    const auto num_seqs = static_cast<int32_t>(batch.seqs.size());
+    if (std::ssize(batch.row_indptr) != num_seqs + 1 || batch.slots.size() != storages_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "set_state_batch: ", num_seqs, " sequences, ", batch.row_indptr.size(), " row offsets, ",
+          batch.slots.size(), " slot lists for ", storages_.size(), " groups"));
+    }
+    for (size_t g = 0; g < storages_.size(); ++g) {
+      const int32_t expected = storages_[g].holds_state() ? num_seqs : 0;
+      if (std::ssize(batch.slots[g]) != expected) {
+        return absl::InvalidArgumentError(absl::StrCat("set_state_batch: group ", g, " has ",
+                                                       batch.slots[g].size(), " slots for ",
+                                                       num_seqs, " sequences"));
+      }
+      for (const int32_t slot : batch.slots[g]) {
+        if (slot < 0 || slot >= storages_[g].num_blocks()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "set_state_batch: slot ", slot, " outside [0, ", storages_[g].num_blocks(), ")"));
+        }
+      }
+    }
+    for (const pagedkv::StateSave& save : batch.saves) {
+      const auto it = std::find(batch.seqs.begin(), batch.seqs.end(), save.seq);
+      const auto i = static_cast<int32_t>(it - batch.seqs.begin());
+      const bool known = it != batch.seqs.end() && save.group >= 0 &&
+                         save.group < std::ssize(storages_) && storages_[save.group].holds_state();
+      const int32_t first = known ? batch.positions[batch.row_indptr[i]] : 0;
+      const int32_t end = known ? batch.positions[batch.row_indptr[i + 1] - 1] + 1 : -1;
+      if (!known || save.position < first || save.position > end ||
+          save.src != batch.slots[save.group][i] || save.dst < 0 ||
+          save.dst >= storages_[save.group].num_blocks()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("set_state_batch: the save of seq ", save.seq, " at position ",
+                         save.position, " from slot ", save.src, " to ", save.dst, " in group ",
+                         save.group, " is not one this batch reaches"));
+      }
+    }
+    state_batch_ = std::move(batch);
+    return absl::OkStatus();
+  }
+
+  absl::Status scan(const ScanIo& io) override {
+    const ModelConfig& c = model_.config();
+    const LayerPlace place = places_[io.layer];
+    const pagedkv::KvStorage& storage = storages_[place.group];
+    const StateBatch& b = state_batch_;
+    if (!storage.holds_state() || io.num_tokens != std::ssize(b.positions)) {
+      return absl::InvalidArgumentError(absl::StrCat("scan: layer ", io.layer, " with ",
+                                                     io.num_tokens, " tokens; the batch has ",
+                                                     b.positions.size()));
+    }
+    const int32_t ch = c.state_channels();
+    const size_t bytes = static_cast<size_t>(storage.state_shape().bytes_per_layer());
+    // Runs the saves of sequence i at `position`: the scan has processed that many tokens.
+    const auto save_at = [&](pagedkv::SeqId seq, int32_t position) {
+      for (const pagedkv::StateSave& save : b.saves) {
+        if (save.seq != seq || save.position != position || save.group != place.group) continue;
+        std::memcpy(storage.state(place.index, save.dst), storage.state(place.index, save.src),
+                    bytes);
+      }
+    };
+    for (size_t i = 0; i < b.seqs.size(); ++i) {
+      auto* conv = reinterpret_cast<float*>(storage.state(place.index, b.slots[place.group][i]));
+      float* recurrent = conv + c.conv_state_elements();
+      const int32_t first_row = b.row_indptr[i];
+      const int32_t end_row = b.row_indptr[i + 1];
+      // A sequence computed from its first token starts from zero, whatever its slot held.
+      if (b.positions[first_row] == 0) std::memset(conv, 0, bytes);
+      for (int32_t r = first_row; r < end_row; ++r) {
+        save_at(b.seqs[i], b.positions[r]);
+        const size_t row = static_cast<size_t>(r) * ch;
+        model_.scan_token(io.layer, io.input + row, io.decay + row, conv, recurrent, io.out + row);
+      }
+      save_at(b.seqs[i], b.positions[end_row - 1] + 1);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status flip_exponent_bit(int32_t group, int32_t block) override {
     const pagedkv::KvStorage& storage = storages_[group];
     const pagedkv::KvCacheSpec& spec = storage.spec();
@@ -445,6 +524,7 @@ class PagedKvStore final : public KvStore {
   Staging qo_indptr_, q_, k_, v_, out_;
   std::vector<unsigned char> convert_;
   std::vector<float> q_abs_, out_latent_;  // MLA
+  StateBatch state_batch_;
   const int32_t* d_qo_indptr_ = nullptr;
   int32_t max_query_len_ = 0;
 };
@@ -468,9 +548,16 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::create(Device device, const Mo
   std::vector<pagedkv::KvStorage> storages;
   for (int32_t g = 0; g < plan.num_groups(); ++g) {
     const CacheGroup& group = plan.groups[g];
-    absl::StatusOr<pagedkv::KvStorage> storage = pagedkv::KvStorage::create(
-        group.spec, group.num_blocks,
-        {.device = device, .num_host_blocks = group.num_host_blocks, .layer_group = g});
+    const pagedkv::KvStorageOptions options = {
+        .device = device, .num_host_blocks = group.num_host_blocks, .layer_group = g};
+    if (group.kind == pagedkv::AttentionKind::kState && device != Device::kCpu) {
+      return absl::FailedPreconditionError(
+          "KvStore: the example's state-space scan runs on the host: use --device cpu");
+    }
+    absl::StatusOr<pagedkv::KvStorage> storage =
+        group.kind == pagedkv::AttentionKind::kState
+            ? pagedkv::KvStorage::create_state(group.state, group.num_blocks, options)
+            : pagedkv::KvStorage::create(group.spec, group.num_blocks, options);
     if (!storage.ok()) return storage.status();
     storages.push_back(*std::move(storage));
   }

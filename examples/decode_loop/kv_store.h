@@ -18,6 +18,12 @@
 //                latents, W_UV applied to its output; a prefill runs as decode rows (there
 //                is no MLA extend kernel): new token j of a sequence is a row of its own
 //                whose context ends at j, all of them reading the sequence's one table.
+//   scan()       per state layer (--model ssm), on the CPU: each sequence's new tokens in
+//                order through Model::scan_token() in its state slot of the layer's
+//                group (set_state_batch()), from a zeroed state at position 0, running the
+//                step's state saves (pagedkv::StateSave) as the scan passes their
+//                positions. The state slots are KvStorage::create_state() storages; their
+//                restore, fork and swap copies run in execute() like the K/V's.
 // The model's activations stay on the host; on CUDA they are staged to the device around
 // each kernel call, and the KV cache itself never leaves the device except to swap.
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_KV_STORE_H_
@@ -39,13 +45,26 @@
 
 namespace decode_loop {
 
+// What scan() needs of a batch beyond its tokens (see KvStore::set_state_batch()).
+struct StateBatch {
+  std::vector<pagedkv::SeqId> seqs;
+  std::vector<int32_t> row_indptr;  // [num_seqs + 1]: sequence i's rows
+  std::vector<int32_t> positions;   // per row
+  // Per layer group: each sequence's state slot (KvCacheManager::write_state_slots());
+  // empty for an attention group.
+  std::vector<std::vector<int32_t>> slots;
+  std::vector<pagedkv::StateSave> saves;  // the step's saves of these sequences
+};
+
 class KvStore {
  public:
   virtual ~KvStore() = default;
 
   // One storage per group of `plan`, of its num_blocks device and num_host_blocks host
   // blocks, dtype format.cache_dtype; for fp8, format has one K and one V scale per model
-  // layer. `model` must outlive the store (MLA: its up-projections).
+  // layer; a state group's slots as its StateShape says. `model` must outlive the store
+  // (MLA: its up-projections). FailedPrecondition for state layers on CUDA: the example's
+  // scan runs on the host.
   static absl::StatusOr<std::unique_ptr<KvStore>> create(pagedkv::Device device, const Model& model,
                                                          const CachePlan& plan,
                                                          const KvFormat& format);
@@ -66,6 +85,14 @@ class KvStore {
   // Writes the new tokens' K/V (or latents) into the batch's slots of `io.layer` and
   // computes io.out.
   virtual absl::Status attend(const AttentionIo& io) = 0;
+
+  // The batch the next scan() calls see. InvalidArgument for a save whose sequence is not
+  // in the batch, whose position the batch does not reach, or whose source is not the
+  // sequence's slot, or for a slot outside its group's pool.
+  virtual absl::Status set_state_batch(StateBatch batch) = 0;
+
+  // Runs state layer io.layer over the batch (see above) and writes io.out.
+  virtual absl::Status scan(const ScanIo& io) = 0;
 
   // Fault injection (Fault::kCorruptSwapIn): in device block `block` of group `group`,
   // flips the top exponent bit of the group's first layer's largest K element of

@@ -106,9 +106,11 @@ ABSL_FLAG(int32_t, prefill_chunk, -1,
           "32 for swa, whose windowed groups then hold a chunk and a window per prefilling "
           "sequence instead of the whole prompt, else 0)");
 ABSL_FLAG(std::string, model, "llama",
-          "model preset: llama|swa|mla (llama: full-attention GQA layers; swa: sliding-window "
-          "layers of 40 and 12 tokens beside full ones, each kind a layer group of its own; "
-          "mla: multi-head latent attention with small latent and rope dims)");
+          "model preset: llama|swa|mla|ssm (llama: full-attention GQA layers; swa: "
+          "sliding-window layers of 40 and 12 tokens beside full ones, each kind a layer group "
+          "of its own; mla: multi-head latent attention with small latent and rope dims; ssm: "
+          "three state-space layers (a gated diagonal scan) per attention layer, their states "
+          "in state slots, prefix hits restored from checkpoints; CPU only)");
 ABSL_FLAG(bool, treat_as_full, false,
           "keep every layer in one full-attention layer group, as an allocator without layer "
           "groups does (windowed layers still attend to their windows only): the comparison "
@@ -139,9 +141,9 @@ ABSL_FLAG(decode_loop::VerifyCount, verify, decode_loop::VerifyCount{.count = 4}
 ABSL_FLAG(bool, json, false, "print the summary as JSON on stdout");
 ABSL_FLAG(std::string, fault, "none",
           "break the KV on purpose, to show that --verify catches it: "
-          "none|skip-copies|skip-swap-in|corrupt-swap-in|skip-promote (drop copy-on-write, "
-          "swap-in or host-tier promotion copies, or flip an exponent bit in every block a "
-          "swap-in fills)");
+          "none|skip-copies|skip-swap-in|corrupt-swap-in|skip-promote|skip-restore (drop "
+          "copy-on-write, swap-in, host-tier promotion or state-checkpoint restore copies, or "
+          "flip an exponent bit in every block a swap-in fills)");
 ABSL_FLAG(int32_t, metrics_port, -1,
           "serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port; -1: off)");
 ABSL_FLAG(std::string, kv_events, "",
@@ -285,13 +287,16 @@ constexpr Choice<PreemptionPolicy> kPreemptionPolicies[] = {
     {"mixed", PreemptionPolicy::kMixed},
     {"recompute", PreemptionPolicy::kRecompute},
     {"swap", PreemptionPolicy::kSwap}};
-constexpr Choice<ModelKind> kModels[] = {
-    {"llama", ModelKind::kLlama}, {"swa", ModelKind::kSwa}, {"mla", ModelKind::kMla}};
+constexpr Choice<ModelKind> kModels[] = {{"llama", ModelKind::kLlama},
+                                         {"swa", ModelKind::kSwa},
+                                         {"mla", ModelKind::kMla},
+                                         {"ssm", ModelKind::kSsm}};
 constexpr Choice<Fault> kFaults[] = {{"none", Fault::kNone},
                                      {"skip-copies", Fault::kSkipCopies},
                                      {"skip-swap-in", Fault::kSkipSwapIn},
                                      {"corrupt-swap-in", Fault::kCorruptSwapIn},
-                                     {"skip-promote", Fault::kSkipPromote}};
+                                     {"skip-promote", Fault::kSkipPromote},
+                                     {"skip-restore", Fault::kSkipRestore}};
 
 // Auto picks CUDA when the library was built with it and a GPU is usable.
 pagedkv::Device choose_device() {
@@ -364,7 +369,15 @@ CapacityFigures capacity_figures(const ModelConfig& config, const EngineOptions&
   const CachePlan& plan = engine.cache;
   f.tokens = plan.split_tokens;
   const pagedkv::DType dtype = plan.config.dtype;
+  // State layers hold no K/V to treat as full: no comparison.
+  bool has_state = false;
+  for (int32_t l = 0; l < config.num_layers; ++l) has_state = has_state || config.is_state_layer(l);
   for (const bool as_full : {false, true}) {
+    if (as_full && has_state) {
+      f.sequences_as_full = f.sequences;
+      f.held_bytes_as_full = f.held_bytes;
+      break;
+    }
     absl::StatusOr<CachePlan> p = plan_cache(config, dtype, engine.block_size, as_full);
     if (!p.ok()) fail(std::string(p.status().message()));
     absl::StatusOr<pagedkv::PoolSplit> split =
@@ -451,6 +464,9 @@ int run(int argc, char** argv) {
       break;
     case ModelKind::kMla:
       config = mla_preset();
+      break;
+    case ModelKind::kSsm:
+      config = ssm_preset();
       break;
   }
   if (const int32_t layers = absl::GetFlag(FLAGS_layers); layers != 0) config.num_layers = layers;

@@ -21,6 +21,8 @@ const char* mechanism_name(Mechanism mechanism) {
       return "demote";
     case Mechanism::kPrefixHit:
       return "prefix-hit";
+    case Mechanism::kStateRestore:
+      return "state-restore";
   }
   return "unknown";
 }
@@ -43,6 +45,8 @@ const char* picked_as(Mechanism mechanism) {
       return "hit a demoted block";
     case Mechanism::kPrefixHit:
       return "prefix-cache hit";
+    case Mechanism::kStateRestore:
+      return "restored from a checkpoint";
   }
   return "unknown";
 }

@@ -14,6 +14,8 @@
 //   demote      one of its promoted or exchanged blocks came from a host block that a
 //               demotion (or an exchange's demote half) wrote: an evicted block that hit later
 //   prefix-hit  a device prefix-cache hit at an admission
+//   state-restore  its state slot restored from a checkpoint at an admission (a prefix hit
+//               of a model with state layers)
 //
 // kMechanisms lists them in rank order: the order of the verifier's picks and summaries.
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_MECHANISM_H_
@@ -36,11 +38,13 @@ enum class Mechanism : uint8_t {
   kExchange,
   kDemote,
   kPrefixHit,
+  kStateRestore,
 };
 
 inline constexpr std::array kMechanisms = {
-    Mechanism::kCowCopy, Mechanism::kSwapIn,   Mechanism::kRecompute, Mechanism::kFork,
-    Mechanism::kPromote, Mechanism::kExchange, Mechanism::kDemote,    Mechanism::kPrefixHit,
+    Mechanism::kCowCopy, Mechanism::kSwapIn,    Mechanism::kRecompute,
+    Mechanism::kFork,    Mechanism::kPromote,   Mechanism::kExchange,
+    Mechanism::kDemote,  Mechanism::kPrefixHit, Mechanism::kStateRestore,
 };
 
 // The mechanism's name in summaries and JSON ("cow-copy").

@@ -77,6 +77,7 @@ void matmul_rows(const float* x, const float* wt, float* y, int32_t in, int32_t 
 }
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
@@ -113,6 +114,18 @@ ModelConfig swa_preset() {
                      {AttentionKind::kSlidingWindow, 12},
                      {AttentionKind::kFull, 0},
                      {AttentionKind::kSlidingWindow, 40}};
+  return c;
+}
+
+ModelConfig ssm_preset() {
+  using pagedkv::AttentionKind;
+  ModelConfig c;
+  c.kind = ModelKind::kSsm;
+  c.num_layers = 4;
+  c.layer_pattern = {{AttentionKind::kState, 0},
+                     {AttentionKind::kState, 0},
+                     {AttentionKind::kFull, 0},
+                     {AttentionKind::kState, 0}};
   return c;
 }
 
@@ -172,15 +185,20 @@ absl::Status validate(const ModelConfig& c) {
   }
   for (size_t i = 0; i < c.layer_pattern.size(); ++i) {
     const LayerAttention& a = c.layer_pattern[i];
-    const bool windowed = a.kind != pagedkv::AttentionKind::kFull;
+    const bool windowed = a.kind == pagedkv::AttentionKind::kSlidingWindow ||
+                          a.kind == pagedkv::AttentionKind::kChunkedLocal;
     if (windowed ? a.window <= 0 : a.window != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("model: layer pattern ", i, " (", pagedkv::attention_kind_name(a.kind),
                        ") has window ", a.window, windowed ? "; must be > 0" : "; must be 0"));
     }
-    if (windowed && c.mla()) {
+    if (a.kind != pagedkv::AttentionKind::kFull && c.mla()) {
       return absl::InvalidArgumentError(
           absl::StrCat("model: layer pattern ", i, ": MLA layers here are full attention only"));
+    }
+    if (a.kind == pagedkv::AttentionKind::kState && (c.conv_kernel < 2 || c.conv_kernel > 8)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: conv_kernel ", c.conv_kernel, " outside [2, 8]"));
     }
   }
   return absl::OkStatus();
@@ -204,6 +222,8 @@ std::string describe_layers(const ModelConfig& c) {
     absl::StrAppend(&out, i == 0 ? " " : ", ", n, " ");
     if (a.kind == pagedkv::AttentionKind::kFull) {
       absl::StrAppend(&out, "full");
+    } else if (a.kind == pagedkv::AttentionKind::kState) {
+      absl::StrAppend(&out, "state-space");
     } else {
       absl::StrAppend(
           &out,
@@ -219,9 +239,40 @@ Model::Model(const ModelConfig& config) : config_(config) {
   Rng rng(c.seed * 0x2545F4914F6CDD1Dull + 17);
   const double d_std = 1.0 / std::sqrt(static_cast<double>(c.d_model));
   embedding_ = normal_matrix(rng, c.vocab_size, c.d_model, 1.0);
+  // The output projection and the MLP, the same in attention and state layers.
+  const auto init_output_and_mlp = [&](Layer& layer) {
+    const int32_t out_dim = c.attn_out_dim();
+    layer.wo = transpose(
+        normal_matrix(rng, out_dim, c.d_model, 1.0 / std::sqrt(static_cast<double>(out_dim))),
+        out_dim, c.d_model);
+    layer.mlp_norm = gains(rng, c.d_model);
+    layer.w1 = transpose(normal_matrix(rng, c.d_model, c.ffn_dim, d_std), c.d_model, c.ffn_dim);
+    layer.w3 = transpose(normal_matrix(rng, c.d_model, c.ffn_dim, d_std), c.d_model, c.ffn_dim);
+    layer.w2 = transpose(
+        normal_matrix(rng, c.ffn_dim, c.d_model, 1.0 / std::sqrt(static_cast<double>(c.ffn_dim))),
+        c.ffn_dim, c.d_model);
+  };
+  // A state layer's decays spread over channels from ~0.88 to ~0.999 (biases 2 to 7):
+  // some channels forget within tokens, some remember hundreds, so a wrong state shows in
+  // the logits long after.
+  const auto init_state_layer = [&](Layer& layer) {
+    const int32_t ch = c.state_channels();
+    layer.w_in = transpose(normal_matrix(rng, c.d_model, ch, 2.0 * d_std), c.d_model, ch);
+    layer.w_decay = transpose(normal_matrix(rng, c.d_model, ch, 0.5 * d_std), c.d_model, ch);
+    layer.decay_bias.resize(ch);
+    for (float& b : layer.decay_bias) b = static_cast<float>(2.0 + 5.0 * rng.uniform());
+    layer.w_gate = transpose(normal_matrix(rng, c.d_model, ch, d_std), c.d_model, ch);
+    layer.conv = normal_matrix(rng, c.conv_kernel, ch, 1.0 / std::sqrt(c.conv_kernel));
+  };
   for (int32_t l = 0; l < c.num_layers; ++l) {
     Layer layer;
     layer.attn_norm = gains(rng, c.d_model);
+    if (c.is_state_layer(l)) {
+      init_state_layer(layer);
+      init_output_and_mlp(layer);
+      layers_.push_back(std::move(layer));
+      continue;
+    }
     // Queries and keys get a larger scale so that attention is selective, not uniform.
     layer.wq =
         transpose(normal_matrix(rng, c.d_model, c.q_dim(), 2.0 * d_std), c.d_model, c.q_dim());
@@ -249,16 +300,7 @@ Model::Model(const ModelConfig& config) : config_(config) {
           transpose(normal_matrix(rng, c.d_model, c.kv_dim(), 2.0 * d_std), c.d_model, c.kv_dim());
       layer.wv = transpose(normal_matrix(rng, c.d_model, c.kv_dim(), d_std), c.d_model, c.kv_dim());
     }
-    const int32_t out_dim = c.attn_out_dim();
-    layer.wo = transpose(
-        normal_matrix(rng, out_dim, c.d_model, 1.0 / std::sqrt(static_cast<double>(out_dim))),
-        out_dim, c.d_model);
-    layer.mlp_norm = gains(rng, c.d_model);
-    layer.w1 = transpose(normal_matrix(rng, c.d_model, c.ffn_dim, d_std), c.d_model, c.ffn_dim);
-    layer.w3 = transpose(normal_matrix(rng, c.d_model, c.ffn_dim, d_std), c.d_model, c.ffn_dim);
-    layer.w2 = transpose(
-        normal_matrix(rng, c.ffn_dim, c.d_model, 1.0 / std::sqrt(static_cast<double>(c.ffn_dim))),
-        c.ffn_dim, c.d_model);
+    init_output_and_mlp(layer);
     layers_.push_back(std::move(layer));
   }
   final_norm_ = gains(rng, c.d_model);
@@ -274,12 +316,15 @@ Model::Model(const ModelConfig& config) : config_(config) {
 
 int64_t macs_per_token(const ModelConfig& c) {
   // MLA: W_DKV gives one latent and no separate V; absorbing queries and applying W_UV
-  // per head are counted with attention.
+  // per head are counted with attention. A state layer: input, decay and gate.
   const int64_t kv_proj = c.mla() ? c.latent_dim() : 2 * c.kv_dim();
-  const int64_t per_layer = int64_t{c.d_model} * (c.q_dim() + kv_proj) +
-                            int64_t{c.attn_out_dim()} * c.d_model +
-                            int64_t{3} * c.d_model * c.ffn_dim;
-  return per_layer * c.num_layers + int64_t{c.d_model} * c.vocab_size;
+  const int64_t common = int64_t{c.attn_out_dim()} * c.d_model + int64_t{3} * c.d_model * c.ffn_dim;
+  int64_t macs = int64_t{c.d_model} * c.vocab_size;
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    macs += common + int64_t{c.d_model} *
+                         (c.is_state_layer(l) ? 3 * c.state_channels() : c.q_dim() + kv_proj);
+  }
+  return macs;
 }
 
 // Rotary embedding, rotate-half form (Llama): dims i and i + rope_dim / 2 of the rotated
@@ -347,9 +392,81 @@ void Model::mla_expand(int32_t layer, const float* latents, int32_t n, float* k,
   }
 }
 
+void Model::scan_token(int32_t layer, const float* input, const float* decay, float* conv_state,
+                       float* recurrent_state, float* out) const {
+  const int32_t ch = config_.state_channels();
+  const int32_t taps = config_.conv_kernel;
+  const float* w = layers_[layer].conv.data();
+  for (int32_t c = 0; c < ch; ++c) {
+    float conv = w[static_cast<size_t>(taps - 1) * ch + c] * input[c];
+    for (int32_t i = 0; i < taps - 1; ++i) {
+      conv += w[static_cast<size_t>(i) * ch + c] * conv_state[static_cast<size_t>(i) * ch + c];
+    }
+    for (int32_t i = 0; i + 1 < taps - 1; ++i) {
+      conv_state[static_cast<size_t>(i) * ch + c] = conv_state[static_cast<size_t>(i + 1) * ch + c];
+    }
+    conv_state[static_cast<size_t>(taps - 2) * ch + c] = input[c];
+    recurrent_state[c] = decay[c] * recurrent_state[c] + (1.0f - decay[c]) * silu(conv);
+    out[c] = recurrent_state[c];
+  }
+}
+
+// A state layer: input, decay and gate projections, the caller's scan, the gate.
+absl::Status Model::state_mixer(int32_t l, int32_t n, const ScanFn& scan, Workspace* ws) const {
+  const ModelConfig& c = config_;
+  const Layer& layer = layers_[l];
+  const int32_t ch = c.state_channels();
+  const auto size = static_cast<size_t>(n) * ch;
+  ws->decay.resize(size);
+  ws->gate.resize(size);
+  matmul(ws->xn.data(), layer.w_in.data(), ws->q.data(), n, c.d_model, ch);
+  matmul(ws->xn.data(), layer.w_decay.data(), ws->decay.data(), n, c.d_model, ch);
+  matmul(ws->xn.data(), layer.w_gate.data(), ws->gate.data(), n, c.d_model, ch);
+  for (size_t i = 0; i < size; ++i) ws->decay[i] = sigmoid(ws->decay[i] + layer.decay_bias[i % ch]);
+  if (!scan) return absl::InternalError(absl::StrCat("forward: layer ", l, " needs a scan"));
+  const absl::Status status = scan({.layer = l,
+                                    .num_tokens = n,
+                                    .input = ws->q.data(),
+                                    .decay = ws->decay.data(),
+                                    .out = ws->attn.data()});
+  if (!status.ok()) return status;
+  for (size_t i = 0; i < size; ++i) ws->attn[i] *= silu(ws->gate[i]);
+  return absl::OkStatus();
+}
+
+// An attention layer: q, k, v (or the latents), RoPE, the caller's attention.
+absl::Status Model::attention_mixer(int32_t l, int32_t n, std::span<const int32_t> positions,
+                                    const AttentionFn& attend, Workspace* ws) const {
+  const ModelConfig& c = config_;
+  const Layer& layer = layers_[l];
+  matmul(ws->xn.data(), layer.wq.data(), ws->q.data(), n, c.d_model, c.q_dim());
+  matmul(ws->xn.data(), layer.wk.data(), ws->k.data(), n, c.d_model, c.kv_dim());
+  if (c.mla()) {
+    // The latent part of each row normalized (DeepSeek's kv_a_layernorm); RoPE on the
+    // rope parts of q and of the latent row (k_pe, shared by every head).
+    for (int32_t t = 0; t < n; ++t) {
+      float* latent = ws->k.data() + static_cast<size_t>(t) * c.latent_dim();
+      rms_norm(latent, layer.kv_norm.data(), latent, 1, c.kv_lora_rank, c.rms_eps);
+    }
+    rope(ws->q.data(), c.num_q_heads, c.qk_head_dim(), c.qk_nope_head_dim, positions);
+    rope(ws->k.data(), 1, c.latent_dim(), c.kv_lora_rank, positions);
+  } else {
+    matmul(ws->xn.data(), layer.wv.data(), ws->v.data(), n, c.d_model, c.kv_dim());
+    rope(ws->q.data(), c.num_q_heads, c.head_dim, 0, positions);
+    rope(ws->k.data(), c.num_kv_heads, c.head_dim, 0, positions);
+  }
+  return attend({.layer = l,
+                 .num_tokens = n,
+                 .q = ws->q.data(),
+                 .k = ws->k.data(),
+                 .v = c.mla() ? nullptr : ws->v.data(),
+                 .out = ws->attn.data()});
+}
+
 absl::Status Model::forward(std::span<const TokenId> tokens, std::span<const int32_t> positions,
-                            const AttentionFn& attend, std::span<const int32_t> logit_rows,
-                            std::vector<float>* logits, Workspace* ws) const {
+                            const AttentionFn& attend, const ScanFn& scan,
+                            std::span<const int32_t> logit_rows, std::vector<float>* logits,
+                            Workspace* ws) const {
   const ModelConfig& c = config_;
   const auto n = static_cast<int32_t>(tokens.size());
   if (positions.size() != tokens.size()) {
@@ -360,7 +477,7 @@ absl::Status Model::forward(std::span<const TokenId> tokens, std::span<const int
   const auto rows = static_cast<size_t>(n);
   ws->x.resize(rows * c.d_model);
   ws->xn.resize(rows * c.d_model);
-  ws->q.resize(rows * c.q_dim());
+  ws->q.resize(rows * std::max(c.q_dim(), c.state_channels()));
   ws->k.resize(rows * c.kv_dim());
   ws->v.resize(c.mla() ? 0 : rows * c.kv_dim());
   ws->attn.resize(rows * c.attn_out_dim());
@@ -378,28 +495,8 @@ absl::Status Model::forward(std::span<const TokenId> tokens, std::span<const int
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const Layer& layer = layers_[l];
     rms_norm(ws->x.data(), layer.attn_norm.data(), ws->xn.data(), n, c.d_model, c.rms_eps);
-    matmul(ws->xn.data(), layer.wq.data(), ws->q.data(), n, c.d_model, c.q_dim());
-    matmul(ws->xn.data(), layer.wk.data(), ws->k.data(), n, c.d_model, c.kv_dim());
-    if (c.mla()) {
-      // The latent part of each row normalized (DeepSeek's kv_a_layernorm); RoPE on the
-      // rope parts of q and of the latent row (k_pe, shared by every head).
-      for (int32_t t = 0; t < n; ++t) {
-        float* latent = ws->k.data() + static_cast<size_t>(t) * c.latent_dim();
-        rms_norm(latent, layer.kv_norm.data(), latent, 1, c.kv_lora_rank, c.rms_eps);
-      }
-      rope(ws->q.data(), c.num_q_heads, c.qk_head_dim(), c.qk_nope_head_dim, positions);
-      rope(ws->k.data(), 1, c.latent_dim(), c.kv_lora_rank, positions);
-    } else {
-      matmul(ws->xn.data(), layer.wv.data(), ws->v.data(), n, c.d_model, c.kv_dim());
-      rope(ws->q.data(), c.num_q_heads, c.head_dim, 0, positions);
-      rope(ws->k.data(), c.num_kv_heads, c.head_dim, 0, positions);
-    }
-    const absl::Status status = attend({.layer = l,
-                                        .num_tokens = n,
-                                        .q = ws->q.data(),
-                                        .k = ws->k.data(),
-                                        .v = c.mla() ? nullptr : ws->v.data(),
-                                        .out = ws->attn.data()});
+    const absl::Status status = c.is_state_layer(l) ? state_mixer(l, n, scan, ws)
+                                                    : attention_mixer(l, n, positions, attend, ws);
     if (!status.ok()) return status;
     matmul(ws->attn.data(), layer.wo.data(), ws->proj.data(), n, c.attn_out_dim(), c.d_model);
     for (size_t i = 0; i < ws->x.size(); ++i) ws->x[i] += ws->proj[i];

@@ -22,6 +22,13 @@
 //          callback gets the latents; mla_absorb_queries() and mla_apply_values() serve an
 //          engine that attends over the latents (absorbed), mla_expand() a reference that
 //          up-projects them to per-head K/V.
+//   ssm    a hybrid of state-space and attention layers (Qwen3-Next's three linear layers
+//          per attention layer): a state layer replaces attention by a gated diagonal
+//          selective scan over a short causal convolution (scan_token()), whose state per
+//          sequence is the last conv_kernel - 1 inputs and one recurrent value per
+//          channel. forward() hands a state layer's inputs to the caller's ScanFn, which
+//          keeps the states: the paged engine in state slots, the dense reference in a
+//          plain array from token 0.
 //
 // Determinism: every row of every projection is computed by the same loop in the same
 // order, whatever the batch holds, so a token's activations do not depend on which other
@@ -50,7 +57,7 @@ struct LayerAttention {
   bool operator==(const LayerAttention&) const = default;
 };
 
-enum class ModelKind { kLlama, kSwa, kMla };
+enum class ModelKind { kLlama, kSwa, kMla, kSsm };
 
 struct ModelConfig {
   ModelKind kind = ModelKind::kLlama;
@@ -74,8 +81,13 @@ struct ModelConfig {
   int32_t qk_rope_head_dim = 0;
   int32_t qk_nope_head_dim = 0;
   int32_t v_head_dim = 0;
+  // State layers (LayerAttention kind kState): the convolution's taps per channel.
+  int32_t conv_kernel = 4;
 
   bool mla() const { return kind == ModelKind::kMla; }
+  bool is_state_layer(int32_t layer) const {
+    return attention(layer).kind == pagedkv::AttentionKind::kState;
+  }
   LayerAttention attention(int32_t layer) const {
     return layer_pattern.empty() ? LayerAttention{}
                                  : layer_pattern[static_cast<size_t>(layer) % layer_pattern.size()];
@@ -90,15 +102,22 @@ struct ModelConfig {
   int32_t kv_dim() const { return mla() ? latent_dim() : num_kv_heads * head_dim; }
   // The rotary dims: the whole head, or MLA's rope part.
   int32_t rope_dim() const { return mla() ? qk_rope_head_dim : head_dim; }
+  // A state layer's channels (its output feeds the same projection as attention's) and
+  // its state per sequence: the conv window, then the recurrent values (fp32 each).
+  int32_t state_channels() const { return attn_out_dim(); }
+  int64_t conv_state_elements() const { return int64_t{conv_kernel - 1} * state_channels(); }
+  int64_t recurrent_state_elements() const { return state_channels(); }
 };
 
 // The presets of --model. swa: 4 layers (repeating with --layers) of sliding window 40,
 // sliding window 12, full, sliding window 40: two windowed groups beside a full one, one
 // window below a 16-token block and one not a multiple of it. mla: 2 layers, 8 heads of
-// 32 + 16 query / key dims and 32 value dims, latents of 64 + 16.
+// 32 + 16 query / key dims and 32 value dims, latents of 64 + 16. ssm: 4 layers (repeating
+// with --layers) of state, state, full, state; 512 scan channels, conv kernel 4.
 ModelConfig llama_preset();
 ModelConfig swa_preset();
 ModelConfig mla_preset();
+ModelConfig ssm_preset();
 
 // The activations of one layer's attention for a batch of n new tokens, row-major:
 //   q   [n, num_q_heads, head_dim]   after RoPE
@@ -122,9 +141,22 @@ struct AttentionIo {
 
 using AttentionFn = std::function<absl::Status(const AttentionIo&)>;
 
+// The inputs of one state layer for a batch of n new tokens, row-major [n, state_channels]:
+// the scan's input and its per-token decay in (0, 1). The callback runs scan_token() over
+// each sequence's rows in order, in that sequence's state, and writes out [n, channels].
+struct ScanIo {
+  int32_t layer = 0;
+  int32_t num_tokens = 0;
+  const float* input = nullptr;
+  const float* decay = nullptr;
+  float* out = nullptr;
+};
+
+using ScanFn = std::function<absl::Status(const ScanIo&)>;
+
 // Reusable activation buffers of forward(); one per thread.
 struct Workspace {
-  std::vector<float> x, xn, q, k, v, attn, proj, h1, h3, logits_in;
+  std::vector<float> x, xn, q, k, v, attn, proj, h1, h3, logits_in, decay, gate;
 };
 
 // Multiply-accumulates of one token's projections (attention excluded), for reports.
@@ -132,7 +164,7 @@ int64_t macs_per_token(const ModelConfig& config);
 
 // InvalidArgument naming the first size that the model or the library's kernels cannot
 // take (head_dim 64/128/256, heads divisible, dimensions multiples of 8, windows > 0,
-// MLA dims positive and multiples of 8, rope dims even).
+// MLA dims positive and multiples of 8, rope dims even, conv_kernel 2-8).
 absl::Status validate(const ModelConfig& config);
 
 // "4 layers: 2 sliding window 40, 1 sliding window 12, 1 full" for summaries.
@@ -146,11 +178,23 @@ class Model {
   const ModelConfig& config() const { return config_; }
 
   // Runs the model over `tokens` at `positions` (both [n]). `attend` is called once per
-  // layer. For each index r in `logit_rows` (rows of the batch, ascending or not), writes
-  // vocab_size logits to (*logits)[i * vocab_size ...] where i is r's index in logit_rows.
+  // attention layer, `scan` once per state layer (may be empty for a model without). For
+  // each index r in `logit_rows` (rows of the batch, ascending or not), writes vocab_size
+  // logits to (*logits)[i * vocab_size ...] where i is r's index in logit_rows.
   absl::Status forward(std::span<const TokenId> tokens, std::span<const int32_t> positions,
-                       const AttentionFn& attend, std::span<const int32_t> logit_rows,
-                       std::vector<float>* logits, Workspace* ws) const;
+                       const AttentionFn& attend, const ScanFn& scan,
+                       std::span<const int32_t> logit_rows, std::vector<float>* logits,
+                       Workspace* ws) const;
+
+  // One token of state layer `layer`'s scan, every channel c: the causal convolution of
+  // conv_state's last conv_kernel - 1 inputs and input[c], then
+  //   recurrent[c] = decay[c] * recurrent[c] + (1 - decay[c]) * silu(conv)
+  //   out[c] = recurrent[c]
+  // with conv_state shifted to end at input. The state starts at zero before position 0.
+  // The arithmetic of a channel is fixed, so the state after a token is the same bits
+  // whoever computes it.
+  void scan_token(int32_t layer, const float* input, const float* decay, float* conv_state,
+                  float* recurrent_state, float* out) const;
 
   // MLA, the absorbed form (an engine attending over the cached latents):
   // q_abs [n, num_q_heads, latent_dim()] = per head (q_nope W_UK, q_pe): a query whose dot
@@ -170,7 +214,16 @@ class Model {
     // MLA: wk is W_DKV [latent_dim, d_model] (latent and k_pe), kv_norm the latent's gain,
     // w_uk [num_q_heads][qk_nope][kv_lora_rank], w_uv [num_q_heads][v_head_dim][kv_lora_rank].
     std::vector<float> kv_norm, w_uk, w_uk_t, w_uv;  // w_uk_t: [num_q_heads][kv_lora_rank][qk_nope]
+    // A state layer: input, decay and gate projections [channels, d_model] (transposed),
+    // the decay's bias and the conv taps [conv_kernel][channels] (wq, wk, wv unused).
+    std::vector<float> w_in, w_decay, decay_bias, w_gate, conv;
   };
+
+  // A layer's token mixer, from ws->xn to ws->attn: attention through `attend`, or a
+  // state layer's projections, `scan` and gate.
+  absl::Status attention_mixer(int32_t layer, int32_t n, std::span<const int32_t> positions,
+                               const AttentionFn& attend, Workspace* ws) const;
+  absl::Status state_mixer(int32_t layer, int32_t n, const ScanFn& scan, Workspace* ws) const;
 
   // RoPE on `rows` rows of `num_heads` heads each `head_stride` elements apart, rotating
   // rope_dim() dims from `offset` in each head.

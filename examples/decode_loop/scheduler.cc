@@ -35,6 +35,8 @@ MechanismSet faulted_mechanisms(Fault fault) {
       return {Mechanism::kSwapIn};
     case Fault::kSkipPromote:
       return {Mechanism::kPromote, Mechanism::kExchange};
+    case Fault::kSkipRestore:
+      return {Mechanism::kStateRestore};
   }
   return {};
 }
@@ -109,8 +111,10 @@ PreemptionMode Engine::mode_for(SeqId victim) {
     absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(victim, g);
     if (!view.ok()) return PreemptionMode::kRecompute;
     const int32_t blocks =
-        pagedkv::num_blocks_for_tokens(view->num_computed_tokens, options_.block_size) -
-        view->first_held_block;
+        options_.cache.groups[g].kind == pagedkv::AttentionKind::kState
+            ? static_cast<int32_t>(view->block_table.size())
+            : pagedkv::num_blocks_for_tokens(view->num_computed_tokens, options_.block_size) -
+                  view->first_held_block;
     swap_fits = swap_fits && blocks <= manager_->host_pool(g).num_free_blocks();
   }
   switch (options_.preemption) {
@@ -214,8 +218,11 @@ absl::Status Engine::schedule_running() {
     if (const absl::Status& status = slots->statuses[i]; !status.ok()) {
       if (rec.where != Where::kRunning) continue;  // preempted by another of the batch
       if (!absl::IsResourceExhausted(status)) return status;
-      // Nobody left to preempt: this sequence yields its own blocks.
-      if (absl::Status yielded = preempt_self(seq); !yielded.ok()) return yielded;
+      // Nobody left to preempt: this sequence yields its own blocks. A forked sample whose
+      // state copy is still pending cannot (the manager counts it scheduled until this
+      // step's copies run): it sits this step out.
+      absl::Status yielded = preempt_self(seq);
+      if (!yielded.ok() && !absl::IsFailedPrecondition(yielded)) return yielded;
       continue;
     }
     scheduled_.insert(seq);
@@ -294,6 +301,9 @@ absl::Status Engine::schedule_waiting() {
     scheduled_.insert(seq);
     // Host hits are marked by their promote and exchange ops (record_mechanisms).
     if (*cached > host_hits) rec.mechanisms.add(Mechanism::kPrefixHit);
+    // With state groups every hit ends where each holds a checkpoint, restored into the
+    // sequence's new slot.
+    if (*cached > 0 && has_state_groups()) rec.mechanisms.add(Mechanism::kStateRestore);
     stats_.admit_query_tokens += len;
     stats_.admit_hit_tokens += *cached;
     stats_.admit_host_hit_tokens += host_hits;
@@ -318,6 +328,9 @@ absl::Status Engine::execute_kv_ops() {
     ops.promote.clear();
     ops.exchange.clear();
   }
+  if (options_.fault == Fault::kSkipRestore) skip_restores(ops);
+  step_saves_ = ops.save_state;
+  saves_run_ = 0;
   stats_.swap_out_blocks_executed += static_cast<int64_t>(ops.swap_out.size());
   stats_.swap_in_blocks_executed += static_cast<int64_t>(ops.swap_in.size());
   stats_.cow_copies_executed += static_cast<int64_t>(ops.copy_on_write.size());
@@ -378,11 +391,51 @@ void Engine::record_mechanisms(const pagedkv::StepOps& ops) {
   }
 }
 
+bool Engine::has_state_groups() const {
+  return std::any_of(options_.cache.groups.begin(), options_.cache.groups.end(),
+                     [](const CacheGroup& g) { return g.kind == pagedkv::AttentionKind::kState; });
+}
+
+void Engine::skip_restores(pagedkv::StepOps& ops) {
+  absl::flat_hash_set<int64_t> held;  // block_key of the running sequences' state slots
+  for (const SeqId seq : running_) {
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq, g);
+      if (options_.cache.groups[g].kind != pagedkv::AttentionKind::kState || !view.ok()) continue;
+      for (const pagedkv::BlockId slot : view->block_table) held.insert(block_key(g, slot));
+    }
+  }
+  std::erase_if(ops.copy_state, [&](const pagedkv::BlockCopy& op) {
+    return !held.contains(block_key(op.group, op.src));
+  });
+}
+
+absl::Status Engine::set_state_batch(const Batch& batch) {
+  StateBatch state;
+  state.seqs = batch.seqs;
+  state.row_indptr = batch.qo_indptr;
+  state.positions = batch.positions;
+  state.slots.resize(num_groups());
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    if (options_.cache.groups[g].kind != pagedkv::AttentionKind::kState) continue;
+    state.slots[g].resize(batch.seqs.size());
+    absl::Status status = manager_->write_state_slots(batch.seqs, g, state.slots[g]);
+    if (!status.ok()) return status;
+  }
+  const absl::flat_hash_set<SeqId> in_batch(batch.seqs.begin(), batch.seqs.end());
+  for (const pagedkv::StateSave& save : step_saves_) {
+    if (in_batch.contains(save.seq)) state.saves.push_back(save);
+  }
+  saves_run_ += std::ssize(state.saves);
+  return store_->set_state_batch(std::move(state));
+}
+
 // Fault::kCorruptSwapIn: every block a swap-in copy filled gets one flipped bit, as from
 // a faulty transfer path. One bit per block rather than per sequence: in fp8, one flipped
 // element stays within the format's range and can move the logits less than the bound.
 absl::Status Engine::corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_ins) {
   for (const pagedkv::BlockCopy& op : swap_ins) {
+    if (options_.cache.groups[op.group].kind == pagedkv::AttentionKind::kState) continue;
     // A block with no element below 1 (fp8's scales make most stored values larger; a
     // last block may hold a single token) stays as it is.
     absl::Status status = store_->flip_exponent_bit(op.group, op.dst);
@@ -395,6 +448,7 @@ absl::Status Engine::run_batch(Batch& batch, bool prefill) {
   if (batch.seqs.empty()) return absl::OkStatus();
   const int64_t start = now_ns();
   for (int32_t g = 0; g < num_groups(); ++g) {
+    if (options_.cache.groups[g].kind == pagedkv::AttentionKind::kState) continue;  // no K/V
     absl::Status status = manager_->build_block_tables(batch.seqs, &tables_[g], g);
     if (!status.ok()) return status;
   }
@@ -403,9 +457,11 @@ absl::Status Engine::run_batch(Batch& batch, bool prefill) {
       prefill ? std::span<const int32_t>(batch.qo_indptr) : std::span<const int32_t>(),
       batch.max_query_len);
   if (!status.ok()) return status;
+  if (has_state_groups()) status = set_state_batch(batch);
+  if (!status.ok()) return status;
   status = model_.forward(
       batch.tokens, batch.positions, [&](const AttentionIo& io) { return store_->attend(io); },
-      batch.logit_rows, &logits_, &ws_);
+      [&](const ScanIo& io) { return store_->scan(io); }, batch.logit_rows, &logits_, &ws_);
   if (!status.ok()) return status;
   const double seconds = static_cast<double>(now_ns() - start) * 1e-9;
   if (prefill) {
@@ -437,17 +493,27 @@ absl::Status Engine::commit(const Batch& batch) {
     for (int32_t s = 1; s <= num_forks; ++s) {
       const SeqId child = seq_id(parent.request, s);
       absl::Status status = manager_->fork(seq, child);
-      if (!status.ok()) return status;
+      if (!status.ok() && !absl::IsResourceExhausted(status)) return status;
       SequenceRecord rec = parent;
       rec.seq = child;
       rec.sample = s;
       rec.sampling.sample = s;
       rec.pending_forks = 0;
+      ++stats_.sequences;
+      if (!status.ok()) {
+        // No state slot for a copy of the parent's: the sample waits as a sequence of its
+        // own over the same prompt, which the prefix cache then serves.
+        rec.where = Where::kWaiting;
+        rec.decoding = false;
+        rec.in_manager = false;
+        records_[child] = std::move(rec);
+        waiting_.push_back(child);
+        continue;
+      }
       rec.mechanisms.add(Mechanism::kFork);  // and what reached the blocks it shares
       records_[child] = std::move(rec);
       running_.push_back(child);
       family.push_back(child);
-      ++stats_.sequences;
     }
     records_.at(seq).pending_forks = 0;
     for (const SeqId member : family) {
@@ -494,8 +560,10 @@ void Engine::record_utilization() {
   for (int32_t g = 0; g < num_groups(); ++g) {
     const pagedkv::KvCacheManager::GroupStats s = manager_->group_stats(g);
     stats_.peak_group_blocks[g] = std::max(stats_.peak_group_blocks[g], s.used_blocks);
+    used_bytes += int64_t{s.used_blocks} * options_.cache.groups[g].page_bytes();
+    // A state slot holds no token slots.
+    if (options_.cache.groups[g].kind == pagedkv::AttentionKind::kState) continue;
     used_slots += int64_t{s.used_blocks} * bs;
-    used_bytes += int64_t{s.used_blocks} * options_.cache.groups[g].spec.bytes_per_block();
     for (const SeqId seq : running_) {
       absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq, g);
       if (!view.ok()) continue;
@@ -537,6 +605,11 @@ absl::Status Engine::step() {
   // step of this same step filled, so those K/V must be written first.
   if (status.ok()) status = run_batch(decode_, /*prefill=*/false);
   if (status.ok()) status = run_batch(prefill_, /*prefill=*/true);
+  if (status.ok() && saves_run_ != std::ssize(step_saves_)) {
+    return absl::InternalError(absl::StrCat("step ", stats_.steps, ": ",
+                                            std::ssize(step_saves_) - saves_run_,
+                                            " state saves of sequences the step did not compute"));
+  }
   ++stats_.steps;
   return status;
 }

@@ -19,6 +19,8 @@
 //              decode batch:  write_kv + paged_decode_attention per layer, batched tables
 //              (each layer in its layer group's pools, with that group's slots and tables:
 //              slot_mapping(group), build_block_tables(..., group); cache_plan.h)
+//              state layers:  the scan in each sequence's state slot
+//              (write_state_slots(..., group)), running the step's state saves on the way
 //   commit     pick tokens (greedy or keyed sampling), fork samples after a prompt's
 //              prefill (copy-on-write on their first append), append_tokens, free when done
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_SCHEDULER_H_
@@ -65,6 +67,7 @@ enum class Fault {
   kSkipSwapIn,     // swap-in copies are not run
   kCorruptSwapIn,  // one bit flips in every block a swap-in copy fills
   kSkipPromote,    // host-tier promotion copies (promote and exchange) are not run
+  kSkipRestore,    // copies restoring a state checkpoint into a sequence's slot are not run
 };
 
 // The mechanisms whose K/V `fault` breaks: a run with the fault must verify a sequence
@@ -223,6 +226,12 @@ class Engine : private pagedkv::PreemptionHooks {
                 std::optional<size_t> batch_offset = std::nullopt);
   absl::Status finish(SequenceRecord& rec);
   absl::Status run_batch(Batch& batch, bool prefill);
+  // The state slots and this step's saves of `batch`'s sequences, for the store's scan.
+  absl::Status set_state_batch(const Batch& batch);
+  // Fault::kSkipRestore: drops the copy_state ops that restore a checkpoint (those whose
+  // source no running sequence holds; a fork's source is its parent's slot).
+  void skip_restores(pagedkv::StepOps& ops);
+  bool has_state_groups() const;
   absl::Status commit(const Batch& batch);
   absl::Status preempt_self(SeqId seq);
   void record_utilization();
@@ -260,6 +269,8 @@ class Engine : private pagedkv::PreemptionHooks {
   Batch decode_;
   std::vector<pagedkv::BlockTables> tables_;  // per layer group
   std::vector<float> logits_;
+  std::vector<pagedkv::StateSave> step_saves_;  // this step's, until its batches ran
+  int64_t saves_run_ = 0;                       // of step_saves_, handed to a batch
   Workspace ws_;
   RunStats stats_;
   int64_t last_progress_ns_ = 0;

@@ -144,8 +144,12 @@ std::string model_line(const Report& r) {
   const std::string layers = c.layer_pattern.empty()
                                  ? fmt::format("{} layers", c.num_layers)
                                  : fmt::format("{} ({})", r.model_name, describe_layers(c));
-  return fmt::format("  model        {}, {} query / {} KV heads x {}, {}", layers, c.num_q_heads,
-                     c.num_kv_heads, c.head_dim, rest);
+  const std::string scan = c.kind == ModelKind::kSsm
+                               ? fmt::format(", scan of {} channels after a {}-tap conv",
+                                             c.state_channels(), c.conv_kernel)
+                               : "";
+  return fmt::format("  model        {}, {} query / {} KV heads x {}{}, {}", layers, c.num_q_heads,
+                     c.num_kv_heads, c.head_dim, scan, rest);
 }
 
 std::string host_note(const Report& r, const CacheGroup& g) {
@@ -165,7 +169,7 @@ Json groups_json(const Report& r) {
                   {"num_blocks", group.num_blocks},
                   {"num_host_blocks", group.num_host_blocks},
                   {"host_cache_blocks", group.host_cache_blocks},
-                  {"bytes_per_block", group.spec.bytes_per_block()}};
+                  {"bytes_per_block", group.page_bytes()}};
     if (g < std::ssize(r.run.peak_group_blocks)) {
       entry["peak_used_blocks"] = r.run.peak_group_blocks[g];
     }
@@ -176,6 +180,10 @@ Json groups_json(const Report& r) {
       entry["evictions"] = s.evictions;
       entry["blocks_demoted"] = s.blocks_demoted;
       entry["blocks_promoted"] = s.blocks_promoted;
+      if (group.kind == pagedkv::AttentionKind::kState) {
+        entry["checkpoints_saved"] = s.checkpoints_saved;
+        entry["checkpoints_restored"] = s.checkpoints_restored;
+      }
     }
     groups.push_back(std::move(entry));
   }
@@ -217,10 +225,12 @@ std::string format_text(const Report& r) {
         static_cast<double>(r.kv_budget_bytes) / (1 << 20), plan.split_tokens));
     for (int32_t g = 0; g < plan.num_groups(); ++g) {
       const CacheGroup& group = plan.groups[g];
-      line(fmt::format("    group {}    {} (layers {}): {} blocks x {} KiB, {} host blocks ({})", g,
+      const bool state = group.kind == pagedkv::AttentionKind::kState;
+      line(fmt::format("    group {}    {} (layers {}): {} {} x {} KiB, {} host {} ({})", g,
                        group.name(), layer_list(group), group.num_blocks,
-                       group.spec.bytes_per_block() / 1024, group.num_host_blocks,
-                       host_note(r, group)));
+                       state ? "state slots" : "blocks", group.page_bytes() / 1024,
+                       group.num_host_blocks, state ? "slots" : "blocks",
+                       state ? "swap" : host_note(r, group)));
     }
   }
   line(fmt::format("  workload     {}", r.workload));
