@@ -390,6 +390,14 @@ class PagedKvStore final : public KvStore {
           "set_state_batch: ", num_seqs, " sequences, ", batch.row_indptr.size(), " row offsets, ",
           batch.slots.size(), " slot lists for ", storages_.size(), " groups"));
     }
+    for (int32_t i = 0; i < num_seqs; ++i) {
+      if (batch.row_indptr[i] < 0 || batch.row_indptr[i + 1] <= batch.row_indptr[i] ||
+          batch.row_indptr[i + 1] > std::ssize(batch.positions)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "set_state_batch: sequence ", i, "'s rows [", batch.row_indptr[i], ", ",
+            batch.row_indptr[i + 1], ") are empty or outside the ", batch.positions.size()));
+      }
+    }
     for (size_t g = 0; g < storages_.size(); ++g) {
       const int32_t expected = storages_[g].holds_state() ? num_seqs : 0;
       if (std::ssize(batch.slots[g]) != expected) {

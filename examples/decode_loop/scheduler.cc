@@ -110,11 +110,10 @@ PreemptionMode Engine::mode_for(SeqId victim) {
   for (int32_t g = 0; g < num_groups(); ++g) {
     absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(victim, g);
     if (!view.ok()) return PreemptionMode::kRecompute;
-    const int32_t blocks =
-        options_.cache.groups[g].kind == pagedkv::AttentionKind::kState
-            ? static_cast<int32_t>(view->block_table.size())
-            : pagedkv::num_blocks_for_tokens(view->num_computed_tokens, options_.block_size) -
-                  view->first_held_block;
+    const int32_t blocks = is_state_group(g) ? static_cast<int32_t>(view->block_table.size())
+                                             : pagedkv::num_blocks_for_tokens(
+                                                   view->num_computed_tokens, options_.block_size) -
+                                                   view->first_held_block;
     swap_fits = swap_fits && blocks <= manager_->host_pool(g).num_free_blocks();
   }
   switch (options_.preemption) {
@@ -391,9 +390,15 @@ void Engine::record_mechanisms(const pagedkv::StepOps& ops) {
   }
 }
 
+bool Engine::is_state_group(int32_t group) const {
+  return options_.cache.groups[group].kind == pagedkv::AttentionKind::kState;
+}
+
 bool Engine::has_state_groups() const {
-  return std::any_of(options_.cache.groups.begin(), options_.cache.groups.end(),
-                     [](const CacheGroup& g) { return g.kind == pagedkv::AttentionKind::kState; });
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    if (is_state_group(g)) return true;
+  }
+  return false;
 }
 
 void Engine::skip_restores(pagedkv::StepOps& ops) {
@@ -401,7 +406,7 @@ void Engine::skip_restores(pagedkv::StepOps& ops) {
   for (const SeqId seq : running_) {
     for (int32_t g = 0; g < num_groups(); ++g) {
       absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq, g);
-      if (options_.cache.groups[g].kind != pagedkv::AttentionKind::kState || !view.ok()) continue;
+      if (!is_state_group(g) || !view.ok()) continue;
       for (const pagedkv::BlockId slot : view->block_table) held.insert(block_key(g, slot));
     }
   }
@@ -417,7 +422,7 @@ absl::Status Engine::set_state_batch(const Batch& batch) {
   state.positions = batch.positions;
   state.slots.resize(num_groups());
   for (int32_t g = 0; g < num_groups(); ++g) {
-    if (options_.cache.groups[g].kind != pagedkv::AttentionKind::kState) continue;
+    if (!is_state_group(g)) continue;
     state.slots[g].resize(batch.seqs.size());
     absl::Status status = manager_->write_state_slots(batch.seqs, g, state.slots[g]);
     if (!status.ok()) return status;
@@ -435,7 +440,7 @@ absl::Status Engine::set_state_batch(const Batch& batch) {
 // element stays within the format's range and can move the logits less than the bound.
 absl::Status Engine::corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_ins) {
   for (const pagedkv::BlockCopy& op : swap_ins) {
-    if (options_.cache.groups[op.group].kind == pagedkv::AttentionKind::kState) continue;
+    if (is_state_group(op.group)) continue;
     // A block with no element below 1 (fp8's scales make most stored values larger; a
     // last block may hold a single token) stays as it is.
     absl::Status status = store_->flip_exponent_bit(op.group, op.dst);
@@ -448,7 +453,7 @@ absl::Status Engine::run_batch(Batch& batch, bool prefill) {
   if (batch.seqs.empty()) return absl::OkStatus();
   const int64_t start = now_ns();
   for (int32_t g = 0; g < num_groups(); ++g) {
-    if (options_.cache.groups[g].kind == pagedkv::AttentionKind::kState) continue;  // no K/V
+    if (is_state_group(g)) continue;  // no K/V
     absl::Status status = manager_->build_block_tables(batch.seqs, &tables_[g], g);
     if (!status.ok()) return status;
   }
@@ -562,7 +567,7 @@ void Engine::record_utilization() {
     stats_.peak_group_blocks[g] = std::max(stats_.peak_group_blocks[g], s.used_blocks);
     used_bytes += int64_t{s.used_blocks} * options_.cache.groups[g].page_bytes();
     // A state slot holds no token slots.
-    if (options_.cache.groups[g].kind == pagedkv::AttentionKind::kState) continue;
+    if (is_state_group(g)) continue;
     used_slots += int64_t{s.used_blocks} * bs;
     for (const SeqId seq : running_) {
       absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq, g);

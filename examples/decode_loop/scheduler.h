@@ -231,6 +231,7 @@ class Engine : private pagedkv::PreemptionHooks {
   // Fault::kSkipRestore: drops the copy_state ops that restore a checkpoint (those whose
   // source no running sequence holds; a fork's source is its parent's slot).
   void skip_restores(pagedkv::StepOps& ops);
+  bool is_state_group(int32_t group) const;
   bool has_state_groups() const;
   absl::Status commit(const Batch& batch);
   absl::Status preempt_self(SeqId seq);

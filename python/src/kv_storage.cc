@@ -148,7 +148,8 @@ void bind_kv_storage(nb::module_& m) {
       "memory on CPU) and an optional host pool (swapped sequences and the prefix cache's\n"
       "host tier). k_cache(layer) / v_cache(layer) are\n"
       "DLPack tensors of the pools (torch.from_dlpack, numpy.from_dlpack), valid while\n"
-      "they are referenced (they keep the storage alive).");
+      "they are referenced (they keep the storage alive). create_state() makes a state\n"
+      "group's storage instead: per layer a pool of state slots (state_cache(layer)).");
   cls.def(
          "__init__",
          [](PyKvStorage* self, const KvCacheSpec& spec, int32_t num_blocks,
@@ -172,6 +173,20 @@ void bind_kv_storage(nb::module_& m) {
           "spec"_a, "budget_bytes"_a, nb::kw_only(), "device"_a.none() = nb::none(),
           "layout"_a = KvLayout::kHND, "num_host_blocks"_a = 0, nb::rv_policy::take_ownership)
       .def_static(
+          "create_state",
+          [](const StateShape& shape, int32_t num_slots, std::optional<Device> device,
+             int32_t num_host_slots, int32_t layer_group) {
+            KvStorageOptions options = storage_options(device, KvLayout::kHND, num_host_slots);
+            options.layer_group = layer_group;
+            return new PyKvStorage{
+                value_or_raise(KvStorage::create_state(shape, num_slots, options)),
+                current_device_id(options.device)};
+          },
+          "shape"_a, "num_slots"_a, nb::kw_only(), "device"_a.none() = nb::none(),
+          "num_host_slots"_a = 0, "layer_group"_a = 0, nb::rv_policy::take_ownership,
+          "A state group's storage: num_slots slots of shape (zero-filled), and num_host_slots\n"
+          "host slots for swapped sequences; run_step_ops() runs the ops of layer_group.")
+      .def_static(
           "free_memory_budget",
           [](Device device, double fraction) {
             return value_or_raise(KvStorage::free_memory_budget(device, fraction));
@@ -184,11 +199,17 @@ void bind_kv_storage(nb::module_& m) {
       .def_prop_ro("num_host_blocks",
                    [](const PyKvStorage& s) { return s.storage.num_host_blocks(); })
       .def_prop_ro("bytes", [](const PyKvStorage& s) { return s.storage.bytes(); })
-      .def_prop_ro("host_bytes", [](const PyKvStorage& s) { return s.storage.host_bytes(); });
+      .def_prop_ro("host_bytes", [](const PyKvStorage& s) { return s.storage.host_bytes(); })
+      .def_prop_ro("holds_state", [](const PyKvStorage& s) { return s.storage.holds_state(); })
+      .def_prop_ro("layer_group", [](const PyKvStorage& s) { return s.storage.layer_group(); });
 
   auto pool = [](bool host, bool values) {
     return [host, values](PyKvStorage& self, int32_t layer) {
       check_layer(self.storage, layer);
+      if (self.storage.holds_state()) {
+        raise_status(absl::InvalidArgumentError(
+            "a state storage has no K/V pools: state_cache(layer) holds its slots"));
+      }
       const KvCacheView view = host ? self.storage.host_view(layer) : self.storage.view(layer);
       const bool cuda = !host && self.storage.device() == Device::kCuda;
       return pool_tensor(view, values ? view.v : view.k, self.storage.layout(),
@@ -199,6 +220,25 @@ void bind_kv_storage(nb::module_& m) {
       .def("v_cache", pool(false, true), "layer"_a, "Layer's V pool.")
       .def("host_k_cache", pool(true, false), "layer"_a, "Layer's K pool in the host pool.")
       .def("host_v_cache", pool(true, true), "layer"_a, "Layer's V pool in the host pool.");
+  cls.def(
+      "state_cache",
+      [](PyKvStorage& self, int32_t layer) {
+        check_layer(self.storage, layer);
+        if (!self.storage.holds_state()) {
+          raise_status(absl::InvalidArgumentError(
+              "state_cache: a K/V storage has no state slots (create_state() makes one)"));
+        }
+        const bool cuda = self.storage.device() == Device::kCuda;
+        const size_t shape[2] = {static_cast<size_t>(self.storage.num_blocks()),
+                                 static_cast<size_t>(self.storage.state_shape().bytes_per_layer())};
+        return nb::ndarray<nb::array_api, uint8_t>(
+            self.storage.num_blocks() > 0 ? self.storage.state(layer, 0) : nullptr, 2, shape,
+            nb::find(&self), nullptr, nb::dtype<uint8_t>(), cuda ? kDlCuda : kDlCpu,
+            cuda ? self.device_id : 0);
+      },
+      "layer"_a,
+      "Layer's state slots as bytes [num_slots, bytes per layer]: each row the conv state\n"
+      "(conv_elements of conv_dtype), then the recurrent state; view them in those dtypes.");
   bind_copy(cls, "copy_blocks", &KvStorage::copy_blocks,
             "Copy-on-write copies (StepOps.copy_on_write) in the main pool, one batch.");
   bind_copy(cls, "swap_out", &KvStorage::swap_out, "Main-pool src -> host-pool dst copies.");
@@ -217,9 +257,9 @@ void bind_kv_storage(nb::module_& m) {
            raise_if_error(self.storage.run_step_ops(ops, stream_ptr(stream)));
          },
          "ops"_a, "stream"_a = 0,
-         "Runs a step's copies (KvCacheManager.take_step_ops()) in StepOps' order: swap_out,\n"
-         "demote, exchange, copy_on_write, swap_in, promote. On an error the lists before the\n"
-         "failing one have run, the rest have not.")
+         "Runs a step's copies (KvCacheManager.take_step_ops()) of this storage's layer group\n"
+         "in StepOps' order: swap_out, demote, exchange, copy_on_write, copy_state, swap_in,\n"
+         "promote. On an error the lists before the failing one have run, the rest have not.")
       .def(
           "synchronize", [](PyKvStorage& self) { raise_if_error(self.storage.synchronize()); },
           "Waits for the storage's queued CUDA work (no-op on CPU).");

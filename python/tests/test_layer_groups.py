@@ -287,6 +287,24 @@ def test_state_group_slots_checkpoints_and_restores():
     assert m.group_stats(1).checkpoints_restored == 1
     with pytest.raises(ValueError, match="state group"):
         m.write_state_slots([2], 0)
+    # The group's storage runs the restore: checkpoint slot 1 into the sequence's slot 0,
+    # every layer's conv and recurrent state (4 + 2 fp32 values, 24 bytes a layer).
+    shape = pk.StateShape(num_layers=2, conv_elements=4, recurrent_elements=2,
+                          conv_dtype=pk.DType.FLOAT32, recurrent_dtype=pk.DType.FLOAT32)
+    storage = pk.KvStorage.create_state(shape, 8, device=pk.Device.CPU, layer_group=1)
+    assert storage.holds_state and storage.layer_group == 1 and storage.bytes == 2 * 8 * 24
+    layers = [np.from_dlpack(storage.state_cache(layer)) for layer in range(2)]
+    assert layers[0].shape == (8, 24) and layers[0].dtype == np.uint8
+    for layer, slots in enumerate(layers):
+        slots[1].view(np.float32)[:] = [layer + 0.5 * i for i in range(6)]
+    storage.run_step_ops(ops)
+    for layer, slots in enumerate(layers):
+        assert list(slots[0].view(np.float32)) == [layer + 0.5 * i for i in range(6)]
+        assert not slots[2].any()
+    with pytest.raises(ValueError, match="no K/V pools"):
+        storage.k_cache(0)
+    with pytest.raises(ValueError, match="a state shape of 0 layers"):
+        pk.KvStorage.create_state(pk.StateShape(num_layers=0, conv_elements=4), 8)
 
 
 def test_state_shape_in_a_kv_cache_config():
