@@ -101,6 +101,45 @@ TEST_CASE("a prefix hit ends at a checkpoint and restores it", "[state]") {
   require_valid(m);
 }
 
+TEST_CASE("checkpoints are events of the state group: stored when saved, removed when evicted",
+          "[state]") {
+  KvEventBuffer events;
+  KvCacheManager m = with_state(16, 3, {.event_sink = &events});
+  admit(m, 1, run(100, 10));
+  allocate(m, 1, 10);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // The full group stores blocks 0 and 1; the state group the checkpoint after block 1:
+  // its hash, block 0's as parent, block 1's tokens, and the group (1, state).
+  std::vector<KvEvent> got = events.take();
+  REQUIRE(got.size() == 2);
+  const auto& full = std::get<BlockStored>(got[0]);
+  const auto& checkpoint = std::get<BlockStored>(got[1]);
+  CHECK(full.group == EventGroup{.index = kFull, .kind = AttentionKind::kFull});
+  REQUIRE(full.block_hashes.size() == 2);
+  CHECK(checkpoint.group == EventGroup{.index = kState, .kind = AttentionKind::kState});
+  CHECK(checkpoint.block_hashes == std::vector<BlockHash>{full.block_hashes[1]});
+  CHECK(checkpoint.parent_hash == full.block_hashes[0]);
+  CHECK(checkpoint.token_ids == run(104, 4));
+  // Two more prompts of their own take the 3 slots (a running slot and a checkpoint
+  // each): the first checkpoint, least recently used, is evicted.
+  for (const SeqId seq : {2, 3}) {
+    admit(m, seq, run(100 * seq + 1000, 8));
+    allocate(m, seq, 8);
+    end_step(m);
+    REQUIRE(m.free(seq).ok());
+  }
+  bool removed = false;
+  for (const KvEvent& e : events.take()) {
+    const auto* r = std::get_if<BlockRemoved>(&e);
+    if (r == nullptr || r->group->index != kState) continue;
+    CHECK(r->block_hashes == std::vector<BlockHash>{full.block_hashes[1]});
+    removed = true;
+  }
+  CHECK(removed);
+  require_valid(m);
+}
+
 TEST_CASE("a checkpoint saved in this step is restored only after it", "[state]") {
   KvCacheManager m = with_state(16, 8);
   admit(m, 1, run(100, 10));

@@ -79,12 +79,14 @@ class CurveKeys(NamedTuple):
 
 # vLLM's KVCacheSpecKind values (kv_cache_spec_kind on BlockStored) and how the hit rule
 # treats them: a full group needs every block of a hit, a sliding-window group the blocks
-# its window reaches back to, a chunked-local group those of the current chunk. Kinds not
-# listed here (mamba, cross attention, unknown) count as full: the router then asks more
-# than the engine does, never less.
+# its window reaches back to, a chunked-local group those of the current chunk, a state
+# group (mamba: state-space layers) a checkpoint at exactly the hit's end, which its
+# BlockStored of the hit's last block announces. Kinds not listed here (cross attention,
+# unknown) count as full: the router then asks more than the engine does, never less.
 FULL_KINDS = {"full_attention", "mla_attention", "sink_full_attention"}
 SLIDING_KINDS = {"sliding_window", "sliding_window_mla"}
 CHUNKED_KIND = "chunked_local_attention"
+STATE_KIND = "mamba"
 
 
 class GroupIndex:
@@ -218,9 +220,12 @@ class EngineIndex:
     def _first_needed(self, group_idx, blocks, block_size):
         """The first block that a hit of `blocks` blocks needs in a group: 0 for a full
         group; a windowed group's blocks before the window of the token at the hit's end
-        are not needed (the engine releases them). None: the group counts as full."""
+        are not needed (the engine releases them); a state group needs the checkpoint after
+        the hit's last block only. None: the group counts as full."""
         kind, window = self.specs.get(group_idx, (None, None))
         pos = blocks * block_size
+        if kind == STATE_KIND:
+            return max(0, blocks - 1)
         if kind in SLIDING_KINDS and window:
             return max(0, pos - window + 1) // block_size
         if kind == CHUNKED_KIND and self.chunk_sizes.get(group_idx):
@@ -232,9 +237,10 @@ class EngineIndex:
         engine can use. One group: the blocks of group 0's chain. A hybrid engine: the
         longest prefix of p blocks that every group can serve, as pagedkv's match_prefix()
         and vLLM's hybrid coordinator find it: every full group holds blocks [0, p), every
-        windowed group the blocks from the first one its window needs at p to p - 1 (a
-        shorter p needs others, so the groups are asked until all agree); block i's media
-        then hold "GPU" when every group that needs it has it on the device."""
+        windowed group the blocks from the first one its window needs at p to p - 1, every
+        state group block p - 1 (its checkpoint at p) (a shorter p needs others, so the
+        groups are asked until all agree); block i's media then hold "GPU" when every group
+        that needs it has it on the device."""
         extra = tuple(extra_keys) if extra_keys else None
         if not self.hybrid:
             return [self.media[h] for h, _ in self.groups[0].chain(tokens, block_size, extra)]

@@ -157,11 +157,12 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
           layer_groups.size() > 1 ? std::optional<EventGroup>(
                                         EventGroup{static_cast<int32_t>(i), spec.kind, spec.window})
                                   : std::nullopt;
-      // Checkpoints send no events yet: the vLLM format has none for state.
+      // A state group's checkpoints are its cached blocks: BlockStored names the block a
+      // checkpoint ends (docs/events.md, "State groups"); its slots are never hashed.
       auto device = BlockPool::create({.num_blocks = spec.num_blocks,
                                        .block_size = options.block_size,
                                        .enable_caching = options.enable_prefix_caching,
-                                       .event_sink = holds_state ? nullptr : options.event_sink,
+                                       .event_sink = options.event_sink,
                                        .event_group = event_group,
                                        .clock = options.clock,
                                        .log_evictions = options.enable_host_cache && !holds_state,

@@ -133,7 +133,20 @@ for chunk_sizes, expected in [(None, 0), ({1: 4}, 3)]:
     check(idx.prefix_blocks(TOKENS + [0], BS) == expected,
           f"chunked group, chunk sizes {chunk_sizes}: {expected} blocks")
 
-check(kv_router.FULL_KINDS | kv_router.SLIDING_KINDS | {kv_router.CHUNKED_KIND}
+# A state group (mamba: state-space layers): its BlockStored of block i is a checkpoint of
+# the state after it, so a hit of p blocks needs block p - 1 there and nothing else.
+STATE = dict(group=1, kind="mamba")
+ssm = kv_router.EngineIndex()
+apply(ssm, stored([A, B, C], None, TOKENS, GPU, **FULL), stored([B], A, [3, 4], GPU, **STATE))
+check(ssm.prefix_blocks(TOKENS + [0], BS) == 2,
+      "state group: the hit ends at its checkpoint after B (2 blocks), not at C")
+check(ssm.prefix_media(TOKENS + [0], BS) == [{GPU}, {GPU}], "media of the checkpointed prefix")
+apply(ssm, stored([A], None, [1, 2], GPU, **STATE), removed([B], GPU, group=1))
+check(ssm.prefix_blocks(TOKENS + [0], BS) == 1, "B's checkpoint evicted: the one after A, 1")
+apply(ssm, removed([A], GPU, group=1))
+check(ssm.prefix_blocks(TOKENS + [0], BS) == 0, "no checkpoint left: no hit")
+
+check(kv_router.FULL_KINDS | kv_router.SLIDING_KINDS | {kv_router.CHUNKED_KIND, kv_router.STATE_KIND}
       <= schema.KV_CACHE_SPEC_KINDS, "the router's kinds are vLLM's KVCacheSpecKind values")
 
 # Through the wire: the group fields survive msgspec's strict decoding.
