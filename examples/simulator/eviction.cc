@@ -62,15 +62,12 @@ class TwoTierLru {
   static constexpr int32_t kHostList = 0, kPriorities = 2, kGhostList = 1 + kPriorities,
                            kNumLists = 2 + kPriorities;
   static int32_t device_list(int32_t priority) { return 1 + priority; }
-  static constexpr int32_t kNoChild = -1;
   struct Block {
     Where where = kAbsent;
     int8_t list = 0;  // the device list of a kDevice block
-    // Evidence of reuse since the block was last computed (for HostAdmission::kReused):
-    // hit, or recomputed while a ghost; two or more distinct children cached under it.
+    // Evidence of reuse since the block was last computed (HostAdmission::kReused): hit,
+    // or recomputed while a ghost.
     bool reused = false;
-    bool branch = false;
-    int32_t first_child = kNoChild;
   };
 
   bool present(int32_t id) const {
@@ -114,25 +111,10 @@ class TwoTierLru {
       } else {
         if (block.where == kHost) lru_.remove(kHostList, id);
         if (block.where == kGhost) lru_.remove(kGhostList, id);
-        if (block.where != kHost) {  // computed afresh: the evidence starts over
-          block.reused = block.where == kGhost;
-          block.branch = false;
-          block.first_child = kNoChild;
-        }
+        if (block.where != kHost) block.reused = block.where == kGhost;  // computed afresh
         take_device_slot();
       }
       block.where = kPinned;
-      if (i > 0) note_child(ids[i - 1], id);
-    }
-  }
-
-  // A branch point has had two or more distinct children cached under it.
-  void note_child(int32_t parent, int32_t child) {
-    Block& p = blocks_[parent];
-    if (p.first_child == kNoChild) {
-      p.first_child = child;
-    } else if (p.first_child != child) {
-      p.branch = true;
     }
   }
 
@@ -170,8 +152,7 @@ class TwoTierLru {
       drop(id);
       return;
     }
-    const Block& block = blocks_[id];
-    if (admission_ == HostAdmission::kReused && !block.reused && !block.branch) {
+    if (admission_ == HostAdmission::kReused && !blocks_[id].reused) {
       ++result_.undemoted;
       drop(id);
       return;

@@ -117,9 +117,11 @@ struct TieredReplayResult {
 enum class HostAdmission {
   kAll,  // every evicted block is demoted
   // Only blocks with evidence of reuse since they were last computed: hit at least once
-  // (on the device or in the host tier), computed again while their id was a ghost (one
-  // of the device_blocks + host_blocks blocks most recently dropped from both tiers), or a
-  // branch point (two or more distinct children cached under it). The rest are dropped.
+  // (on the device or in the host tier), or computed again while their id was a ghost (one
+  // of the device_blocks + host_blocks blocks most recently dropped from both tiers). The
+  // rest are dropped. Issue 24 also names branch points (two or more distinct children
+  // cached under a block): in this one-request-at-a-time replay a second child can only
+  // come with a request that hits the block, so they are already covered.
   kReused,
 };
 
