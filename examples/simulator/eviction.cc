@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "lru_lists.h"
 #include "pagedkv/block_hash.h"
 #include "pagedkv/block_pool.h"
 #include "tokens.h"
@@ -24,68 +25,17 @@ TokenId block_token(int64_t hash_id) {
   return derive_token(kEvictionDomain, static_cast<uint64_t>(hash_id), 0);
 }
 
-// Dense ids (0, 1, ... in first-use order) for the hash ids of `streams`.
-std::vector<std::vector<int32_t>> dense_streams(const BlockStreams& streams, int32_t* num_ids) {
-  absl::flat_hash_map<int64_t, int32_t> dense;
-  std::vector<std::vector<int32_t>> out;
-  out.reserve(streams.size());
-  for (const auto& s : streams) {
-    std::vector<int32_t>& ids = out.emplace_back();
-    ids.reserve(s.size());
-    for (int64_t id : s) {
-      ids.push_back(dense.try_emplace(id, static_cast<int32_t>(dense.size())).first->second);
-    }
-  }
-  *num_ids = static_cast<int32_t>(dense.size());
-  return out;
-}
-
-// Intrusive doubly linked LRU lists over dense ids, one per tier: front = least recently
-// used. Node i < num_ids is an id; node num_ids + l is list l's sentinel.
-class LruLists {
- public:
-  LruLists(int32_t num_ids, int32_t num_lists)
-      : num_ids_(num_ids),
-        prev_(num_ids + num_lists),
-        next_(num_ids + num_lists),
-        size_(num_lists, 0) {
-    for (int32_t l = 0; l < num_lists; ++l) prev_[num_ids + l] = next_[num_ids + l] = num_ids + l;
-  }
-  int32_t size(int32_t list) const { return size_[list]; }
-  int32_t front(int32_t list) const { return next_[num_ids_ + list]; }
-  void push_back(int32_t list, int32_t id) {
-    const int32_t sentinel = num_ids_ + list;
-    const int32_t last = prev_[sentinel];
-    prev_[id] = last;
-    next_[id] = sentinel;
-    next_[last] = id;
-    prev_[sentinel] = id;
-    ++size_[list];
-  }
-  void remove(int32_t list, int32_t id) {
-    next_[prev_[id]] = next_[id];
-    prev_[next_[id]] = prev_[id];
-    --size_[list];
-  }
-
- private:
-  int32_t num_ids_;
-  std::vector<int32_t> prev_;
-  std::vector<int32_t> next_;
-  std::vector<int32_t> size_;
-};
-
 // The two tiers of replay_tiered_lru() over dense ids (see eviction.h for the rules).
 class TwoTierLru {
  public:
   TwoTierLru(int32_t num_ids, int32_t device_blocks, int32_t host_blocks,
-             int32_t retained_head_blocks)
+             int32_t retained_head_blocks, HostAdmission admission)
       : device_blocks_(device_blocks),
         host_blocks_(host_blocks),
         retained_head_blocks_(retained_head_blocks),
-        where_(num_ids, kAbsent),
-        list_of_(num_ids, 0),
-        lru_(num_ids, 1 + kPriorities) {
+        admission_(admission),
+        blocks_(num_ids),
+        lru_(num_ids, kNumLists) {
     result_.device_capacity = device_blocks;
     result_.host_capacity = host_blocks;
     result_.retained_head_blocks = retained_head_blocks;
@@ -104,12 +54,26 @@ class TwoTierLru {
 
  private:
   // kPinned: held by the request being replayed; it has a device slot but sits in no
-  // list, so making room cannot demote it.
-  enum Where : int8_t { kAbsent, kDevice, kHost, kPinned };
+  // list, so making room cannot demote it. kGhost: in neither tier, its id among the
+  // device_blocks + host_blocks most recently dropped (HostAdmission::kReused's memory).
+  enum Where : int8_t { kAbsent, kDevice, kHost, kPinned, kGhost };
   // List 0 is the host tier; the device has one list per retention priority: 0 (evicted
-  // first) and 1 (a request's first retained_head_blocks blocks).
-  static constexpr int32_t kHostList = 0, kPriorities = 2;
+  // first) and 1 (a request's first retained_head_blocks blocks); then the ghost ids.
+  static constexpr int32_t kHostList = 0, kPriorities = 2, kGhostList = 1 + kPriorities,
+                           kNumLists = 2 + kPriorities;
   static int32_t device_list(int32_t priority) { return 1 + priority; }
+  struct Block {
+    Where where = kAbsent;
+    int8_t list = 0;  // the device list of a kDevice block
+    // Evidence of reuse since the block was last computed (HostAdmission::kReused): hit,
+    // or recomputed while a ghost.
+    bool reused = false;
+  };
+
+  bool present(int32_t id) const {
+    const Where w = blocks_[id].where;
+    return w == kDevice || w == kHost || w == kPinned;
+  }
 
   // Pins the longest present prefix and returns its length. Host hits take a device slot
   // (promotion) once all hits are pinned, so making room never demotes a hit.
@@ -117,15 +81,16 @@ class TwoTierLru {
     const int32_t n = static_cast<int32_t>(ids.size());
     int32_t hits = 0;
     int32_t promotions = 0;
-    for (; hits < n && where_[ids[hits]] != kAbsent; ++hits) {
+    for (; hits < n && present(ids[hits]); ++hits) {
       const int32_t id = ids[hits];
-      if (where_[id] == kHost) {
+      blocks_[id].reused = true;
+      if (blocks_[id].where == kHost) {
         lru_.remove(kHostList, id);
         ++promotions;
-      } else if (where_[id] == kDevice) {
+      } else if (blocks_[id].where == kDevice) {
         leave_device_list(id);
       }  // else a repeat within the request: already pinned
-      where_[id] = kPinned;
+      blocks_[id].where = kPinned;
     }
     result_.host_hit_blocks += promotions;
     result_.device_hit_blocks += hits - promotions;
@@ -139,14 +104,17 @@ class TwoTierLru {
   void compute_misses(const std::vector<int32_t>& ids, int32_t hits) {
     for (size_t i = hits; i < ids.size(); ++i) {
       const int32_t id = ids[i];
-      if (where_[id] == kPinned) continue;  // a repeat within the request
-      if (where_[id] == kDevice) {
+      Block& block = blocks_[id];
+      if (block.where == kPinned) continue;  // a repeat within the request
+      if (block.where == kDevice) {
         leave_device_list(id);
       } else {
-        if (where_[id] == kHost) lru_.remove(kHostList, id);
+        if (block.where == kHost) lru_.remove(kHostList, id);
+        if (block.where == kGhost) lru_.remove(kGhostList, id);
+        if (block.where != kHost) block.reused = block.where == kGhost;  // computed afresh
         take_device_slot();
       }
-      where_[id] = kPinned;
+      block.where = kPinned;
     }
   }
 
@@ -154,10 +122,10 @@ class TwoTierLru {
   void release(const std::vector<int32_t>& ids) {
     for (int32_t i = static_cast<int32_t>(ids.size()) - 1; i >= 0; --i) {
       const int32_t id = ids[i];
-      if (where_[id] == kDevice) leave_device_list(id);  // a repeat within the request
-      list_of_[id] = static_cast<int8_t>(device_list(i < retained_head_blocks_ ? 1 : 0));
-      lru_.push_back(list_of_[id], id);
-      where_[id] = kDevice;
+      if (blocks_[id].where == kDevice) leave_device_list(id);  // a repeat within the request
+      blocks_[id].list = static_cast<int8_t>(device_list(i < retained_head_blocks_ ? 1 : 0));
+      lru_.push_back(blocks_[id].list, id);
+      blocks_[id].where = kDevice;
     }
   }
 
@@ -176,37 +144,70 @@ class TwoTierLru {
   }
 
   // Moves a block off the device into the host tier's most recent end, dropping the
-  // host's least recently used block when it is full (with no host tier: an eviction).
+  // host's least recently used block when it is full (with no host tier: an eviction). The
+  // admission rule may drop the block instead.
   void demote(int32_t id) {
-    where_[id] = kAbsent;
     if (host_blocks_ == 0) {
       ++result_.host_evictions;
+      drop(id);
+      return;
+    }
+    if (admission_ == HostAdmission::kReused && !blocks_[id].reused) {
+      ++result_.undemoted;
+      drop(id);
       return;
     }
     if (lru_.size(kHostList) == host_blocks_) {
       const int32_t dropped = lru_.front(kHostList);
       lru_.remove(kHostList, dropped);
-      where_[dropped] = kAbsent;
       ++result_.host_evictions;
+      drop(dropped);
     }
     lru_.push_back(kHostList, id);
-    where_[id] = kHost;
+    blocks_[id].where = kHost;
     ++result_.demotions;
   }
 
-  void leave_device_list(int32_t id) { lru_.remove(list_of_[id], id); }
+  // Out of both tiers: the id joins the ghosts, which keep the device_blocks + host_blocks
+  // most recent.
+  void drop(int32_t id) {
+    if (lru_.size(kGhostList) == device_blocks_ + host_blocks_) {
+      const int32_t oldest = lru_.front(kGhostList);
+      lru_.remove(kGhostList, oldest);
+      blocks_[oldest].where = kAbsent;
+    }
+    lru_.push_back(kGhostList, id);
+    blocks_[id].where = kGhost;
+  }
+
+  void leave_device_list(int32_t id) { lru_.remove(blocks_[id].list, id); }
 
   int32_t device_blocks_;
   int32_t host_blocks_;
   int32_t retained_head_blocks_;
-  std::vector<Where> where_;
-  std::vector<int8_t> list_of_;  // the device list of a kDevice block
+  HostAdmission admission_;
+  std::vector<Block> blocks_;  // by id
   LruLists lru_;
   int32_t device_used_ = 0;  // pinned + device lists
   TieredReplayResult result_;
 };
 
 }  // namespace
+
+std::vector<std::vector<int32_t>> dense_streams(const BlockStreams& streams, int32_t* num_ids) {
+  absl::flat_hash_map<int64_t, int32_t> dense;
+  std::vector<std::vector<int32_t>> out;
+  out.reserve(streams.size());
+  for (const auto& s : streams) {
+    std::vector<int32_t>& ids = out.emplace_back();
+    ids.reserve(s.size());
+    for (int64_t id : s) {
+      ids.push_back(dense.try_emplace(id, static_cast<int32_t>(dense.size())).first->second);
+    }
+  }
+  *num_ids = static_cast<int32_t>(dense.size());
+  return out;
+}
 
 BlockStreams block_streams(const Trace& trace) {
   BlockStreams streams;
@@ -339,7 +340,8 @@ absl::StatusOr<ReplayResult> replay_belady(const BlockStreams& streams, int64_t 
 
 absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams,
                                                      int32_t device_blocks, int32_t host_blocks,
-                                                     int32_t retained_head_blocks) {
+                                                     int32_t retained_head_blocks,
+                                                     HostAdmission admission) {
   if (device_blocks < 1 || host_blocks < 0 || retained_head_blocks < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tiered LRU: device_blocks ", device_blocks, " must be >= 1, host_blocks ",
@@ -347,7 +349,7 @@ absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams
   }
   int32_t num_ids = 0;
   const std::vector<std::vector<int32_t>> requests = dense_streams(streams, &num_ids);
-  TwoTierLru tiers(num_ids, device_blocks, host_blocks, retained_head_blocks);
+  TwoTierLru tiers(num_ids, device_blocks, host_blocks, retained_head_blocks, admission);
   for (size_t r = 0; r < requests.size(); ++r) {
     const int32_t n = static_cast<int32_t>(requests[r].size());
     if (n > device_blocks) {

@@ -38,6 +38,10 @@ using BlockStreams = std::vector<std::vector<int64_t>>;
 
 BlockStreams block_streams(const Trace& trace);
 
+// The same streams over dense ids (0, 1, ... in first-use order); *num_ids is the number of
+// distinct ids.
+std::vector<std::vector<int32_t>> dense_streams(const BlockStreams& streams, int32_t* num_ids);
+
 struct ReplayResult {
   int64_t capacity = 0;      // blocks in the pool
   int64_t total_blocks = 0;  // block references replayed
@@ -98,6 +102,7 @@ struct TieredReplayResult {
   int64_t host_hit_blocks = 0;    // hits found in the host tier (each one promoted)
   int64_t demotions = 0;          // device -> host copies (0 when there is no host tier)
   int64_t host_evictions = 0;     // blocks dropped from the host tier (or the device, H = 0)
+  int64_t undemoted = 0;          // device evictions the admission rule dropped (kReused)
   int64_t hit_blocks() const { return device_hit_blocks + host_hit_blocks; }
   int64_t promotions() const { return host_hit_blocks; }
   double rate(int64_t blocks) const {
@@ -106,6 +111,18 @@ struct TieredReplayResult {
   double hit_rate() const { return rate(hit_blocks()); }
   double device_hit_rate() const { return rate(device_hit_blocks); }
   double host_hit_rate() const { return rate(host_hit_blocks); }
+};
+
+// Which device evictions the host tier takes (issue 24).
+enum class HostAdmission {
+  kAll,  // every evicted block is demoted
+  // Only blocks with evidence of reuse since they were last computed: hit at least once
+  // (on the device or in the host tier), or computed again while their id was a ghost (one
+  // of the device_blocks + host_blocks blocks most recently dropped from both tiers). The
+  // rest are dropped. Issue 24 also names branch points (two or more distinct children
+  // cached under a block): in this one-request-at-a-time replay a second child can only
+  // come with a request that hits the block, so they are already covered.
+  kReused,
 };
 
 // Tiered LRU replay with `device_blocks` and `host_blocks`.
@@ -120,7 +137,7 @@ struct TieredReplayResult {
 // retained_head_blocks < 0, or a request has more blocks than the device tier.
 [[nodiscard]] absl::StatusOr<TieredReplayResult> replay_tiered_lru(
     const BlockStreams& streams, int32_t device_blocks, int32_t host_blocks,
-    int32_t retained_head_blocks = 0);
+    int32_t retained_head_blocks = 0, HostAdmission admission = HostAdmission::kAll);
 
 struct TierSize {
   int32_t device_blocks = 0;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 
+#include "adaptive_eviction.h"
 #include "contiguous_arena.h"
 #include "engine.h"
 #include "eviction.h"
@@ -391,6 +392,115 @@ TEST_CASE("tiers on the Mooncake trace lose nothing against one pool of the same
   REQUIRE(no_host.ok());
   CHECK(no_host->hit_blocks() == (*rows)[0].tiered.device_hit_blocks);
   CHECK(no_host->host_hit_blocks == 0);
+}
+
+// --- eviction beyond LRU (issue 24) -------------------------------------------------------
+
+TEST_CASE("adaptive eviction: a scan of one-off requests does not flush a reused prefix",
+          "[simulator]") {
+  // 4 blocks. {0,1} is used twice (T2), then six one-off blocks stream through T1, which
+  // p = 0 keeps at the space T2 leaves: {0,1} still hits. LRU loses it to the scan.
+  BlockStreams streams = {{0, 1}, {0, 1}};
+  for (int64_t id = 10; id < 16; ++id) streams.push_back({id});
+  streams.push_back({0, 1});
+  absl::StatusOr<AdaptiveReplayResult> adaptive = replay_adaptive(streams, 4);
+  REQUIRE(adaptive.ok());
+  CHECK(adaptive->replay.total_blocks == 12);
+  CHECK(adaptive->replay.hit_blocks == 4);
+  CHECK(adaptive->replay.evictions == 4);  // the scan's first two blocks fill the free slots
+  CHECK(adaptive->recent_ghost_hits == 0);
+  CHECK(adaptive->final_target == 0);
+  CHECK(replay_lru(streams, 4)->hit_blocks == 2);
+}
+
+TEST_CASE("adaptive eviction: a parent is never evicted before its cached child", "[simulator]") {
+  // 3 blocks. A is used twice (T2); C comes back from B1 (p = 1) and G is hit, so
+  // T2 = [A, C, G]. {A, D} evicts C and caches D under A; {G} leaves T2 = [A, G] and
+  // T1 = [D]. {X} finds |T1| = 1 <= p and evicts from T2, whose LRU end A has a cached
+  // child: A is parked and G evicted instead, so {A, D} hits both. LRU evicts D for X.
+  const BlockStreams streams = {{'A'}, {'A'},      {'C'}, {'F'}, {'G'},     {'C'},
+                                {'G'}, {'A', 'D'}, {'G'}, {'X'}, {'A', 'D'}};
+  absl::StatusOr<AdaptiveReplayResult> adaptive = replay_adaptive(streams, 3);
+  REQUIRE(adaptive.ok());
+  CHECK(adaptive->parked == 1);
+  CHECK(adaptive->recent_ghost_hits == 1);
+  CHECK(adaptive->final_target == 1);
+  // Hits: A (request 2), G (7), A (8), G (9), then A and D (11).
+  CHECK(adaptive->replay.hit_blocks == 6);
+  absl::StatusOr<ReplayResult> lru = replay_lru(streams, 3);
+  REQUIRE(lru.ok());
+  const BlockStreams without_last(streams.begin(), streams.end() - 1);
+  CHECK(lru->hit_blocks - replay_lru(without_last, 3)->hit_blocks == 1);  // A only
+}
+
+TEST_CASE("adaptive eviction: ghost hits move the target", "[simulator]") {
+  // 2 blocks. {0} twice puts 0 in T2; {1}, {2} evicts 1 into B1 (|T1| = 1 > p = 0). {1}
+  // finds it there: p grows to 1, and with |T1| = 1 <= p the room comes from T2 (0 into
+  // B2). {0} finds 0 in B2: p shrinks back to 0.
+  BlockStreams streams = {{0}, {0}, {1}, {2}, {1}};
+  absl::StatusOr<AdaptiveReplayResult> grown = replay_adaptive(streams, 2);
+  REQUIRE(grown.ok());
+  CHECK(grown->recent_ghost_hits == 1);
+  CHECK(grown->frequent_ghost_hits == 0);
+  CHECK(grown->final_target == 1);
+  streams.push_back({0});
+  absl::StatusOr<AdaptiveReplayResult> shrunk = replay_adaptive(streams, 2);
+  REQUIRE(shrunk.ok());
+  CHECK(shrunk->frequent_ghost_hits == 1);
+  CHECK(shrunk->final_target == 0);
+  CHECK(shrunk->replay.hit_blocks == 1);  // the second {0}
+  CHECK(shrunk->replay.evictions == 3);   // 1, 0, then 2 for 0's return
+  CHECK(absl::IsInvalidArgument(replay_adaptive(streams, 0).status()));
+  CHECK(absl::IsInvalidArgument(replay_adaptive({{1, 2, 3}}, 2).status()));
+}
+
+TEST_CASE("host admission: only blocks with evidence of reuse are demoted", "[simulator]") {
+  // 2 device + 2 host blocks. A is hit, so its eviction by C demotes it; B (used once) is
+  // demoted by demote-all but dropped by the rule when D comes. B's return is a host hit
+  // for demote-all; for the rule it is a miss that finds B's ghost, so B counts as reused.
+  const BlockStreams streams = {{'A'}, {'A'}, {'B'}, {'C'}, {'D'}, {'B'}, {'A'}};
+  absl::StatusOr<TieredReplayResult> all = replay_tiered_lru(streams, 2, 2, 0, HostAdmission::kAll);
+  absl::StatusOr<TieredReplayResult> reused =
+      replay_tiered_lru(streams, 2, 2, 0, HostAdmission::kReused);
+  REQUIRE(all.ok());
+  REQUIRE(reused.ok());
+  // Demote-all: A (for C), B (for D), C (for B's promotion), D (for A's); A and B come
+  // back from the host.
+  CHECK(all->demotions == 4);
+  CHECK(all->undemoted == 0);
+  CHECK(all->host_hit_blocks == 2);
+  // The rule: A is demoted; B, C and D, never hit, are dropped.
+  CHECK(reused->demotions == 1);
+  CHECK(reused->undemoted == 3);
+  CHECK(reused->host_hit_blocks == 1);  // A
+  CHECK(reused->device_hit_blocks == all->device_hit_blocks);
+}
+
+TEST_CASE(
+    "eviction policies on the Mooncake trace: adaptive never below LRU, admission "
+    "halves demotions",
+    "[simulator]") {
+  const std::string path = trace_path("synthetic_trace.jsonl");
+  if (path.empty()) return;
+  absl::StatusOr<Trace> trace = read_mooncake_jsonl(path);
+  REQUIRE(trace.ok());
+  const BlockStreams streams = block_streams(*trace);
+  absl::StatusOr<std::vector<PolicyRow>> rows = policy_study(streams, {1024, 4096, 16384, 65536});
+  REQUIRE(rows.ok());
+  for (const PolicyRow& row : *rows) {
+    INFO("capacity " << row.capacity << ": LRU " << row.lru.hit_blocks << ", adaptive "
+                     << row.adaptive.replay.hit_blocks << ", Belady " << row.belady.hit_blocks);
+    CHECK(row.adaptive.replay.total_blocks == 121877);
+    CHECK(row.adaptive.replay.hit_blocks >= row.lru.hit_blocks);
+    CHECK(row.adaptive.replay.hit_blocks <= row.belady.hit_blocks);
+  }
+  // Issue 24's admission criteria: at least half the demotions saved, the combined hit
+  // rate within 1 % of demote-all's (which is LRU at 4,096, as the tier study shows).
+  absl::StatusOr<AdmissionRow> admission = admission_study(streams, 1024, 3072);
+  REQUIRE(admission.ok());
+  CHECK(admission->demote_all.hit_blocks() == (*rows)[1].lru.hit_blocks);
+  CHECK(admission->demotions_saved() >= 0.5);
+  CHECK(admission->demote_reused.hit_rate() >= 0.99 * admission->demote_all.hit_rate());
 }
 
 // --- engine model ------------------------------------------------------------------------
