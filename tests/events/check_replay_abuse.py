@@ -338,7 +338,8 @@ def main():
     print(f"{len(during)} live messages in {ABUSE_S} s of abuse; largest gap "
           f"{max_gap * 1000:.1f} ms (between the steps themselves at most "
           f"{source_gap * 1000:.1f} ms); {len(seq_gaps)} sequence gaps; {complete}/{PEERS} "
-          f"replies complete, {busy_answers} busy answers asked again; flood peer: "
+          f"replies complete (the last {last_done:.2f} s into the abuse), {busy_answers} busy "
+          f"answers asked again; flood peer: "
           f"{flood_answered['complete']} replies complete, {flood_answered['busy']} busy")
     if max_gap >= MAX_GAP_S:
         fail(f"largest live gap {max_gap * 1000:.1f} ms, not under {MAX_GAP_S * 1000:.0f} ms")
