@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "adaptive_eviction.h"
@@ -38,6 +39,16 @@ std::string trace_path(const std::string& name) {
     return "";
   }
   return path;
+}
+
+// The Mooncake trace's block streams, one per request; nullopt (the skip reported) when
+// the trace is absent.
+std::optional<BlockStreams> mooncake_streams() {
+  const std::string path = trace_path("synthetic_trace.jsonl");
+  if (path.empty()) return std::nullopt;
+  absl::StatusOr<Trace> trace = read_mooncake_jsonl(path);
+  REQUIRE(trace.ok());
+  return block_streams(*trace);
 }
 
 Request make_request(int32_t input, int32_t output, std::vector<int64_t> hash_ids = {}) {
@@ -242,12 +253,10 @@ TEST_CASE("synthetic workloads are deterministic and carry sharing and forks", "
 }
 
 TEST_CASE("LRU replay on BlockPool matches the README's reference table", "[simulator]") {
-  const std::string path = trace_path("synthetic_trace.jsonl");
-  if (path.empty()) return;
-  absl::StatusOr<Trace> trace = read_mooncake_jsonl(path);
-  REQUIRE(trace.ok());
-  REQUIRE(trace->requests.size() == 3993);
-  const BlockStreams streams = block_streams(*trace);
+  const std::optional<BlockStreams> trace = mooncake_streams();
+  if (!trace) return;
+  const BlockStreams& streams = *trace;
+  REQUIRE(streams.size() == 3993);
   CHECK(distinct_blocks(streams) == 43924);
   absl::StatusOr<std::vector<EvictionRow>> rows =
       eviction_study(streams, {1024, 4096, 16384, 65536});
@@ -360,11 +369,9 @@ TEST_CASE("tiered LRU rejects bad sizes and requests larger than the device", "[
 
 TEST_CASE("tiers on the Mooncake trace lose nothing against one pool of the same size",
           "[simulator]") {
-  const std::string path = trace_path("synthetic_trace.jsonl");
-  if (path.empty()) return;
-  absl::StatusOr<Trace> trace = read_mooncake_jsonl(path);
-  REQUIRE(trace.ok());
-  const BlockStreams streams = block_streams(*trace);
+  const std::optional<BlockStreams> trace = mooncake_streams();
+  if (!trace) return;
+  const BlockStreams& streams = *trace;
   absl::StatusOr<std::vector<TierRow>> rows = tier_study(streams, {{1024, 3072}, {4096, 12288}});
   REQUIRE(rows.ok());
   REQUIRE(rows->size() == 2);
@@ -480,11 +487,9 @@ TEST_CASE(
     "eviction policies on the Mooncake trace: adaptive never below LRU, admission "
     "halves demotions",
     "[simulator]") {
-  const std::string path = trace_path("synthetic_trace.jsonl");
-  if (path.empty()) return;
-  absl::StatusOr<Trace> trace = read_mooncake_jsonl(path);
-  REQUIRE(trace.ok());
-  const BlockStreams streams = block_streams(*trace);
+  const std::optional<BlockStreams> trace = mooncake_streams();
+  if (!trace) return;
+  const BlockStreams& streams = *trace;
   absl::StatusOr<std::vector<PolicyRow>> rows = policy_study(streams, {1024, 4096, 16384, 65536});
   REQUIRE(rows.ok());
   for (const PolicyRow& row : *rows) {
