@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/check.h"
 #include "common/status_macros.h"
 
@@ -50,6 +51,21 @@ absl::Status cuda_status(const char* fn, cudaError_t err) {
 }
 #endif
 
+// A CUDA storage needs a usable device, and its batched copies move 16-byte units: a
+// copy unit (`unit`, `unit_bytes` of it) must be a multiple of 16 bytes. OK on CPU.
+absl::Status check_cuda_storage(Device device, int64_t unit_bytes, absl::string_view unit) {
+  if (device != Device::kCuda) return absl::OkStatus();
+  if (!cuda_device_available()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KvStorage: no usable CUDA device (", cuda_unavailable_reason(), ")"));
+  }
+  if (unit_bytes % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KvStorage: CUDA copies move 16-byte units; ",
+                                                   unit, " is not a multiple of 16"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // --- construct -------------------------------------------------------------------------
@@ -67,17 +83,9 @@ absl::StatusOr<KvStorage> KvStorage::create(const KvCacheSpec& spec, int32_t num
         absl::StrCat("KvStorage: layer_group ", options.layer_group, " must be >= 0"));
   }
   const int64_t elem = bytes_per_element(spec.dtype);
-  if (options.device == Device::kCuda) {
-    if (!cuda_device_available()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("KvStorage: no usable CUDA device (", cuda_unavailable_reason(), ")"));
-    }
-    if (spec.head_dim * elem % 16 != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("KvStorage: CUDA copies move 16-byte units; head_dim ", spec.head_dim, " x ",
-                       elem, " bytes is not a multiple of 16"));
-    }
-  }
+  PAGEDKV_RETURN_IF_ERROR(
+      check_cuda_storage(options.device, spec.head_dim * elem,
+                         absl::StrCat("head_dim ", spec.head_dim, " x ", elem, " bytes")));
   KvStorage s;
   s.spec_ = spec;
   s.device_ = options.device;
@@ -112,17 +120,9 @@ absl::StatusOr<KvStorage> KvStorage::create_state(const StateShape& shape, int32
         absl::StrCat("KvStorage: ", slots, " slots of ", shape.bytes_per_layer(),
                      " bytes per layer exceed ", kMaxPoolBytes, " bytes per pool"));
   }
-  if (options.device == Device::kCuda) {
-    if (!cuda_device_available()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("KvStorage: no usable CUDA device (", cuda_unavailable_reason(), ")"));
-    }
-    if (shape.bytes_per_layer() % 16 != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("KvStorage: CUDA copies move 16-byte units; a layer's state of ",
-                       shape.bytes_per_layer(), " bytes is not a multiple of 16"));
-    }
-  }
+  PAGEDKV_RETURN_IF_ERROR(
+      check_cuda_storage(options.device, shape.bytes_per_layer(),
+                         absl::StrCat("a layer's state of ", shape.bytes_per_layer(), " bytes")));
   KvStorage s;
   s.spec_.num_layers = shape.num_layers;
   s.state_ = shape;
