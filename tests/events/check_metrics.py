@@ -144,9 +144,13 @@ def main():
         subscriber.start()
         dealer.connect(replay)
         ask(dealer, schema.SNAPSHOT_REQUEST)
-        deadline = time.monotonic() + 10
+        # A replay with batches in it. The first batch follows the first step, whose prefill
+        # takes seconds in sanitizer builds.
+        deadline = time.monotonic() + 60
         while live["batches"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # a replay with batches in it
+            if proc.poll() is not None:
+                fail(f"decode loop exited with {proc.returncode} before 2 batches went out")
+            time.sleep(0.01)
         replayed = ask(dealer, 0)
         if replayed < 2:
             fail(f"replay from 0 returned {replayed} batches, the subscriber had seen "
