@@ -388,6 +388,94 @@ TEST_CASE("host tier and retention options are validated", "[host_tier]") {
   require_error(m.add_sequence(1, p, {.retention = {{.priority = 90, .duration_ms = -1}}}),
                 absl::StatusCode::kInvalidArgument, "duration_ms -1");
   CHECK(m.num_sequences() == 0);
+
+  auto bad_admission = KvCacheManager::create({.num_blocks = 4,
+                                               .block_size = 4,
+                                               .num_host_blocks = 2,
+                                               .enable_host_cache = true,
+                                               .host_admission = static_cast<HostAdmission>(2)});
+  require_error(bad_admission.status(), absl::StatusCode::kInvalidArgument, "host_admission 2");
+}
+
+// --- host admission ---------------------------------------------------------------------------
+
+KvCacheManager make_admitting(int32_t device_blocks, int32_t host_blocks) {
+  return make_manager({.num_blocks = device_blocks,
+                       .block_size = kBlockSize,
+                       .num_host_blocks = host_blocks,
+                       .enable_host_cache = true,
+                       .host_admission = HostAdmission::kReused});
+}
+
+TEST_CASE("admission kReused drops blocks never reused and demotes them once they come back",
+          "[host_tier][admission]") {
+  KvCacheManager m = make_admitting(/*device_blocks=*/3, /*host_blocks=*/4);
+  prefill(m, 1, kPromptA);  // A0, A1 in blocks 0, 1
+  REQUIRE(m.free(1).ok());  // queue [2 (clean), 1 (A1), 0 (A0)]
+
+  // B0..B2 take block 2 and evict A1, A0: never hit, so dropped; their hashes are ghosts.
+  prefill(m, 2, iota_tokens(12, 200));
+  KvCacheManager::Stats s = m.stats();
+  CHECK(s.evictions == 2);
+  CHECK(s.blocks_not_admitted == 2);
+  CHECK(s.blocks_demoted == 0);
+  CHECK(s.cached_host_blocks == 0);
+  CHECK(m.take_step_ops().demote.empty());
+  REQUIRE(m.free(2).ok());  // table {2, 1, 0} freed tail first: queue [0 (B2), 1 (B1), 2 (B0)]
+
+  // A again: no hit anywhere; its blocks evict B2 and B1 (dropped, ghosts too) and are
+  // computed while A0 and A1 are ghosts: both count as reused.
+  admit(m, 3, kPromptA);
+  CHECK(*m.match_prefix(3) == 0);
+  allocate(m, 3, 8);
+  end_step(m);
+  s = m.stats();
+  CHECK(s.blocks_not_admitted == 4);
+  CHECK(s.ghost_hits == 2);
+  REQUIRE(m.free(3).ok());  // queue [2 (B0), 1 (A1), 0 (A0)]
+
+  // C0..C2 evict B0 (dropped) and then A1, A0, which are demoted into host blocks 0 and 1.
+  prefill(m, 4, iota_tokens(12, 300));
+  s = m.stats();
+  CHECK(s.evictions == 7);
+  CHECK(s.blocks_not_admitted == 5);
+  CHECK(s.blocks_demoted == 2);
+  CHECK(s.cached_host_blocks == 2);
+  const std::vector<BlockHash> ha = chain(kPromptA);
+  CHECK(host_hash(m, 0) == ha[1]);
+  CHECK(host_hash(m, 1) == ha[0]);
+  require_valid(m);
+}
+
+TEST_CASE("admission kReused demotes device hits and promoted host hits",
+          "[host_tier][admission]") {
+  KvCacheManager m = make_admitting(/*device_blocks=*/3, /*host_blocks=*/4);
+  prefill(m, 1, kPromptA);
+  REQUIRE(m.free(1).ok());
+  // A plus one token hits A0 and A1 on the device: reused.
+  prefill(m, 2, a_plus_one());
+  CHECK(m.stats().prefix_hit_tokens == 8);
+  REQUIRE(m.free(2).ok());
+  // 12 new tokens evict all three blocks: A0 and A1 are demoted, the third (A's partial
+  // block was freed clean, so the first taken) is not cached.
+  prefill(m, 3, iota_tokens(12, 200));
+  KvCacheManager::Stats s = m.stats();
+  CHECK(s.blocks_demoted == 2);
+  CHECK(s.blocks_not_admitted == 0);
+  REQUIRE(m.free(3).ok());
+
+  // A plus one again: both blocks are host hits, promoted into new device blocks, which
+  // count as reused: evicting them demotes them again (into host blocks free by then).
+  prefill(m, 4, a_plus_one());
+  s = m.stats();
+  CHECK(s.blocks_promoted == 2);
+  CHECK(s.host_hit_tokens == 8);
+  REQUIRE(m.free(4).ok());
+  prefill(m, 5, iota_tokens(12, 300));
+  s = m.stats();
+  CHECK(s.blocks_demoted == 4);
+  CHECK(s.blocks_not_admitted == 3);  // B0..B2, never hit
+  require_valid(m);
 }
 
 // --- retention priorities -------------------------------------------------------------------

@@ -68,6 +68,17 @@ enum class PreemptionMode {
   kSwap,       // blocks copied to the host pool, copied back by swap_in()
 };
 
+// Which cached device blocks eviction demotes into the host tier (Options::host_admission).
+enum class HostAdmission {
+  kAll,  // every one, while a host block is free or holds an evictable tier block
+  // Only blocks with evidence of reuse since they were computed: a full-block prefix hit
+  // (on the device, or in the host tier: a promoted block), or computed while their hash
+  // was a ghost, one of the hashes of the (device + host blocks) cached blocks that most
+  // recently left both of the group's tiers. The rest are dropped, saving their copies
+  // (docs/results.md, "Host-tier admission").
+  kReused,
+};
+
 enum class SequenceState {
   kWaiting,  // holds no blocks: new, or preempted by recompute
   kRunning,  // holds device blocks
@@ -149,7 +160,8 @@ class KvCacheManager {
     // from device hits into host hits and promotes them (StepOps::promote). Needs prefix
     // caching and num_host_blocks > 0.
     bool enable_host_cache = false;
-    int32_t max_model_len = 1 << 20;  // most tokens one sequence may hold
+    HostAdmission host_admission = HostAdmission::kAll;  // which evictions the tier takes
+    int32_t max_model_len = 1 << 20;                     // most tokens one sequence may hold
     // Partial-block reuse: where a prompt continues past its full-block hit into the first
     // k < block_size tokens of a cached block (in every group), match_prefix() reuses
     // those k tokens through a copy-on-write copy of that block instead of leaving them to
@@ -216,6 +228,10 @@ class KvCacheManager {
     int64_t blocks_demoted = 0;      // device -> host copies of cached blocks (demote, exchange)
     int64_t blocks_promoted = 0;     // host -> device copies of host hits (promote, exchange)
     int64_t host_evictions = 0;      // host-tier blocks dropped to reuse their host block
+    // HostAdmission::kReused: evicted blocks dropped for want of evidence of reuse, and
+    // blocks computed while their hash was a ghost.
+    int64_t blocks_not_admitted = 0;
+    int64_t ghost_hits = 0;
   };
 
   // One layer group's pools and cache traffic.
@@ -233,6 +249,8 @@ class KvCacheManager {
     int64_t released_blocks = 0;  // windowed: blocks released behind the window
     int64_t blocks_demoted = 0;
     int64_t blocks_promoted = 0;
+    int64_t blocks_not_admitted = 0;
+    int64_t ghost_hits = 0;
     // State groups: checkpoints saved (StepOps::save_state) and restored by prefix hits.
     int64_t checkpoints_saved = 0;
     int64_t checkpoints_restored = 0;

@@ -121,6 +121,12 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                      options.enable_prefix_caching ? "true" : "false",
                      ") and num_host_blocks > 0 (", options.num_host_blocks, ")"));
   }
+  if (options.host_admission != HostAdmission::kAll &&
+      options.host_admission != HostAdmission::kReused) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheManager: host_admission ",
+                                                   static_cast<int>(options.host_admission),
+                                                   " is neither kAll (0) nor kReused (1)"));
+  }
   std::vector<LayerGroup> layer_groups =
       grouped ? options.layer_groups
               : std::vector<LayerGroup>{{.kind = AttentionKind::kFull,
@@ -151,6 +157,7 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
       const bool full = spec.kind == AttentionKind::kFull;
       const bool holds_state = spec.kind == AttentionKind::kState;
       const bool logs_deaths = windowed_caching && i == anchor;
+      const bool host_tier = options.enable_host_cache && !holds_state;
       // The events of a hybrid model name their group (docs/events.md, "Layer groups");
       // those of one group are as they were without groups.
       const std::optional<EventGroup> event_group =
@@ -165,24 +172,27 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                                        .event_sink = options.event_sink,
                                        .event_group = event_group,
                                        .clock = options.clock,
-                                       .log_evictions = options.enable_host_cache && !holds_state,
+                                       .log_evictions = host_tier,
                                        .index_partial_prefixes = options.enable_partial_block_reuse,
                                        .log_dead_contents = logs_deaths,
                                        .index_children = windowed_caching && !full});
       if (!device.ok()) return device.status();
-      auto host = BlockPool::create({.num_blocks = spec.num_host_blocks,
-                                     .block_size = options.block_size,
-                                     .enable_caching = options.enable_host_cache && !holds_state,
-                                     .event_sink = holds_state ? nullptr : options.event_sink,
-                                     .medium = Medium::kHost,
-                                     .event_group = event_group,
-                                     .clock = options.clock,
-                                     // Host blocks take the content keys of the device
-                                     // blocks they copy: the host's own keys (blocks renewed
-                                     // for swapping) are drawn apart from the device's.
-                                     .first_content_key = uint64_t{1} << 63,
-                                     .log_dead_contents = logs_deaths,
-                                     .index_children = windowed_caching && !full});
+      auto host = BlockPool::create(
+          {.num_blocks = spec.num_host_blocks,
+           .block_size = options.block_size,
+           .enable_caching = host_tier,
+           .event_sink = holds_state ? nullptr : options.event_sink,
+           .medium = Medium::kHost,
+           .event_group = event_group,
+           .clock = options.clock,
+           // Its evictions become ghosts (HostTier).
+           .log_evictions = host_tier && options.host_admission == HostAdmission::kReused,
+           // Host blocks take the content keys of the device
+           // blocks they copy: the host's own keys (blocks renewed
+           // for swapping) are drawn apart from the device's.
+           .first_content_key = uint64_t{1} << 63,
+           .log_dead_contents = logs_deaths,
+           .index_children = windowed_caching && !full});
       if (!host.ok()) return host.status();
       // The watermark scaled to the group's pool, rounded up: the same headroom share.
       const int64_t watermark =
@@ -195,9 +205,10 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                         .host = *std::move(host),
                         // Checkpoints are not demoted: a state group's host pool
                         // serves swapping only.
-                        .host_tier = options.enable_host_cache && !holds_state
-                                         ? std::make_unique<internal::HostTier>()
-                                         : nullptr,
+                        .host_tier = host_tier ? std::make_unique<internal::HostTier>(
+                                                     options.host_admission, spec.num_blocks,
+                                                     spec.num_host_blocks)
+                                               : nullptr,
                         .match = {}});
     }
     return KvCacheManager(std::move(options), std::move(layer_groups), std::move(groups));

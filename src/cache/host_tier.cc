@@ -27,6 +27,8 @@ void HostTier::promote(std::span<const BlockId> hits, std::span<BlockId> promote
   // The evicted blocks, in allocation order: a subsequence of `promoted`. Those not
   // exchanged are kept at the front of the list and demoted after the loop.
   device.take_evictions(evicted_);
+  drop_unreused(host);
+  for (const BlockId d : promoted) note_hit(d);
   size_t next_evicted = 0;
   size_t kept = 0;
   for (size_t j = 0; j < hits.size(); ++j) {
@@ -58,26 +60,64 @@ void HostTier::promote(std::span<const BlockId> hits, std::span<BlockId> promote
   counters_.blocks_promoted += std::ssize(hits);
 }
 
+void HostTier::note_computed(std::span<const BlockId> computed, std::span<const BlockHash> hashes) {
+  if (admits_all()) return;
+  for (size_t i = 0; i < computed.size(); ++i) {
+    const bool ghost = ghosts_.take(hashes[i]);
+    reused_[computed[i]] = ghost;
+    counters_.ghost_hits += ghost;
+  }
+}
+
+// With HostAdmission::kReused: drops the evictions without evidence of reuse from
+// evicted_, into the ghost list, unless the tier holds their hash (refresh_host_copy()
+// then moves that copy at no cost).
+void HostTier::drop_unreused(const BlockPool& host) {
+  if (admits_all()) return;
+  std::erase_if(evicted_, [&](const BlockPool::EvictedBlock& e) {
+    if (reused_[e.block] || host.indexed_block(e.hash) != kNoBlock) return false;
+    ghosts_.add(e.hash);
+    ++counters_.blocks_not_admitted;
+    return true;
+  });
+}
+
 // Copies each block of evicted_ into a host block of the tier, unless the tier holds its
 // hash already (see refresh_host_copy()) or no host block is free or evictable (then it is
 // dropped, as without a tier). The host block is held until the engine takes the copy.
+// The hashes that leave both tiers become ghosts (with HostAdmission::kReused).
 void HostTier::demote(const Pools& pools) {
   BlockPool& host = pools.host;
   // Host blocks written this step are held until the step ends: with fewer free than
   // evicted, the least recently used evictions are the ones dropped.
   const auto dropped =
       static_cast<size_t>(std::max<int64_t>(0, std::ssize(evicted_) - host.num_free_blocks()));
+  take_host_evictions(host);
+  for (size_t i = 0; i < dropped; ++i) ghosts_.add(evicted_[i].hash);
   for (size_t i = dropped; i < evicted_.size(); ++i) {
     const BlockPool::EvictedBlock& e = evicted_[i];
-    if (refresh_host_copy(e, pools) || host.num_free_blocks() == 0) continue;
+    if (refresh_host_copy(e, pools)) continue;
+    if (host.num_free_blocks() == 0) {
+      ghosts_.add(e.hash);
+      continue;
+    }
     BlockId h = kNoBlock;
     host.allocate_unchecked({&h, 1});
+    take_host_evictions(host);
     host.import_copy(h, pools.device, e);
     pools.ledger.record(kDemote, {e.block, h, host.block_size(), pools.group});
     pools.ledger.release(host, Hold::kHost, pools.group, h);
     ++counters_.blocks_demoted;
   }
   evicted_.clear();
+}
+
+// The host-tier blocks the host pool evicted since the last call (logged with
+// HostAdmission::kReused only: swapping's allocations too) become ghosts.
+void HostTier::take_host_evictions(BlockPool& host) {
+  if (!host.has_evictions()) return;
+  host.take_evictions(host_evicted_);
+  for (const BlockPool::EvictedBlock& e : host_evicted_) ghosts_.add(e.hash);
 }
 
 // Whether the host tier holds the hash of the evicted device block `e` already. A free
@@ -106,7 +146,7 @@ absl::Status HostTier::check_invariants(const BlockPool& host, const StepLedger&
                                               op.src, " is promoted but still in the host tier"));
     }
   }
-  return absl::OkStatus();
+  return ghosts_.check_invariants();
 }
 
 }  // namespace pagedkv::internal

@@ -12,6 +12,11 @@
 //
 // HostTier owns no pool: the manager passes its pools and step ledger to each call. It
 // uses only BlockPool's narrow tier interface (evictions, content keys, lookups, imports).
+//
+// With HostAdmission::kReused it demotes only blocks with evidence of reuse: it keeps a bit
+// per device block (set by note_hit(), promote() and note_computed()) and a GhostList of
+// the hashes that left both tiers (evictions it drops, host-tier evictions, which the host
+// pool logs then).
 #ifndef PAGEDKV_CACHE_HOST_TIER_H_
 #define PAGEDKV_CACHE_HOST_TIER_H_
 
@@ -20,9 +25,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cache/ghost_list.h"
 #include "cache/sequence.h"
 #include "cache/step_ledger.h"
 #include "pagedkv/block_pool.h"
+#include "pagedkv/kv_cache_manager.h"
 
 namespace pagedkv::internal {
 
@@ -35,9 +42,25 @@ class HostTier {
     int32_t group = 0;  // the layer group whose pools these are
   };
   struct Counters {
-    int64_t blocks_demoted = 0;   // device -> host copies of cached blocks (demote, exchange)
-    int64_t blocks_promoted = 0;  // host -> device copies of host hits (promote, exchange)
+    int64_t blocks_demoted = 0;       // device -> host copies of cached blocks (demote, exchange)
+    int64_t blocks_promoted = 0;      // host -> device copies of host hits (promote, exchange)
+    int64_t blocks_not_admitted = 0;  // evictions dropped for want of evidence of reuse
+    int64_t ghost_hits = 0;           // blocks computed while their hash was a ghost
   };
+
+  // A tier over a device pool of `device_blocks` and a host pool of `host_blocks`.
+  HostTier(HostAdmission admission, int32_t device_blocks, int32_t host_blocks)
+      : reused_(admission == HostAdmission::kReused ? device_blocks : 0),
+        ghosts_(admission == HostAdmission::kReused ? device_blocks + host_blocks : 0) {}
+
+  bool admits_all() const { return reused_.empty(); }
+  // Evidence of reuse, with HostAdmission::kReused: a prefix hit on the cached device
+  // `block`; the blocks `computed` after their K/V was computed and they were offered to
+  // the cache under `hashes` (a ghost's block counts as reused).
+  void note_hit(BlockId block) {
+    if (!admits_all()) reused_[block] = 1;
+  }
+  void note_computed(std::span<const BlockId> computed, std::span<const BlockHash> hashes);
 
   // The host-tier block cached under `hash` that holds `tokens` and `extra_keys` after the
   // contents `parent_key` names, or kNoBlock.
@@ -55,22 +78,29 @@ class HostTier {
   // Demotes the cached blocks the device pool evicted since the last call (see
   // demote()). Cheap when there are none: call it after every device allocation.
   void demote_evicted(const Pools& pools) {
-    if (!pools.device.has_evictions()) return;
+    if (!pools.device.has_evictions() && !pools.host.has_evictions()) return;
     pools.device.take_evictions(evicted_);
+    drop_unreused(pools.host);
     demote(pools);
   }
 
   const Counters& counters() const { return counters_; }
 
-  // Promoted host blocks are out of the tier (its copy left with the promotion).
+  // Promoted host blocks are out of the tier (its copy left with the promotion); the
+  // ghost list's invariants.
   absl::Status check_invariants(const BlockPool& host, const StepLedger& ledger,
                                 int32_t group) const;
 
  private:
   void demote(const Pools& pools);
+  void drop_unreused(const BlockPool& host);
+  void take_host_evictions(BlockPool& host);
   bool refresh_host_copy(const BlockPool::EvictedBlock& e, const Pools& pools);
 
   std::vector<BlockPool::EvictedBlock> evicted_;  // the evictions being demoted
+  std::vector<BlockPool::EvictedBlock> host_evicted_;
+  std::vector<uint8_t> reused_;  // per device block; empty with HostAdmission::kAll
+  GhostList ghosts_;
   Counters counters_;
 };
 

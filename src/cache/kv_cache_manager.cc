@@ -500,6 +500,8 @@ KvCacheManager::Stats KvCacheManager::stats() const {
     if (group.host_tier == nullptr) continue;
     s.blocks_demoted += group.host_tier->counters().blocks_demoted;
     s.blocks_promoted += group.host_tier->counters().blocks_promoted;
+    s.blocks_not_admitted += group.host_tier->counters().blocks_not_admitted;
+    s.ghost_hits += group.host_tier->counters().ghost_hits;
   }
   return s;
 }
@@ -521,6 +523,8 @@ KvCacheManager::GroupStats KvCacheManager::group_stats(int32_t group) const {
   if (g.host_tier != nullptr) {
     s.blocks_demoted = g.host_tier->counters().blocks_demoted;
     s.blocks_promoted = g.host_tier->counters().blocks_promoted;
+    s.blocks_not_admitted = g.host_tier->counters().blocks_not_admitted;
+    s.ghost_hits = g.host_tier->counters().ghost_hits;
   }
   return s;
 }

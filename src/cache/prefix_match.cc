@@ -175,6 +175,7 @@ void KvCacheManager::share_device_hits(Sequence& seq, GroupPools& g, int32_t fir
     if (!device_hit(g, i)) continue;
     t.blocks[i] = g.match.device[i];
     g.device.touch_unchecked(t.blocks[i]);
+    if (g.host_tier != nullptr) g.host_tier->note_hit(t.blocks[i]);
   }
 }
 
@@ -347,6 +348,9 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
     g.device.cache_full_blocks_unchecked(std::span<const BlockId>(blocks).subspan(first, count),
                                          hashes, first == 0 ? kNoBlock : blocks[first - 1],
                                          parent_hash, tokens, seq.extra_keys);
+    if (g.host_tier != nullptr) {
+      g.host_tier->note_computed(std::span<const BlockId>(blocks).subspan(first, count), hashes);
+    }
   }
   for (GroupPools& g : groups_) {
     if (!g.windowed()) continue;
@@ -368,6 +372,10 @@ void KvCacheManager::offer_computed_blocks(Sequence& seq) {
         kNoBlock, from == 0 ? nullptr : &seq.block_hashes[from - 1],
         tokens.subspan(static_cast<size_t>(from - first) * bs, n * bs), seq.extra_keys,
         parent_keys);
+    if (g.host_tier != nullptr) {
+      g.host_tier->note_computed(std::span<const BlockId>(blocks).subspan(from, n),
+                                 hashes.subspan(from - first, n));
+    }
   }
   seq.num_offered_blocks = full;
 }

@@ -336,6 +336,9 @@ class ManagerOpRunner {
     const int host_mode = h < 250 ? (h / 20) % 4 : 0;
     opts_.enable_host_cache = host_mode == 3 || (host_mode != 0 && opts_.num_host_blocks > 0 &&
                                                  opts_.enable_prefix_caching);
+    // Half of the runs demote only reused blocks (the base text's seed picks: no byte of
+    // the saved inputs changes meaning).
+    opts_.host_admission = seed % 2 == 1 ? HostAdmission::kReused : HostAdmission::kAll;
     opts_.event_sink = &events_;
     opts_.preemption_hooks = &hooks_;
     opts_.clock = [this] { return now_ms_; };
@@ -1344,6 +1347,8 @@ class ManagerOpRunner {
         {"blocks_demoted", {s.blocks_demoted, c.blocks_demoted}},
         {"blocks_promoted", {s.blocks_promoted, c.blocks_promoted}},
         {"host_evictions", {s.host_evictions, m.host_evictions()}},
+        {"blocks_not_admitted", {s.blocks_not_admitted, c.blocks_not_admitted}},
+        {"ghost_hits", {s.ghost_hits, c.ghost_hits}},
     };
     for (const auto& [name, values] : fields) {
       if (values.first != values.second) {
@@ -1368,6 +1373,8 @@ class ManagerOpRunner {
           {"released_blocks", {a.released_blocks, b.released_blocks}},
           {"blocks_demoted", {a.blocks_demoted, b.blocks_demoted}},
           {"blocks_promoted", {a.blocks_promoted, b.blocks_promoted}},
+          {"blocks_not_admitted", {a.blocks_not_admitted, b.blocks_not_admitted}},
+          {"ghost_hits", {a.ghost_hits, b.ghost_hits}},
       };
       for (const auto& [name, values] : group_fields) {
         if (values.first != values.second) {

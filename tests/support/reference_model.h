@@ -34,7 +34,9 @@
 //     its own may be released;
 //   - the host tier, per group: a device block that eviction drops from the index is copied
 //     to a host block (a demote op), match_prefix continues into host hits and promotes
-//     them;
+//     them; with HostAdmission::kReused only a block hit, promoted or computed while its
+//     hash was a ghost is (a reused flag per device block), and the hashes that leave both
+//     tiers are ghosts (a plain vector, oldest first, of at most device + host blocks);
 //   - prefix hits across groups: the longest p (blocks) such that every full group's chain
 //     (device hits, then host hits as far as free device blocks allow) reaches p and every
 //     windowed group holds, on the device or in its host tier, every entry the token at
@@ -140,6 +142,7 @@ class ReferenceModel {
     uint64_t content = 0;     // new on every allocation; a standby or copy shares its original's
     uint64_t write_step = 0;  // device: the step whose writes, swap-in or promotion fill it
     bool copy_only = false;   // ... and whether a swap-in or promotion alone fills it
+    bool reused = false;      // device, HostAdmission::kReused: evidence of reuse
     // Valid while cached (and, for the copy eviction makes, after): what a hit must match.
     BlockHash hash;
     uint64_t parent_content = 0;  // 0: first block
@@ -170,8 +173,10 @@ class ReferenceModel {
     int64_t blocks_swapped_in = 0;
     int64_t claims_released = 0;
     int64_t host_hit_tokens = 0;
-    int64_t blocks_demoted = 0;   // all groups
-    int64_t blocks_promoted = 0;  // all groups
+    int64_t blocks_demoted = 0;       // all groups
+    int64_t blocks_promoted = 0;      // all groups
+    int64_t blocks_not_admitted = 0;  // all groups
+    int64_t ghost_hits = 0;           // all groups
   };
 
   struct GroupCounters {
@@ -179,6 +184,8 @@ class ReferenceModel {
     int64_t released_blocks = 0;
     int64_t blocks_demoted = 0;
     int64_t blocks_promoted = 0;
+    int64_t blocks_not_admitted = 0;
+    int64_t ghost_hits = 0;
   };
 
   // The groups a manager of these options has: Options::layer_groups, or one full group.
@@ -199,6 +206,9 @@ class ReferenceModel {
       return Code::kInvalidArgument;
     }
     if (o.enable_host_cache && !o.enable_prefix_caching) return Code::kInvalidArgument;
+    if (o.host_admission != HostAdmission::kAll && o.host_admission != HostAdmission::kReused) {
+      return Code::kInvalidArgument;
+    }
     // NOTE (contract): at most 16 checkpoint levels.
     if (o.window_checkpoint_tokens < 0 || o.window_checkpoint_levels < 0 ||
         o.window_checkpoint_levels > 16) {
@@ -344,6 +354,7 @@ class ReferenceModel {
         if (d == kNoBlock) continue;
         t.blocks[i] = d;
         touch(group.device, d);
+        group.device.blocks[d].reused = true;
       }
       group.counters.hit_blocks += hit - t.first_held;
     }
@@ -634,6 +645,8 @@ class ReferenceModel {
     s.released_blocks = group.counters.released_blocks;
     s.blocks_demoted = group.counters.blocks_demoted;
     s.blocks_promoted = group.counters.blocks_promoted;
+    s.blocks_not_admitted = group.counters.blocks_not_admitted;
+    s.ghost_hits = group.counters.ghost_hits;
     return s;
   }
   std::vector<KvEvent> take_events() { return std::exchange(events_, {}); }
@@ -721,7 +734,9 @@ class ReferenceModel {
     int32_t watermark = 0;  // Options::watermark_blocks scaled to the pool
     Pool device;
     Pool host;
-    std::vector<Evicted> evicted = {};  // by the device allocation in progress
+    std::vector<Evicted> evicted = {};         // by the device allocation in progress
+    std::vector<BlockHash> host_evicted = {};  // host-tier hashes evicted (kReused), not ghosts yet
+    std::vector<BlockHash> ghosts = {};        // HostAdmission::kReused: oldest first
     GroupCounters counters = {};
     bool windowed() const { return spec.kind != AttentionKind::kFull; }
     // The first table entry that a token at `pos` attends to.
@@ -994,6 +1009,7 @@ class ReferenceModel {
           if (medium == Medium::kDevice && opts_.enable_host_cache) {
             group.evicted.push_back({b, d.hash, d.content, d.priority, d.duration});
           }
+          if (medium == Medium::kHost && reuse_admission()) group.host_evicted.push_back(d.hash);
         }
         ++p.evictions;
       }
@@ -1044,19 +1060,82 @@ class ReferenceModel {
     set_retention(d, e.priority, e.duration);
   }
 
+  bool reuse_admission() const {
+    return opts_.enable_host_cache && opts_.host_admission == HostAdmission::kReused;
+  }
+
+  // Makes `hash` group g's most recent ghost (kReused), forgetting the oldest beyond
+  // device + host blocks.
+  void add_ghost(int32_t g, const BlockHash& hash) {
+    if (!reuse_admission()) return;
+    std::vector<BlockHash>& ghosts = groups_[g].ghosts;
+    std::erase(ghosts, hash);
+    ghosts.push_back(hash);
+    const auto capacity =
+        static_cast<size_t>(groups_[g].spec.num_blocks + groups_[g].spec.num_host_blocks);
+    if (ghosts.size() > capacity) ghosts.erase(ghosts.begin());
+  }
+
+  // Host-tier hashes the host pool evicted since the last call become ghosts.
+  void ghost_host_evictions(int32_t g) {
+    for (const BlockHash& hash : std::exchange(groups_[g].host_evicted, {})) add_ghost(g, hash);
+  }
+
+  // HostAdmission::kReused: the evicted blocks neither reused nor held by the tier (by
+  // hash) are dropped, their hashes ghosts.
+  void drop_unreused(int32_t g, std::vector<Evicted>& evicted) {
+    if (!reuse_admission()) return;
+    Group& group = groups_[g];
+    std::erase_if(evicted, [&](const Evicted& e) {
+      if (group.device.blocks[e.block].reused || group.host.index.count(key(e.hash)) != 0) {
+        return false;
+      }
+      add_ghost(g, e.hash);
+      ++group.counters.blocks_not_admitted;
+      ++counters_.blocks_not_admitted;
+      return true;
+    });
+  }
+
+  // The blocks [begin, end) of s's table in group g were computed and offered: with
+  // kReused, each is reused if its hash was a ghost (which it no longer is).
+  void note_computed(int32_t g, const Seq& s, const std::vector<BlockHash>& hashes, int32_t begin,
+                     int32_t end) {
+    if (!reuse_admission()) return;
+    Group& group = groups_[g];
+    for (int32_t i = begin; i < end; ++i) {
+      const bool ghost = std::erase(group.ghosts, hashes[i]) == 1;
+      group.device.blocks[s.tables[g].blocks[i]].reused = ghost;
+      group.counters.ghost_hits += ghost;
+      counters_.ghost_hits += ghost;
+    }
+  }
+
+  void demote_evicted(int32_t g) {
+    drop_unreused(g, groups_[g].evicted);
+    demote(g);
+  }
+
   // Each evicted device block of group g is copied into a host block unless the tier
   // holds its hash or no host block is free; the host block is held until the copy is
   // taken. With fewer free host blocks than evictions, the least recently used evictions
-  // are dropped.
-  void demote_evicted(int32_t g) {
+  // are dropped. Hashes that leave both tiers become ghosts (kReused).
+  void demote(int32_t g) {
     Group& group = groups_[g];
     const std::vector<Evicted> evicted = std::exchange(group.evicted, {});
     const size_t free_host = queue_size(group.host);
     const size_t dropped = evicted.size() > free_host ? evicted.size() - free_host : 0;
+    ghost_host_evictions(g);
+    for (size_t i = 0; i < dropped; ++i) add_ghost(g, evicted[i].hash);
     for (size_t i = dropped; i < evicted.size(); ++i) {
       const Evicted& e = evicted[i];
-      if (refresh_host_copy(g, e) || queue_size(group.host) == 0) continue;
+      if (refresh_host_copy(g, e)) continue;
+      if (queue_size(group.host) == 0) {
+        add_ghost(g, e.hash);
+        continue;
+      }
       const BlockId h = take_blocks(g, Medium::kHost, 1)[0];
+      ghost_host_evictions(g);
       cache_host_copy(g, h, e);
       pending_.demote.push_back({e.block, h, opts_.block_size, g});
       release_host_block(g, h);
@@ -1079,7 +1158,9 @@ class ReferenceModel {
     for (const auto& [i, h] : at) touch(group.host, h);
     const std::vector<BlockId> fresh =
         take_blocks(g, Medium::kDevice, static_cast<int32_t>(at.size()));
-    const std::vector<Evicted> evicted = std::exchange(group.evicted, {});
+    std::vector<Evicted> evicted = std::exchange(group.evicted, {});
+    drop_unreused(g, evicted);
+    for (const BlockId d : fresh) group.device.blocks[d].reused = true;
     size_t next_evicted = 0;
     const int32_t bs = opts_.block_size;
     for (size_t j = 0; j < at.size(); ++j) {
@@ -1109,7 +1190,7 @@ class ReferenceModel {
       }
       release_host_block(g, h);
     }
-    demote_evicted(g);
+    demote(g);
     Table& t = s.tables[g];
     for (size_t j = 0; j < at.size(); ++j) t.blocks[at[j].first] = fresh[j];
     for (size_t begin = 0; begin < at.size();) {
@@ -1690,7 +1771,9 @@ class ReferenceModel {
           anchor_keys.push_back(content_of(groups_[anchor_].device, s.tables[anchor_].blocks[i]));
         }
       }
-      cache_blocks(g, s, hashes, std::max(s.offered, s.tables[g].first_held), full, anchor_keys);
+      const int32_t begin = std::max(s.offered, s.tables[g].first_held);
+      cache_blocks(g, s, hashes, begin, full, anchor_keys);
+      note_computed(g, s, hashes, begin, full);
     }
     s.offered = full;
   }
