@@ -153,6 +153,11 @@ def check_host_tier(base, tiered, check):
           f"host tier of {tiered['kv_cache']['host_cache_blocks']} blocks")
     check(tiered["blocks_demoted"] > 0, f"blocks demoted ({tiered['blocks_demoted']})")
     check(tiered["blocks_promoted"] > 0, f"blocks promoted ({tiered['blocks_promoted']})")
+    if tiered["kv_cache"]["host_admission"] == "reused":
+        check(tiered["blocks_not_admitted"] > 0 and tiered["ghost_hits"] > 0,
+              f"--host-admission reused drops blocks never reused "
+              f"({tiered['blocks_not_admitted']}) and admits ghosts computed again "
+              f"({tiered['ghost_hits']})")
     # An exchange is a promotion and a demotion in one copy.
     exchanged = tiered["exchange_blocks_executed"]
     check(tiered["demote_blocks_executed"] + exchanged == tiered["blocks_demoted"] and

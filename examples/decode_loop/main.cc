@@ -82,6 +82,9 @@ ABSL_FLAG(double, host_cache_mb, 0.0,
           "host memory for the prefix cache's host tier, MiB, added to the host pool (0: no "
           "host tier): evicted cached blocks are demoted there and promoted back on a prefix "
           "hit");
+ABSL_FLAG(std::string, host_admission, "all",
+          "which evicted blocks the host tier takes: all|reused (reused: only blocks hit, or "
+          "computed again while their hash was a ghost; docs/results.md)");
 ABSL_FLAG(int32_t, block_size, decode_loop::EngineOptions{}.block_size, "tokens per block");
 ABSL_FLAG(std::string, kv_dtype, "fp32",
           "KV cache element type: fp32|bf16|fp16|fp8 (fp8: e4m3 with per-layer K and V scales "
@@ -287,6 +290,8 @@ constexpr Choice<PreemptionPolicy> kPreemptionPolicies[] = {
     {"mixed", PreemptionPolicy::kMixed},
     {"recompute", PreemptionPolicy::kRecompute},
     {"swap", PreemptionPolicy::kSwap}};
+constexpr Choice<pagedkv::HostAdmission> kHostAdmissions[] = {
+    {"all", pagedkv::HostAdmission::kAll}, {"reused", pagedkv::HostAdmission::kReused}};
 constexpr Choice<ModelKind> kModels[] = {{"llama", ModelKind::kLlama},
                                          {"swa", ModelKind::kSwa},
                                          {"mla", ModelKind::kMla},
@@ -349,6 +354,8 @@ void size_kv_pools(int64_t split_tokens, EngineOptions* engine) {
                                         split_tokens, &engine->cache);
   if (!sized.ok()) fail(absl::StrCat("KV cache: ", sized.message()));
   engine->enable_host_cache = host_cache_mb > 0;
+  engine->host_admission =
+      choose("host-admission", absl::GetFlag(FLAGS_host_admission), kHostAdmissions);
   engine->watermark_blocks = watermark_blocks(engine->cache);
 }
 

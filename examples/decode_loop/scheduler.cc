@@ -87,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
   absl::StatusOr<pagedkv::KvCacheManager> manager = pagedkv::KvCacheManager::create(
       {.block_size = options.block_size,
        .enable_host_cache = options.enable_host_cache,
+       .host_admission = options.host_admission,
        .watermark_blocks = options.watermark_blocks,
        .event_sink = options.event_sink,
        .preemption_hooks = self,

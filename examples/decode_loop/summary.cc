@@ -264,12 +264,17 @@ std::string format_text(const Report& r) {
     line(
         fmt::format("host tier      {} hit tokens promoted from host memory ({:.1f}% of hits); "
                     "{} blocks demoted, {} promoted ({} of both by exchange), {} host evictions; "
-                    "{} cached at the end",
+                    "{} cached at the end{}",
                     s.admit_host_hit_tokens,
                     100.0 * ratio(static_cast<double>(s.admit_host_hit_tokens),
                                   static_cast<double>(s.admit_hit_tokens)),
                     m.blocks_demoted, m.blocks_promoted, s.exchange_blocks_executed,
-                    m.host_evictions, m.cached_host_blocks));
+                    m.host_evictions, m.cached_host_blocks,
+                    r.engine.host_admission == pagedkv::HostAdmission::kReused
+                        ? fmt::format("; admission: {} evicted blocks not reused dropped, "
+                                      "{} ghost hits",
+                                      m.blocks_not_admitted, m.ghost_hits)
+                        : ""));
   }
   line(
       fmt::format("KV blocks      peak {} of {} in use{}, utilization {:.1f}% (real token slots / "
@@ -380,6 +385,8 @@ std::string format_json(const Report& r) {
         {"bytes_per_block", r.bytes_per_block},
         {"num_host_blocks", r.engine.cache.groups.front().num_host_blocks},
         {"host_cache", r.engine.enable_host_cache},
+        {"host_admission",
+         r.engine.host_admission == pagedkv::HostAdmission::kReused ? "reused" : "all"},
         {"host_cache_blocks", r.engine.cache.groups.front().host_cache_blocks},
         {"treat_as_full", r.engine.cache.treat_as_full},
         {"split_tokens", r.engine.cache.split_tokens},
@@ -423,6 +430,8 @@ std::string format_json(const Report& r) {
       {"promote_blocks_executed", s.promote_blocks_executed},
       {"exchange_blocks_executed", s.exchange_blocks_executed},
       {"host_evictions", m.host_evictions},
+      {"blocks_not_admitted", m.blocks_not_admitted},
+      {"ghost_hits", m.ghost_hits},
       {"cached_host_blocks", m.cached_host_blocks},
       {"peak_used_blocks", s.peak_used_blocks},
       {"peak_used_bytes", s.peak_used_bytes},

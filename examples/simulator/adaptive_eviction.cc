@@ -232,11 +232,14 @@ std::string format_policy_table(const std::vector<PolicyRow>& rows) {
   return out;
 }
 
-double AdmissionRow::demotions_saved() const {
-  return demote_all.demotions == 0
-             ? 0.0
-             : 1.0 - static_cast<double>(demote_reused.demotions) / demote_all.demotions;
+namespace {
+double saved(const TieredReplayResult& all, const TieredReplayResult& reused) {
+  return all.demotions == 0 ? 0.0 : 1.0 - static_cast<double>(reused.demotions) / all.demotions;
 }
+}  // namespace
+
+double AdmissionRow::demotions_saved() const { return saved(demote_all, demote_reused); }
+double AdmissionRow::manager_demotions_saved() const { return saved(manager_all, manager_reused); }
 
 absl::StatusOr<AdmissionRow> admission_study(const BlockStreams& streams, int32_t device_blocks,
                                              int32_t host_blocks) {
@@ -248,23 +251,36 @@ absl::StatusOr<AdmissionRow> admission_study(const BlockStreams& streams, int32_
     if (!tiered.ok()) return tiered.status();
     *result = *tiered;
   }
+  for (auto [admission, result] : {std::pair{HostAdmission::kAll, &row.manager_all},
+                                   std::pair{HostAdmission::kReused, &row.manager_reused}}) {
+    absl::StatusOr<TieredReplayResult> tiered =
+        replay_tiered_manager(streams, device_blocks, host_blocks, admission);
+    if (!tiered.ok()) return tiered.status();
+    *result = *tiered;
+  }
   return row;
 }
 
 std::string format_admission_table(const AdmissionRow& row) {
-  std::string out = fmt::format("{:>14} {:>8} {:>8} {:>8} {:>9} {:>9} {:>10} {:>10}\n",
+  std::string out = fmt::format("{:>24} {:>8} {:>8} {:>8} {:>9} {:>9} {:>10} {:>10}\n",
                                 "host admission", "dev hit", "host hit", "combined", "demoted",
                                 "undemoted", "promoted", "host drops");
-  for (auto [name, t] :
-       {std::pair{"demote all", &row.demote_all}, std::pair{"demote reused", &row.demote_reused}}) {
-    out += fmt::format("{:>14} {:>8.4f} {:>8.4f} {:>8.4f} {:>9} {:>9} {:>10} {:>10}\n", name,
+  for (auto [name, t] : {std::pair{"demote all (model)", &row.demote_all},
+                         std::pair{"demote reused (model)", &row.demote_reused},
+                         std::pair{"kAll (KvCacheManager)", &row.manager_all},
+                         std::pair{"kReused (KvCacheManager)", &row.manager_reused}}) {
+    out += fmt::format("{:>24} {:>8.4f} {:>8.4f} {:>8.4f} {:>9} {:>9} {:>10} {:>10}\n", name,
                        t->device_hit_rate(), t->host_hit_rate(), t->hit_rate(), t->demotions,
                        t->undemoted, t->promotions(), t->host_evictions);
   }
-  const double all = row.demote_all.hit_rate();
-  out += fmt::format("demotions saved {:.1f} %, combined hit rate {:+.2f} % of demote-all's\n",
-                     100 * row.demotions_saved(),
-                     all > 0 ? 100 * (row.demote_reused.hit_rate() - all) / all : 0.0);
+  auto change = [](const TieredReplayResult& all, const TieredReplayResult& reused) {
+    return all.hit_rate() > 0 ? 100 * (reused.hit_rate() - all.hit_rate()) / all.hit_rate() : 0.0;
+  };
+  out += fmt::format(
+      "demotions saved {:.1f} % (model), {:.1f} % (KvCacheManager); combined hit rate {:+.2f} % "
+      "(model), {:+.2f} % (KvCacheManager) of demote-all's\n",
+      100 * row.demotions_saved(), 100 * row.manager_demotions_saved(),
+      change(row.demote_all, row.demote_reused), change(row.manager_all, row.manager_reused));
   return out;
 }
 

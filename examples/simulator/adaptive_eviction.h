@@ -64,12 +64,15 @@ struct PolicyRow {
 std::string format_policy_table(const std::vector<PolicyRow>& rows);
 
 // The host tier's admission rule: the tiered replay (eviction.h) with HostAdmission::kAll
-// and kReused at one size.
+// and kReused at one size, in the model and through the KvCacheManager.
 struct AdmissionRow {
   TieredReplayResult demote_all;
   TieredReplayResult demote_reused;
-  // Demotions saved, as a share of demote-all's.
+  TieredReplayResult manager_all;
+  TieredReplayResult manager_reused;
+  // Demotions saved, as a share of demote-all's (the model's, or the manager's).
   double demotions_saved() const;
+  double manager_demotions_saved() const;
 };
 
 [[nodiscard]] absl::StatusOr<AdmissionRow> admission_study(const BlockStreams& streams,

@@ -361,6 +361,53 @@ absl::StatusOr<TieredReplayResult> replay_tiered_lru(const BlockStreams& streams
   return tiers.result();
 }
 
+absl::StatusOr<TieredReplayResult> replay_tiered_manager(const BlockStreams& streams,
+                                                         int32_t device_blocks, int32_t host_blocks,
+                                                         HostAdmission admission) {
+  if (device_blocks < 1 || host_blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tiered manager replay: device_blocks ",
+                                                   device_blocks, " and host_blocks ", host_blocks,
+                                                   " must be >= 1"));
+  }
+  absl::StatusOr<KvCacheManager> m = KvCacheManager::create({.num_blocks = device_blocks,
+                                                             .block_size = 1,
+                                                             .num_host_blocks = host_blocks,
+                                                             .enable_host_cache = true,
+                                                             .host_admission = admission});
+  if (!m.ok()) return m.status();
+  TieredReplayResult result{.device_capacity = device_blocks, .host_capacity = host_blocks};
+  std::vector<TokenId> tokens;
+  for (size_t r = 0; r < streams.size(); ++r) {
+    const auto n = static_cast<int32_t>(streams[r].size());
+    if (n > device_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", r, " has ", n, " blocks, more than the device tier's ", device_blocks));
+    }
+    // A last token that is never computed: match_prefix() leaves a prompt's last token to
+    // be computed, so every id's block can hit.
+    tokens.resize(n + 1);
+    for (int32_t i = 0; i < n; ++i) tokens[i] = block_token(streams[r][i]);
+    tokens[n] = 0;
+    const auto seq = static_cast<SeqId>(r);
+    const KvCacheManager::Stats before = m->stats();
+    if (absl::Status added = m->add_sequence(seq, tokens); !added.ok()) return added;
+    absl::StatusOr<int32_t> hit = m->match_prefix(seq);
+    if (!hit.ok()) return hit.status();
+    if (auto slots = m->allocate_slots(seq, n - *hit); !slots.ok()) return slots.status();
+    (void)m->take_step_ops();  // no engine: the copies need not run
+    if (absl::Status freed = m->free(seq); !freed.ok()) return freed;
+    const KvCacheManager::Stats after = m->stats();
+    result.total_blocks += n;
+    result.host_hit_blocks += after.host_hit_tokens - before.host_hit_tokens;
+    result.device_hit_blocks += *hit - (after.host_hit_tokens - before.host_hit_tokens);
+  }
+  const KvCacheManager::Stats s = m->stats();
+  result.demotions = s.blocks_demoted;
+  result.host_evictions = s.host_evictions;
+  result.undemoted = s.blocks_not_admitted;
+  return result;
+}
+
 absl::StatusOr<std::vector<TierRow>> tier_study(const BlockStreams& streams,
                                                 const std::vector<TierSize>& sizes) {
   std::vector<TierRow> rows;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pagedkv/kv_cache_manager.h"
 #include "trace.h"
 
 namespace pagedkv::sim {
@@ -113,18 +114,6 @@ struct TieredReplayResult {
   double host_hit_rate() const { return rate(host_hit_blocks); }
 };
 
-// Which device evictions the host tier takes (issue 24).
-enum class HostAdmission {
-  kAll,  // every evicted block is demoted
-  // Only blocks with evidence of reuse since they were last computed: hit at least once
-  // (on the device or in the host tier), or computed again while their id was a ghost (one
-  // of the device_blocks + host_blocks blocks most recently dropped from both tiers). The
-  // rest are dropped. Issue 24 also names branch points (two or more distinct children
-  // cached under a block): in this one-request-at-a-time replay a second child can only
-  // come with a request that hits the block, so they are already covered.
-  kReused,
-};
-
 // Tiered LRU replay with `device_blocks` and `host_blocks`.
 //
 // Retention priorities (issue 13 asks the allocator for them): the first
@@ -135,9 +124,27 @@ enum class HostAdmission {
 //
 // Errors: InvalidArgument when device_blocks < 1, host_blocks < 0,
 // retained_head_blocks < 0, or a request has more blocks than the device tier.
+//
+// `admission` is the library's rule (pagedkv::HostAdmission), restated over ids: kReused
+// demotes only blocks hit since they were last computed (on the device or in the host
+// tier), or computed again while their id was a ghost (one of the device_blocks +
+// host_blocks ids most recently dropped from both tiers). Issue 24 also names branch
+// points (two or more distinct children cached under a block): in this
+// one-request-at-a-time replay a second child comes only with a request that hits the
+// block, so hits cover them.
 [[nodiscard]] absl::StatusOr<TieredReplayResult> replay_tiered_lru(
     const BlockStreams& streams, int32_t device_blocks, int32_t host_blocks,
     int32_t retained_head_blocks = 0, HostAdmission admission = HostAdmission::kAll);
+
+// The same replay through a KvCacheManager with a host tier (Options::enable_host_cache,
+// `admission`): one-token blocks, one per id, each request added, matched (device hits,
+// then promoted host hits), its misses computed in one step, then freed (tail first). It
+// checks that the library does what the model above does. Errors: those of
+// replay_tiered_lru() and of the manager's calls.
+[[nodiscard]] absl::StatusOr<TieredReplayResult> replay_tiered_manager(const BlockStreams& streams,
+                                                                       int32_t device_blocks,
+                                                                       int32_t host_blocks,
+                                                                       HostAdmission admission);
 
 struct TierSize {
   int32_t device_blocks = 0;

@@ -506,6 +506,9 @@ TEST_CASE(
   CHECK(admission->demote_all.hit_blocks() == (*rows)[1].lru.hit_blocks);
   CHECK(admission->demotions_saved() >= 0.5);
   CHECK(admission->demote_reused.hit_rate() >= 0.99 * admission->demote_all.hit_rate());
+  // ... and the library's rule, through the KvCacheManager.
+  CHECK(admission->manager_demotions_saved() >= 0.5);
+  CHECK(admission->manager_reused.hit_rate() >= 0.99 * admission->manager_all.hit_rate());
 }
 
 // --- engine model ------------------------------------------------------------------------

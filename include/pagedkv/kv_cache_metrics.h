@@ -9,11 +9,11 @@
 //   pagedkv:num_preemptions_total      counter, preempted sequences (label mode)
 //   pagedkv:num_evictions_total        counter, cached blocks evicted to reuse them
 // plus block gauges, copy-on-write and swap counters, the host tier's (cached host blocks,
-// host hits in tokens, blocks demoted, promoted and evicted from the tier), partial-block
-// hits in tokens, the publisher's event counters, and with update(manager) one series per
-// layer group (labels group and kind) of pagedkv:kv_cache_group_* gauges and counters:
-// usage, blocks, cached blocks, blocks claimed by hits, released behind windows, evicted,
-// demoted and promoted.
+// host hits in tokens, blocks demoted, promoted, evicted from the tier, not admitted to it,
+// ghost hits), partial-block hits in tokens, the publisher's event counters, and with
+// update(manager) one series per layer group (labels group and kind) of
+// pagedkv:kv_cache_group_* gauges and counters: usage, blocks, cached blocks, blocks claimed
+// by hits, released behind windows, evicted, demoted and promoted.
 //
 // Threading: update() on the scheduler thread (once per step is plenty); the HTTP server
 // started by serve() reads the values from its own threads (prometheus-cpp's metrics are

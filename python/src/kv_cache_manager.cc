@@ -416,7 +416,11 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
                 counter("blocks_demoted", &Stats::blocks_demoted),
                 counter("blocks_promoted", &Stats::blocks_promoted),
                 counter("host_evictions", &Stats::host_evictions,
-                        "host-tier blocks dropped to reuse their host block"));
+                        "host-tier blocks dropped to reuse their host block"),
+                counter("blocks_not_admitted", &Stats::blocks_not_admitted,
+                        "evicted blocks HostAdmission.REUSED dropped (no evidence of reuse)"),
+                counter("ghost_hits", &Stats::ghost_hits,
+                        "blocks computed while their hash was a ghost (HostAdmission.REUSED)"));
 
   using GroupStats = KvCacheManager::GroupStats;
   nb::class_<GroupStats> group_stats(
@@ -437,6 +441,8 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
                         "windowed: blocks released behind the window"),
                 counter("blocks_demoted", &GroupStats::blocks_demoted),
                 counter("blocks_promoted", &GroupStats::blocks_promoted),
+                counter("blocks_not_admitted", &GroupStats::blocks_not_admitted),
+                counter("ghost_hits", &GroupStats::ghost_hits),
                 counter("checkpoints_saved", &GroupStats::checkpoints_saved),
                 counter("checkpoints_restored", &GroupStats::checkpoints_restored));
 
@@ -446,6 +452,7 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("block_size", &Options::block_size)
       .def_ro("num_host_blocks", &Options::num_host_blocks)
       .def_ro("enable_host_cache", &Options::enable_host_cache)
+      .def_ro("host_admission", &Options::host_admission)
       .def_ro("max_model_len", &Options::max_model_len)
       .def_ro("watermark_blocks", &Options::watermark_blocks)
       .def_ro("enable_prefix_caching", &Options::enable_prefix_caching)
@@ -740,7 +747,7 @@ void bind_kv_cache_manager(nb::module_& m) {
          bool enable_prefix_caching, PreemptionMode preemption_mode, nb::object event_sink,
          nb::object preemption_hooks, nb::object victim_policy, nb::object clock,
          std::vector<LayerGroup> layer_groups, bool enable_partial_block_reuse,
-         int32_t state_checkpoint_interval_blocks) {
+         int32_t state_checkpoint_interval_blocks, HostAdmission host_admission) {
         KvCacheManager::Options options;
         options.num_blocks = num_blocks;
         options.block_size = block_size;
@@ -753,6 +760,7 @@ void bind_kv_cache_manager(nb::module_& m) {
         options.layer_groups = std::move(layer_groups);
         options.enable_partial_block_reuse = enable_partial_block_reuse;
         options.state_checkpoint_interval_blocks = state_checkpoint_interval_blocks;
+        options.host_admission = host_admission;
         new (self)
             PyKvCacheManager(std::move(options), std::move(event_sink), std::move(preemption_hooks),
                              std::move(victim_policy), std::move(clock));
@@ -763,7 +771,7 @@ void bind_kv_cache_manager(nb::module_& m) {
       "event_sink"_a = nb::none(), "preemption_hooks"_a = nb::none(),
       "victim_policy"_a = nb::none(), "clock"_a = nb::none(),
       "layer_groups"_a = std::vector<LayerGroup>{}, "enable_partial_block_reuse"_a = false,
-      "state_checkpoint_interval_blocks"_a = 0,
+      "state_checkpoint_interval_blocks"_a = 0, "host_admission"_a = HostAdmission::kAll,
       "num_blocks: device blocks (> 0), or 0 with layer_groups.\n"
       "layer_groups: a hybrid model's LayerGroups (full, sliding window, chunked local), each\n"
       "with device and host pools of its own sizes (num_blocks and num_host_blocks must then\n"
@@ -779,6 +787,8 @@ void bind_kv_cache_manager(nb::module_& m) {
       "enable_host_cache: the host tier of the prefix cache: an evicted cached device block is\n"
       "demoted to a host block (StepOps.demote), and match_prefix() continues into host hits\n"
       "(StepOps.promote). Needs enable_prefix_caching and num_host_blocks > 0.\n"
+      "host_admission: HostAdmission.ALL demotes every evicted cached block; REUSED only those\n"
+      "hit, or computed again while their hash was a ghost (docs/results.md).\n"
       "event_sink: a KvEventBuffer or any object with on_event(event).\n"
       "preemption_hooks: any object with on_preempt(victim, mode), and optionally\n"
       "on_claim_released(seq) (allocate_slots_or_preempt gave a waiting sequence's claim back).\n"

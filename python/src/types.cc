@@ -146,6 +146,12 @@ void bind_enums(nb::module_& m) {
              "blocks freed (hashed ones stay cached); the tokens are recomputed later")
       .value("SWAP", PreemptionMode::kSwap,
              "blocks copied to the host pool, copied back by swap_in()");
+  nb::enum_<HostAdmission>(m, "HostAdmission",
+                           "Which cached device blocks eviction demotes into the host tier.")
+      .value("ALL", HostAdmission::kAll, "every one")
+      .value("REUSED", HostAdmission::kReused,
+             "only blocks hit, or computed again while their hash was a ghost (a recently "
+             "dropped hash); the rest are dropped");
   nb::enum_<Medium>(m, "Medium", "Where cached blocks live, as KV events report it.")
       .value("DEVICE", Medium::kDevice, "device memory (\"GPU\" on the wire)")
       .value("HOST", Medium::kHost, "the host tier of the prefix cache (\"CPU\")");

@@ -411,3 +411,28 @@ def test_a_clock_referring_to_its_manager_is_garbage_collected():
     del clock, pool_clock
     gc.collect()
     assert [r() for r in refs] == [None, None]
+
+
+def test_admission_reused_drops_blocks_never_reused_and_demotes_them_once_they_come_back():
+    m = pk.KvCacheManager(num_blocks=3, block_size=BLOCK_SIZE, num_host_blocks=4,
+                          enable_host_cache=True, host_admission=pk.HostAdmission.REUSED)
+    assert m.options.host_admission == pk.HostAdmission.REUSED
+    a = tokens(8, 100)
+    prefill(m, 1, a)
+    m.free(1)
+    # B0..B2 evict A1 and A0: never hit, so dropped; their hashes become ghosts.
+    prefill(m, 2, tokens(12, 200))
+    s = m.stats()
+    assert (s.evictions, s.blocks_not_admitted, s.blocks_demoted) == (2, 2, 0)
+    m.free(2)
+    # A again, computed while its hashes are ghosts (evicting B2 and B1, dropped too).
+    prefill(m, 3, a)
+    s = m.stats()
+    assert (s.blocks_not_admitted, s.ghost_hits) == (4, 2)
+    m.free(3)
+    # C evicts B0 (dropped), then A1 and A0: reused, so demoted.
+    prefill(m, 4, tokens(12, 300))
+    s = m.stats()
+    assert (s.blocks_not_admitted, s.blocks_demoted, s.cached_host_blocks) == (5, 2, 2)
+    assert m.group_stats(0).ghost_hits == 2
+    m.check_invariants()

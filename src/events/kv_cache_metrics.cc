@@ -89,6 +89,10 @@ struct MetricsState {
         demoted(counter("num_blocks_demoted", "Evicted cached blocks copied to the host tier")),
         promoted(counter("num_blocks_promoted", "Host-tier hits copied back to the device")),
         host_evictions(counter("num_host_evictions", "Host-tier blocks evicted to reuse them")),
+        not_admitted(counter("num_blocks_not_admitted",
+                             "Evicted cached blocks the host tier's admission rule dropped")),
+        ghost_hits(counter("num_ghost_hits",
+                           "Blocks computed while their hash was a ghost of the host tier")),
         partial_hits(counter("prefix_cache_partial_hits",
                              "Prefix cache hits reused from part of a cached block, in tokens")),
         group_usage(gauge_family("kv_cache_group_usage_perc",
@@ -193,7 +197,7 @@ struct MetricsState {
   prometheus::Gauge& cached_host_blocks;
   MonotonicCounter prefix_queries, prefix_hits, preemptions_recompute, preemptions_swap, evictions,
       cow_copies, swapped_out, swapped_in, host_hits, demoted, promoted, host_evictions,
-      partial_hits;
+      not_admitted, ghost_hits, partial_hits;
   prometheus::Family<prometheus::Gauge>&group_usage, &group_num_blocks, &group_used_blocks,
       &group_cached_free_blocks, &group_cached_host_blocks;
   prometheus::Family<prometheus::Counter>&group_hit_blocks, &group_released_blocks,
@@ -277,6 +281,8 @@ void KvCacheMetrics::update(const KvCacheManager::Stats& s) {
   m.demoted.advance_to(s.blocks_demoted);
   m.promoted.advance_to(s.blocks_promoted);
   m.host_evictions.advance_to(s.host_evictions);
+  m.not_admitted.advance_to(s.blocks_not_admitted);
+  m.ghost_hits.advance_to(s.ghost_hits);
   m.partial_hits.advance_to(s.partial_hit_tokens);
 }
 

@@ -23,6 +23,8 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   s.blocks_demoted = 20;
   s.blocks_promoted = 6;
   s.host_evictions = 4;
+  s.blocks_not_admitted = 31;
+  s.ghost_hits = 9;
   (*metrics)->update(s);
   s.prefix_query_tokens = 900;  // a smaller total (a new manager): the counter stays
   (*metrics)->update(s);
@@ -46,6 +48,8 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   REQUIRE_THAT(text, Catch::Contains("pagedkv:num_blocks_demoted_total{model_name=\"m\"} 20"));
   REQUIRE_THAT(text, Catch::Contains("pagedkv:num_blocks_promoted_total{model_name=\"m\"} 6"));
   REQUIRE_THAT(text, Catch::Contains("pagedkv:num_host_evictions_total{model_name=\"m\"} 4"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:num_blocks_not_admitted_total{model_name=\"m\"} 31"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:num_ghost_hits_total{model_name=\"m\"} 9"));
   REQUIRE_THAT(text, Catch::Contains("pagedkv:kv_events_published_total{model_name=\"m\"} 42"));
   REQUIRE_THAT(
       text, Catch::Contains(
