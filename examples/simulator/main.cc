@@ -92,6 +92,9 @@ ABSL_FLAG(double, swap_gib, kDefaults.host_swap_gib,
 ABSL_FLAG(double, host_cache_gib, kDefaults.host_cache_gib,
           "host tier in GiB behind paged+prefix: evicted cached blocks are demoted there and "
           "promoted on a hit; 0: none");
+ABSL_FLAG(std::string, host_admission, "all",
+          "which evicted blocks the host tier takes: all, or reused (hit, or computed again "
+          "while their hash was a ghost)");
 ABSL_FLAG(double, host_link_gbps, pagedkv::sim::EngineOptions{}.host_link_bytes_per_s / 1e9,
           "host tier promotion bandwidth in GB/s; 55: PCIe 5.0 x16");
 ABSL_FLAG(double, step_ms, pagedkv::sim::EngineOptions{}.step_ms, "decode step time in ms");
@@ -159,6 +162,7 @@ absl::Status validate_flags() {
     return absl::StrCat("in [", min, ", ", kMaxCount, "]");
   };
   const std::string preemption = GetFlag(FLAGS_preemption);
+  const std::string host_admission = GetFlag(FLAGS_host_admission);
   for (const absl::Status& status : {
            check_flag(FLAGS_gen_requests, count_in(GetFlag(FLAGS_gen_requests), 0), count_range(0)),
            check_flag(FLAGS_gen_rate, GetFlag(FLAGS_gen_rate) > 0, "> 0"),
@@ -171,6 +175,8 @@ absl::Status validate_flags() {
                       "recompute or swap"),
            check_flag(FLAGS_swap_gib, GetFlag(FLAGS_swap_gib) >= 0, ">= 0"),
            check_flag(FLAGS_host_cache_gib, GetFlag(FLAGS_host_cache_gib) >= 0, ">= 0"),
+           check_flag(FLAGS_host_admission, host_admission == "all" || host_admission == "reused",
+                      "all or reused"),
            check_flag(FLAGS_host_link_gbps, GetFlag(FLAGS_host_link_gbps) > 0, "> 0"),
            check_flag(FLAGS_step_ms, GetFlag(FLAGS_step_ms) > 0, "> 0"),
            check_flag(FLAGS_prefill_ms_per_1k, GetFlag(FLAGS_prefill_ms_per_1k) >= 0, ">= 0"),
@@ -226,6 +232,9 @@ SimOptions options_from_flags() {
                                 : pagedkv::PreemptionMode::kRecompute;
   options.host_swap_gib = GetFlag(FLAGS_swap_gib);
   options.host_cache_gib = GetFlag(FLAGS_host_cache_gib);
+  options.host_admission = GetFlag(FLAGS_host_admission) == "reused"
+                               ? pagedkv::HostAdmission::kReused
+                               : pagedkv::HostAdmission::kAll;
   options.engine.host_link_bytes_per_s = GetFlag(FLAGS_host_link_gbps) * 1e9;
   options.engine.step_ms = GetFlag(FLAGS_step_ms);
   options.engine.prefill_ms_per_1k_tokens = GetFlag(FLAGS_prefill_ms_per_1k);

@@ -256,6 +256,7 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
       o.num_host_blocks =
           static_cast<int32_t>(std::min<int64_t>(swap_blocks + host_cache_blocks, INT32_MAX));
       o.enable_host_cache = host_cache_blocks > 0;
+      o.host_admission = setup.host_admission;
       o.watermark_blocks = watermark(setup, o.num_blocks);
       o.preemption_mode = swap_blocks > 0 ? setup.preemption_mode : PreemptionMode::kRecompute;
     }

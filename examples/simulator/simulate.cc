@@ -147,6 +147,7 @@ absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions
     }
     setup.host_budget_tokens = host_bytes / options.spec.bytes_per_token();
     setup.host_cache_tokens = host_cache_bytes / options.spec.bytes_per_token();
+    setup.host_admission = options.host_admission;
     setup.max_model_len = settings.max_model_len;
     setup.preemption_mode = options.preemption_mode;
     EngineOptions engine = options.engine;

@@ -53,6 +53,7 @@ struct SimOptions {
   std::optional<int32_t> max_model_len;
   double host_swap_gib = 4;
   double host_cache_gib = 0;  // host tier behind paged+prefix (0: none)
+  HostAdmission host_admission = HostAdmission::kAll;  // the host tier's
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   EngineOptions engine;
   bool eviction = true;  // eviction study on the first Mooncake trace
