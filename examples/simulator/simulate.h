@@ -52,7 +52,7 @@ struct SimOptions {
   std::optional<double> time_scale;
   std::optional<int32_t> max_model_len;
   double host_swap_gib = 4;
-  double host_cache_gib = 0;  // host tier behind paged+prefix (0: none)
+  double host_cache_gib = 0;                           // host tier behind paged+prefix (0: none)
   HostAdmission host_admission = HostAdmission::kAll;  // the host tier's
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   EngineOptions engine;
