@@ -30,11 +30,13 @@ KvCacheManager make_manager(int32_t num_blocks) {
 }
 
 // A manager with a host tier of `host_blocks` blocks.
-KvCacheManager make_tiered_manager(int32_t num_blocks, int32_t host_blocks) {
+KvCacheManager make_tiered_manager(int32_t num_blocks, int32_t host_blocks,
+                                   HostAdmission admission = HostAdmission::kAll) {
   return make_manager({.num_blocks = num_blocks,
                        .block_size = 16,
                        .num_host_blocks = host_blocks,
-                       .enable_host_cache = true});
+                       .enable_host_cache = true,
+                       .host_admission = admission});
 }
 
 // A benchmark counter of nanoseconds per `count` events over the whole run.
@@ -218,11 +220,21 @@ void run_evicting_admissions(benchmark::State& state, KvCacheManager& m) {
     state.SkipWithError("expected one eviction per allocated block");
   }
   if (m.options().enable_host_cache) {
-    state.counters["ns_per_demoted_block"] = ns_per(after.blocks_demoted - before.blocks_demoted);
+    if (after.blocks_demoted > before.blocks_demoted) {
+      state.counters["ns_per_demoted_block"] = ns_per(after.blocks_demoted - before.blocks_demoted);
+    }
     state.counters["host_evictions_per_admission"] =
         benchmark::Counter(static_cast<double>(after.host_evictions - before.host_evictions) /
                            static_cast<double>(state.iterations()));
-    if (after.blocks_demoted == before.blocks_demoted) state.SkipWithError("nothing demoted");
+    if (m.options().host_admission == HostAdmission::kAll &&
+        after.blocks_demoted == before.blocks_demoted) {
+      state.SkipWithError("nothing demoted");
+    }
+    if (m.options().host_admission == HostAdmission::kReused &&
+        after.blocks_not_admitted - before.blocks_not_admitted !=
+            after.evictions - before.evictions) {
+      state.SkipWithError("expected every eviction dropped by the admission rule");
+    }
   }
 }
 
@@ -241,6 +253,15 @@ void BM_HostTierDemote(benchmark::State& state) {
   run_evicting_admissions(state, m);
 }
 BENCHMARK(BM_HostTierDemote);
+
+// The same with HostAdmission::kReused: no prompt is ever hit, so the rule drops every
+// evicted block (its hash joins the ghost list) instead of demoting it: the rule's cost per
+// eviction, against BM_HostTierDemote's copy bookkeeping and BM_AdmitEvicting's none.
+void BM_HostTierAdmitReused(benchmark::State& state) {
+  KvCacheManager m = make_tiered_manager(1024, /*host_blocks=*/1024, HostAdmission::kReused);
+  run_evicting_admissions(state, m);
+}
+BENCHMARK(BM_HostTierAdmitReused);
 
 // Admissions of prompts whose prefix sits in the host tier: 16 prompts of 1,025 tokens
 // (64 full blocks each, 1,024 blocks in all) take turns on a device pool of 256 blocks,
