@@ -187,9 +187,9 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
            .clock = options.clock,
            // Its evictions become ghosts (HostTier).
            .log_evictions = host_tier && options.host_admission == HostAdmission::kReused,
-           // Host blocks take the content keys of the device
-           // blocks they copy: the host's own keys (blocks renewed
-           // for swapping) are drawn apart from the device's.
+           // Host blocks take the content keys of the device blocks they copy: the
+           // host's own keys (blocks renewed for swapping) are drawn apart from the
+           // device's.
            .first_content_key = uint64_t{1} << 63,
            .log_dead_contents = logs_deaths,
            .index_children = windowed_caching && !full});

@@ -41,8 +41,6 @@ class GhostList {
   // Removes `hash`; whether it was a ghost.
   bool take(const BlockHash& hash) { return capacity_ != 0 && live_.erase(hash) == 1; }
 
-  int32_t size() const { return static_cast<int32_t>(live_.size()); }
-
   // At most capacity ghosts, each with one live entry in the order.
   absl::Status check_invariants() const {
     if (std::ssize(live_) > capacity_) {
