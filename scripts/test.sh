@@ -3,6 +3,8 @@
 # Then builds the Python package with pip in a fresh virtual environment and runs its
 # pytest suite (python/tests).
 # Usage: bash scripts/test.sh [extra cmake -D options]
+#   A Release build unless the options name another CMAKE_BUILD_TYPE (run-example.sh
+#   builds the same folder the same way, so neither rebuilds the other's work).
 #   BUILD_DIR (default build) picks the build folder.
 #   PYTHON_TESTS=0 skips the Python package.
 set -euo pipefail
@@ -11,7 +13,7 @@ bash scripts/install-deps.sh
 build=${BUILD_DIR:-build}
 bash scripts/python-venv.sh "$build/.venv-events" ||
   echo "test.sh: no Python venv (offline?): the KV event tests will be skipped" >&2
-cmake -S . -B "$build" -G Ninja "$@"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 cmake --build "$build" -j"$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" --output-junit ctest-results.xml
 # Every Catch2 test case ran once, or was reported skipped: none passes without running.
