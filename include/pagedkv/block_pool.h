@@ -210,7 +210,7 @@ class BlockPool {
 
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
-  int32_t num_free_blocks() const;
+  int32_t num_free_blocks() const { return num_blocks_ - used_blocks_; }
   // Per-block queries. Errors: InvalidArgument for an id outside [0, num_blocks);
   // cached_hash(): NotFound when the block holds no hash.
   [[nodiscard]] absl::StatusOr<int32_t> ref_count(BlockId block) const;
@@ -341,7 +341,7 @@ class BlockPool {
 
   bool valid_id(BlockId block) const { return block >= 0 && block < num_blocks_; }
   absl::Status id_error(BlockId block, const char* caller) const;  // InvalidArgument
-  void enqueue_freed(BlockId block, BlockId& last_clean);
+  bool enqueue_freed(BlockId block, BlockId& last_clean);
   void undo_free(std::span<const BlockId> freed);
   absl::Status check_cache_request(std::span<const BlockId> blocks, size_t num_hashes,
                                    BlockId parent, std::span<const TokenId> tokens,

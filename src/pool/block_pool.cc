@@ -84,17 +84,16 @@ absl::Status BlockPool::id_error(BlockId block, const char* caller) const {
 absl::Status BlockPool::allocate(std::span<BlockId> out) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   const auto n = static_cast<int64_t>(out.size());
-  if (n > free_queue_->size()) {
+  if (n > num_free_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat("BlockPool::allocate: need ", n, " blocks, ",
-                                                     free_queue_->size(), " free of ",
-                                                     num_blocks_));
+                                                     num_free_blocks(), " free of ", num_blocks_));
   }
   allocate_unchecked(out);
   return absl::OkStatus();
 }
 
 void BlockPool::allocate_unchecked(std::span<BlockId> out) {
-  PAGEDKV_DCHECK(std::ssize(out) <= free_queue_->size());
+  PAGEDKV_DCHECK(std::ssize(out) <= num_free_blocks());
   if (!out.empty()) expire_retention();
   for (BlockId& b : out) {
     b = free_queue_->pop_front();
@@ -157,8 +156,10 @@ void BlockPool::touch_unchecked(BlockId block) {
 
 // A block whose ref count reached 0: hashed ones join the tail of their priority's list,
 // clean ones the head, after the clean blocks this call queued before (`last_clean`).
-inline void BlockPool::enqueue_freed(BlockId b, BlockId& last_clean) {
-  --used_blocks_;
+// Returns whether it is cached; the caller counts it in used_blocks_ and
+// cached_free_blocks_ (a loop can keep the counts in registers: the queue's link stores
+// could alias the members, so updating them here costs a load and a store per block).
+inline bool BlockPool::enqueue_freed(BlockId b, BlockId& last_clean) {
   if (hash_index_->is_cached(b)) {
     if (priority_[b] == kNoPriority) [[likely]] {
       free_queue_->push_back(b, kDefaultRetentionPriority);
@@ -166,11 +167,11 @@ inline void BlockPool::enqueue_freed(BlockId b, BlockId& last_clean) {
       free_queue_->push_back(b, priority_[b]);
       schedule_expiry(b);
     }
-    ++cached_free_blocks_;
-  } else {
-    free_queue_->insert_clean_after(last_clean, b);
-    last_clean = b;
+    return true;
   }
+  free_queue_->insert_clean_after(last_clean, b);
+  last_clean = b;
+  return false;
 }
 
 absl::Status BlockPool::free(std::span<const BlockId> blocks_in_eviction_order) {
@@ -185,7 +186,10 @@ absl::Status BlockPool::free(std::span<const BlockId> blocks_in_eviction_order) 
       return absl::FailedPreconditionError(absl::StrCat("BlockPool::free: block ", b, " (entry ", i,
                                                         ") has ref_count 0: a double free"));
     }
-    if (--ref_count_[b] == 0) enqueue_freed(b, last_clean);
+    if (--ref_count_[b] == 0) {
+      --used_blocks_;
+      cached_free_blocks_ += enqueue_freed(b, last_clean);
+    }
   }
   return absl::OkStatus();
 }
@@ -209,15 +213,25 @@ void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order
 
 void BlockPool::release_unchecked(BlockId block, BlockId& last_clean) {
   PAGEDKV_DCHECK(block >= 0 && block < num_blocks_ && ref_count_[block] > 0);
-  if (--ref_count_[block] == 0) enqueue_freed(block, last_clean);
+  if (--ref_count_[block] == 0) {
+    --used_blocks_;
+    cached_free_blocks_ += enqueue_freed(block, last_clean);
+  }
 }
 
 void BlockPool::free_tail_first_unchecked(std::span<const BlockId> table) {
   BlockId last_clean = kNoBlock;
+  int32_t freed = 0;
+  int32_t cached = 0;
   for (auto it = table.rbegin(); it != table.rend(); ++it) {
     PAGEDKV_DCHECK(*it >= 0 && *it < num_blocks_ && ref_count_[*it] > 0);
-    if (--ref_count_[*it] == 0) enqueue_freed(*it, last_clean);
+    if (--ref_count_[*it] == 0) {
+      ++freed;
+      cached += enqueue_freed(*it, last_clean);
+    }
   }
+  used_blocks_ -= freed;
+  cached_free_blocks_ += cached;
 }
 
 // --- retention -----------------------------------------------------------------------------
@@ -577,8 +591,6 @@ void BlockPool::reset_prefix_cache(bool emit_event) {
 
 // --- queries -----------------------------------------------------------------------------
 
-int32_t BlockPool::num_free_blocks() const { return free_queue_->size(); }
-
 absl::StatusOr<int32_t> BlockPool::ref_count(BlockId block) const {
   if (!valid_id(block)) [[unlikely]] {
     return id_error(block, "ref_count");
@@ -615,7 +627,7 @@ BlockPool::Stats BlockPool::stats() const {
   Stats s;
   s.num_blocks = num_blocks_;
   s.used_blocks = used_blocks_;
-  s.free_blocks = free_queue_->size();
+  s.free_blocks = num_free_blocks();
   s.cached_blocks = hash_index_->size() + hash_index_->num_standby();
   s.cached_free_blocks = cached_free_blocks_;
   s.evictions = evictions_;
@@ -624,7 +636,7 @@ BlockPool::Stats BlockPool::stats() const {
 
 std::vector<BlockId> BlockPool::free_queue_order() const {
   std::vector<BlockId> order;
-  order.reserve(free_queue_->size());
+  order.reserve(num_free_blocks());
   for (BlockId b = free_queue_->first(); b != kNoBlock; b = free_queue_->next(b)) {
     order.push_back(b);
   }

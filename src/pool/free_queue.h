@@ -55,8 +55,9 @@ class FreeQueue {
     }
   }
 
-  int32_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
+  // No size: it is the owner's count of free blocks (counting here would cost every
+  // push and removal a load and a store).
+  bool empty() const { return first_list() == kLists; }
   // O(1) membership from the links; check_invariants() cross-checks it with a walk.
   bool is_queued(BlockId b) const { return nodes_[b].prev != kDetached; }
   // The list a queued block is in: kCleanList, or 1 + its priority.
@@ -105,7 +106,7 @@ class FreeQueue {
   }
 
   BlockId pop_front() {
-    PAGEDKV_DCHECK(size_ > 0);
+    PAGEDKV_DCHECK(!empty());
     const BlockId b = nodes_[head(first_list())].next;
     remove(b);
     return b;
@@ -117,14 +118,13 @@ class FreeQueue {
     nodes_[node.prev].next = node.next;
     nodes_[node.next].prev = node.prev;
     node.prev = node.next = kDetached;
-    --size_;
     const int32_t l = list_of(b);
     if (nodes_[head(l)].next == tail(l)) nonempty_[l / 64] &= ~(uint64_t{1} << (l % 64));
   }
 
   // Iteration from head to tail across the lists: first(), then next(b) until it returns
   // kNoBlock.
-  BlockId first() const { return size_ == 0 ? kNoBlock : nodes_[head(first_list())].next; }
+  BlockId first() const { return empty() ? kNoBlock : nodes_[head(first_list())].next; }
   BlockId next(BlockId b) const {
     if (nodes_[b].next < num_blocks_) return nodes_[b].next;
     const int32_t l = next_list(list_of(b) + 1);
@@ -170,14 +170,12 @@ class FreeQueue {
     nodes_[b] = {
         .prev = before, .next = after, .stamp_and_list = stamp << 8 | static_cast<uint64_t>(l)};
     nodes_[after].prev = b;
-    ++size_;
     nonempty_[l / 64] |= uint64_t{1} << (l % 64);
   }
 
   int32_t num_blocks_;
   std::vector<Node> nodes_;
-  uint64_t last_stamp_ = 0;  // below 2^56 for 2^56 pushes: years at one per nanosecond
-  int32_t size_ = 0;
+  uint64_t last_stamp_ = 0;         // below 2^56 for 2^56 pushes: years at one per nanosecond
   uint64_t nonempty_[kWords] = {};  // bit l: list l holds a block
 };
 

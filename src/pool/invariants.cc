@@ -41,9 +41,6 @@ absl::Status BlockPool::check_invariants() const {
     }
     prev = b;
   }
-  if (walked != free_queue_->size()) {
-    return broken("free queue size ", free_queue_->size(), " but ", walked, " blocks linked");
-  }
   // Every id: ref count 0 <=> queued; counts partition the pool.
   int32_t used = 0;
   for (BlockId b = 0; b < num_blocks_; ++b) {
@@ -55,8 +52,8 @@ absl::Status BlockPool::check_invariants() const {
     used += ref_count_[b] > 0;
   }
   if (used != used_blocks_) return broken("used_blocks ", used_blocks_, " but ", used, " counted");
-  if (used + free_queue_->size() != num_blocks_) {
-    return broken("used ", used, " + free ", free_queue_->size(), " != num_blocks ", num_blocks_);
+  if (used + walked != num_blocks_) {
+    return broken("used ", used, " + ", walked, " queued != num_blocks ", num_blocks_);
   }
   // The index: every entry points at an indexed block that holds that hash; every
   // standby sits in the chain of the indexed block of its hash.
