@@ -9,6 +9,7 @@ packages=(
   clang libclang-rt-14-dev python3 python3-dev python3-venv
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev prometheus-cpp-dev curl
   nlohmann-json3-dev clang-format
+  redis-server redis-tools libhiredis-dev
 )
 
 missing=()
