@@ -1,0 +1,155 @@
+// RedisServer: a real redis-server on a free loopback port for one test, started with no
+// persistence and killed (SIGKILL, then reaped) when the object goes, also when the test
+// fails; if the test process itself dies, PR_SET_PDEATHSIG kills the server too.
+#ifndef PAGEDKV_TESTS_REMOTE_REDIS_SERVER_H_
+#define PAGEDKV_TESTS_REMOTE_REDIS_SERVER_H_
+
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace pagedkv::testing {
+
+// The path of redis-server on PATH, or "" when it is not installed.
+inline std::string redis_server_binary() {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/usr/local/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = dir + "/redis-server";
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// A loopback port nobody listens on now: bind port 0, read the port, close.
+inline int free_loopback_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  socklen_t length = sizeof(address);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+class RedisServer {
+ public:
+  // Starts redis-server on `port` with `extra_args` (e.g. {"--requirepass", "pw"}) and
+  // waits until it answers PING.
+  RedisServer(int port, std::vector<std::string> extra_args)
+      : port_(port), extra_args_(std::move(extra_args)) {
+    start();
+  }
+  ~RedisServer() { kill9(); }
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+
+  int port() const { return port_; }
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+
+  void start() {
+    REQUIRE(pid_ < 0);
+    std::vector<std::string> args = {redis_server_binary(),
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--daemonize",
+                                     "no",
+                                     "--enable-debug-command",
+                                     "yes"};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) exec_server(args);
+    REQUIRE(wait_for_ping());
+  }
+
+  // SIGKILL, as a crash would; returns once the process is reaped.
+  void kill9() {
+    if (pid_ < 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  // Runs one command on a connection of its own (blocking, 10 s timeout): DEBUG SLEEP.
+  void command(const std::vector<std::string>& words, const std::string& password = "") const {
+    redisContext* context = redisConnectWithTimeout("127.0.0.1", port_, {10, 0});
+    REQUIRE((context != nullptr && context->err == 0));
+    redisSetTimeout(context, {10, 0});
+    if (!password.empty()) freeReplyObject(redisCommand(context, "AUTH %s", password.c_str()));
+    std::vector<const char*> argv;
+    std::vector<size_t> lengths;
+    for (const std::string& word : words) {
+      argv.push_back(word.c_str());
+      lengths.push_back(word.size());
+    }
+    void* reply =
+        redisCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data());
+    if (reply != nullptr) freeReplyObject(reply);
+    redisFree(context);
+  }
+
+ private:
+  [[noreturn]] static void exec_server(const std::vector<std::string>& args) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, STDOUT_FILENO);
+    dup2(null, STDERR_FILENO);
+    std::vector<char*> argv;
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+
+  // Any reply to PING counts (with --requirepass it is a NOAUTH error).
+  bool wait_for_ping() const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      redisContext* context = redisConnectWithTimeout("127.0.0.1", port_, {0, 200000});
+      if (context != nullptr && context->err == 0) {
+        void* reply = redisCommand(context, "PING");
+        redisFree(context);
+        if (reply != nullptr) {
+          freeReplyObject(reply);
+          return true;
+        }
+      } else if (context != nullptr) {
+        redisFree(context);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  int port_;
+  std::vector<std::string> extra_args_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace pagedkv::testing
+
+#endif  // PAGEDKV_TESTS_REMOTE_REDIS_SERVER_H_
