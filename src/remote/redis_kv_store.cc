@@ -221,6 +221,12 @@ absl::Status RedisKvStore::ensure_connected() {
   return absl::OkStatus();
 }
 
+absl::Status RedisKvStore::connection_lost() {
+  absl::Status status = context_error(endpoint_, context_, options_.command_timeout_ms);
+  disconnect();
+  return status;
+}
+
 absl::Status RedisKvStore::run_chunk(const RemoteRequest& request, size_t begin, size_t end,
                                      RemoteCompletion* done) {
   for (size_t i = begin; i < end; ++i) {
@@ -237,15 +243,12 @@ absl::Status RedisKvStore::run_chunk(const RemoteRequest& request, size_t begin,
       const size_t lengths[] = {std::char_traits<char>::length(name), key.size()};
       appended = redisAppendCommandArgv(context_, 2, argv, lengths);
     }
-    if (appended != REDIS_OK)
-      return context_error(endpoint_, context_, options_.command_timeout_ms);
+    if (appended != REDIS_OK) return connection_lost();
   }
   absl::Status first_reply_error;
   for (size_t i = begin; i < end; ++i) {
     void* raw = nullptr;
-    if (redisGetReply(context_, &raw) != REDIS_OK) {
-      return context_error(endpoint_, context_, options_.command_timeout_ms);
-    }
+    if (redisGetReply(context_, &raw) != REDIS_OK) return connection_lost();
     ReplyPtr reply(static_cast<redisReply*>(raw));
     RemoteKeyResult& result = done->results[i];
     switch (reply->type) {
@@ -293,10 +296,7 @@ void RedisKvStore::run_batch(RemoteRequest& request, RemoteCompletion* done) {
     }
     absl::Status status = run_chunk(request, begin, end, done);
     if (!status.ok() && done->error.ok()) done->error = status;
-    if (context_ != nullptr && context_->err != 0) {
-      disconnect();  // the rest of the batch stays kError; the next batch reconnects
-      return;
-    }
+    if (context_ == nullptr) return;  // lost: the rest stays kError; the next batch reconnects
     begin = end;
   }
 }

@@ -39,8 +39,11 @@ class RedisKvStore final : public QueuedKvStore {
   absl::Status ensure_connected();
   absl::Status connect_once();
   void disconnect();
+  // The failed context's error; disconnects: after a failed write or read the replies
+  // still due would pair with the wrong commands.
+  absl::Status connection_lost();
   // Sends keys [begin, end) pipelined and reads their replies into `done`. A failed
-  // connection: the rest of the chunk stays kError and the status says why.
+  // connection: disconnected, the rest of the chunk stays kError, the status says why.
   absl::Status run_chunk(const RemoteRequest& request, size_t begin, size_t end,
                          RemoteCompletion* done);
 
