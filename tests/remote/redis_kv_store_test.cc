@@ -231,7 +231,7 @@ TEST_CASE("a stalled server (DEBUG SLEEP) times requests out and never blocks a 
   put_and_wait(*store, poller, {"x"}, 1000);
 
   std::thread sleeper([&] { server.command({"DEBUG", "SLEEP", "2"}); });
-  std::this_thread::sleep_for(milliseconds(100));  // the server is asleep now
+  server.wait_until_asleep();
   const auto stall_start = std::chrono::steady_clock::now();
   const auto id = poller.timed([&] { return store->get({"x"}); });
   REQUIRE(id.ok());
@@ -307,7 +307,7 @@ TEST_CASE("a full queue drops puts and fails gets fast, counted, without blockin
 
   // The I/O thread waits on a sleeping server with one request; two more fill the queue.
   std::thread sleeper([&] { server.command({"DEBUG", "SLEEP", "1"}); });
-  std::this_thread::sleep_for(milliseconds(100));
+  server.wait_until_asleep();
   const auto in_flight = store->get({"warm"});
   REQUIRE(in_flight.ok());
   while (store->stats().queued_requests != 0) std::this_thread::sleep_for(milliseconds(1));

@@ -94,6 +94,23 @@ class RedisServer {
     pid_ = -1;
   }
 
+  // Returns once the server stops answering (a DEBUG SLEEP sent from another thread has
+  // begun): a PING on a fresh connection gets no reply within 50 ms.
+  void wait_until_asleep() const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      redisContext* context = redisConnectWithTimeout("127.0.0.1", port_, {1, 0});
+      REQUIRE((context != nullptr && context->err == 0));
+      redisSetTimeout(context, {0, 50000});
+      void* reply = redisCommand(context, "PING");
+      redisFree(context);
+      if (reply == nullptr) return;
+      freeReplyObject(reply);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
   // Runs one command on a connection of its own (blocking, 10 s timeout): DEBUG SLEEP.
   void command(const std::vector<std::string>& words, const std::string& password = "") const {
     redisContext* context = redisConnectWithTimeout("127.0.0.1", port_, {10, 0});
