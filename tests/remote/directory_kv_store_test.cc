@@ -119,6 +119,21 @@ TEST_CASE("directory store: a reader never sees a partly written value", "[remot
   CHECK(file_names(dir.path()) == std::vector<std::string>{"hot"});  // no temporary left
 }
 
+TEST_CASE("directory store: a failed write is a key error naming the file", "[remote][directory]") {
+  testing::TempDir dir;
+  auto store = make_store({.directory = dir.path() + "/gone"});
+  Poller poller(*store);
+  std::filesystem::remove_all(dir.path() + "/gone");  // removed under the store
+  const auto put = store->put({"k"}, {"v"});
+  REQUIRE(put.ok());
+  const RemoteCompletion done = poller.wait(*put);
+  CHECK(done.results[0] == RemoteKeyResult::kError);
+  CHECK_THAT(done.error.ToString(), Catch::Contains("create " + dir.path() + "/gone/.tmp-"));
+  CHECK_THAT(done.error.ToString(), Catch::Contains("No such file or directory"));
+  CHECK(store->stats().errors == 1);
+  CHECK(store->stats().bytes_written == 0);
+}
+
 TEST_CASE("directory store: refused keys and directories", "[remote][directory]") {
   testing::TempDir dir;
   auto store = make_store({.directory = dir.path()});

@@ -109,6 +109,45 @@ TEST_CASE("a batch of puts, gets and exists round-trips, values up to 2 MiB", "[
   CHECK(histogram_total == 3);
 }
 
+TEST_CASE("batches larger than one pipeline chunk round-trip in order", "[remote][redis]") {
+  if (skip_without_redis()) return;
+  RedisServer server(testing::free_loopback_port(), {});
+  // 1 MiB chunks: each 2 MiB value goes alone; 3,000 keys take three 1,024-command chunks.
+  auto store = make_store({.url = server.url(), .pipeline_bytes = 1 << 20});
+  Poller poller(*store);
+  std::vector<std::string> keys = test_keys("many", 3000);
+  std::vector<std::string> values;
+  for (int i = 0; i < 3000; ++i) values.push_back(test_value(i, i % 1000 == 0 ? 2 << 20 : 16));
+  const auto put = store->put(keys, values);
+  REQUIRE(put.ok());
+  CHECK(all_results(poller.wait(*put), RemoteKeyResult::kOk));
+  const auto get = store->get(keys);
+  REQUIRE(get.ok());
+  const RemoteCompletion got = poller.wait(*get);
+  CHECK(all_results(got, RemoteKeyResult::kOk));
+  CHECK(got.values == values);
+}
+
+TEST_CASE("a reply error fails its key only and keeps the connection", "[remote][redis]") {
+  if (skip_without_redis()) return;
+  RedisServer server(testing::free_loopback_port(), {});
+  server.command({"LPUSH", "a-list", "x"});  // GET on a list: WRONGTYPE
+  auto store = make_store({.url = server.url()});
+  Poller poller(*store);
+  put_and_wait(*store, poller, {"before", "after"}, 32);
+  const auto get = store->get({"before", "a-list", "after"});
+  REQUIRE(get.ok());
+  const RemoteCompletion got = poller.wait(*get);
+  CHECK(got.results == std::vector<RemoteKeyResult>{RemoteKeyResult::kOk, RemoteKeyResult::kError,
+                                                    RemoteKeyResult::kOk});
+  CHECK(got.values[2] == test_value(1, 32));
+  CHECK_THAT(got.error.ToString(), Catch::Contains("key 'a-list': WRONGTYPE"));
+  const RemoteKvStats stats = store->stats();
+  CHECK(stats.errors == 1);
+  CHECK(stats.hits == 2);
+  CHECK(stats.reconnects == 0);
+}
+
 TEST_CASE("bad input is refused with the value and the limit named, and changes nothing",
           "[remote]") {
   // No server needed: a refused request never reaches the I/O thread.
