@@ -5,12 +5,16 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "pagedkv/remote_namespace.h"
+#include "support/remote_block_checks.h"
 #include "xxhash.h"
 
 namespace pagedkv {
@@ -313,6 +317,24 @@ TEST_CASE("random bytes never crash and are never accepted") {
     REQUIRE(!result.ok());
     CHECK(result.status().code() != absl::StatusCode::kOk);
   }
+}
+
+// fuzz/remote_block_fuzzer.cc's seed corpus and saved crashes, through the same checks.
+TEST_CASE("the remote block fuzzer's corpus and saved crashes replay cleanly", "[fuzz]") {
+  namespace fs = std::filesystem;
+  int replayed = 0;
+  for (const char* folder : {"corpus", "regressions"}) {
+    const fs::path dir = fs::path(PAGEDKV_SOURCE_DIR) / "fuzz" / folder / "remote_block";
+    if (!fs::is_directory(dir)) continue;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      std::ifstream in(entry.path(), std::ios::binary);
+      const std::vector<uint8_t> bytes(std::istreambuf_iterator<char>(in), {});
+      INFO(entry.path().string());
+      CHECK(testing::run_remote_block_checks(bytes) == "");
+      ++replayed;
+    }
+  }
+  CHECK(replayed >= 8);  // the committed seeds
 }
 
 }  // namespace
