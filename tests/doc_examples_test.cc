@@ -30,7 +30,9 @@
 #include "pagedkv/kv_events.h"
 #include "pagedkv/kv_storage.h"
 #include "pagedkv/merge_state.h"
+#include "pagedkv/remote_block_format.h"
 #include "pagedkv/remote_kv_store.h"
+#include "pagedkv/remote_namespace.h"
 #if PAGEDKV_HAVE_REMOTE
 #include "pagedkv/directory_kv_store.h"
 #include "pagedkv/redis_kv_store.h"
@@ -100,6 +102,45 @@ absl::Status example_remote_kv_store(RemoteKvStore* store, std::string_view ns,
                                      const std::function<void(const std::string&)>& use) {
 #include "doc_examples/remote_kv_store.inc"
   return absl::OkStatus();
+}
+
+// The value format's examples run: a namespace's key, then a block encoded and verified,
+// once against nothing fetched (corrupt) and once against its own value.
+std::string example_remote_namespace(const BlockHash& hash, KvCacheSpec* spec_out) {
+#include "doc_examples/remote_namespace.inc"
+  CHECK(std::ssize(digest) == kRemoteNamespaceDigestChars);
+  CHECK(key == "pagedkv:" + digest + ":00000000000000010000000000000002");
+  *spec_out = spec;
+  return digest;
+}
+
+absl::Status example_remote_block_format(std::string_view digest, const KvCacheSpec& spec,
+                                         std::string_view fetched, std::string* encoded,
+                                         int& corrupt) {
+  const BlockHash hash{.lo = 2, .hi = 1};
+  const std::optional<BlockHash> parent = BlockHash{.lo = 4, .hi = 3};
+  const std::vector<uint64_t> extra_keys = {42};
+  const std::vector<TokenId> block_tokens(spec.block_size, 7);
+  const std::vector<std::byte> bytes(static_cast<size_t>(spec.bytes_per_block()), std::byte{5});
+  const std::span<const std::byte> payload(bytes);
+#include "doc_examples/remote_block_format.inc"
+  *encoded = value;
+  PAGEDKV_RETURN_IF_ERROR(verified.status());
+  CHECK(verified->size() == bytes.size());
+  return absl::OkStatus();
+}
+
+TEST_CASE("the remote namespace and block format examples run", "[docs]") {
+  KvCacheSpec spec;
+  const std::string digest = example_remote_namespace(BlockHash{.lo = 2, .hi = 1}, &spec);
+  std::string encoded;
+  int corrupt = 0;
+  CHECK(example_remote_block_format(digest, spec, "", &encoded, corrupt).code() ==
+        absl::StatusCode::kDataLoss);
+  CHECK(corrupt == 1);
+  const std::string fetched = encoded;
+  CHECK(example_remote_block_format(digest, spec, fetched, &encoded, corrupt).ok());
+  CHECK(corrupt == 1);
 }
 
 #if PAGEDKV_HAVE_REMOTE
@@ -264,7 +305,7 @@ TEST_CASE("every header and README example is compiled", "[docs]") {
   ++examples;
 #include "doc_examples/list.inc"
 #undef PAGEDKV_DOC_EXAMPLE
-  CHECK(examples == 19);
+  CHECK(examples == 21);
 }
 
 }  // namespace pagedkv::doc_examples

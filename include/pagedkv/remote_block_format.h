@@ -11,16 +11,16 @@
 // Pure computation: no I/O, no allocation beyond the output string; decode never reads
 // outside `value`, whatever its bytes (library pagedkv::remote_format, no hiredis).
 //
-// Example (in a function returning a Status):
+// Example (in a function returning a Status; `payload` is the block's K/V bytes):
 //   RemoteBlockIdentity id{.namespace_digest = digest, .hash = hash, .parent = parent,
 //                          .extra_keys = extra_keys, .tokens = block_tokens};
 //   std::string value;
-//   PAGEDKV_RETURN_IF_ERROR(encode_remote_block(id, payload_bytes, &value));
-//   store->put({remote_block_key(digest, hash)}, {std::move(value)});
-//   ...
-//   absl::StatusOr<std::span<const std::byte>> payload =
+//   PAGEDKV_RETURN_IF_ERROR(encode_remote_block(id, payload, &value));
+//   // ... store->put() it under remote_block_key(digest, hash); later a get() of that
+//   // key returns `fetched`, which is verified against the block the sequence needs:
+//   absl::StatusOr<std::span<const std::byte>> verified =
 //       decode_remote_block(fetched, id, spec.bytes_per_block());
-//   if (absl::IsDataLoss(payload.status())) ++stats.corrupt;   // else a miss of another kind
+//   if (absl::IsDataLoss(verified.status())) ++corrupt;  // else a miss of another kind
 #ifndef PAGEDKV_REMOTE_BLOCK_FORMAT_H_
 #define PAGEDKV_REMOTE_BLOCK_FORMAT_H_
 
