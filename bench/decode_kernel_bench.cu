@@ -234,7 +234,8 @@ DecodeBenchRun run_decode_kernel_bench(const DecodeBenchConfig& config) {
     char ratio[48] = "-";
     if (base > 0) std::snprintf(ratio, sizeof(ratio), "%10.2f %6.2fx", base, r.us / base);
     std::string kind = r.kind;
-    if (r.window > 0) kind += "/" + std::to_string(r.window);
+    // append, not "/" + s: GCC 12 at -O3 gives a false -Wrestrict error on operator+.
+    if (r.window > 0) kind.append("/").append(std::to_string(r.window));
     std::printf("%-14s %-5d %-7d %-5d %-5s %-3d %-6d %10.2f %12.2f %6.1f%% %s%s\n", kind.c_str(),
                 r.batch, r.context, r.group, r.kv == "fp8_e4m3" ? "fp8" : r.kv.c_str(),
                 r.block_size, r.num_splits, r.us, r.bytes / 1e6, r.pct, ratio,
