@@ -9,6 +9,8 @@
 # Environment:
 #   BUILD_DIR  build folder (default build-fuzz); logs and new inputs go under it.
 #   MERGE=1    afterwards, merge the new inputs that add edges into fuzz/corpus/<target>/.
+#   FUZZ_SECONDS_<target>  fuzzing time of one target instead of SECONDS (a small target
+#              that saturates in seconds then leaves the cores to the others).
 #   FUZZ_ARGS  extra libFuzzer flags for the fuzzing runs (default: -max_len=1024
 #              -len_control=0: long inputs from the start, since each byte drives the ops).
 # A crash, leak, timeout or failed check exits 1; the input is copied to
@@ -64,16 +66,18 @@ done
 [ "$status" -eq 0 ] || exit 1
 [ "$seconds" -gt 0 ] || exit 0
 
-echo "== fuzz: running ${targets[*]} for $seconds s each, in parallel"
-declare -A pids
+echo "== fuzz: running ${targets[*]} in parallel"
+declare -A pids run_seconds
 for t in "${targets[@]}"; do
+  override="FUZZ_SECONDS_$t"
+  run_seconds[$t]=${!override:-$seconds}
   bin="$build/fuzz/${t}_fuzzer"
   work="$build/fuzz-work/$t"
   art="$build/fuzz-artifacts/$t/run"
   rm -rf "$art" && mkdir -p "$work" "$art"
   # New inputs go to $work (first folder); the seed corpus is only read.
   # shellcheck disable=SC2086
-  "$bin" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
+  "$bin" -max_total_time="${run_seconds[$t]}" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
     -max_len=1024 -len_control=0 -artifact_prefix="$art/" ${FUZZ_ARGS:-} "$work" "fuzz/corpus/$t" >"$build/fuzz-$t.log" 2>&1 &
   pids[$t]=$!
 done
@@ -94,7 +98,7 @@ for t in "${targets[@]}"; do
   rate=$(grep -E '^stat::average_exec_per_sec' "$log" | awk '{print $2}' || true)
   cov=$(echo "$last" | grep -oE 'cov: [0-9]+' | awk '{print $2}' || true)
   ft=$(echo "$last" | grep -oE 'ft: [0-9]+' | awk '{print $2}' || true)
-  echo "$t: ${seconds} s, ${execs:-?} executions, ${rate:-?} exec/s, edges (cov) ${cov:-?}, features ${ft:-?}"
+  echo "$t: ${run_seconds[$t]} s, ${execs:-?} executions, ${rate:-?} exec/s, edges (cov) ${cov:-?}, features ${ft:-?}"
   if [ "${MERGE:-0}" = 1 ] && [ "$status" -eq 0 ]; then
     # Edges only (no hit counts), which keeps the committed corpus small.
     "$build/fuzz/${t}_fuzzer" -merge=1 -use_counters=0 "fuzz/corpus/$t" "$build/fuzz-work/$t" \
