@@ -80,6 +80,11 @@ absl::Status check_options(const RedisKvStoreOptions& options) {
   return absl::OkStatus();
 }
 
+// "redis HOST:PORT", the prefix of every message about the server.
+std::string server_name(const RedisEndpoint& endpoint) {
+  return absl::StrCat("redis ", endpoint.host, ":", endpoint.port);
+}
+
 // The status of a failed context, for a batch's error.
 absl::Status context_error(const RedisEndpoint& endpoint, const redisContext* context,
                            int32_t command_timeout_ms) {
@@ -87,7 +92,7 @@ absl::Status context_error(const RedisEndpoint& endpoint, const redisContext* co
                          (absl::StrContains(context->errstr, "temporarily unavailable") ||
                           absl::StrContains(context->errstr, "timed out"));
   return absl::UnavailableError(absl::StrCat(
-      "redis ", endpoint.host, ":", endpoint.port, ": ", context->errstr,
+      server_name(endpoint), ": ", context->errstr,
       timed_out ? absl::StrCat(" (no reply within command_timeout_ms ", command_timeout_ms, ")")
                 : ""));
 }
@@ -157,7 +162,7 @@ absl::Status RedisKvStore::connect_once() {
   if (context_ == nullptr) return absl::ResourceExhaustedError("redis: cannot allocate a context");
   if (context_->err != 0) {
     absl::Status status = absl::UnavailableError(
-        absl::StrCat("redis ", endpoint_.host, ":", endpoint_.port, ": connect: ", context_->errstr,
+        absl::StrCat(server_name(endpoint_), ": connect: ", context_->errstr,
                      " (connect_timeout_ms ", options_.connect_timeout_ms, ")"));
     disconnect();
     return status;
@@ -188,9 +193,8 @@ absl::Status RedisKvStore::connect_once() {
     } else if (reply->type == REDIS_REPLY_ERROR) {
       // The server's message ("WRONGPASS ...", "ERR DB index is out of range") names no
       // password; the command's first word says which step failed.
-      status = absl::PermissionDeniedError(absl::StrCat("redis ", endpoint_.host, ":",
-                                                        endpoint_.port, ": ", command[0], ": ",
-                                                        std::string(reply->str, reply->len)));
+      status = absl::PermissionDeniedError(absl::StrCat(server_name(endpoint_), ": ", command[0],
+                                                        ": ", std::string(reply->str, reply->len)));
     }
     if (!status.ok()) {
       disconnect();
@@ -205,7 +209,7 @@ absl::Status RedisKvStore::ensure_connected() {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_connect_) {
     const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_connect_ - now);
-    return absl::UnavailableError(absl::StrCat("redis ", endpoint_.host, ":", endpoint_.port,
+    return absl::UnavailableError(absl::StrCat(server_name(endpoint_),
                                                ": not connected; next attempt in ", wait.count(),
                                                " ms (reconnect backoff)"));
   }
@@ -270,7 +274,7 @@ absl::Status RedisKvStore::run_chunk(const RemoteRequest& request, size_t begin,
         result = RemoteKeyResult::kError;
         if (first_reply_error.ok()) {
           first_reply_error = absl::InternalError(absl::StrCat(
-              "redis ", endpoint_.host, ":", endpoint_.port, ": key '", request.keys[i], "': ",
+              server_name(endpoint_), ": key '", request.keys[i], "': ",
               reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len)
                                                : absl::StrCat("reply type ", reply->type)));
         }
