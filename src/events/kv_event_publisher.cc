@@ -154,6 +154,10 @@ struct PendingReply {
   std::string client;  // the ROUTER identity
   bool is_snapshot = false;
   int64_t next_seq = 0;  // replay: the next batch to send is the first kept at or after it
+  // replay: the first seq not published when the request was read. The reply ends there,
+  // as vLLM's (sent at once) does: a replay that chased the live stream would never end
+  // while its turns come less often than steps do; the client has the rest live.
+  int64_t end_seq = 0;
   std::shared_ptr<const EncodedSnapshot> snapshot;  // snapshot: taken when first served
   size_t next_batch = 0;                            // snapshot: index into its payloads
   std::optional<std::chrono::steady_clock::time_point> stalled_since;  // queue full since
@@ -416,6 +420,7 @@ class PublisherCore {
     } else {
       replay_requests_.fetch_add(1, std::memory_order_relaxed);
       reply.next_seq = read_replay_start(frames[2]);
+      reply.end_seq = next_unpublished_seq_;
     }
     replies_.push_back(std::move(reply));
   }
@@ -482,7 +487,7 @@ class PublisherCore {
       // batch kept at or after next_seq.
       auto it = std::lower_bound(replay_.begin(), replay_.end(), reply.next_seq,
                                  [](const auto& batch, int64_t s) { return batch.first < s; });
-      if (it != replay_.end()) {
+      if (it != replay_.end() && it->first < reply.end_seq) {
         seq = seq_bytes(it->first);
         payload = it->second;
       }

@@ -562,6 +562,42 @@ TEST_CASE("a request beyond max_pending_requests is answered busy: END with the 
   REQUIRE(s.snapshot_requests == 0);
 }
 
+TEST_CASE("a replay ends at the last batch published when its request was read") {
+  auto publisher = KvEventPublisher::create({.endpoint = ipc_endpoint("bounded-pub"),
+                                             .replay_endpoint = ipc_endpoint("bounded-replay"),
+                                             .stalled_peer_timeout_ms = 60000});
+  REQUIRE(publisher.ok());
+  KvEventPublisher& p = **publisher;
+  auto publish = [&](int first, int count) {
+    for (int step = first; step < first + count; ++step) {
+      p.on_event(stored({{static_cast<uint64_t>(step), 3}}, std::nullopt));
+      p.end_step();
+    }
+    for (int i = 0; i < 5000 && p.stats().steps_published < first + count; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    REQUIRE(p.stats().steps_published == first + count);
+  };
+  constexpr int kBefore = 300, kAfter = 300;
+  publish(0, kBefore);
+  zmq::context_t context;
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.connect(p.replay_endpoint());
+  request(dealer, 0);
+  for (int i = 0; i < 5000 && p.stats().replay_requests == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(p.stats().replay_requests == 1);
+  // Published while the reply is pending (more than reply_hwm batches of it are unread).
+  publish(kBefore, kAfter);
+  int64_t expected = 0;
+  for (Message m = receive(dealer, 1); m.seq != KvEventPublisher::kEndOfReply;
+       m = receive(dealer, 1)) {
+    REQUIRE(m.seq == expected++);
+  }
+  REQUIRE(expected == kBefore);
+}
+
 TEST_CASE("a peer's second request while its reply is pending is answered busy") {
   auto publisher = KvEventPublisher::create(
       {.endpoint = ipc_endpoint("busy2-pub"), .replay_endpoint = ipc_endpoint("busy2-replay")});
