@@ -4,10 +4,13 @@
 // and #includes it as its body. A header whose example no function here includes fails
 // the build (see the list at the end). The allocator examples also run here; the kernel
 // examples only compile (they need KV tensors).
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <span>
 #include <string>
@@ -36,6 +39,7 @@
 #if PAGEDKV_HAVE_REMOTE
 #include "pagedkv/directory_kv_store.h"
 #include "pagedkv/redis_kv_store.h"
+#include "pagedkv/remote_tier.h"
 #endif
 #if PAGEDKV_HAVE_PLANNER
 #include "pagedkv/capacity_plan.h"
@@ -153,9 +157,42 @@ absl::Status example_directory_kv_store() {
 #include "doc_examples/directory_kv_store.inc"
   return absl::OkStatus();
 }
+// Runs: a lookup that finds nothing, then the prompt's blocks written (zeros).
+absl::Status example_remote_tier(const std::unique_ptr<RemoteKvStore>& store, KvStorage& storage,
+                                 const KvCacheSpec& spec, const std::string& digest, SeqId seq,
+                                 const std::vector<TokenId>& prompt) {
+#include "doc_examples/remote_tier.inc"
+  CHECK(loaded == 0);
+  CHECK(std::ssize(slots) == rest);
+  CHECK(tier->stats().lookups == 1);
+  return absl::OkStatus();
+}
+
+TEST_CASE("the remote tier's example runs on a directory store", "[docs]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("pagedkv-doc-remote-tier-" + std::to_string(::getpid()));
+  {
+    auto store = create_directory_kv_store({.directory = dir});
+    REQUIRE(store.ok());
+    const KvCacheSpec spec{.num_layers = 2,
+                           .num_kv_heads = 1,
+                           .head_dim = 8,
+                           .dtype = DType::kFloat32,
+                           .block_size = 4};
+    absl::StatusOr<KvStorage> storage = KvStorage::create(spec, 16, {.device = Device::kCpu});
+    REQUIRE(storage.ok());
+    const std::string digest = remote_namespace_digest({.model_id = "doc-example"});
+    const absl::Status status =
+        example_remote_tier(*store, *storage, spec, digest, 1, std::vector<TokenId>(13, 3));
+    INFO(status.ToString());
+    CHECK(status.ok());
+  }
+  std::filesystem::remove_all(dir);
+}
 #else
 void example_redis_kv_store() {}
 void example_directory_kv_store() {}
+void example_remote_tier() {}
 #endif
 
 // --- the capacity planner: run when built (it needs nlohmann-json) -----------------------------
@@ -305,7 +342,7 @@ TEST_CASE("every header and README example is compiled", "[docs]") {
   ++examples;
 #include "doc_examples/list.inc"
 #undef PAGEDKV_DOC_EXAMPLE
-  CHECK(examples == 21);
+  CHECK(examples == 22);
 }
 
 }  // namespace pagedkv::doc_examples

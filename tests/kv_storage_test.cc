@@ -365,6 +365,47 @@ TEST_CASE("swap out then swap in restores the blocks bit for bit", "[kv_storage]
   }
 }
 
+TEST_CASE("read_block then write_block into another block copies it bit for bit, all layers",
+          "[kv_storage]") {
+  for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+    KvStorage s = make(layout);
+    fill_random(s, 23);
+    std::vector<std::byte> payload(static_cast<size_t>(kSpec.bytes_per_block()));
+    REQUIRE(s.read_block(4, payload).ok());
+    REQUIRE(s.write_block(7, payload).ok());
+    for (int32_t layer = 0; layer < kSpec.num_layers; ++layer) {
+      for (const bool is_v : {false, true}) {
+        for (int32_t head = 0; head < kSpec.num_kv_heads; ++head) {
+          for (int32_t token = 0; token < kSpec.block_size; ++token) {
+            CHECK(row(s.view(layer), is_v, 7, head, token) ==
+                  row(s.view(layer), is_v, 4, head, token));
+          }
+        }
+      }
+    }
+    // The payload is the pools' bytes in order: layer 0's K block first.
+    const KvCacheView v0 = s.view(0);
+    CHECK(std::memcmp(payload.data(), static_cast<const char*>(v0.k) + 4 * v0.block_stride * 2,
+                      static_cast<size_t>(kSpec.bytes_per_block() / 6)) == 0);
+  }
+}
+
+TEST_CASE("read_block and write_block refuse a bad block or size, copying nothing",
+          "[kv_storage]") {
+  KvStorage s = make(KvLayout::kHND);
+  fill_random(s, 29);
+  const std::vector<uint8_t> before = snapshot(s, false);
+  std::vector<std::byte> payload(static_cast<size_t>(kSpec.bytes_per_block()));
+  const absl::Status outside = s.write_block(10, payload);
+  CHECK(absl::IsInvalidArgument(outside));
+  CHECK_THAT(std::string(outside.message()), Catch::Contains("block 10 outside [0, 10)"));
+  const absl::Status short_span = s.write_block(1, std::span(payload).first(100));
+  CHECK(absl::IsInvalidArgument(short_span));
+  CHECK_THAT(std::string(short_span.message()), Catch::Contains("100 bytes for a block of"));
+  CHECK(absl::IsInvalidArgument(s.read_block(-1, payload)));
+  CHECK(snapshot(s, false) == before);
+}
+
 // A state group's storage: 2 layers, each slot 4 fp32 conv elements then 8 bf16
 // recurrent ones (32 bytes); 5 device slots, 2 host slots.
 constexpr StateShape kState{.num_layers = 2,

@@ -178,6 +178,16 @@ class KvStorage {
   // for a src named twice in one batch; nothing is copied then.
   [[nodiscard]] absl::Status exchange(std::span<const BlockCopy> ops, void* stream = nullptr);
 
+  // KvStorage::read_block() / write_block()
+  //
+  // Copies main-pool block `block` (every layer's K then V, or its latents, in layer
+  // order: spec().bytes_per_block() bytes) to `out` / from `in`, synchronously after the
+  // storage's queued work: a block's payload in the remote tier (remote_tier.h). Errors:
+  // InvalidArgument for a block outside [0, num_blocks()), a span of another size or a
+  // state storage; nothing is copied then. Internal for a failed CUDA copy.
+  [[nodiscard]] absl::Status read_block(BlockId block, std::span<std::byte> out) const;
+  [[nodiscard]] absl::Status write_block(BlockId block, std::span<const std::byte> in);
+
   // KvStorage::run_step_ops()
   //
   // Runs every list of a step's ops in StepOps' order: swap_out, demote, exchange,
@@ -196,6 +206,9 @@ class KvStorage {
   KvStorage() = default;
   absl::Status run_copies(const char* fn, Target target, std::span<const BlockCopy> ops,
                           void* stream);
+  // read_block() (to_pools false) and write_block(): one copy per pool.
+  absl::Status copy_block_bytes(const char* fn, BlockId block, std::byte* bytes, int64_t size,
+                                bool to_pools) const;
   // The ops of `ops` whose group is layer_group_: `ops` itself when all are (one group),
   // else a copy in group_ops_.
   std::span<const BlockCopy> own_group(std::span<const BlockCopy> ops);

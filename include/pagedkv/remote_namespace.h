@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "pagedkv/dtype.h"
 #include "pagedkv/kv_cache_spec.h"
@@ -60,6 +61,9 @@ RemoteNamespace remote_namespace_for(const KvCacheSpec& spec, std::string model_
 // remote_block_key(). Any field that differs gives a different digest (up to hash
 // collisions). Deterministic across machines and builds.
 std::string remote_namespace_digest(const RemoteNamespace& ns);
+
+// Whether `text` has a digest's form: kRemoteNamespaceDigestChars lowercase hex digits.
+bool is_remote_namespace_digest(std::string_view text);
 
 }  // namespace pagedkv
 

@@ -74,14 +74,6 @@ std::string escaped(std::string_view bytes) {
   return absl::CHexEscape(absl::string_view(bytes.data(), bytes.size()));
 }
 
-bool is_digest_text(std::string_view digest) {
-  if (digest.size() != static_cast<size_t>(kRemoteNamespaceDigestChars)) return false;
-  for (const char c : digest) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
-
 // --- encode ------------------------------------------------------------------------------
 
 uint64_t payload_checksum(std::span<const std::span<const std::byte>> parts) {
@@ -242,7 +234,7 @@ BlockHash remote_extra_keys_digest(std::span<const uint64_t> extra_keys) {
 absl::Status encode_remote_block(const RemoteBlockIdentity& block,
                                  std::span<const std::span<const std::byte>> payload_parts,
                                  std::string* out) {
-  if (!is_digest_text(block.namespace_digest)) {
+  if (!is_remote_namespace_digest(block.namespace_digest)) {
     return absl::InvalidArgumentError(
         absl::StrCat("namespace digest ", escaped(block.namespace_digest), " is not ",
                      kRemoteNamespaceDigestChars, " lowercase hex digits"));

@@ -55,6 +55,14 @@ RemoteNamespace remote_namespace_for(const KvCacheSpec& spec, std::string model_
   return ns;
 }
 
+bool is_remote_namespace_digest(std::string_view text) {
+  if (text.size() != static_cast<size_t>(kRemoteNamespaceDigestChars)) return false;
+  for (const char c : text) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
 std::string remote_namespace_digest(const RemoteNamespace& ns) {
   CanonicalBytes c;
   c.add_u32(ns.format_version);  // first, so a later version may reorder the rest

@@ -481,6 +481,48 @@ absl::Status KvStorage::run_copies(const char* fn, Target target, std::span<cons
 #endif
 }
 
+absl::Status KvStorage::read_block(BlockId block, std::span<std::byte> out) const {
+  return copy_block_bytes("read_block", block, out.data(), std::ssize(out), /*to_pools=*/false);
+}
+
+absl::Status KvStorage::write_block(BlockId block, std::span<const std::byte> in) {
+  // The pools are this storage's to write; the bytes are only read.
+  return copy_block_bytes("write_block", block, const_cast<std::byte*>(in.data()), std::ssize(in),
+                          /*to_pools=*/true);
+}
+
+absl::Status KvStorage::copy_block_bytes(const char* fn, BlockId block, std::byte* bytes,
+                                         int64_t size, bool to_pools) const {
+  if (holds_state()) {
+    return absl::InvalidArgumentError(absl::StrCat(fn, ": a state storage has no K/V blocks"));
+  }
+  if (block < 0 || block >= num_blocks_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, ": block ", block, " outside [0, ", num_blocks_, ")"));
+  }
+  const int64_t pool_block = block_bytes();
+  if (size != num_pools() * pool_block) {
+    return absl::InvalidArgumentError(absl::StrCat(fn, ": ", size, " bytes for a block of ",
+                                                   num_pools() * pool_block, " (bytes_per_block)"));
+  }
+  for (int64_t pool = 0; pool < num_pools(); ++pool) {
+    char* in_pool = data_ + pool * pool_bytes_ + block * pool_block;
+    char* in_bytes = reinterpret_cast<char*>(bytes) + pool * pool_block;
+    char* dst = to_pools ? in_pool : in_bytes;
+    const char* src = to_pools ? in_bytes : in_pool;
+    if (device_ == Device::kCpu) {
+      std::memcpy(dst, src, static_cast<size_t>(pool_block));
+      continue;
+    }
+#if PAGEDKV_HAVE_CUDA
+    // cudaMemcpy waits for the device's queued work, then copies.
+    PAGEDKV_RETURN_IF_ERROR(
+        cuda_status(fn, cudaMemcpy(dst, src, static_cast<size_t>(pool_block), cudaMemcpyDefault)));
+#endif
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvStorage::synchronize() {
 #if PAGEDKV_HAVE_CUDA
   if (device_ == Device::kCuda) return cuda_status("synchronize", cudaDeviceSynchronize());
