@@ -163,7 +163,7 @@ absl::Status example_remote_tier(const std::unique_ptr<RemoteKvStore>& store, Kv
                                  const std::vector<TokenId>& prompt) {
 #include "doc_examples/remote_tier.inc"
   CHECK(loaded == 0);
-  CHECK(std::ssize(slots) == rest);
+  CHECK(std::ssize(slots) == loadable + rest);
   CHECK(tier->stats().lookups == 1);
   return absl::OkStatus();
 }

@@ -52,6 +52,7 @@ void fit(Request& r, int32_t max_total_len, int32_t& truncated) {
 
 Workload synthetic(const WorkloadOptions& o) {
   Workload w;
+  const uint64_t own = o.request_seed != 0 ? o.request_seed : o.seed;
   for (int32_t i = 0; i < o.num_requests; ++i) {
     Request r;
     r.id = i;
@@ -59,11 +60,11 @@ Workload synthetic(const WorkloadOptions& o) {
     for (int32_t t = 0; t < o.system_prompt_len; ++t) {
       r.prompt.push_back(stream_token(o.seed, kSystemStream + system, t, o.vocab_size));
     }
-    const uint64_t draw = mix(o.seed ^ mix(static_cast<uint64_t>(i) + 77));
+    const uint64_t draw = mix(own ^ mix(static_cast<uint64_t>(i) + 77));
     const int32_t suffix_span = std::max(1, o.max_suffix_len - o.min_suffix_len + 1);
     const int32_t suffix = o.min_suffix_len + static_cast<int32_t>(draw % suffix_span);
     for (int32_t t = 0; t < suffix; ++t) {
-      r.prompt.push_back(stream_token(o.seed, kSuffixStream + i, t, o.vocab_size));
+      r.prompt.push_back(stream_token(own, kSuffixStream + i, t, o.vocab_size));
     }
     const int32_t min_new = std::max(1, o.max_new_tokens / 2);
     r.max_new_tokens =

@@ -45,6 +45,9 @@ struct WorkloadOptions {
   float temperature = 0.8f;     // of multi-sample requests
   int32_t vocab_size = 1024;
   uint64_t seed = 1;
+  // The synthetic requests' own parts (user suffixes and lengths); 0: `seed`. Two
+  // engines with one seed and different request seeds share system prompts only.
+  uint64_t request_seed = 0;
   // Trace replay (empty path: synthetic).
   std::string trace_path;
   double trace_scale = 1.0 / 64;    // multiplies trace token lengths (and the 512-token hash block)

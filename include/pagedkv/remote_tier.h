@@ -15,8 +15,9 @@
 //   admission    start_lookup(seq)      gets the blocks after the local prefix
 //                ready(seq)             whether the wait policy admits it now
 //                match_prefix(seq)      (the manager: device and host hits, as always)
-//                load(seq, claimed)     allocate_slots() for the verified blocks that
-//                                       continue the claim: those tokens are computed
+//                loadable_tokens(seq)   the verified fetched blocks continuing the claim
+//                allocate_slots(seq)    (the manager: those tokens and the rest)
+//                load(seq, slots)       plans their payloads into the first slots' blocks
 //   after ops    run_loads(write)       writes the loaded payloads into their blocks,
 //                                       after take_step_ops()' copies (a demotion may
 //                                       still read a reused block), before compute
@@ -42,13 +43,15 @@
 //   PAGEDKV_RETURN_IF_ERROR(tier->start_lookup(seq, prompt, {}, manager));
 //   tier->poll();  // every step; admit the sequence once tier->ready(seq):
 //   PAGEDKV_ASSIGN_OR_RETURN(int32_t claimed, manager.match_prefix(seq));
-//   PAGEDKV_ASSIGN_OR_RETURN(int32_t loaded, tier->load(seq, claimed, manager));
-//   const auto rest = static_cast<int32_t>(prompt.size()) - claimed - loaded;
-//   PAGEDKV_ASSIGN_OR_RETURN(std::span<const int64_t> slots, manager.allocate_slots(seq, rest));
+//   const int32_t loadable = tier->loadable_tokens(seq, claimed);
+//   const auto rest = static_cast<int32_t>(prompt.size()) - claimed - loadable;
+//   PAGEDKV_ASSIGN_OR_RETURN(std::span<const int64_t> slots,
+//                            manager.allocate_slots(seq, loadable + rest));
+//   PAGEDKV_ASSIGN_OR_RETURN(int32_t loaded, tier->load(seq, claimed, slots));
 //   PAGEDKV_RETURN_IF_ERROR(storage.run_step_ops(manager.take_step_ops()));
 //   PAGEDKV_RETURN_IF_ERROR(tier->run_loads(
 //       [&](BlockId b, std::span<const std::byte> in) { return storage.write_block(b, in); }));
-//   // ... compute the prompt's last `rest` tokens into `slots`, then
+//   // ... compute the prompt's last `rest` tokens into the last slots, then
 //   PAGEDKV_RETURN_IF_ERROR(tier->write_computed(
 //       manager, [&](BlockId b, std::span<std::byte> out) { return storage.read_block(b, out); }));
 #ifndef PAGEDKV_REMOTE_TIER_H_
@@ -156,16 +159,25 @@ class RemoteTier final : public KvEventSink {
   // Whether `seq` may be admitted now under the wait policy (true without a lookup).
   bool ready(SeqId seq) const;
 
+  // RemoteTier::loadable_tokens()
+  //
+  // Tokens of the verified fetched blocks that continue, block by block, the
+  // `claimed_tokens` that match_prefix() claimed for `seq`: the engine allocates slots for
+  // them with the rest of its prompt. 0 without a lookup, or when the claim does not end
+  // where a fetched block starts (the local cache lost a block meanwhile, or a claim ending
+  // inside a block).
+  int32_t loadable_tokens(SeqId seq, int32_t claimed_tokens) const;
+
   // RemoteTier::load()
   //
-  // For a sequence that match_prefix() claimed `claimed_tokens` of: allocate_slots() for
-  // the verified fetched blocks that continue the claim block by block, and returns their
-  // tokens (they count as computed); their payloads are written by run_loads(). Ends the
-  // lookup, except on ResourceExhausted from allocate_slots() (returned; the lookup stays
-  // for the next try). 0 without a lookup, or when the claim does not end at a fetched
-  // block (the local cache lost a block meanwhile, or a partial-block claim).
+  // After allocate_slots() for `seq` succeeded with its loadable_tokens() first: plans
+  // writing those blocks' payloads into the blocks of `slots` (its slot mapping, from the
+  // first of those tokens), which run_loads() runs, and ends the lookup. Returns the
+  // tokens loaded (loadable_tokens()); 0, ending the lookup, when there are none.
+  // Errors: InvalidArgument when `slots` is shorter than the loadable tokens (nothing
+  // planned).
   [[nodiscard]] absl::StatusOr<int32_t> load(SeqId seq, int32_t claimed_tokens,
-                                             KvCacheManager& manager);
+                                             std::span<const int64_t> slots);
 
   // Forgets `seq`'s lookup (the sequence left); its completions are ignored.
   void cancel(SeqId seq);
@@ -213,6 +225,7 @@ class RemoteTier final : public KvEventSink {
     int64_t payload_at = 0;  // where its payload starts in `value`
   };
   struct Lookup {
+    int32_t block_size = 0;
     int32_t first_block = 0;        // prompt index of blocks[0]
     std::vector<BlockInfo> blocks;  // to fetch, in order
     std::vector<FetchedBlock> fetched;
@@ -243,6 +256,7 @@ class RemoteTier final : public KvEventSink {
   void forget(const BlockHash& hash);
   void choose_for_writing(const BlockInfo& block);
   bool waiting_for_gets(const Lookup& lookup) const;
+  int32_t loadable_blocks(const Lookup& lookup, int32_t claimed_tokens) const;
 
   RemoteKvStore* store_;
   const RemoteTierOptions options_;

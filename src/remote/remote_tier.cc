@@ -84,6 +84,7 @@ absl::Status RemoteTier::start_lookup(SeqId seq, std::span<const TokenId> prompt
   if (lookup.blocks.empty()) return absl::OkStatus();
   const auto n = static_cast<int32_t>(lookup.blocks.size());
   lookup.fetched.resize(lookup.blocks.size());
+  lookup.block_size = bs;
   lookup.started = std::chrono::steady_clock::now();
   std::vector<std::pair<RemoteRequestId, Get>> issued;
   for (int32_t first = 0; first < n; first += options_.blocks_per_get) {
@@ -178,33 +179,39 @@ bool RemoteTier::ready(SeqId seq) const {
   return true;
 }
 
+int32_t RemoteTier::loadable_blocks(const Lookup& lookup, int32_t claimed_tokens) const {
+  const int32_t first = claimed_tokens / lookup.block_size - lookup.first_block;
+  if (claimed_tokens % lookup.block_size != 0 || first < 0) return 0;
+  int32_t n = 0;
+  while (first + n < std::ssize(lookup.fetched) &&
+         lookup.fetched[first + n].state == FetchedBlock::State::kFound) {
+    ++n;
+  }
+  return n;
+}
+
+int32_t RemoteTier::loadable_tokens(SeqId seq, int32_t claimed_tokens) const {
+  const auto it = lookups_.find(seq);
+  if (it == lookups_.end()) return 0;
+  return loadable_blocks(it->second, claimed_tokens) * it->second.block_size;
+}
+
 absl::StatusOr<int32_t> RemoteTier::load(SeqId seq, int32_t claimed_tokens,
-                                         KvCacheManager& manager) {
+                                         std::span<const int64_t> slots) {
   const auto it = lookups_.find(seq);
   if (it == lookups_.end()) return 0;
   Lookup& lookup = it->second;
-  const int32_t bs = manager.device_pool().block_size();
-  const int32_t claimed_block = claimed_tokens / bs;
-  int32_t first = claimed_block - lookup.first_block;
-  int32_t n = 0;
-  if (claimed_tokens % bs == 0 && first >= 0) {
-    while (first + n < std::ssize(lookup.fetched) &&
-           lookup.fetched[first + n].state == FetchedBlock::State::kFound) {
-      ++n;
-    }
+  const int32_t bs = lookup.block_size;
+  const int32_t n = loadable_blocks(lookup, claimed_tokens);
+  if (std::ssize(slots) < int64_t{n} * bs) {
+    return absl::InvalidArgumentError(absl::StrCat("load: ", slots.size(), " slots for the ",
+                                                   n * bs, " loadable tokens of sequence ", seq));
   }
-  if (n == 0) {
-    if (waiting_for_gets(lookup)) ++stats_.timed_out;
-    cancel(seq);
-    return 0;
-  }
-  // Known before allocate_slots() stores them: their events must not write them back.
-  for (int32_t j = first; j < first + n; ++j) remember(lookup.blocks[j].hash);
-  absl::StatusOr<std::span<const int64_t>> slots = manager.allocate_slots(seq, n * bs);
-  if (!slots.ok()) return slots.status();
+  const int32_t first = claimed_tokens / bs - lookup.first_block;
   for (int32_t j = 0; j < n; ++j) {
     FetchedBlock& fetched = lookup.fetched[first + j];
-    loads_.push_back({static_cast<BlockId>((*slots)[static_cast<size_t>(j) * bs] / bs),
+    remember(lookup.blocks[first + j].hash);  // in the store: its events write nothing
+    loads_.push_back({static_cast<BlockId>(slots[static_cast<size_t>(j) * bs] / bs),
                       std::move(fetched.value), fetched.payload_at});
   }
   if (waiting_for_gets(lookup)) ++stats_.timed_out;

@@ -89,13 +89,16 @@ struct Engine {
     poll_until_ready(seq);
     const absl::StatusOr<int32_t> claimed = manager->match_prefix(seq);
     REQUIRE(claimed.ok());
-    const absl::StatusOr<int32_t> loaded = tier->load(seq, *claimed, *manager);
-    REQUIRE(loaded.ok());
-    const int32_t first_new = *claimed + *loaded;
+    const int32_t loadable = tier->loadable_tokens(seq, *claimed);
+    const int32_t first_new = *claimed + loadable;
     const auto rest = static_cast<int32_t>(prompt.size()) - first_new;
-    const absl::StatusOr<std::span<const int64_t>> slots = manager->allocate_slots(seq, rest);
+    const absl::StatusOr<std::span<const int64_t>> slots =
+        manager->allocate_slots(seq, loadable + rest);
     REQUIRE(slots.ok());
-    const std::vector<int64_t> new_slots(slots->begin(), slots->end());
+    const absl::StatusOr<int32_t> loaded = tier->load(seq, *claimed, *slots);
+    REQUIRE(loaded.ok());
+    REQUIRE(*loaded == loadable);
+    const std::vector<int64_t> new_slots(slots->begin() + loadable, slots->end());
     (void)manager->take_step_ops();
     REQUIRE(tier->run_loads(write()).ok());
     // Compute: the blocks that the new tokens fill.
@@ -269,7 +272,8 @@ TEST_CASE("remote tier: the wait policies decide when a sequence with gets in fl
     CHECK(e.tier->ready(1));
     const absl::StatusOr<int32_t> claimed = e.manager->match_prefix(1);
     REQUIRE(claimed.ok());
-    const absl::StatusOr<int32_t> loaded = e.tier->load(1, *claimed, *e.manager);
+    CHECK(e.tier->loadable_tokens(1, *claimed) == 0);
+    const absl::StatusOr<int32_t> loaded = e.tier->load(1, *claimed, {});
     REQUIRE(loaded.ok());
     CHECK(*loaded == 0);
     CHECK(e.tier->stats().timed_out == 1);
