@@ -502,6 +502,7 @@ class PagedKvStore final : public KvStore {
   }
 
   Device device() const override { return device_; }
+  pagedkv::KvStorage& storage(int32_t group) override { return storages_[group]; }
 
  private:
   // `n` fp32 values from the host, as the kernels' dtype on the device.

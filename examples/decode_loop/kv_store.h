@@ -41,6 +41,7 @@
 #include "model.h"
 #include "pagedkv/block_table.h"
 #include "pagedkv/device.h"
+#include "pagedkv/kv_storage.h"
 #include "pagedkv/step_ops.h"
 
 namespace decode_loop {
@@ -102,6 +103,9 @@ class KvStore {
   virtual absl::Status flip_exponent_bit(int32_t group, int32_t block) = 0;
 
   virtual pagedkv::Device device() const = 0;
+
+  // Layer group `group`'s storage (the remote tier reads and writes its blocks).
+  virtual pagedkv::KvStorage& storage(int32_t group) = 0;
 };
 
 }  // namespace decode_loop

@@ -38,6 +38,9 @@
 #include "pagedkv/block_pool.h"
 #include "pagedkv/device.h"
 #include "pagedkv/kv_cache_spec.h"
+#if PAGEDKV_HAVE_REMOTE
+#include "remote.h"
+#endif
 #include "scheduler.h"
 #include "summary.h"
 #include "verify.h"
@@ -133,6 +136,9 @@ ABSL_FLAG(int32_t, layers, 0,
 ABSL_FLAG(int32_t, d_model, decode_loop::ModelConfig{}.d_model, "model width");
 ABSL_FLAG(int32_t, ffn_dim, decode_loop::ModelConfig{}.ffn_dim, "SwiGLU hidden width");
 ABSL_FLAG(uint64_t, seed, decode_loop::WorkloadOptions{}.seed, "weights, prompts and sampling");
+ABSL_FLAG(uint64_t, request_seed, 0,
+          "the synthetic requests' user suffixes and lengths (0: --seed): engines with one "
+          "--seed and different request seeds share system prompts only");
 ABSL_FLAG(std::string, trace, "", "replay a trace (Mooncake .jsonl or Azure .csv)");
 ABSL_FLAG(double, trace_scale, decode_loop::WorkloadOptions{}.trace_scale,
           "multiply trace lengths by this factor");
@@ -144,9 +150,11 @@ ABSL_FLAG(decode_loop::VerifyCount, verify, decode_loop::VerifyCount{.count = 4}
 ABSL_FLAG(bool, json, false, "print the summary as JSON on stdout");
 ABSL_FLAG(std::string, fault, "none",
           "break the KV on purpose, to show that --verify catches it: "
-          "none|skip-copies|skip-swap-in|corrupt-swap-in|skip-promote|skip-restore (drop "
-          "copy-on-write, swap-in, host-tier promotion or state-checkpoint restore copies, or "
-          "flip an exponent bit in every block a swap-in fills)");
+          "none|skip-copies|skip-swap-in|corrupt-swap-in|skip-promote|skip-restore|"
+          "corrupt-remote (drop copy-on-write, swap-in, host-tier promotion or "
+          "state-checkpoint restore copies, or flip an exponent bit in every block a swap-in "
+          "fills; corrupt-remote flips a payload byte of every block fetched from --remote, "
+          "which the checksums must reject: verification passes)");
 ABSL_FLAG(int32_t, metrics_port, -1,
           "serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port; -1: off)");
 ABSL_FLAG(std::string, kv_events, "",
@@ -165,6 +173,18 @@ ABSL_FLAG(double, min_step_ms, 0.0,
           "keep a small model publishing for a while");
 ABSL_FLAG(std::string, kv_index_out, "",
           "write the final prefix index there (one hex block hash per line)");
+ABSL_FLAG(std::string, remote, "",
+          "the prefix cache's remote tier, shared by engines: redis://HOST:PORT[/DB] or "
+          "dir:PATH (docs/remote.md)");
+ABSL_FLAG(std::string, remote_wait, "timeout",
+          "when a sequence whose remote lookup is in flight is admitted: "
+          "best-effort|wait|timeout (best-effort: at once; wait: when every get completed; "
+          "timeout: that or --remote-timeout-ms)");
+ABSL_FLAG(int32_t, remote_timeout_ms, pagedkv::RemoteTierOptions{}.timeout_ms,
+          "--remote-wait timeout's limit");
+ABSL_FLAG(std::string, remote_write, "through",
+          "which blocks go to the remote tier: through|selective (through: every computed "
+          "block once; selective: blocks found as local prefix hits)");
 ABSL_FLAG(double, hold_s, 0.0,
           "keep serving metrics and replay this many seconds after the summary");
 
@@ -301,7 +321,15 @@ constexpr Choice<Fault> kFaults[] = {{"none", Fault::kNone},
                                      {"skip-swap-in", Fault::kSkipSwapIn},
                                      {"corrupt-swap-in", Fault::kCorruptSwapIn},
                                      {"skip-promote", Fault::kSkipPromote},
-                                     {"skip-restore", Fault::kSkipRestore}};
+                                     {"skip-restore", Fault::kSkipRestore},
+                                     {"corrupt-remote", Fault::kCorruptRemote}};
+constexpr Choice<pagedkv::RemoteWaitPolicy> kRemoteWaits[] = {
+    {"best-effort", pagedkv::RemoteWaitPolicy::kBestEffort},
+    {"wait", pagedkv::RemoteWaitPolicy::kWaitComplete},
+    {"timeout", pagedkv::RemoteWaitPolicy::kTimeout}};
+constexpr Choice<pagedkv::RemoteWritePolicy> kRemoteWrites[] = {
+    {"through", pagedkv::RemoteWritePolicy::kWriteThrough},
+    {"selective", pagedkv::RemoteWritePolicy::kSelective}};
 
 // Auto picks CUDA when the library was built with it and a GPU is usable.
 pagedkv::Device choose_device() {
@@ -322,6 +350,7 @@ WorkloadOptions workload_options() {
   w.system_prompt_len = absl::GetFlag(FLAGS_system_prompt_len);
   w.num_system_prompts = absl::GetFlag(FLAGS_system_prompts);
   w.seed = absl::GetFlag(FLAGS_seed);
+  w.request_seed = absl::GetFlag(FLAGS_request_seed);
   w.trace_path = absl::GetFlag(FLAGS_trace);
   w.trace_scale = absl::GetFlag(FLAGS_trace_scale);
   return w;
@@ -424,6 +453,14 @@ void compare_with_contiguous(const Workload& workload, const EngineOptions& engi
 // Returns false (after saying why) when the run exercised it but verified none.
 bool check_fault_coverage(const Report& report) {
   if (report.engine.fault == Fault::kNone) return true;
+  if (report.engine.fault == Fault::kCorruptRemote) {
+    // Shown when some corrupt block was fetched (and, as every run, verification passes).
+    if (report.remote->tier.corrupt_blocks > 0) return true;
+    std::fprintf(stderr,
+                 "pagedkv-decode: --fault corrupt-remote: no corrupt block was fetched, so the run "
+                 "cannot show the checksums rejecting one (run a second engine on the store)\n");
+    return false;
+  }
   const MechanismSet broken = faulted_mechanisms(report.engine.fault);
   const MechanismSet exercised = report.fault_exercised();
   if (exercised.empty()) {
@@ -556,6 +593,31 @@ int run(int argc, char** argv) {
     };
   }
 
+  std::unique_ptr<pagedkv::RemoteKvStore> remote_store;
+  const std::string remote = absl::GetFlag(FLAGS_remote);
+  if (!remote.empty()) {
+#if PAGEDKV_HAVE_REMOTE
+    absl::StatusOr<std::unique_ptr<pagedkv::RemoteKvStore>> opened =
+        open_remote_store(remote, engine.fault == Fault::kCorruptRemote);
+    if (!opened.ok()) fail(std::string(opened.status().message()));
+    remote_store = *std::move(opened);
+    engine.remote_store = remote_store.get();
+    // The weights are the preset's, sized by these flags, from the seed.
+    engine.remote_model_id = absl::StrCat("pagedkv-decode/", model_name, "/seed=", config.seed,
+                                          "/layers=", config.num_layers,
+                                          "/d_model=", config.d_model, "/ffn_dim=", config.ffn_dim);
+    engine.remote.wait_policy =
+        choose("remote-wait", absl::GetFlag(FLAGS_remote_wait), kRemoteWaits);
+    engine.remote.timeout_ms = absl::GetFlag(FLAGS_remote_timeout_ms);
+    engine.remote.write_policy =
+        choose("remote-write", absl::GetFlag(FLAGS_remote_write), kRemoteWrites);
+#else
+    fail("--remote: this pagedkv-decode was built without hiredis (scripts/install-deps.sh)");
+#endif
+  } else if (engine.fault == Fault::kCorruptRemote) {
+    fail("--fault corrupt-remote needs --remote");
+  }
+
   const Model model(config);
   engine.kv_format.cache_dtype = kv_dtype;
   if (kv_dtype == pagedkv::DType::kFloat8E4M3 && !workload->requests.empty()) {
@@ -598,6 +660,9 @@ int run(int argc, char** argv) {
   report.bytes_per_block = engine.cache.bytes_per_block_all_groups();
   report.capacity = capacity_figures(config, engine);
   report.run = eng.stats();
+  if (eng.remote() != nullptr) {
+    report.remote = Report::Remote{remote, eng.remote()->stats(), remote_store->stats()};
+  }
   compare_with_contiguous(*workload, engine, &report);
 
   if (num_verify > 0) {

@@ -16,6 +16,7 @@
 //   prefix-hit  a device prefix-cache hit at an admission
 //   state-restore  its state slot restored from a checkpoint at an admission (a prefix hit
 //               of a model with state layers)
+//   remote      prefix blocks loaded from the remote tier (--remote) at an admission
 //
 // kMechanisms lists them in rank order: the order of the verifier's picks and summaries.
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_MECHANISM_H_
@@ -39,12 +40,13 @@ enum class Mechanism : uint8_t {
   kDemote,
   kPrefixHit,
   kStateRestore,
+  kRemote,
 };
 
 inline constexpr std::array kMechanisms = {
-    Mechanism::kCowCopy, Mechanism::kSwapIn,    Mechanism::kRecompute,
-    Mechanism::kFork,    Mechanism::kPromote,   Mechanism::kExchange,
-    Mechanism::kDemote,  Mechanism::kPrefixHit, Mechanism::kStateRestore,
+    Mechanism::kCowCopy,      Mechanism::kSwapIn,   Mechanism::kRecompute, Mechanism::kFork,
+    Mechanism::kPromote,      Mechanism::kExchange, Mechanism::kDemote,    Mechanism::kPrefixHit,
+    Mechanism::kStateRestore, Mechanism::kRemote,
 };
 
 // The mechanism's name in summaries and JSON ("cow-copy").

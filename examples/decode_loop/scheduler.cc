@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "pagedkv/remote_namespace.h"
 
 namespace decode_loop {
 namespace {
@@ -21,6 +23,13 @@ int64_t now_ns() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+// Adds the nanoseconds from its construction to its destruction to *total.
+struct Stopwatch {
+  int64_t* total;
+  int64_t start = now_ns();
+  ~Stopwatch() { *total += now_ns() - start; }
+};
 
 }  // namespace
 
@@ -37,6 +46,8 @@ MechanismSet faulted_mechanisms(Fault fault) {
       return {Mechanism::kPromote, Mechanism::kExchange};
     case Fault::kSkipRestore:
       return {Mechanism::kStateRestore};
+    case Fault::kCorruptRemote:
+      return {};  // the checksums turn the corrupt blocks into misses: nothing breaks
   }
   return {};
 }
@@ -83,13 +94,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
                       .num_blocks = g.num_blocks,
                       .num_host_blocks = g.num_host_blocks});
   }
+  if (options.remote_store != nullptr) {
+    absl::Status status = engine->create_remote_tier();
+    if (!status.ok()) return status;
+  }
   Engine* self = engine.get();
   absl::StatusOr<pagedkv::KvCacheManager> manager = pagedkv::KvCacheManager::create(
       {.block_size = options.block_size,
        .enable_host_cache = options.enable_host_cache,
        .host_admission = options.host_admission,
        .watermark_blocks = options.watermark_blocks,
-       .event_sink = options.event_sink,
+       // The tier learns of computed blocks from the events, and forwards them.
+       .event_sink = engine->remote_ != nullptr ? engine->remote_.get() : options.event_sink,
        .preemption_hooks = self,
        .victim_policy = [self](std::span<const pagedkv::SequenceInfo> running,
                                SeqId requester) { return self->choose_victim(running, requester); },
@@ -101,6 +117,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
   engine->prefill_.clear(plan.num_groups());
   engine->decode_.clear(plan.num_groups());
   return engine;
+}
+
+// The tier's namespace: the model (its preset and seed, which make the weights) and the
+// cache's shape, so that only engines computing identical K/V share blocks.
+absl::Status Engine::create_remote_tier() {
+  const CachePlan& plan = options_.cache;
+  if (plan.num_groups() != 1 || plan.groups[0].kind != pagedkv::AttentionKind::kFull) {
+    return absl::FailedPreconditionError(
+        "--remote needs a model with one full-attention layer group (--model llama or mla)");
+  }
+  const pagedkv::KvStorage& storage = store_->storage(0);
+  pagedkv::RemoteTierOptions tier = options_.remote;
+  tier.namespace_digest = pagedkv::remote_namespace_digest(pagedkv::remote_namespace_for(
+      storage.spec(), options_.remote_model_id, storage.layout(), /*tp_rank=*/0, /*tp_size=*/1));
+  tier.payload_bytes = storage.spec().bytes_per_block();
+  tier.next_sink = options_.event_sink;
+  absl::StatusOr<std::unique_ptr<pagedkv::RemoteTier>> created =
+      pagedkv::RemoteTier::create(options_.remote_store, std::move(tier));
+  if (!created.ok()) return created.status();
+  remote_ = *std::move(created);
+  return absl::OkStatus();
 }
 
 // --- preemption ----------------------------------------------------------------------------
@@ -180,9 +217,10 @@ void Engine::add_rows(Batch& batch, SeqId seq, int32_t first, int32_t n,
     batch.positions.push_back(t);
   }
   for (int32_t g = 0; g < num_groups(); ++g) {
+    // The call's last n slots: an admission's first ones may be remote loads.
     const std::span<const int64_t> slots =
         batch_offset.has_value() ? manager_->batch_slot_mapping(g).subspan(*batch_offset, n)
-                                 : manager_->slot_mapping(g);
+                                 : manager_->slot_mapping(g).last(static_cast<size_t>(n));
     batch.slots[g].insert(batch.slots[g].end(), slots.begin(), slots.end());
   }
   batch.qo_indptr.push_back(static_cast<int32_t>(batch.tokens.size()));
@@ -264,10 +302,34 @@ absl::Status Engine::schedule_swapped() {
   return absl::OkStatus();
 }
 
+// The remote tier looks up the first waiting sequences ahead of their admission, so that
+// their fetches overlap the steps before it.
+absl::Status Engine::look_up_waiting() {
+  constexpr size_t kLookahead = 16;
+  for (size_t i = 0; i < std::min(kLookahead, waiting_.size()); ++i) {
+    const SequenceRecord& rec = records_.at(waiting_[i]);
+    absl::Status status = remote_->start_lookup(rec.seq, rec.tokens, {}, *manager_);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+// Admission is in order: the first waiting sequence waits for its lookup (as the wait
+// policy says) and those behind it with it.
+bool Engine::head_ready() const {
+  return remote_ == nullptr || waiting_.empty() || remote_->ready(waiting_.front());
+}
+
 absl::Status Engine::schedule_waiting() {
   int32_t prefill_tokens = static_cast<int32_t>(prefill_.tokens.size());  // continued chunks
   while (!waiting_.empty() && swapped_.empty() && !preempted_this_step_ && partial_prefills_ == 0 &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
+    if (remote_ != nullptr) {
+      Stopwatch in_remote{&remote_ns_};
+      absl::Status status = look_up_waiting();
+      if (!status.ok()) return status;
+      if (!head_ready()) break;
+    }
     const SeqId seq = waiting_.front();
     SequenceRecord& rec = records_.at(seq);
     if (!rec.in_manager) {
@@ -280,12 +342,21 @@ absl::Status Engine::schedule_waiting() {
     absl::StatusOr<int32_t> cached = manager_->match_prefix(seq);
     if (!cached.ok()) return cached.status();
     const int64_t host_hits = manager_->stats().host_hit_tokens - host_hits_before;
+    // The remote tier's verified blocks continue the claim: allocated with the rest, their
+    // payloads written after the step's copies (run_loads) instead of computed.
+    const int32_t loadable = remote_ != nullptr ? remote_->loadable_tokens(seq, *cached) : 0;
     const auto len = static_cast<int32_t>(rec.tokens.size());
-    const int32_t num_new = next_tokens(rec, *cached);
+    const int32_t num_new = next_tokens(rec, *cached + loadable);
     absl::StatusOr<std::span<const int64_t>> slots =
         prefill_tokens > 0 && prefill_tokens + num_new > options_.max_prefill_tokens
             ? absl::ResourceExhaustedError("step's prefill token budget is spent")
-            : manager_->allocate_slots(seq, num_new);
+            : manager_->allocate_slots(seq, loadable + num_new);
+    if (slots.ok() && remote_ != nullptr) {
+      absl::StatusOr<int32_t> loaded = remote_->load(seq, *cached, *slots);
+      if (!loaded.ok()) return loaded.status();
+      stats_.admit_remote_tokens += *loaded;
+      if (*loaded > 0) rec.mechanisms.add(Mechanism::kRemote);
+    }
     if (!slots.ok()) {
       if (!absl::IsResourceExhausted(slots.status())) return slots.status();
       // Not admitted this step: give back the claimed prefix so it stays evictable.
@@ -312,7 +383,7 @@ absl::Status Engine::schedule_waiting() {
       stats_.recompute_tokens += num_new;
     }
     prefill_tokens += num_new;
-    add_rows(prefill_, seq, *cached, num_new);
+    add_rows(prefill_, seq, *cached + loadable, num_new);
   }
   return absl::OkStatus();
 }
@@ -590,6 +661,12 @@ void Engine::record_utilization() {
 }
 
 absl::Status Engine::step() {
+  const int64_t step_start = now_ns();
+  remote_ns_ = 0;
+  if (remote_ != nullptr) {
+    Stopwatch in_remote{&remote_ns_};
+    remote_->poll();
+  }
   preempted_this_step_ = false;
   partial_prefills_ = 0;
   scheduled_.clear();
@@ -600,6 +677,11 @@ absl::Status Engine::step() {
   if (status.ok()) status = schedule_waiting();
   if (!status.ok()) return status;
   record_utilization();
+  if (prefill_.seqs.empty() && decode_.seqs.empty() && !head_ready()) {
+    // Nothing runs until the first waiting sequence's lookup lands: not a step.
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    return absl::OkStatus();
+  }
   if (prefill_.seqs.empty() && decode_.seqs.empty()) {
     return absl::InternalError(
         absl::StrCat("step ", stats_.steps, ": nothing could be scheduled (", waiting_.size(),
@@ -607,16 +689,33 @@ absl::Status Engine::step() {
                      " free blocks): the KV budget is too small for the longest sequence"));
   }
   status = execute_kv_ops();
+  if (status.ok() && remote_ != nullptr) {
+    Stopwatch in_remote{&remote_ns_};
+    status = remote_->run_loads([this](pagedkv::BlockId b, std::span<const std::byte> in) {
+      return store_->storage(0).write_block(b, in);
+    });
+  }
   // Batches run in allocation order: an admission may have matched a block that a decode
   // step of this same step filled, so those K/V must be written first.
   if (status.ok()) status = run_batch(decode_, /*prefill=*/false);
   if (status.ok()) status = run_batch(prefill_, /*prefill=*/true);
+  if (status.ok() && remote_ != nullptr) {
+    Stopwatch in_remote{&remote_ns_};
+    status =
+        remote_->write_computed(*manager_, [this](pagedkv::BlockId b, std::span<std::byte> out) {
+          return store_->storage(0).read_block(b, out);
+        });
+  }
   if (status.ok() && saves_run_ != std::ssize(step_saves_)) {
     return absl::InternalError(absl::StrCat("step ", stats_.steps, ": ",
                                             std::ssize(step_saves_) - saves_run_,
                                             " state saves of sequences the step did not compute"));
   }
   ++stats_.steps;
+  stats_.max_step_seconds =
+      std::max(stats_.max_step_seconds, static_cast<double>(now_ns() - step_start) * 1e-9);
+  stats_.max_remote_seconds =
+      std::max(stats_.max_remote_seconds, static_cast<double>(remote_ns_) * 1e-9);
   return status;
 }
 

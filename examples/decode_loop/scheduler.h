@@ -46,6 +46,8 @@
 #include "pagedkv/block_table.h"
 #include "pagedkv/device.h"
 #include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/remote_kv_store.h"
+#include "pagedkv/remote_tier.h"
 #include "sampling.h"
 #include "workload.h"
 
@@ -68,6 +70,9 @@ enum class Fault {
   kCorruptSwapIn,  // one bit flips in every block a swap-in copy fills
   kSkipPromote,    // host-tier promotion copies (promote and exchange) are not run
   kSkipRestore,    // copies restoring a state checkpoint into a sequence's slot are not run
+  // A payload byte of every block fetched from the remote tier is flipped (main.cc wraps
+  // the store): the checksums must make them misses, so verification still passes.
+  kCorruptRemote,
 };
 
 // The mechanisms whose K/V `fault` breaks: a run with the fault must verify a sequence
@@ -106,6 +111,13 @@ struct EngineOptions {
   // verifier moves out the logits of the sequences it keeps.
   std::function<void(SequenceRecord&)> on_finish;
   pagedkv::KvEventSink* event_sink = nullptr;  // the manager's KV events; optional, not owned
+  // The prefix cache's remote tier (pagedkv::RemoteTier) over this store, when set (not
+  // owned); `remote` holds its policies (the engine fills in the namespace, from
+  // remote_model_id and the cache's shape, the payload size and the event sink). Needs a
+  // model with one full-attention layer group.
+  pagedkv::RemoteKvStore* remote_store = nullptr;
+  std::string remote_model_id;
+  pagedkv::RemoteTierOptions remote;
   // Called with the manager's stats after every step (e.g. to export metrics); optional.
   std::function<void(const pagedkv::KvCacheManager::Stats&)> on_step = nullptr;
 };
@@ -152,9 +164,12 @@ struct RunStats {
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;
   double wall_seconds = 0.0;
+  double max_step_seconds = 0.0;      // the longest step
+  double max_remote_seconds = 0.0;    // the most a step spent in the remote tier's calls
   int64_t admit_query_tokens = 0;     // tokens looked up at successful admissions
   int64_t admit_hit_tokens = 0;       // of those, found in the prefix cache
   int64_t admit_host_hit_tokens = 0;  // of those, found in the host tier (promoted)
+  int64_t admit_remote_tokens = 0;    // loaded from the remote tier (not counted as hits)
   int32_t peak_running = 0;
   // Peak running sequences whose prompt is computed by the end of the step (not partway
   // through a chunked prefill): the batch the budget sustains.
@@ -191,6 +206,7 @@ class Engine : private pagedkv::PreemptionHooks {
   const absl::flat_hash_map<SeqId, SequenceRecord>& sequences() const { return records_; }
   const EngineOptions& options() const { return options_; }
   const pagedkv::KvCacheManager& manager() const { return *manager_; }
+  const pagedkv::RemoteTier* remote() const { return remote_.get(); }
 
  private:
   Engine(const Model& model, const EngineOptions& options);
@@ -214,7 +230,12 @@ class Engine : private pagedkv::PreemptionHooks {
   absl::Status schedule_running();
   absl::Status schedule_swapped();
   absl::Status schedule_waiting();
+  // Starts remote lookups for the first waiting sequences; whether the first may be
+  // admitted (its lookup done, or the wait policy lets it go).
+  absl::Status look_up_waiting();
+  bool head_ready() const;
   absl::Status execute_kv_ops();
+  absl::Status create_remote_tier();
   void record_mechanisms(const pagedkv::StepOps& ops);
   absl::Status corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_ins);
   // The tokens `rec` computes in its next step, from its `computed` ones: one to decode,
@@ -254,6 +275,7 @@ class Engine : private pagedkv::PreemptionHooks {
 
   const Model& model_;
   EngineOptions options_;
+  std::unique_ptr<pagedkv::RemoteTier> remote_;  // before the manager, which sends it events
   std::unique_ptr<pagedkv::KvCacheManager> manager_;
   std::unique_ptr<KvStore> store_;
   absl::flat_hash_map<SeqId, SequenceRecord> records_;
@@ -267,6 +289,7 @@ class Engine : private pagedkv::PreemptionHooks {
   bool preempted_this_step_ = false;
   int32_t partial_prefills_ = 0;  // sequences this step leaves partway through their prompt
   int64_t preemption_count_ = 0;
+  int64_t remote_ns_ = 0;  // this step's time in the remote tier's calls
   Batch prefill_;
   Batch decode_;
   std::vector<pagedkv::BlockTables> tables_;  // per layer group

@@ -122,6 +122,37 @@ Json kv_events_json(const std::optional<pagedkv::KvEventPublisher::Stats>& stats
           {"handshakes_refused", e.handshakes_refused}};
 }
 
+// The remote tier's counters, and its store's (docs/remote.md, "The tier").
+Json remote_json(const std::optional<Report::Remote>& remote) {
+  if (!remote.has_value()) return nullptr;
+  const pagedkv::RemoteTierStats& t = remote->tier;
+  const pagedkv::RemoteKvStats& s = remote->store_stats;
+  return {{"store", remote->store},
+          {"lookups", t.lookups},
+          {"lookup_blocks", t.lookup_blocks},
+          {"found_blocks", t.found_blocks},
+          {"missing_blocks", t.missing_blocks},
+          {"corrupt_blocks", t.corrupt_blocks},
+          {"foreign_blocks", t.foreign_blocks},
+          {"other_blocks", t.other_blocks},
+          {"error_blocks", t.error_blocks},
+          {"timed_out", t.timed_out},
+          {"loaded_blocks", t.loaded_blocks},
+          {"loaded_tokens", t.loaded_tokens},
+          {"written_blocks", t.written_blocks},
+          {"written_bytes", t.written_bytes},
+          {"write_failures", t.write_failures},
+          {"skipped_writes", t.skipped_writes},
+          {"store_bytes_read", s.bytes_read},
+          {"store_errors", s.errors},
+          {"store_reconnects", s.reconnects},
+          {"store_dropped_puts", s.dropped_puts},
+          {"store_failed_fast", s.failed_fast},
+          {"store_latency_max_us", s.latency_max_us},
+          {"store_latency_mean_us",
+           ratio(static_cast<double>(s.latency_sum_us), static_cast<double>(s.requests))}};
+}
+
 // "2, 5" for a group's layers.
 std::string layer_list(const CacheGroup& g) {
   std::string out;
@@ -325,6 +356,17 @@ std::string format_text(const Report& r) {
         e.events_published, e.steps_published, e.events_dropped_hwm + e.events_dropped_queue,
         e.replay_requests, e.snapshot_requests, e.requests_refused));
   }
+  if (r.remote.has_value()) {
+    const pagedkv::RemoteTierStats& t = r.remote->tier;
+    line(fmt::format(
+        "remote tier    {}: {} tokens loaded ({} blocks) in {} lookups of {} blocks: {} found, "
+        "{} missing, {} corrupt, {} of another namespace, {} errors, {} timed out; {} blocks "
+        "written ({:.1f} MiB), {} write failures",
+        r.remote->store, t.loaded_tokens, t.loaded_blocks, t.lookups, t.lookup_blocks,
+        t.found_blocks, t.missing_blocks, t.corrupt_blocks, t.foreign_blocks, t.error_blocks,
+        t.timed_out, t.written_blocks, static_cast<double>(t.written_bytes) / (1 << 20),
+        t.write_failures));
+  }
   line(fmt::format("wall time      {:.2f} s", s.wall_seconds));
   if (r.verify.has_value()) {
     const VerifyResult& v = *r.verify;
@@ -423,6 +465,8 @@ std::string format_json(const Report& r) {
       // Host tier: hits of admissions found there, and the allocator's tier counters next
       // to the copies the store ran.
       {"host_hit_tokens", s.admit_host_hit_tokens},
+      // Loaded from the remote tier at admissions (not in prefix_hit_tokens).
+      {"remote_tokens", s.admit_remote_tokens},
       {"allocator_host_hit_tokens", m.host_hit_tokens},
       {"blocks_demoted", m.blocks_demoted},
       {"blocks_promoted", m.blocks_promoted},
@@ -459,6 +503,9 @@ std::string format_json(const Report& r) {
       {"mechanism_sequences", std::move(mechanism_sequences)},
       {"mechanisms_exercised", names_json(s.exercised())},
       {"kv_events", kv_events_json(r.kv_events)},
+      {"remote", remote_json(r.remote)},
+      {"max_step_ms", 1000 * s.max_step_seconds},
+      {"max_remote_ms_per_step", 1000 * s.max_remote_seconds},
       {"fault", fault_json(r)},
       {"verify", r.verify.has_value() ? verify_json(*r.verify, s.exercised()) : Json(nullptr)},
   };

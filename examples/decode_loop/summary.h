@@ -12,6 +12,8 @@
 #include "mechanism.h"
 #include "model.h"
 #include "pagedkv/kv_event_publisher.h"
+#include "pagedkv/remote_kv_store.h"
+#include "pagedkv/remote_tier.h"
 #include "scheduler.h"
 #include "verify.h"
 
@@ -49,6 +51,13 @@ struct Report {
   std::optional<VerifyResult> verify;
   // --kv-events: the publisher's counters when the summary was written (every batch sent).
   std::optional<pagedkv::KvEventPublisher::Stats> kv_events;
+  // --remote: the tier's and its store's counters at the end.
+  struct Remote {
+    std::string store;  // the --remote value
+    pagedkv::RemoteTierStats tier;
+    pagedkv::RemoteKvStats store_stats;
+  };
+  std::optional<Remote> remote;
 
   // The mechanisms the verified sequences went through (none without --verify).
   MechanismSet covered() const;

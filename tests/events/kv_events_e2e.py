@@ -259,7 +259,9 @@ def start_follower(engine, state, *extra):
 
 
 def scenario_kill_restart(late, hybrid=False):
-    extra = ["--steps", "500", "--step-us", "2000", "--host-blocks", "64"]
+    # 3 s of steps: the router's kill and restart (a second in) fall within them even on a
+    # loaded machine, where starting a Python process takes a good part of a second.
+    extra = ["--steps", "1500", "--step-us", "2000", "--host-blocks", "64"]
     if hybrid:  # every group's blocks in the snapshot, the saved state and the index
         extra += ["--sliding-window", "8", "--chunked-local", "12"]
     if late:
