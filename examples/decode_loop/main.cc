@@ -552,6 +552,31 @@ int run(int argc, char** argv) {
   absl::StatusOr<Workload> workload = make_workload(workload_opts);
   if (!workload.ok()) fail(std::string(workload.status().message()));
 
+  std::unique_ptr<pagedkv::RemoteKvStore> remote_store;
+  const std::string remote = absl::GetFlag(FLAGS_remote);
+  if (!remote.empty()) {
+#if PAGEDKV_HAVE_REMOTE
+    absl::StatusOr<std::unique_ptr<pagedkv::RemoteKvStore>> opened =
+        open_remote_store(remote, engine.fault == Fault::kCorruptRemote);
+    if (!opened.ok()) fail(std::string(opened.status().message()));
+    remote_store = *std::move(opened);
+    engine.remote_store = remote_store.get();
+    // The weights are the preset's, sized by these flags, from the seed.
+    engine.remote_model_id = absl::StrCat("pagedkv-decode/", model_name, "/seed=", config.seed,
+                                          "/layers=", config.num_layers,
+                                          "/d_model=", config.d_model, "/ffn_dim=", config.ffn_dim);
+    engine.remote.wait_policy =
+        choose("remote-wait", absl::GetFlag(FLAGS_remote_wait), kRemoteWaits);
+    engine.remote.timeout_ms = absl::GetFlag(FLAGS_remote_timeout_ms);
+    engine.remote.write_policy =
+        choose("remote-write", absl::GetFlag(FLAGS_remote_write), kRemoteWrites);
+#else
+    fail("--remote: this pagedkv-decode was built without hiredis (scripts/install-deps.sh)");
+#endif
+  } else if (engine.fault == Fault::kCorruptRemote) {
+    fail("--fault corrupt-remote needs --remote");
+  }
+
   std::unique_ptr<MetricsServer> metrics;
   if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> started = MetricsServer::start(port);
@@ -579,43 +604,22 @@ int run(int argc, char** argv) {
   const auto min_step = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double, std::milli>(min_step_ms));
   auto next_step = std::chrono::steady_clock::now() + min_step;
+  const Engine* running_engine = nullptr;  // set once created: the remote tier's metrics
   if (metrics != nullptr || events != nullptr || min_step_ms > 0) {
     engine.on_step = [&](const pagedkv::KvCacheManager::Stats& s) {
       if (events != nullptr) events->end_step();  // one batch of KV events per step
       if (metrics != nullptr) {
         metrics->update(s);
         if (events != nullptr) metrics->update(events->stats());
+        if (const pagedkv::RemoteTier* tier = running_engine->remote(); tier != nullptr) {
+          metrics->update(tier->stats(), remote_store->stats());
+        }
       }
       if (min_step_ms > 0) {
         std::this_thread::sleep_until(next_step);
         next_step = std::max(next_step + min_step, std::chrono::steady_clock::now());
       }
     };
-  }
-
-  std::unique_ptr<pagedkv::RemoteKvStore> remote_store;
-  const std::string remote = absl::GetFlag(FLAGS_remote);
-  if (!remote.empty()) {
-#if PAGEDKV_HAVE_REMOTE
-    absl::StatusOr<std::unique_ptr<pagedkv::RemoteKvStore>> opened =
-        open_remote_store(remote, engine.fault == Fault::kCorruptRemote);
-    if (!opened.ok()) fail(std::string(opened.status().message()));
-    remote_store = *std::move(opened);
-    engine.remote_store = remote_store.get();
-    // The weights are the preset's, sized by these flags, from the seed.
-    engine.remote_model_id = absl::StrCat("pagedkv-decode/", model_name, "/seed=", config.seed,
-                                          "/layers=", config.num_layers,
-                                          "/d_model=", config.d_model, "/ffn_dim=", config.ffn_dim);
-    engine.remote.wait_policy =
-        choose("remote-wait", absl::GetFlag(FLAGS_remote_wait), kRemoteWaits);
-    engine.remote.timeout_ms = absl::GetFlag(FLAGS_remote_timeout_ms);
-    engine.remote.write_policy =
-        choose("remote-write", absl::GetFlag(FLAGS_remote_write), kRemoteWrites);
-#else
-    fail("--remote: this pagedkv-decode was built without hiredis (scripts/install-deps.sh)");
-#endif
-  } else if (engine.fault == Fault::kCorruptRemote) {
-    fail("--fault corrupt-remote needs --remote");
   }
 
   const Model model(config);
@@ -639,6 +643,7 @@ int run(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Engine>> created = Engine::create(model, engine);
   if (!created.ok()) fail(std::string(created.status().message()));
   Engine& eng = **created;
+  running_engine = &eng;
   if (absl::Status s = eng.run(workload->requests); !s.ok()) {
     fail(absl::StrCat("run failed: ", s.ToString()));
   }

@@ -20,6 +20,9 @@ class PrometheusServer : public MetricsServer {
       : metrics_(std::move(metrics)) {}
   void update(const pagedkv::KvCacheManager::Stats& stats) override { metrics_->update(stats); }
   void update(const pagedkv::KvEventPublisher::Stats& stats) override { metrics_->update(stats); }
+  void update(const pagedkv::RemoteTierStats& tier, const pagedkv::RemoteKvStats& store) override {
+    metrics_->update(tier, store);
+  }
 
  private:
   std::unique_ptr<pagedkv::KvCacheMetrics> metrics_;

@@ -8,6 +8,8 @@
 #include "absl/status/statusor.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_event_publisher.h"
+#include "pagedkv/remote_kv_store.h"
+#include "pagedkv/remote_tier.h"
 
 namespace decode_loop {
 
@@ -20,6 +22,9 @@ class MetricsServer {
   virtual void update(const pagedkv::KvCacheManager::Stats& stats) = 0;
   // The publisher's counters (--kv-events): events published, requests served.
   virtual void update(const pagedkv::KvEventPublisher::Stats& stats) = 0;
+  // The remote tier's and its store's counters (--remote).
+  virtual void update(const pagedkv::RemoteTierStats& tier,
+                      const pagedkv::RemoteKvStats& store) = 0;
 };
 
 }  // namespace decode_loop

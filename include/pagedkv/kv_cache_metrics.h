@@ -36,6 +36,8 @@
 #include "absl/status/statusor.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_event_publisher.h"
+#include "pagedkv/remote_kv_store.h"
+#include "pagedkv/remote_tier.h"
 
 namespace pagedkv {
 namespace internal {
@@ -81,6 +83,10 @@ class KvCacheMetrics {
   // sliding_window, chunked_local_attention, as the KV events name it).
   void update(const KvCacheManager& manager);
   void update(const KvEventPublisher::Stats& stats);
+  // The remote tier's counters (pagedkv_remote_*_total, prefix_cache_remote_hits_total)
+  // and its store's, with the store's latency histogram
+  // (pagedkv_remote_request_latency_seconds; buckets kRemoteLatencyBoundsUs).
+  void update(const RemoteTierStats& tier, const RemoteKvStats& store);
 
   // The exposition text that GET /metrics returns.
   std::string text() const;

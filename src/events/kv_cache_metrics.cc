@@ -5,6 +5,7 @@
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
@@ -132,7 +133,45 @@ struct MetricsState {
                                  "Replay or snapshot requests refused (one pending per peer, "
                                  "or too many pending)")),
         stalled_peers_dropped(counter("kv_events_stalled_peers_dropped",
-                                      "Replies given up because the peer did not read")) {}
+                                      "Replies given up because the peer did not read")),
+        remote_lookups(counter("remote_lookups", "Remote-tier lookups sent to the store")),
+        remote_lookup_blocks(counter("remote_lookup_blocks", "Blocks remote lookups asked for")),
+        remote_found(
+            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "found"}})),
+        remote_missing(
+            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "missing"}})),
+        remote_corrupt(
+            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "corrupt"}})),
+        remote_foreign(
+            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "foreign"}})),
+        remote_other(
+            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "other"}})),
+        remote_error(
+            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "error"}})),
+        remote_timed_out(
+            counter("remote_lookups_timed_out", "Lookups admitted with gets still in flight")),
+        remote_loaded_tokens(
+            counter("prefix_cache_remote_hits", "Prompt tokens loaded from the remote tier")),
+        remote_written_blocks(counter("remote_written_blocks", "Blocks written to the store")),
+        remote_write_failures(
+            counter("remote_write_failures", "Block writes that failed or were dropped")),
+        remote_bytes_read(counter("remote_bytes_read", "Value bytes fetched from the store")),
+        remote_bytes_written(counter("remote_bytes_written", "Value bytes stored")),
+        remote_dropped_puts(
+            counter("remote_dropped_puts", "Store put requests dropped on a full queue")),
+        remote_store_errors(counter("remote_store_errors", "Keys the store failed")),
+        remote_reconnects(counter("remote_reconnects", "Store connections re-established")),
+        remote_latency(prometheus::BuildHistogram()
+                           .Name(prefix + "remote_request_latency_seconds")
+                           .Help("Store request latency, enqueue to completion")
+                           .Register(*registry)
+                           .Add(labels, latency_bounds())) {}
+
+  static prometheus::Histogram::BucketBoundaries latency_bounds() {
+    prometheus::Histogram::BucketBoundaries bounds;
+    for (const int64_t us : kRemoteLatencyBoundsUs) bounds.push_back(static_cast<double>(us) / 1e6);
+    return bounds;
+  }
 
   prometheus::Gauge& gauge(const std::string& name, const std::string& help) {
     return prometheus::BuildGauge().Name(prefix + name).Help(help).Register(*registry).Add(labels);
@@ -205,6 +244,12 @@ struct MetricsState {
   std::map<std::pair<int32_t, AttentionKind>, GroupSeries> groups;
   MonotonicCounter events_published, events_dropped_hwm, events_dropped_queue, replay_requests,
       snapshot_requests, requests_refused, stalled_peers_dropped;
+  MonotonicCounter remote_lookups, remote_lookup_blocks, remote_found, remote_missing,
+      remote_corrupt, remote_foreign, remote_other, remote_error, remote_timed_out,
+      remote_loaded_tokens, remote_written_blocks, remote_write_failures, remote_bytes_read,
+      remote_bytes_written, remote_dropped_puts, remote_store_errors, remote_reconnects;
+  prometheus::Histogram& remote_latency;
+  RemoteKvStats last_store;  // the histogram's buckets and sum at the last update
   std::unique_ptr<prometheus::Exposer> exposer;
 };
 
@@ -314,6 +359,40 @@ void KvCacheMetrics::update(const KvEventPublisher::Stats& s) {
   m.snapshot_requests.advance_to(s.snapshot_requests);
   m.requests_refused.advance_to(s.requests_refused);
   m.stalled_peers_dropped.advance_to(s.stalled_peers_dropped);
+}
+
+void KvCacheMetrics::update(const RemoteTierStats& t, const RemoteKvStats& s) {
+  internal::MetricsState& m = *state_;
+  m.remote_lookups.advance_to(t.lookups);
+  m.remote_lookup_blocks.advance_to(t.lookup_blocks);
+  m.remote_found.advance_to(t.found_blocks);
+  m.remote_missing.advance_to(t.missing_blocks);
+  m.remote_corrupt.advance_to(t.corrupt_blocks);
+  m.remote_foreign.advance_to(t.foreign_blocks);
+  m.remote_other.advance_to(t.other_blocks);
+  m.remote_error.advance_to(t.error_blocks);
+  m.remote_timed_out.advance_to(t.timed_out);
+  m.remote_loaded_tokens.advance_to(t.loaded_tokens);
+  m.remote_written_blocks.advance_to(t.written_blocks);
+  m.remote_write_failures.advance_to(t.write_failures);
+  m.remote_bytes_read.advance_to(s.bytes_read);
+  m.remote_bytes_written.advance_to(s.bytes_written);
+  m.remote_dropped_puts.advance_to(s.dropped_puts);
+  m.remote_store_errors.advance_to(s.errors);
+  m.remote_reconnects.advance_to(s.reconnects);
+  // The store's histogram is cumulative: observe the growth of each bucket since last time.
+  std::vector<double> growth(s.latency_histogram.size());
+  bool grew = false;
+  for (size_t i = 0; i < growth.size(); ++i) {
+    const int64_t d = s.latency_histogram[i] - m.last_store.latency_histogram[i];
+    growth[i] = static_cast<double>(std::max<int64_t>(0, d));
+    grew = grew || d > 0;
+  }
+  if (grew) {
+    m.remote_latency.ObserveMultiple(
+        growth, static_cast<double>(s.latency_sum_us - m.last_store.latency_sum_us) * 1e-6);
+  }
+  m.last_store = s;
 }
 
 std::string KvCacheMetrics::text() const {

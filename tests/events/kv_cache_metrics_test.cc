@@ -188,6 +188,45 @@ TEST_CASE("per-group host-tier and eviction counters follow group_stats(), never
                                       std::to_string(m.group_stats(0).blocks_demoted))));
 }
 
+TEST_CASE("the remote tier's counters by outcome, and the store's latency as a histogram") {
+  auto metrics = KvCacheMetrics::create({.model_name = "m"});
+  REQUIRE(metrics.ok());
+  RemoteTierStats t;
+  t.lookups = 3;
+  t.found_blocks = 10;
+  t.corrupt_blocks = 2;
+  t.loaded_tokens = 160;
+  RemoteKvStats s;
+  s.bytes_read = 4096;
+  s.latency_histogram[0] = 2;  // <= 100 us
+  s.latency_histogram[3] = 1;  // <= 1 ms
+  s.latency_sum_us = 900;
+  (*metrics)->update(t, s);
+  s.latency_histogram[3] = 2;  // one more, 600 us
+  s.latency_sum_us = 1500;
+  t.found_blocks = 4;  // a smaller total: the counter stays
+  (*metrics)->update(t, s);
+  const std::string text = (*metrics)->text();
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("pagedkv:remote_lookups_total{model_name=\"m\"} 3"));
+  CHECK_THAT(text,
+             Catch::Contains("pagedkv:remote_blocks_total{model_name=\"m\",outcome=\"found\"} 10"));
+  CHECK_THAT(
+      text, Catch::Contains("pagedkv:remote_blocks_total{model_name=\"m\",outcome=\"corrupt\"} 2"));
+  CHECK_THAT(text, Catch::Contains("pagedkv:prefix_cache_remote_hits_total{model_name=\"m\"} 160"));
+  CHECK_THAT(text, Catch::Contains("pagedkv:remote_bytes_read_total{model_name=\"m\"} 4096"));
+  CHECK_THAT(text,
+             Catch::Contains("pagedkv:remote_request_latency_seconds_count{model_name=\"m\"} 4"));
+  CHECK_THAT(
+      text, Catch::Contains("pagedkv:remote_request_latency_seconds_sum{model_name=\"m\"} 0.0015"));
+  CHECK_THAT(
+      text, Catch::Contains(
+                "pagedkv:remote_request_latency_seconds_bucket{model_name=\"m\",le=\"0.0001\"} 2"));
+  CHECK_THAT(text,
+             Catch::Contains(
+                 "pagedkv:remote_request_latency_seconds_bucket{model_name=\"m\",le=\"0.001\"} 4"));
+}
+
 TEST_CASE("an invalid prefix is refused, and so is serving twice") {
   auto bad = KvCacheMetrics::create({.prefix = "1bad"});
   REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
