@@ -24,15 +24,37 @@
 
 namespace pagedkv::testing {
 
-// The path of redis-server on PATH, or "" when it is not installed.
-inline std::string redis_server_binary() {
+// The path of the program `name` on PATH, or "" when it is not installed.
+inline std::string binary_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
   std::stringstream dirs(path != nullptr ? path : "/usr/bin:/usr/local/bin");
   for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = dir + "/redis-server";
+    const std::string candidate = dir + "/" + name;
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
+}
+
+inline std::string redis_server_binary() { return binary_on_path("redis-server"); }
+
+// Runs `args` (args[0] a path) as a child process with stdout and stderr appended to
+// `log`; the child dies with the test process (PR_SET_PDEATHSIG). Returns its pid. The
+// child only makes system calls: other threads (a store's) may hold malloc's lock.
+inline pid_t spawn_process(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<char*> argv;
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(out, STDOUT_FILENO);
+    dup2(out, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
 }
 
 // A loopback port nobody listens on now: bind port 0, read the port, close.
@@ -80,9 +102,7 @@ class RedisServer {
                                      "--enable-debug-command",
                                      "yes"};
     args.insert(args.end(), extra_args_.begin(), extra_args_.end());
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) exec_server(args);
+    pid_ = spawn_process(args, "/dev/null");
     REQUIRE(wait_for_ping());
   }
 
@@ -111,8 +131,11 @@ class RedisServer {
     }
   }
 
-  // Runs one command on a connection of its own (blocking, 10 s timeout): DEBUG SLEEP.
-  void command(const std::vector<std::string>& words, const std::string& password = "") const {
+  // Runs one command on a connection of its own (blocking, 10 s timeout): DEBUG SLEEP,
+  // DBSIZE. Returns the reply as text (a string, status or error, an integer in decimal;
+  // "" for anything else or no reply).
+  std::string command(const std::vector<std::string>& words,
+                      const std::string& password = "") const {
     redisContext* context = redisConnectWithTimeout("127.0.0.1", port_, {10, 0});
     REQUIRE((context != nullptr && context->err == 0));
     redisSetTimeout(context, {10, 0});
@@ -123,25 +146,20 @@ class RedisServer {
       argv.push_back(word.c_str());
       lengths.push_back(word.size());
     }
-    void* reply =
-        redisCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data());
+    auto* reply = static_cast<redisReply*>(
+        redisCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data()));
+    std::string text;
+    if (reply != nullptr && reply->type == REDIS_REPLY_INTEGER) {
+      text = std::to_string(reply->integer);
+    } else if (reply != nullptr && reply->str != nullptr) {
+      text.assign(reply->str, reply->len);
+    }
     if (reply != nullptr) freeReplyObject(reply);
     redisFree(context);
+    return text;
   }
 
  private:
-  [[noreturn]] static void exec_server(const std::vector<std::string>& args) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    const int null = open("/dev/null", O_WRONLY);
-    dup2(null, STDOUT_FILENO);
-    dup2(null, STDERR_FILENO);
-    std::vector<char*> argv;
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-
   // Any reply to PING counts (with --requirepass it is a NOAUTH error).
   bool wait_for_ping() const {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
