@@ -143,6 +143,11 @@ void QueuedKvStore::count_reconnect() {
   stats_.reconnects += 1;
 }
 
+void QueuedKvStore::count_redirects(int64_t redirects) {
+  std::lock_guard lock(mutex_);
+  stats_.redirects += redirects;
+}
+
 void QueuedKvStore::start_io_thread() {
   io_thread_ = std::thread([this] {
     // A write to a socket the peer closed raises SIGPIPE in the writing thread, and its

@@ -62,6 +62,8 @@ class QueuedKvStore : public RemoteKvStore {
 
   // Counts a connection re-established after a failure (I/O thread).
   void count_reconnect();
+  // Counts redirections followed (Redis Cluster's MOVED and ASK; I/O thread).
+  void count_redirects(int64_t redirects);
 
   // Starts the I/O thread; the derived constructor calls it last.
   void start_io_thread();

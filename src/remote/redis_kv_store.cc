@@ -1,13 +1,13 @@
 #include "remote/redis_kv_store.h"
 
 #include <hiredis/hiredis.h>
-#include <sys/time.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -22,17 +22,8 @@ namespace internal {
 namespace {
 
 // At most this many commands are appended before their replies are read, whatever
-// their size: bounds hiredis' output buffer for batches of many small values.
+// their size: bounds the output buffer for batches of many small values.
 constexpr size_t kMaxPipelineCommands = 1024;
-
-struct ReplyDeleter {
-  void operator()(redisReply* reply) const { freeReplyObject(reply); }
-};
-using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
-
-timeval to_timeval(int32_t ms) {
-  return timeval{.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-}
 
 absl::StatusOr<std::string> read_password(const RedisKvStoreOptions& options) {
   if (!options.password_env.empty() && !options.password_file.empty()) {
@@ -60,12 +51,13 @@ absl::StatusOr<std::string> read_password(const RedisKvStoreOptions& options) {
 }
 
 absl::Status check_options(const RedisKvStoreOptions& options) {
-  const std::array<std::pair<const char*, int64_t>, 9> positive = {{
+  const std::array<std::pair<const char*, int64_t>, 10> positive = {{
       {"connect_timeout_ms", options.connect_timeout_ms},
       {"command_timeout_ms", options.command_timeout_ms},
       {"reconnect_backoff_min_ms", options.reconnect_backoff_min_ms},
       {"reconnect_backoff_max_ms", options.reconnect_backoff_max_ms},
       {"pipeline_bytes", options.pipeline_bytes},
+      {"max_redirects", options.max_redirects},
       {"limits.max_value_bytes", options.limits.max_value_bytes},
       {"limits.max_key_bytes", options.limits.max_key_bytes},
       {"limits.max_queued_requests", options.limits.max_queued_requests},
@@ -78,23 +70,6 @@ absl::Status check_options(const RedisKvStoreOptions& options) {
     }
   }
   return absl::OkStatus();
-}
-
-// "redis HOST:PORT", the prefix of every message about the server.
-std::string server_name(const RedisEndpoint& endpoint) {
-  return absl::StrCat("redis ", endpoint.host, ":", endpoint.port);
-}
-
-// The status of a failed context, for a batch's error.
-absl::Status context_error(const RedisEndpoint& endpoint, const redisContext* context,
-                           int32_t command_timeout_ms) {
-  const bool timed_out = context->err == REDIS_ERR_IO &&
-                         (absl::StrContains(context->errstr, "temporarily unavailable") ||
-                          absl::StrContains(context->errstr, "timed out"));
-  return absl::UnavailableError(absl::StrCat(
-      server_name(endpoint), ": ", context->errstr,
-      timed_out ? absl::StrCat(" (no reply within command_timeout_ms ", command_timeout_ms, ")")
-                : ""));
 }
 
 }  // namespace
@@ -141,152 +116,244 @@ RedisKvStore::RedisKvStore(const RedisKvStoreOptions& options, RedisEndpoint end
                            std::string password)
     : QueuedKvStore(options.limits),
       options_(options),
-      endpoint_(std::move(endpoint)),
-      password_(std::move(password)) {
+      settings_{.connect_timeout_ms = options.connect_timeout_ms,
+                .command_timeout_ms = options.command_timeout_ms,
+                .reconnect_backoff_min_ms = options.reconnect_backoff_min_ms,
+                .reconnect_backoff_max_ms = options.reconnect_backoff_max_ms,
+                .username = options.username,
+                .password = std::move(password),
+                .db = endpoint.db} {
+  nodes_.push_back(std::make_unique<RedisConnection>(
+      RedisNodeAddress{.host = std::move(endpoint.host), .port = endpoint.port}, &settings_));
   start_io_thread();
 }
 
-RedisKvStore::~RedisKvStore() {
-  stop_io_thread();
-  disconnect();
-}
+RedisKvStore::~RedisKvStore() { stop_io_thread(); }
 
-void RedisKvStore::disconnect() {
-  if (context_ != nullptr) redisFree(context_);
-  context_ = nullptr;
-}
-
-absl::Status RedisKvStore::connect_once() {
-  context_ = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port,
-                                     to_timeval(options_.connect_timeout_ms));
-  if (context_ == nullptr) return absl::ResourceExhaustedError("redis: cannot allocate a context");
-  if (context_->err != 0) {
-    absl::Status status = absl::UnavailableError(
-        absl::StrCat(server_name(endpoint_), ": connect: ", context_->errstr,
-                     " (connect_timeout_ms ", options_.connect_timeout_ms, ")"));
-    disconnect();
-    return status;
-  }
-  redisSetTimeout(context_, to_timeval(options_.command_timeout_ms));
-  redisEnableKeepAlive(context_);
-  // AUTH, then SELECT: each reply checked before the connection serves a batch.
-  std::vector<std::vector<std::string>> setup;
-  if (!password_.empty()) {
-    if (options_.username.empty())
-      setup.push_back({"AUTH", password_});
-    else
-      setup.push_back({"AUTH", options_.username, password_});
-  }
-  if (endpoint_.db != 0) setup.push_back({"SELECT", std::to_string(endpoint_.db)});
-  for (const std::vector<std::string>& command : setup) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lengths;
-    for (const std::string& arg : command) {
-      argv.push_back(arg.data());
-      lengths.push_back(arg.size());
-    }
-    ReplyPtr reply(static_cast<redisReply*>(
-        redisCommandArgv(context_, static_cast<int>(argv.size()), argv.data(), lengths.data())));
-    absl::Status status;
-    if (reply == nullptr) {
-      status = context_error(endpoint_, context_, options_.command_timeout_ms);
-    } else if (reply->type == REDIS_REPLY_ERROR) {
-      // The server's message ("WRONGPASS ...", "ERR DB index is out of range") names no
-      // password; the command's first word says which step failed.
-      status = absl::PermissionDeniedError(absl::StrCat(server_name(endpoint_), ": ", command[0],
-                                                        ": ", std::string(reply->str, reply->len)));
-    }
-    if (!status.ok()) {
-      disconnect();
-      return status;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RedisKvStore::ensure_connected() {
-  if (context_ != nullptr) return absl::OkStatus();
-  const auto now = std::chrono::steady_clock::now();
-  if (now < next_connect_) {
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_connect_ - now);
-    return absl::UnavailableError(absl::StrCat(server_name(endpoint_),
-                                               ": not connected; next attempt in ", wait.count(),
-                                               " ms (reconnect backoff)"));
-  }
-  if (absl::Status status = connect_once(); !status.ok()) {
-    backoff_ =
-        std::clamp(2 * backoff_, std::chrono::milliseconds(options_.reconnect_backoff_min_ms),
-                   std::chrono::milliseconds(options_.reconnect_backoff_max_ms));
-    next_connect_ = now + backoff_;
-    return status;
-  }
-  if (ever_connected_) count_reconnect();
-  ever_connected_ = true;
-  backoff_ = std::chrono::milliseconds(0);
-  return absl::OkStatus();
-}
-
-absl::Status RedisKvStore::connection_lost() {
-  absl::Status status = context_error(endpoint_, context_, options_.command_timeout_ms);
-  disconnect();
+absl::Status RedisKvStore::connect(size_t node, BatchState& batch) {
+  if (batch.node_failed.size() < nodes_.size()) batch.node_failed.resize(nodes_.size());
+  if (!batch.node_failed[node].ok()) return batch.node_failed[node];
+  bool reconnected = false;
+  absl::Status status = nodes_[node]->ensure_connected(&reconnected);
+  if (reconnected) count_reconnect();
+  if (!status.ok()) node_lost(node, status, batch);
   return status;
 }
 
-absl::Status RedisKvStore::run_chunk(const RemoteRequest& request, size_t begin, size_t end,
-                                     RemoteCompletion* done) {
-  for (size_t i = begin; i < end; ++i) {
-    const std::string& key = request.keys[i];
-    int appended = REDIS_ERR;
-    if (request.op == RemoteOp::kPut) {
-      const std::string& value = request.values[i];
-      const char* argv[] = {"SET", key.data(), value.data()};
-      const size_t lengths[] = {3, key.size(), value.size()};
-      appended = redisAppendCommandArgv(context_, 3, argv, lengths);
-    } else {
-      const char* name = request.op == RemoteOp::kGet ? "GET" : "EXISTS";
-      const char* argv[] = {name, key.data()};
-      const size_t lengths[] = {std::char_traits<char>::length(name), key.size()};
-      appended = redisAppendCommandArgv(context_, 2, argv, lengths);
-    }
-    if (appended != REDIS_OK) return connection_lost();
+void RedisKvStore::node_lost(size_t node, const absl::Status& status, BatchState& batch) {
+  batch.node_failed[node] = status;
+  // A cluster node that fails may have been replaced by its replica: read the map again.
+  map_stale_ = mode_ == Mode::kCluster;
+}
+
+absl::Status RedisKvStore::discover_mode(BatchState& batch) {
+  if (absl::Status status = connect(0, batch); !status.ok()) return status;
+  absl::StatusOr<RedisReplyPtr> info = nodes_[0]->command({"INFO", "cluster"});
+  if (!info.ok()) {
+    node_lost(0, info.status(), batch);
+    return info.status();
   }
-  absl::Status first_reply_error;
-  for (size_t i = begin; i < end; ++i) {
-    void* raw = nullptr;
-    if (redisGetReply(context_, &raw) != REDIS_OK) return connection_lost();
-    ReplyPtr reply(static_cast<redisReply*>(raw));
-    RemoteKeyResult& result = done->results[i];
+  // An error reply (INFO not allowed for this ACL user, say) reads as a single server.
+  const redisReply& reply = **info;
+  const bool cluster =
+      reply.type == REDIS_REPLY_STRING &&
+      absl::StrContains(absl::string_view(reply.str, reply.len), "cluster_enabled:1");
+  mode_ = cluster ? Mode::kCluster : Mode::kSingle;
+  if (cluster) {
+    slot_owner_.assign(kRedisClusterSlots, -1);
+    // Without a map every key goes to the URL's server and follows its MOVED replies.
+    refresh_slot_map(batch).IgnoreError();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RedisKvStore::refresh_slot_map(BatchState& batch) {
+  batch.map_refreshed = true;
+  absl::Status why = absl::UnavailableError("CLUSTER SLOTS: no node answered");
+  for (size_t node = 0; node < nodes_.size(); ++node) {
+    if (absl::Status status = connect(node, batch); !status.ok()) {
+      why = status;
+      continue;
+    }
+    RedisConnection& connection = *nodes_[node];
+    absl::StatusOr<RedisReplyPtr> reply = connection.command({"CLUSTER", "SLOTS"});
+    if (!reply.ok()) {
+      node_lost(node, reply.status(), batch);
+      why = reply.status();
+      continue;
+    }
+    absl::StatusOr<std::vector<RedisSlotRange>> ranges =
+        (*reply)->type == REDIS_REPLY_ERROR
+            ? absl::InternalError(std::string((*reply)->str, (*reply)->len))
+            : parse_cluster_slots(**reply, connection.address().host);
+    if (!ranges.ok()) {
+      why = absl::Status(ranges.status().code(),
+                         absl::StrCat(connection.name(), ": ", ranges.status().message()));
+      continue;
+    }
+    std::fill(slot_owner_.begin(), slot_owner_.end(), -1);
+    for (const RedisSlotRange& range : *ranges) {
+      const auto owner = static_cast<int32_t>(node_index(range.master));
+      std::fill(slot_owner_.begin() + range.first, slot_owner_.begin() + range.last + 1, owner);
+    }
+    map_stale_ = false;  // also when a node failed on the way: this map is newer
+    return absl::OkStatus();
+  }
+  return why;
+}
+
+size_t RedisKvStore::node_index(const RedisNodeAddress& address) {
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (nodes_[i]->address() == address) return i;
+  }
+  nodes_.push_back(std::make_unique<RedisConnection>(address, &settings_));
+  return nodes_.size() - 1;
+}
+
+void RedisKvStore::fail_key(size_t key, absl::Status status, RemoteCompletion* done) {
+  done->results[key] = RemoteKeyResult::kError;
+  if (!done->values.empty()) done->values[key].clear();
+  if (done->error.ok()) done->error = std::move(status);
+}
+
+void RedisKvStore::read_replies(const RemoteRequest& request, size_t node,
+                                const std::vector<Routed>& keys, BatchState& batch,
+                                RemoteCompletion* done, std::vector<Routed>* next) {
+  RedisConnection& connection = *nodes_[node];
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const size_t key = keys[k].key;
+    // ASKING's own reply (+OK) first; were it an error, the command's reply says so too.
+    absl::StatusOr<RespReply> reply = RespReply{};
+    if (keys[k].asking) reply = connection.read_reply(nullptr);
+    if (reply.ok()) {
+      reply = connection.read_reply(request.op == RemoteOp::kGet ? &done->values[key] : nullptr);
+    }
+    if (!reply.ok()) {  // lost: this key and the rest of this node's keys fail
+      node_lost(node, reply.status(), batch);
+      for (size_t rest = k; rest < keys.size(); ++rest) {
+        fail_key(keys[rest].key, reply.status(), done);
+      }
+      return;
+    }
+    RemoteKeyResult& result = done->results[key];
     switch (reply->type) {
-      case REDIS_REPLY_STATUS:  // SET: +OK
+      case RespReply::Type::kStatus:  // SET: +OK
+      case RespReply::Type::kBulk:    // GET: the value, already in done->values[key]
         result = RemoteKeyResult::kOk;
         break;
-      case REDIS_REPLY_STRING:  // GET: the value
-        result = RemoteKeyResult::kOk;
-        done->values[i].assign(reply->str, reply->len);
-        break;
-      case REDIS_REPLY_NIL:  // GET: no such key
+      case RespReply::Type::kNil:  // GET: no such key
         result = RemoteKeyResult::kNotFound;
         break;
-      case REDIS_REPLY_INTEGER:  // EXISTS: 1 or 0
+      case RespReply::Type::kInteger:  // EXISTS: 1 or 0
         result = reply->integer > 0 ? RemoteKeyResult::kOk : RemoteKeyResult::kNotFound;
         break;
-      default:  // REDIS_REPLY_ERROR (OOM, NOAUTH, MOVED ...) or an unexpected type
-        result = RemoteKeyResult::kError;
-        if (first_reply_error.ok()) {
-          first_reply_error = absl::InternalError(absl::StrCat(
-              server_name(endpoint_), ": key '", request.keys[i], "': ",
-              reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len)
-                                               : absl::StrCat("reply type ", reply->type)));
+      case RespReply::Type::kError: {  // MOVED, ASK, or OOM, WRONGTYPE ... for this key
+        const std::optional<RedisRedirect> redirect =
+            mode_ == Mode::kCluster ? parse_redis_redirect(reply->text) : std::nullopt;
+        if (!redirect) {
+          fail_key(key,
+                   absl::InternalError(absl::StrCat(connection.name(), ": key '", request.keys[key],
+                                                    "': ", reply->text)),
+                   done);
+          break;
         }
+        batch.redirects += 1;
+        const size_t to = node_index(redirect->node);
+        if (!redirect->ask) {
+          slot_owner_[redirect->slot] = static_cast<int32_t>(to);
+          batch.moved.emplace_back(redirect->slot, to);
+        }
+        next->push_back({.key = key, .node = to, .asking = redirect->ask});
+        break;
+      }
     }
   }
-  return first_reply_error;
+}
+
+std::vector<RedisKvStore::Routed> RedisKvStore::run_round(const RemoteRequest& request,
+                                                          const std::vector<Routed>& round,
+                                                          BatchState& batch,
+                                                          RemoteCompletion* done) {
+  // Each node's keys in request order; every node's pipeline is sent before any reply is
+  // read, so that the nodes work in parallel.
+  std::vector<std::vector<Routed>> by_node(nodes_.size());
+  for (const Routed& routed : round) by_node[routed.node].push_back(routed);
+  std::vector<size_t> sent;
+  for (size_t node = 0; node < by_node.size(); ++node) {
+    if (by_node[node].empty()) continue;
+    absl::Status status = connect(node, batch);
+    if (status.ok()) {
+      RedisConnection& connection = *nodes_[node];
+      for (const Routed& routed : by_node[node]) {
+        if (routed.asking) connection.append({"ASKING"});
+        const std::string& key = request.keys[routed.key];
+        switch (request.op) {
+          case RemoteOp::kPut:
+            connection.append_with_value({"SET", key}, request.values[routed.key]);
+            break;
+          case RemoteOp::kGet:
+            connection.append({"GET", key});
+            break;
+          case RemoteOp::kExists:
+            connection.append({"EXISTS", key});
+            break;
+        }
+      }
+      status = connection.flush();
+      if (!status.ok()) node_lost(node, status, batch);
+    }
+    if (!status.ok()) {
+      for (const Routed& routed : by_node[node]) fail_key(routed.key, status, done);
+      continue;
+    }
+    sent.push_back(node);
+  }
+  std::vector<Routed> next;
+  batch.moved.clear();
+  for (const size_t node : sent) read_replies(request, node, by_node[node], batch, done, &next);
+  if (!batch.moved.empty() && !batch.map_refreshed) {
+    // A slot moved: others may have too. The map read now may lag the MOVED replies just
+    // seen (the node asked may not know yet), so those stay as the replies said.
+    if (refresh_slot_map(batch).ok()) {
+      for (const auto& [slot, node] : batch.moved) slot_owner_[slot] = static_cast<int32_t>(node);
+    }
+  }
+  return next;
+}
+
+void RedisKvStore::run_chunk(const RemoteRequest& request, size_t begin, size_t end,
+                             BatchState& batch, RemoteCompletion* done) {
+  std::vector<Routed> round;
+  for (size_t key = begin; key < end; ++key) {
+    const int32_t owner =
+        mode_ == Mode::kCluster ? slot_owner_[redis_key_slot(request.keys[key])] : 0;
+    round.push_back({.key = key, .node = owner >= 0 ? static_cast<size_t>(owner) : 0});
+  }
+  for (int32_t redirects = 0; !round.empty(); ++redirects) {
+    if (redirects > options_.max_redirects) {
+      for (const Routed& routed : round) {
+        fail_key(routed.key,
+                 absl::UnavailableError(absl::StrCat(
+                     nodes_[routed.node]->name(), ": key '", request.keys[routed.key],
+                     "': still redirected after max_redirects ", options_.max_redirects)),
+                 done);
+      }
+      return;
+    }
+    round = run_round(request, round, batch, done);
+  }
 }
 
 void RedisKvStore::run_batch(RemoteRequest& request, RemoteCompletion* done) {
-  if (absl::Status status = ensure_connected(); !status.ok()) {
-    done->error = std::move(status);
-    return;
+  BatchState batch{.node_failed = std::vector<absl::Status>(nodes_.size())};
+  if (mode_ == Mode::kUnknown) {
+    if (absl::Status status = discover_mode(batch); !status.ok()) {
+      done->error = std::move(status);
+      return;
+    }
+  } else if (map_stale_) {
+    // Without a fresh map the keys still go out, to the owners last known.
+    refresh_slot_map(batch).IgnoreError();
   }
   size_t begin = 0;
   while (begin < request.keys.size()) {
@@ -299,11 +366,10 @@ void RedisKvStore::run_batch(RemoteRequest& request, RemoteCompletion* done) {
       if (request.op == RemoteOp::kPut) bytes += std::ssize(request.values[end]);
       ++end;
     }
-    absl::Status status = run_chunk(request, begin, end, done);
-    if (!status.ok() && done->error.ok()) done->error = status;
-    if (context_ == nullptr) return;  // lost: the rest stays kError; the next batch reconnects
+    run_chunk(request, begin, end, batch, done);
     begin = end;
   }
+  if (batch.redirects > 0) count_redirects(batch.redirects);
 }
 
 }  // namespace internal
