@@ -21,6 +21,8 @@ namespace {
 // Values at least this large are sent from the caller's string instead of being copied
 // into out_; below it a copy costs less than another iovec.
 constexpr size_t kReferencedValueBytes = 16 << 10;
+// A larger output buffer is released after its flush.
+constexpr size_t kRetainedOutBytes = 64 << 10;
 // Bytes asked of each read into in_. A bulk value's bytes beyond it go straight to the
 // value's string.
 constexpr size_t kReadChunkBytes = 64 << 10;
@@ -226,6 +228,9 @@ absl::Status RedisConnection::flush() {
     }
   }
   out_.clear();
+  // A chunk of many small values can grow out_ to pipeline_bytes; an idle connection
+  // should not keep that.
+  if (out_.capacity() > kRetainedOutBytes) out_.shrink_to_fit();
   segments_.clear();
   out_segmented_ = 0;
   return absl::OkStatus();
