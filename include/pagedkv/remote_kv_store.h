@@ -104,7 +104,7 @@ struct RemoteKvStats {
   int64_t bytes_written = 0;    // value bytes stored
   int64_t bytes_read = 0;       // value bytes returned by gets
   int64_t reconnects = 0;       // connections re-established after a failure
-  int64_t redirects = 0;        // Redis Cluster MOVED / ASK replies followed (a key's retry)
+  int64_t redirects = 0;        // MOVED / ASK replies received (Redis Cluster)
   int64_t dropped_puts = 0;     // put requests dropped on a full queue
   int64_t failed_fast = 0;      // get and exists requests missed on a full queue
   int64_t queued_requests = 0;  // waiting for the I/O thread now (gauge)

@@ -122,7 +122,8 @@ TEST_CASE("a cluster: keys land on every master and read back exactly", "[remote
   CHECK(stats.hits == 2 * 600);
 }
 
-TEST_CASE("a cluster: ASK during a migration, then MOVED once it is done", "[remote][redis]") {
+TEST_CASE("a cluster: a redirect loop ends at max_redirects; ASK during a migration, then MOVED",
+          "[remote][redis]") {
   if (skip_without_redis_cli()) return;
   RedisCluster cluster;
   // Slot 100 is the first master's; a key in it.
@@ -141,29 +142,39 @@ TEST_CASE("a cluster: ASK during a migration, then MOVED once it is done", "[rem
     return got.values[0];
   };
 
-  // The migration's first steps, by hand: the key, absent from the source, is the
-  // target's, reached with ASKING.
+  // Half a migration: the source is MIGRATING but the target not yet IMPORTING, so the
+  // source answers ASK and the target MOVED back. The store gives up after max_redirects.
   const std::string source = cluster.node_id(0), target = cluster.node_id(1);
-  REQUIRE(cluster.server(1).command({"CLUSTER", "SETSLOT", "100", "IMPORTING", source}) == "OK");
   REQUIRE(cluster.server(0).command({"CLUSTER", "SETSLOT", "100", "MIGRATING", target}) == "OK");
+  const auto looping = store->put({key}, {test_value(1, 5000)});
+  REQUIRE(looping.ok());
+  const RemoteCompletion gave_up = poller.wait(*looping);
+  CHECK(gave_up.results[0] == RemoteKeyResult::kError);
+  CHECK_THAT(gave_up.error.ToString(), Catch::Contains("still redirected after max_redirects 5"));
+  CHECK(store->stats().redirects == 6);  // ASK, MOVED, ASK, MOVED, ASK, MOVED
+  CHECK(store->stats().errors == 1);
+
+  // The target IMPORTING too: the key, absent from the source, is the target's, reached
+  // with ASKING.
+  REQUIRE(cluster.server(1).command({"CLUSTER", "SETSLOT", "100", "IMPORTING", source}) == "OK");
   const auto put = store->put({key}, {test_value(1, 5000)});
   REQUIRE(put.ok());
   CHECK(all_results(poller.wait(*put), RemoteKeyResult::kOk));
-  CHECK(store->stats().redirects == 1);
+  CHECK(store->stats().redirects == 7);
   CHECK(cluster.server(0).command({"CLUSTER", "COUNTKEYSINSLOT", "100"}) == "0");
   CHECK(cluster.server(1).command({"CLUSTER", "COUNTKEYSINSLOT", "100"}) == "1");
   CHECK(get_value() == test_value(1, 5000));
-  CHECK(store->stats().redirects == 2);  // ASK does not change the map
+  CHECK(store->stats().redirects == 8);  // ASK does not change the map
 
   // The slot is the target's now: one MOVED, then the map knows.
   for (int i = 0; i < RedisCluster::kMasters; ++i) {
     REQUIRE(cluster.server(i).command({"CLUSTER", "SETSLOT", "100", "NODE", target}) == "OK");
   }
   CHECK(get_value() == test_value(1, 5000));
-  CHECK(store->stats().redirects == 3);
+  CHECK(store->stats().redirects == 9);
   CHECK(get_value() == test_value(1, 5000));
-  CHECK(store->stats().redirects == 3);
-  CHECK(store->stats().errors == 0);
+  CHECK(store->stats().redirects == 9);
+  CHECK(store->stats().errors == 1);
 }
 
 TEST_CASE("a cluster: a slot migration during puts and gets loses nothing", "[remote][redis]") {
