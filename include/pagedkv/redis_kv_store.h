@@ -3,12 +3,13 @@
 // A RemoteKvStore on one Redis server or a Redis Cluster (pagedkv::remote, hiredis). Its
 // I/O thread holds one connection per server and sends each batch pipelined: SET, GET or
 // EXISTS per key, appended in chunks of at most pipeline_bytes and then their replies
-// read. A value is copied once each way: sent from the put's string, read into the get's. Connect
-// and command timeouts bound every wait; after a failure (server down, killed, stalled past the
-// command timeout) the connection is dropped, the rest of the batch completes as errors,
-// and the next batch reconnects, no sooner than an exponential backoff allows: batches in
-// between complete at once as errors. A reply error for one key (OOM, NOAUTH, WRONGTYPE)
-// fails that key only. docs/remote.md describes the fault behaviour.
+// read. A value is copied once each way: sent from the put's string, read into the get's.
+// Connect and command timeouts bound every wait; after a failure (server down, killed,
+// stalled past the command timeout) the connection is dropped, the rest of the batch
+// completes as errors, and the next batch reconnects, no sooner than an exponential
+// backoff allows: batches in between complete at once as errors. A reply error for one
+// key (OOM, NOAUTH, WRONGTYPE) fails that key only. docs/remote.md describes the fault
+// behaviour.
 //
 // Redis Cluster: the URL names any node; the first batch asks it INFO cluster and, when
 // cluster_enabled is 1, reads the slot map (CLUSTER SLOTS). Each key then goes to the
