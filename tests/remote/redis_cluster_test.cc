@@ -122,7 +122,7 @@ TEST_CASE("a cluster: keys land on every master and read back exactly", "[remote
   CHECK(stats.hits == 2 * 600);
 }
 
-TEST_CASE("a cluster: a redirect loop ends at max_redirects; ASK during a migration, then MOVED",
+TEST_CASE("a cluster: a redirect loop ends at max_redirects and ASK then MOVED follow a migration",
           "[remote][redis]") {
   if (skip_without_redis_cli()) return;
   RedisCluster cluster;
