@@ -26,9 +26,6 @@ class RedisCluster {
   static constexpr int kMasters = 3;
 
   RedisCluster() {
-    char dir[] = "/tmp/pagedkv-cluster-XXXXXX";
-    REQUIRE(mkdtemp(dir) != nullptr);
-    dir_ = dir;
     std::set<int> ports;  // distinct: a free port is only free until someone binds it
     while (ports.size() < 2 * kMasters) ports.insert(free_loopback_port());
     auto port = ports.begin();
@@ -39,8 +36,9 @@ class RedisCluster {
       servers_.push_back(std::make_unique<RedisServer>(
           std::stoi(client),
           std::vector<std::string>{"--cluster-enabled", "yes", "--cluster-port", bus,
-                                   "--cluster-config-file", dir_ + "/nodes-" + client + ".conf",
-                                   "--cluster-node-timeout", "5000", "--dir", dir_}));
+                                   "--cluster-config-file",
+                                   temp_dir_.path + "/nodes-" + client + ".conf",
+                                   "--cluster-node-timeout", "5000", "--dir", temp_dir_.path}));
       create.push_back("127.0.0.1:" + client);
     }
     create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
@@ -52,10 +50,6 @@ class RedisCluster {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
-  }
-  ~RedisCluster() {
-    servers_.clear();
-    std::filesystem::remove_all(dir_);
   }
   RedisCluster(const RedisCluster&) = delete;
   RedisCluster& operator=(const RedisCluster&) = delete;
@@ -88,9 +82,20 @@ class RedisCluster {
   }
 
  private:
-  std::string log_path() const { return dir_ + "/redis-cli.log"; }
+  std::string log_path() const { return temp_dir_.path + "/redis-cli.log"; }
 
-  std::string dir_;
+  // The nodes files and redis-cli's log; removed after the servers are killed (members go
+  // in reverse order), also when the constructor fails.
+  struct TempDir {
+    TempDir() {
+      char name[] = "/tmp/pagedkv-cluster-XXXXXX";
+      REQUIRE(mkdtemp(name) != nullptr);
+      path = name;
+    }
+    ~TempDir() { std::filesystem::remove_all(path); }
+    std::string path;
+  };
+  TempDir temp_dir_;
   std::vector<std::unique_ptr<RedisServer>> servers_;
 };
 
