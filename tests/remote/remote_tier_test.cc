@@ -167,7 +167,7 @@ TEST_CASE("remote tier: a second engine loads the first one's blocks, exactly", 
   CHECK(c.block_of(3, 1) == computed_payload(third, 1));
 }
 
-TEST_CASE("remote tier: a corrupt value is a counted miss; the blocks before it load",
+TEST_CASE("remote tier: a corrupt value is a counted miss, and the blocks before it load",
           "[remote][tier]") {
   testing::TempDir dir;
   auto store = directory_store(dir.path());
