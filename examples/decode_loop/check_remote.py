@@ -2,8 +2,9 @@
 """CTest checker for pagedkv-decode's remote tier (--remote): engines sharing one store.
 
 usage: check_remote.py SCENARIO STORE BINARY [ARGS...]
-  STORE     dir (a temporary directory) or redis (a redis-server started here on a free
-            loopback port; the test is skipped, exit 77, without redis-server)
+  STORE     dir (a temporary directory), redis (a redis-server started here on a free
+            loopback port) or cluster (three Redis Cluster masters, redis-cli --cluster
+            create); the Redis ones are skipped, exit 77, without redis-server or redis-cli
   SCENARIO  share     engine 1 (--request-seed 1) fills the store; engine 2 (--request-seed
                       2, same system prompts) runs with and without it: with it, its hit
                       rate (device hits and remote loads over the tokens looked up) must be
@@ -19,6 +20,10 @@ usage: check_remote.py SCENARIO STORE BINARY [ARGS...]
                       restarted on the same port; it must finish and verify, its store must
                       count errors and a reconnect, and no step may wait on the network.
             stall     (redis) the same while the server sleeps 2 s (DEBUG SLEEP).
+            reshard   (cluster) engine 1's blocks land on all three masters; engine 2 runs
+                      paced while 2,000 slots move from the first master to the second
+                      (redis-cli --cluster reshard): no error surfaces, redirects are
+                      followed, blocks load and verify.
             maxmemory (redis) a server of 2 MiB with allkeys-lru: engine 1 writes more than
                       it holds; engine 2 must find some blocks, miss others, and verify.
 Every run must exit 0 with verification passed and every request completed.
@@ -55,6 +60,7 @@ class Redis:
     def __init__(self, work, *options):
         self.port = free_port()
         self.work = work
+        os.makedirs(work, exist_ok=True)
         self.options = options
         self.start()
 
@@ -85,6 +91,46 @@ class Redis:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class Cluster:
+    """Three Redis Cluster masters on loopback (redis-cli --cluster create), each in its own
+    directory with its own nodes file."""
+
+    def __init__(self, work):
+        # The bus port too: port + 10000 (the default) may be taken or past 65535.
+        self.nodes = [Redis(f"{work}/node{i}", "--cluster-enabled", "yes", "--cluster-port",
+                            str(free_port()), "--cluster-config-file",
+                            f"{work}/node{i}/nodes.conf", "--cluster-node-timeout", "5000")
+                      for i in range(3)]
+        self.port = self.nodes[0].port
+        self.nodes[0].cli("--cluster", "create",
+                          *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                          "--cluster-replicas", "0", "--cluster-yes")
+        for node in self.nodes:
+            for _ in range(1000):
+                if "cluster_state:ok" in node.cli("CLUSTER", "INFO"):
+                    break
+                time.sleep(0.01)
+            else:
+                fail("the cluster did not reach cluster_state:ok")
+
+    def node_id(self, node):
+        return node.cli("CLUSTER", "MYID")
+
+    def keys_per_node(self):
+        return [int(n.cli("DBSIZE")) for n in self.nodes]
+
+    def reshard(self, slots):
+        """Moves `slots` slots from the first master to the second (MOVED/ASK meanwhile)."""
+        self.nodes[0].cli("--cluster", "reshard", f"127.0.0.1:{self.port}",
+                          "--cluster-from", self.node_id(self.nodes[0]),
+                          "--cluster-to", self.node_id(self.nodes[1]),
+                          "--cluster-slots", str(slots), "--cluster-yes")
+
+    def stop(self):
+        for n in self.nodes:
+            n.stop()
 
 
 def run_engine(binary, args, seed, remote, *extra, background=False):
@@ -120,7 +166,7 @@ def describe(name, s):
     r = s["remote"] or {}
     print(f"{name}: hit rate {hit_rate(s):.3f} (device {s['prefix_hit_tokens']}, remote "
           f"{s['remote_tokens']} of {s['prefix_query_tokens']} tokens); remote "
-          f"{ {k: r.get(k) for k in ('found_blocks', 'missing_blocks', 'corrupt_blocks', 'error_blocks', 'timed_out', 'loaded_blocks', 'written_blocks', 'write_failures', 'store_errors', 'store_reconnects')} }; "
+          f"{ {k: r.get(k) for k in ('found_blocks', 'missing_blocks', 'corrupt_blocks', 'error_blocks', 'timed_out', 'loaded_blocks', 'written_blocks', 'write_failures', 'store_errors', 'store_reconnects', 'store_redirects')} }; "
           f"max step {s['max_step_ms']:.1f} ms, in the tier {s['max_remote_ms_per_step']:.2f} ms; "
           f"verified {s['verify']['mechanisms_covered']}")
 
@@ -182,6 +228,13 @@ def main():
     try:
         if store == "dir":
             remote = f"dir:{work}/store"
+        elif store == "cluster":
+            if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+                print("SKIPPED: redis-server or redis-cli not installed "
+                      "(scripts/install-deps.sh installs them)")
+                return 77
+            redis = Cluster(work)
+            remote = f"redis://127.0.0.1:{redis.port}"
         else:
             if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
                 print("SKIPPED: redis-server or redis-cli not installed "
@@ -193,6 +246,21 @@ def main():
             remote = f"redis://127.0.0.1:{redis.port}"
         if scenario == "share":
             share(binary, args, remote)
+        elif scenario == "reshard":
+            describe("engine 1", run_engine(binary, args, 1, remote))
+            spread = redis.keys_per_node()
+            print(f"keys per master: {spread}")
+            if min(spread) == 0:
+                fail("some master holds no block")
+            s = paced(binary, args, remote, lambda: redis.reshard(2000))
+            describe("engine 2", s)
+            print(f"keys per master after resharding: {redis.keys_per_node()}")
+            r = s["remote"]
+            if r["loaded_blocks"] == 0 or r["error_blocks"] or r["store_errors"] or \
+                    r["write_failures"]:
+                fail("the reshard surfaced errors, or nothing was loaded")
+            if r["store_redirects"] == 0:
+                fail("no MOVED or ASK was followed during the reshard")
         elif scenario == "corrupt":
             describe("engine 1", run_engine(binary, args, 1, remote))
             print(f"flipped a payload byte of {flip_every_value(redis)} values")

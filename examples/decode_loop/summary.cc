@@ -146,6 +146,7 @@ Json remote_json(const std::optional<Report::Remote>& remote) {
           {"store_bytes_read", s.bytes_read},
           {"store_errors", s.errors},
           {"store_reconnects", s.reconnects},
+          {"store_redirects", s.redirects},
           {"store_dropped_puts", s.dropped_puts},
           {"store_failed_fast", s.failed_fast},
           {"store_latency_max_us", s.latency_max_us},
