@@ -58,6 +58,7 @@
 #define PAGEDKV_REMOTE_TIER_H_
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -249,9 +250,9 @@ class RemoteTier final : public KvEventSink {
   RemoteTier(RemoteKvStore* store, RemoteTierOptions options)
       : store_(store), options_(std::move(options)) {}
 
-  void settle_get(const RemoteCompletion& c, const Get& get);
+  void settle_get(RemoteCompletion& c, const Get& get);
   void settle_put(const RemoteCompletion& c, const Put& put);
-  void verify(const std::string& value, const BlockInfo& block, FetchedBlock& out);
+  void verify(std::string value, const BlockInfo& block, FetchedBlock& out);
   void remember(const BlockHash& hash);
   void forget(const BlockHash& hash);
   void choose_for_writing(const BlockInfo& block);

@@ -121,7 +121,7 @@ void RemoteTier::poll() {
   }
 }
 
-void RemoteTier::settle_get(const RemoteCompletion& c, const Get& get) {
+void RemoteTier::settle_get(RemoteCompletion& c, const Get& get) {
   Lookup& lookup = lookups_.at(get.seq);  // cancel() drops a lookup's gets with it
   --lookup.gets_in_flight;
   for (size_t k = 0; k < c.results.size(); ++k) {
@@ -130,7 +130,7 @@ void RemoteTier::settle_get(const RemoteCompletion& c, const Get& get) {
     fetched.state = FetchedBlock::State::kMissing;
     switch (c.results[k]) {
       case RemoteKeyResult::kOk:
-        verify(c.values[k], lookup.blocks[j], fetched);
+        verify(std::move(c.values[k]), lookup.blocks[j], fetched);
         break;
       case RemoteKeyResult::kNotFound:
         ++stats_.missing_blocks;
@@ -143,15 +143,16 @@ void RemoteTier::settle_get(const RemoteCompletion& c, const Get& get) {
 }
 
 // A fetched value is used only if it is intact and exactly the block the prompt needs.
-void RemoteTier::verify(const std::string& value, const BlockInfo& block, FetchedBlock& out) {
-  absl::StatusOr<std::span<const std::byte>> payload = decode_remote_block(
+void RemoteTier::verify(std::string value, const BlockInfo& block, FetchedBlock& out) {
+  const absl::StatusOr<std::span<const std::byte>> payload = decode_remote_block(
       value,
       identity(options_.namespace_digest, block.hash, block.parent, block.tokens, block.extra_keys),
       options_.payload_bytes);
   if (payload.ok()) {
     out.state = FetchedBlock::State::kFound;
-    out.value = value;
+    // An offset, not a pointer: it stays right when the string moves.
     out.payload_at = reinterpret_cast<const char*>(payload->data()) - value.data();
+    out.value = std::move(value);
     ++stats_.found_blocks;
   } else if (absl::IsDataLoss(payload.status())) {
     ++stats_.corrupt_blocks;
