@@ -40,48 +40,50 @@ struct StepRecord {
   int32_t concurrency;
 };
 
-class Engine {
+}  // namespace
+
+class EngineModel::Impl {
  public:
-  Engine(const Trace& trace, const AllocatorSetup& setup, const EngineOptions& options,
-         SimAllocator& alloc)
+  Impl(const Trace& trace, const AllocatorSetup& setup, const EngineOptions& options,
+       std::unique_ptr<SimAllocator> alloc)
       : trace_(trace),
         setup_(setup),
         opt_(options),
-        alloc_(alloc),
+        owned_alloc_(std::move(alloc)),
+        alloc_(*owned_alloc_),
         budget_(setup.hybrid ? setup.hybrid->budget_bytes : setup.budget_tokens) {
     groups_.resize(trace.requests.size());
     request_stamp_.assign(trace.requests.size(), -1);
+    phases_.assign(trace.requests.size(), RequestPhase::kNotHere);
+    result_.allocator = allocator_name(setup_.config);
     alloc_.set_preemption_listener(
         [this](SeqId seq, PreemptionMode mode) { on_preempted(seq, mode); });
   }
 
-  absl::StatusOr<EngineResult> run() {
-    result_.allocator = allocator_name(setup_.config);
-    result_.requests = static_cast<int64_t>(trace_.requests.size());
-    const int64_t total = result_.requests;
-    int64_t finished = 0;  // completed + rejected
+  void submit(int32_t request) {
+    arrivals_.push_back(request);
+    phases_[request] = RequestPhase::kQueued;
+  }
+
+  RequestPhase phase(int32_t request) const { return phases_[request]; }
+
+  absl::Status run_until(double until_s) {
     int idle_loops = 0;
     while (true) {
-      finished = result_.completed + result_.rejected;
-      if (finished == total) break;
-      while (next_request_ < total && trace_.requests[next_request_].arrival_s <= now_) {
-        arrive(static_cast<int32_t>(next_request_++));
+      while (next_arrival_ < arrivals_.size() && arrival_s(next_arrival_) <= now_) {
+        arrive(arrivals_[next_arrival_++]);
       }
       if (running_.empty() && waiting_.empty() && swapped_.empty()) {
-        if (next_request_ >= total) {
-          return absl::InternalError(absl::StrCat("engine idle with ", total - finished,
-                                                  " requests unfinished at t=", now_));
+        if (next_arrival_ == arrivals_.size() || arrival_s(next_arrival_) > until_s) {
+          return absl::OkStatus();
         }
-        now_ = trace_.requests[next_request_].arrival_s;
+        now_ = arrival_s(next_arrival_);
         continue;
       }
+      if (now_ >= until_s) return absl::OkStatus();
       absl::Status s = step();
       if (!s.ok()) return s;
-      if (scheduled_.empty()) {
-        if (running_.empty() && swapped_.empty() && waiting_.empty() && next_request_ < total) {
-          now_ = std::max(now_, trace_.requests[next_request_].arrival_s);
-          continue;
-        }
+      if (scheduled_.empty() && !(running_.empty() && swapped_.empty() && waiting_.empty())) {
         if (++idle_loops > 3) {
           return absl::InternalError(absl::StrCat(
               result_.allocator, ": engine stuck at t=", now_, ": ", running_.size(), " running, ",
@@ -93,8 +95,19 @@ class Engine {
         idle_loops = 0;
       }
       if (opt_.progress && result_.steps % opt_.progress_every == 0 && result_.steps > 0) {
-        opt_.progress(result_.steps, result_.completed + result_.rejected, total);
+        opt_.progress(result_.steps, result_.completed + result_.rejected,
+                      static_cast<int64_t>(arrivals_.size()));
       }
+    }
+  }
+
+  absl::StatusOr<EngineResult> drain() {
+    if (absl::Status s = run_until(std::numeric_limits<double>::infinity()); !s.ok()) return s;
+    result_.requests = static_cast<int64_t>(arrivals_.size());
+    const int64_t unfinished = result_.requests - result_.completed - result_.rejected;
+    if (unfinished != 0) {
+      return absl::InternalError(
+          absl::StrCat("engine idle with ", unfinished, " requests unfinished at t=", now_));
     }
     finish();
     return std::move(result_);
@@ -121,6 +134,7 @@ class Engine {
   }
 
   const Request& request_of(const Seq& s) const { return trace_.requests[s.request]; }
+  double arrival_s(size_t arrival) const { return trace_.requests[arrivals_[arrival]].arrival_s; }
 
   void arrive(int32_t r) {
     const Request& req = trace_.requests[r];
@@ -175,6 +189,7 @@ class Engine {
     if (admission || opt_.chunked_prefill) prefill_tokens += work.tokens;
     if (work.remaining > 0) return absl::OkStatus();
     s.prefilled = true;
+    if (s.sample == 0) phases_[s.request] = RequestPhase::kDecoding;
     return fork_pending(id);
   }
 
@@ -387,6 +402,7 @@ class Engine {
     std::erase(g.members, id);
     if (--g.live == 0) {
       ++result_.completed;
+      phases_[s.request] = RequestPhase::kDone;
       latency_sum_ += now_ - trace_.requests[s.request].arrival_s;
       result_.sim_time_s = now_;
     }
@@ -396,6 +412,7 @@ class Engine {
     Seq& s = seqs_.at(id);
     s.state = State::kDone;
     groups_[s.request].live = 0;
+    phases_[s.request] = RequestPhase::kDone;
     ++result_.rejected;
     seqs_.erase(id);
   }
@@ -451,7 +468,7 @@ class Engine {
     result_.mean_memory_use = busy_time_ > 0 ? memory_weighted_ / busy_time_ : 0;
     result_.mean_reserved = busy_time_ > 0 ? reserved_weighted_ / busy_time_ : 0;
     result_.mean_concurrency = busy_time_ > 0 ? conc_weighted_ / busy_time_ : 0;
-    const double start = trace_.requests.empty() ? 0 : trace_.requests.front().arrival_s;
+    const double start = arrivals_.empty() ? 0 : arrival_s(0);
     const double span = result_.sim_time_s - start;
     result_.throughput_rps = span > 0 ? static_cast<double>(result_.completed) / span : 0;
     result_.mean_latency_s =
@@ -483,14 +500,17 @@ class Engine {
   }
 
   const Trace& trace_;
-  const AllocatorSetup& setup_;
-  const EngineOptions& opt_;
+  const AllocatorSetup setup_;
+  const EngineOptions opt_;
+  std::unique_ptr<SimAllocator> owned_alloc_;
   SimAllocator& alloc_;
   int64_t budget_;  // token slots, or bytes for hybrid pools
 
   EngineResult result_;
   double now_ = 0;
-  int64_t next_request_ = 0;
+  std::vector<int32_t> arrivals_;  // submitted requests, in arrival order
+  size_t next_arrival_ = 0;        // arrivals_[next_arrival_] has not arrived yet
+  std::vector<RequestPhase> phases_;
   SeqId next_id_ = 0;
   bool step_preempted_ = false;
   int64_t alloc_ns_ = 0;
@@ -512,10 +532,16 @@ class Engine {
   std::string last_admit_error_;
 };
 
-}  // namespace
+EngineModel::EngineModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EngineModel::~EngineModel() = default;
+void EngineModel::submit(int32_t request) { impl_->submit(request); }
+absl::Status EngineModel::run_until(double until_s) { return impl_->run_until(until_s); }
+absl::StatusOr<EngineResult> EngineModel::drain() { return impl_->drain(); }
+RequestPhase EngineModel::phase(int32_t request) const { return impl_->phase(request); }
 
-absl::StatusOr<EngineResult> run_engine(const Trace& trace, const AllocatorSetup& setup,
-                                        const EngineOptions& options) {
+absl::StatusOr<std::unique_ptr<EngineModel>> EngineModel::create(const Trace& trace,
+                                                                 const AllocatorSetup& setup,
+                                                                 const EngineOptions& options) {
   for (size_t i = 0; i < trace.requests.size(); ++i) {
     const Request& r = trace.requests[i];
     if (r.input_length <= 0 || r.output_length <= 0 ||
@@ -540,8 +566,16 @@ absl::StatusOr<EngineResult> run_engine(const Trace& trace, const AllocatorSetup
   if (options.chunked_prefill) chunked.max_chunk_tokens = options.max_prefill_tokens;
   absl::StatusOr<std::unique_ptr<SimAllocator>> alloc = make_allocator(chunked);
   if (!alloc.ok()) return alloc.status();
-  Engine engine(trace, chunked, options, **alloc);
-  return engine.run();
+  return std::unique_ptr<EngineModel>(
+      new EngineModel(std::make_unique<Impl>(trace, chunked, options, *std::move(alloc))));
+}
+
+absl::StatusOr<EngineResult> run_engine(const Trace& trace, const AllocatorSetup& setup,
+                                        const EngineOptions& options) {
+  absl::StatusOr<std::unique_ptr<EngineModel>> engine = EngineModel::create(trace, setup, options);
+  if (!engine.ok()) return engine.status();
+  for (size_t r = 0; r < trace.requests.size(); ++r) (*engine)->submit(static_cast<int32_t>(r));
+  return (*engine)->drain();
 }
 
 }  // namespace pagedkv::sim

@@ -22,6 +22,8 @@
 //     samples / beams).
 //   - Parallel samples fork after the prompt's prefill; beam requests keep beam_width
 //     beams and every beam_interval tokens drop their last beam and fork their first.
+//   - Cluster mode (cluster.h): a caller that owns the clock across engines hands each
+//     engine the requests routed to it (EngineModel).
 // It measures KV utilization, concurrency, throughput, preemptions, prefix hits,
 // evictions and the wall time spent inside allocator calls (in the CLI only).
 #ifndef PAGEDKV_EXAMPLES_SIMULATOR_ENGINE_H_
@@ -29,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -95,6 +98,45 @@ struct EngineResult {
     return prefix_query_tokens == 0 ? 0.0
                                     : static_cast<double>(prefix_hit_tokens) / prefix_query_tokens;
   }
+};
+
+// Where a request stands in one engine, as a router that balances load follows it.
+enum class RequestPhase : uint8_t {
+  kNotHere,   // not submitted to this engine
+  kQueued,    // submitted; its prompt is not computed yet
+  kDecoding,  // its prompt is computed (first token on)
+  kDone,      // completed or rejected
+};
+
+// One engine of the model, stepped by a caller that owns the clock across engines: it
+// submits each request in arrival order when its arrival time comes, and runs every engine
+// up to that time first. run_engine() submits every request and drains.
+class EngineModel {
+ public:
+  // `trace` must outlive the engine. Errors: as run_engine().
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<EngineModel>> create(
+      const Trace& trace, const AllocatorSetup& setup, const EngineOptions& options);
+  ~EngineModel();
+
+  // Hands trace request `request` to this engine: it arrives at its trace time, or now if
+  // the engine's clock has passed it. Requests come in arrival order.
+  void submit(int32_t request);
+
+  // Runs steps while the engine has work and its clock is before `until_s`; an idle
+  // engine stops there. A step that starts before `until_s` may end after it.
+  // Errors: Internal as run_engine().
+  [[nodiscard]] absl::Status run_until(double until_s);
+
+  // Runs until every submitted request finished and returns the engine's results.
+  // Errors: Internal as run_engine().
+  [[nodiscard]] absl::StatusOr<EngineResult> drain();
+
+  RequestPhase phase(int32_t request) const;
+
+ private:
+  class Impl;
+  explicit EngineModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // Replays `trace` on a fresh allocator made from `setup`. Every request must satisfy
