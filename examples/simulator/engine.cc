@@ -22,8 +22,9 @@ struct Seq {
   int32_t sample = 0;     // output stream of this sequence (samples and beams differ)
   int32_t generated = 0;  // output tokens generated so far
   State state = State::kWaiting;
-  bool registered = false;  // added to the allocator
-  bool prefilled = false;   // its prompt (or recomputed context) is computed
+  bool registered = false;         // added to the allocator
+  bool prefilled = false;          // its prompt (or recomputed context) is computed
+  int32_t shared_tokens_left = 0;  // of its prefill, tokens read from the shared tier
 };
 
 struct Group {
@@ -181,12 +182,44 @@ class EngineModel::Impl {
     return static_cast<int32_t>(std::max<int64_t>(0, opt_.max_prefill_tokens - prefill_tokens));
   }
 
+  // Cluster mode: the tokens of an admitted sequence's prefill that the shared tier holds:
+  // the prompt's full blocks that follow the allocator's hits (device and host), as far as
+  // the tier holds them in order, never the prompt's last token. Counted as shared hits.
+  int32_t read_shared_tier(const Seq& s, const Work& work) {
+    if (opt_.shared_tier == nullptr) return 0;
+    const Request& req = request_of(s);
+    const int32_t bs = setup_.config.block_size;
+    const int32_t cached = req.input_length + s.generated - (work.tokens + work.remaining);
+    const int32_t first = cached / bs;
+    const int32_t last = (req.input_length - 1) / bs;  // full prompt blocks before the last token
+    if (cached % bs != 0 || first >= last) return 0;
+    const std::vector<TokenId> prompt = prompt_tokens(req, s.request);
+    const std::vector<BlockHash> hashes = prefix_block_hashes(prompt, bs, last);
+    const int32_t read =
+        opt_.shared_tier->read_prefix(std::span(hashes).subspan(static_cast<size_t>(first))) * bs;
+    result_.prefix_shared_hit_tokens += read;
+    return read;
+  }
+
+  // The step time of the shared-tier reads of this step's prefills.
+  double shared_read_time_s() {
+    const double bytes =
+        static_cast<double>(step_shared_tokens_) * static_cast<double>(opt_.kv_bytes_per_token);
+    step_shared_tokens_ = 0;
+    return opt_.shared_tier == nullptr ? 0.0 : bytes / opt_.shared_tier_bytes_per_s;
+  }
+
   // A sequence computed `work`: prefill time counts, and once its prompt is done it
   // generates from this step on (and forks its samples and beams).
   absl::Status computed(SeqId id, const Work& work, bool admission, int64_t& prefill_tokens) {
     Seq& s = seqs_.at(id);
     if (s.prefilled) return absl::OkStatus();
-    if (admission || opt_.chunked_prefill) prefill_tokens += work.tokens;
+    if (admission || opt_.chunked_prefill) {
+      const int32_t read = std::min(work.tokens, s.shared_tokens_left);
+      s.shared_tokens_left -= read;
+      step_shared_tokens_ += read;
+      prefill_tokens += work.tokens - read;
+    }
     if (work.remaining > 0) return absl::OkStatus();
     s.prefilled = true;
     if (s.sample == 0) phases_[s.request] = RequestPhase::kDecoding;
@@ -295,6 +328,7 @@ class EngineModel::Impl {
       if (!work.ok()) return fail("admit", id, work.status());
       waiting_.pop_front();
       s.state = State::kRunning;
+      s.shared_tokens_left = read_shared_tier(s, *work);
       running_.push_back(id);
       scheduled_.push_back(id);
       if (absl::Status c = computed(id, *work, true, prefill_tokens); !c.ok()) return c;
@@ -327,10 +361,12 @@ class EngineModel::Impl {
     }
     const double promote_s = promotion_time_s();
     result_.promote_time_s += promote_s;
+    const double shared_s = shared_read_time_s();
+    result_.shared_read_time_s += shared_s;
     const double dt = (opt_.step_ms +
                        opt_.prefill_ms_per_1k_tokens * static_cast<double>(prefill_tokens) / 1000) /
                           1000 +
-                      promote_s;
+                      promote_s + shared_s;
     record(dt, usage, concurrency);
     now_ += dt;
     ++result_.steps;
@@ -511,6 +547,7 @@ class EngineModel::Impl {
   std::vector<int32_t> arrivals_;  // submitted requests, in arrival order
   size_t next_arrival_ = 0;        // arrivals_[next_arrival_] has not arrived yet
   std::vector<RequestPhase> phases_;
+  int64_t step_shared_tokens_ = 0;  // read from the shared tier this step
   SeqId next_id_ = 0;
   bool step_preempted_ = false;
   int64_t alloc_ns_ = 0;
@@ -564,6 +601,10 @@ absl::StatusOr<std::unique_ptr<EngineModel>> EngineModel::create(const Trace& tr
   }
   AllocatorSetup chunked = setup;
   if (options.chunked_prefill) chunked.max_chunk_tokens = options.max_prefill_tokens;
+  if (options.shared_tier != nullptr && !(options.shared_tier_bytes_per_s > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared_tier_bytes_per_s ", options.shared_tier_bytes_per_s, " must be > 0"));
+  }
   absl::StatusOr<std::unique_ptr<SimAllocator>> alloc = make_allocator(chunked);
   if (!alloc.ok()) return alloc.status();
   return std::unique_ptr<EngineModel>(

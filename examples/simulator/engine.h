@@ -23,7 +23,10 @@
 //   - Parallel samples fork after the prompt's prefill; beam requests keep beam_width
 //     beams and every beam_interval tokens drop their last beam and fork their first.
 //   - Cluster mode (cluster.h): a caller that owns the clock across engines hands each
-//     engine the requests routed to it (EngineModel).
+//     engine the requests routed to it (EngineModel). With a shared tier, an admission
+//     reads the prompt's full blocks that follow the manager's device and host hits from
+//     the tier while it holds them: those tokens are not prefilled, and the step pays
+//     their KV bytes over shared_tier_bytes_per_s instead.
 // It measures KV utilization, concurrency, throughput, preemptions, prefix hits,
 // evictions and the wall time spent inside allocator calls (in the CLI only).
 #ifndef PAGEDKV_EXAMPLES_SIMULATOR_ENGINE_H_
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "shared_tier.h"
 #include "sim_allocator.h"
 #include "trace.h"
 
@@ -53,6 +57,10 @@ struct EngineOptions {
   bool measure_allocator_time = false;   // time allocator calls (wall clock)
   bool check_invariants = false;         // check the allocator's invariants every step (tests)
   bool chunked_prefill = false;          // prompts in chunks of the step's prefill budget
+  // Cluster mode: the prefix store the engines share (not owned; null: none) and its
+  // bandwidth to one engine.
+  SharedTier* shared_tier = nullptr;
+  double shared_tier_bytes_per_s = 25e9;
   // Called every ~progress_every steps with (steps, completed, total requests).
   std::function<void(int64_t, int64_t, int64_t)> progress;
   int64_t progress_every = 20000;
@@ -83,12 +91,14 @@ struct EngineResult {
   int64_t preemptions = 0;       // recompute + swap
   int64_t preemptions_swap = 0;
   int64_t prefix_query_tokens = 0;
-  int64_t prefix_hit_tokens = 0;       // device and host tier hits
-  int64_t prefix_host_hit_tokens = 0;  // of those, promoted from the host tier
+  int64_t prefix_hit_tokens = 0;         // device and host tier hits
+  int64_t prefix_host_hit_tokens = 0;    // of those, promoted from the host tier
+  int64_t prefix_shared_hit_tokens = 0;  // besides those: read from the shared tier
   int64_t blocks_promoted = 0;
   int64_t blocks_demoted = 0;
-  int64_t host_evictions = 0;  // blocks dropped from the host tier
-  double promote_time_s = 0;   // step time spent promoting
+  int64_t host_evictions = 0;     // blocks dropped from the host tier
+  double promote_time_s = 0;      // step time spent promoting
+  double shared_read_time_s = 0;  // step time spent reading the shared tier
   int64_t evictions = 0;
   int64_t cow_copies = 0;
   int64_t generated_tokens = 0;

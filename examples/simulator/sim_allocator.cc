@@ -221,6 +221,7 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     o.enable_prefix_caching = setup.config.kind == AllocatorKind::kPagedPrefix;
     o.max_model_len = setup.max_model_len;
     o.preemption_hooks = a.get();
+    o.event_sink = setup.event_sink;
     o.preemption_mode = PreemptionMode::kRecompute;
     if (setup.hybrid) {
       const HybridPools& h = *setup.hybrid;

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "pagedkv/kv_cache_config.h"
 #include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_events.h"
 #include "pagedkv/types.h"
 
 namespace pagedkv::sim {
@@ -104,6 +105,9 @@ struct AllocatorSetup {
   // The most tokens one admit() or reserve() computes (0: any); sizes what a windowed
   // group holds at once. run_engine() sets it from EngineOptions.
   int32_t max_chunk_tokens = 0;
+  // Paged only: where the manager sends its KV events (not owned; null: nowhere). The
+  // cluster model's router and shared tier follow the engines through them.
+  KvEventSink* event_sink = nullptr;
 };
 
 class SimAllocator {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "pagedkv/block_hash.h"
+
 namespace pagedkv::sim {
 namespace {
 
@@ -38,6 +40,19 @@ std::vector<TokenId> prompt_tokens(const Request& request, int64_t request_index
 TokenId output_token(int64_t request_index, int64_t sample, int64_t position) {
   return derive_token(kOutputDomain ^ static_cast<uint64_t>(sample) * 0x100000001b3ULL,
                       static_cast<uint64_t>(request_index), static_cast<uint64_t>(position));
+}
+
+std::vector<BlockHash> prefix_block_hashes(std::span<const TokenId> tokens, int32_t block_size,
+                                           int32_t max_blocks) {
+  const auto full = static_cast<int32_t>(tokens.size() / static_cast<size_t>(block_size));
+  std::vector<BlockHash> hashes;
+  hashes.reserve(static_cast<size_t>(std::max(0, std::min(full, max_blocks))));
+  for (int32_t b = 0; b < full && b < max_blocks; ++b) {
+    hashes.push_back(hash_block(hashes.empty() ? nullptr : &hashes.back(),
+                                tokens.subspan(static_cast<size_t>(b) * block_size, block_size),
+                                {}));
+  }
+  return hashes;
 }
 
 }  // namespace pagedkv::sim
