@@ -132,6 +132,17 @@ ABSL_FLAG(int32_t, state_checkpoints_per_sequence, kDefaults.state_options.check
           "state-layer study: cached checkpoints per target-length sequence in pagedkv's split");
 ABSL_FLAG(int32_t, state_conversations, kDefaults.shared_prompt_options.conversations,
           "state-layer study: conversations of the generated shared-prompt workload");
+ABSL_FLAG(std::optional<int32_t>, engines, std::nullopt,
+          "cluster mode: N paged+prefix/16 engines behind a router on each trace, each with the "
+          "device and host budgets of a single-engine run; nothing else runs");
+ABSL_FLAG(std::string, router, "kv-aware",
+          "cluster mode: round-robin, or kv-aware (longest cached prefix from the engines' KV "
+          "events, less the load: Dynamo's cost)");
+ABSL_FLAG(double, shared_tier_gib, 0,
+          "cluster mode: a prefix store of this many GiB shared by the engines (LRU); device "
+          "evictions are written to it, admissions read it past their own hits; 0: none");
+ABSL_FLAG(double, shared_tier_gbps, pagedkv::sim::ClusterOptions{}.shared_tier_bytes_per_s / 1e9,
+          "cluster mode: shared tier bandwidth to one engine in GB/s; 25: a 200 Gb/s NIC");
 ABSL_FLAG(std::string, out_dir, "out/sim", "where results.json and results-utilization.svg go");
 ABSL_FLAG(bool, no_progress, false, "no progress line");
 
@@ -163,6 +174,7 @@ absl::Status validate_flags() {
   };
   const std::string preemption = GetFlag(FLAGS_preemption);
   const std::string host_admission = GetFlag(FLAGS_host_admission);
+  const std::string router = GetFlag(FLAGS_router);
   for (const absl::Status& status : {
            check_flag(FLAGS_gen_requests, count_in(GetFlag(FLAGS_gen_requests), 0), count_range(0)),
            check_flag(FLAGS_gen_rate, GetFlag(FLAGS_gen_rate) > 0, "> 0"),
@@ -192,6 +204,17 @@ absl::Status validate_flags() {
                       GetFlag(FLAGS_state_checkpoints_per_sequence) >= 0, ">= 0"),
            check_flag(FLAGS_state_conversations, count_in(GetFlag(FLAGS_state_conversations), 1),
                       count_range(1)),
+           check_flag(FLAGS_engines,
+                      GetFlag(FLAGS_engines).value_or(1) >= 1 &&
+                          GetFlag(FLAGS_engines).value_or(1) <= pagedkv::sim::kMaxClusterEngines,
+                      absl::StrCat("in [1, ", pagedkv::sim::kMaxClusterEngines, "]")),
+           check_flag(FLAGS_router, pagedkv::sim::parse_router(router).ok(),
+                      "round-robin or kv-aware"),
+           check_flag(FLAGS_shared_tier_gib, GetFlag(FLAGS_shared_tier_gib) >= 0, ">= 0"),
+           check_flag(FLAGS_shared_tier_gib,
+                      GetFlag(FLAGS_engines).has_value() || GetFlag(FLAGS_shared_tier_gib) == 0,
+                      "0 without --engines (the shared tier is cluster mode's)"),
+           check_flag(FLAGS_shared_tier_gbps, GetFlag(FLAGS_shared_tier_gbps) > 0, "> 0"),
        }) {
     if (!status.ok()) return status;
   }
@@ -258,6 +281,15 @@ SimOptions options_from_flags() {
   options.state_models = GetFlag(FLAGS_state_models);
   options.state_options.checkpoints_per_sequence = GetFlag(FLAGS_state_checkpoints_per_sequence);
   options.shared_prompt_options.conversations = GetFlag(FLAGS_state_conversations);
+  if (const std::optional<int32_t> engines = GetFlag(FLAGS_engines)) {
+    const int64_t block_bytes = options.spec.bytes_per_token() * options.spec.block_size;
+    options.cluster = pagedkv::sim::ClusterOptions{
+        .num_engines = *engines,
+        .router = *pagedkv::sim::parse_router(GetFlag(FLAGS_router)),
+        .shared_tier_blocks =
+            std::llround(GetFlag(FLAGS_shared_tier_gib) * (1 << 30)) / block_bytes,
+        .shared_tier_bytes_per_s = GetFlag(FLAGS_shared_tier_gbps) * 1e9};
+  }
   return options;
 }
 
@@ -352,6 +384,12 @@ int main(int argc, char** argv) {
   }
   for (const pagedkv::sim::StateStudy& study : report->state_hits) {
     fmt::print("{}\n", pagedkv::sim::format_state_study(study));
+  }
+  if (!report->clusters.empty()) {
+    fmt::print(
+        "Cluster: engines behind a router; prompt tokens of admitted prefills by where their KV "
+        "came from (requests per engine: most/fewest):\n{}\n",
+        pagedkv::sim::format_cluster_table(report->clusters));
   }
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);

@@ -407,6 +407,33 @@ OrderedJson state_json(const SimReport& report) {
   return studies;
 }
 
+OrderedJson clusters_json(const SimReport& report) {
+  OrderedJson rows = OrderedJson::array();
+  for (const ClusterResult& r : report.clusters) {
+    rows.push_back({{"trace", r.trace},
+                    {"engines", r.options.num_engines},
+                    {"router", router_name(r.options.router)},
+                    {"shared_tier_blocks", r.options.shared_tier_blocks},
+                    {"shared_tier_bytes_per_s", figure(r.options.shared_tier_bytes_per_s)},
+                    {"requests", r.requests},
+                    {"completed", r.completed},
+                    {"rejected", r.rejected},
+                    {"prompt_tokens", r.prompt_tokens},
+                    {"device_hit_tokens", r.device_hit_tokens},
+                    {"host_hit_tokens", r.host_hit_tokens},
+                    {"shared_hit_tokens", r.shared_hit_tokens},
+                    {"recomputed_tokens", r.recomputed_tokens},
+                    {"sim_time_s", figure(r.sim_time_s)},
+                    {"throughput_rps", figure(r.throughput_rps)},
+                    {"mean_latency_s", figure(r.mean_latency_s)},
+                    {"shared_read_time_s", figure(r.shared_read_time_s)},
+                    {"shared_blocks_written", r.shared_blocks_written},
+                    {"shared_blocks_evicted", r.shared_blocks_evicted},
+                    {"requests_per_engine", r.requests_per_engine}});
+  }
+  return rows;
+}
+
 }  // namespace
 
 std::string to_json(const SimReport& report) {
@@ -422,6 +449,7 @@ std::string to_json(const SimReport& report) {
     json["hybrid"] = hybrid_json(report);
   }
   if (!report.state_hits.empty()) json["state"] = state_json(report);
+  if (!report.clusters.empty()) json["clusters"] = clusters_json(report);
   // A trace named by a file whose name is not UTF-8 gets U+FFFD rather than an exception.
   return json.dump(2, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace) + "\n";
 }

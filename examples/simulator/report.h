@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cluster.h"
 #include "engine.h"
 #include "eviction.h"
 #include "hybrid.h"
@@ -43,7 +44,8 @@ struct SimReport {
   TierCostModel tier_costs;
   std::vector<HybridUtilRun> hybrid_util;  // the hybrid-model study (hybrid.h)
   std::vector<HybridHitStudy> hybrid_hits;
-  std::vector<StateStudy> state_hits;  // the state-layer study (state_cache.h)
+  std::vector<StateStudy> state_hits;   // the state-layer study (state_cache.h)
+  std::vector<ClusterResult> clusters;  // cluster mode (cluster.h): one per trace
 };
 
 // 1234567 -> "1,234,567".

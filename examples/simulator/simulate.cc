@@ -109,6 +109,50 @@ absl::Status run_hybrid(const Trace& loaded, TraceKind kind, const SimOptions& o
   return absl::OkStatus();
 }
 
+int64_t gib_bytes(double gib) { return static_cast<int64_t>(std::llround(gib * (1 << 30))); }
+
+// One allocator's setup under the trace's settings and the options' host budgets.
+absl::StatusOr<AllocatorSetup> allocator_setup(const AllocatorConfig& config,
+                                               const TraceSettings& settings,
+                                               const SimOptions& options) {
+  AllocatorSetup setup;
+  setup.config = config;
+  const int64_t budget_bytes = gib_bytes(settings.budget_gib);
+  if (config.kind == AllocatorKind::kPaged || config.kind == AllocatorKind::kPagedPrefix) {
+    KvCacheSpec spec = options.spec;
+    spec.block_size = config.block_size;
+    absl::StatusOr<int32_t> blocks = spec.num_blocks_for_budget(budget_bytes);
+    if (!blocks.ok()) return blocks.status();
+    setup.budget_tokens = int64_t{*blocks} * config.block_size;
+  } else {
+    setup.budget_tokens = budget_bytes / options.spec.bytes_per_token();
+  }
+  setup.host_budget_tokens = gib_bytes(options.host_swap_gib) / options.spec.bytes_per_token();
+  setup.host_cache_tokens = gib_bytes(options.host_cache_gib) / options.spec.bytes_per_token();
+  setup.host_admission = options.host_admission;
+  setup.max_model_len = settings.max_model_len;
+  setup.preemption_mode = options.preemption_mode;
+  return setup;
+}
+
+// Cluster mode on one loaded trace: paged+prefix engines at the KV spec's block size.
+absl::StatusOr<ClusterResult> run_cluster_trace(Trace trace, TraceKind kind,
+                                                const SimOptions& options) {
+  absl::StatusOr<TraceSettings> settings = settings_for(trace, kind, options);
+  if (!settings.ok()) return settings.status();
+  if (absl::Status s = options.spec.validate(); !s.ok()) return s;
+  truncate_trace(trace, max_requests(options));
+  clamp_to_model_len(trace, settings->max_model_len);
+  scale_arrivals(trace, settings->time_scale);
+  absl::StatusOr<AllocatorSetup> setup =
+      allocator_setup({.kind = AllocatorKind::kPagedPrefix, .block_size = options.spec.block_size},
+                      *settings, options);
+  if (!setup.ok()) return setup.status();
+  EngineOptions engine = options.engine;
+  engine.kv_bytes_per_token = options.spec.bytes_per_token();
+  return run_cluster(trace, *setup, engine, *options.cluster);
+}
+
 }  // namespace
 
 absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions& options) {
@@ -125,31 +169,14 @@ absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions
   scale_arrivals(trace, settings.time_scale);
   run.time_scale = settings.time_scale;
   run.budget_gib = settings.budget_gib;
-  const auto budget_bytes = static_cast<int64_t>(std::llround(settings.budget_gib * (1 << 30)));
-  run.budget_tokens = budget_bytes / options.spec.bytes_per_token();
+  run.budget_tokens = gib_bytes(settings.budget_gib) / options.spec.bytes_per_token();
   run.max_model_len = settings.max_model_len;
-  const auto host_bytes = static_cast<int64_t>(std::llround(options.host_swap_gib * (1 << 30)));
-  const auto host_cache_bytes =
-      static_cast<int64_t>(std::llround(options.host_cache_gib * (1 << 30)));
   run.host_cache_gib = options.host_cache_gib;
 
   for (const AllocatorConfig& config : allocator_configs(options)) {
-    AllocatorSetup setup;
-    setup.config = config;
-    if (config.kind == AllocatorKind::kPaged || config.kind == AllocatorKind::kPagedPrefix) {
-      KvCacheSpec spec = options.spec;
-      spec.block_size = config.block_size;
-      absl::StatusOr<int32_t> blocks = spec.num_blocks_for_budget(budget_bytes);
-      if (!blocks.ok()) return blocks.status();
-      setup.budget_tokens = int64_t{*blocks} * config.block_size;
-    } else {
-      setup.budget_tokens = run.budget_tokens;
-    }
-    setup.host_budget_tokens = host_bytes / options.spec.bytes_per_token();
-    setup.host_cache_tokens = host_cache_bytes / options.spec.bytes_per_token();
-    setup.host_admission = options.host_admission;
-    setup.max_model_len = settings.max_model_len;
-    setup.preemption_mode = options.preemption_mode;
+    absl::StatusOr<AllocatorSetup> checked_setup = allocator_setup(config, settings, options);
+    if (!checked_setup.ok()) return checked_setup.status();
+    const AllocatorSetup& setup = *checked_setup;
     EngineOptions engine = options.engine;
     engine.kv_bytes_per_token = options.spec.bytes_per_token();
     const std::string name = allocator_name(config);
@@ -182,6 +209,37 @@ absl::Status run_state(const StateWorkload& workload, const SimOptions& options,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Cluster mode: the cluster on each trace (and the generated workload), nothing else.
+absl::Status run_clusters(const SimOptions& options, SimReport& report) {
+  bool synthetic = options.synthetic;
+  for (const std::string& name : options.traces) {
+    if (name == "generated" || name == "synthetic") {
+      synthetic = true;
+      continue;
+    }
+    const std::string path = resolve_trace_path(options, name);
+    absl::StatusOr<Trace> trace = read_trace(path);
+    if (!trace.ok()) return trace.status();
+    absl::StatusOr<ClusterResult> result =
+        run_cluster_trace(*std::move(trace), kind_of(path), options);
+    if (!result.ok()) return result.status();
+    report.clusters.push_back(*std::move(result));
+  }
+  if (synthetic) {
+    absl::StatusOr<Trace> trace = generate_synthetic(options.synthetic_options);
+    if (!trace.ok()) return trace.status();
+    absl::StatusOr<ClusterResult> result =
+        run_cluster_trace(*std::move(trace), TraceKind::kSynthetic, options);
+    if (!result.ok()) return result.status();
+    report.clusters.push_back(*std::move(result));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
   SimReport report;
   report.model =
@@ -190,6 +248,10 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
                   dtype_name(options.spec.dtype), options.spec.bytes_per_token());
   report.bytes_per_token = options.spec.bytes_per_token();
   report.quick = options.quick;
+  if (options.cluster) {
+    if (absl::Status s = run_clusters(options, report); !s.ok()) return s;
+    return report;
+  }
   bool eviction_done = !options.eviction;
   bool synthetic = options.synthetic;
   for (const std::string& name : options.traces) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cluster.h"
 #include "engine.h"
 #include "hybrid.h"
 #include "pagedkv/kv_cache_spec.h"
@@ -77,6 +78,9 @@ struct SimOptions {
   std::vector<std::string> state_models = builtin_state_model_names();
   StateStudyOptions state_options;
   SharedPromptOptions shared_prompt_options;
+  // Cluster mode (cluster.h): only the cluster, paged+prefix engines at spec.block_size
+  // with the budgets above, on each trace and (synthetic) the generated workload.
+  std::optional<ClusterOptions> cluster;
   // Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x 2 bytes x 2 = 128 KiB per token.
   KvCacheSpec spec{.num_layers = 32,
                    .num_kv_heads = 8,

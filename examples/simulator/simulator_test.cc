@@ -11,10 +11,12 @@
 #include <string>
 
 #include "adaptive_eviction.h"
+#include "cluster.h"
 #include "contiguous_arena.h"
 #include "engine.h"
 #include "eviction.h"
 #include "report.h"
+#include "shared_tier.h"
 #include "simulate.h"
 #include "support/skip.h"
 #include "synthetic.h"
@@ -962,6 +964,183 @@ TEST_CASE("quick run on the generated workload: prefix caching multiplies concur
   CHECK(svg.rfind("<svg", 0) == 0);
   CHECK(svg.find("</svg>") != std::string::npos);
   CHECK(svg.find("contiguous-max") != std::string::npos);
+}
+
+// --- cluster mode (cluster.h) -------------------------------------------------------------
+
+// A request whose whole prompt is shared prompt `prompt_id`: equal ids give equal tokens.
+Request prompt_request(double arrival_s, int32_t prompt_id, int32_t length, int32_t output) {
+  Request r = make_request(length, output);
+  r.arrival_s = arrival_s;
+  r.system_prompt_id = prompt_id;
+  r.system_prompt_length = length;
+  return r;
+}
+
+// paged+prefix engines of 16-token blocks with `budget_tokens` of device KV each.
+AllocatorSetup cluster_engine(int64_t budget_tokens) {
+  AllocatorSetup setup;
+  setup.config = {.kind = AllocatorKind::kPagedPrefix, .block_size = 16};
+  setup.budget_tokens = budget_tokens;
+  setup.max_model_len = 128;
+  setup.watermark_fraction = 0;
+  return setup;
+}
+
+EngineOptions checked_engine() {
+  EngineOptions engine;
+  engine.check_invariants = true;
+  return engine;
+}
+
+ClusterResult run_checked_cluster(const Trace& trace, const AllocatorSetup& setup,
+                                  const ClusterOptions& options) {
+  absl::StatusOr<ClusterResult> r = run_cluster(trace, setup, checked_engine(), options);
+  REQUIRE(r.ok());
+  CHECK(r->completed == r->requests);
+  CHECK(r->device_hit_tokens + r->host_hit_tokens + r->shared_hit_tokens + r->recomputed_tokens ==
+        r->prompt_tokens);
+  return *std::move(r);
+}
+
+TEST_CASE("shared tier: LRU over block hashes, prefixes read in order", "[simulator][cluster]") {
+  const BlockHash h1{1, 0}, h2{2, 0}, h3{3, 0};
+  SharedTier tier(2);
+  tier.store(std::vector{h1, h2});
+  CHECK(tier.read_prefix(std::vector{h1}) == 1);  // h1 is now the most recent
+  tier.store(std::vector{h3});                    // evicts h2, the least recent
+  CHECK(tier.size() == 2);
+  CHECK(tier.read_prefix(std::vector{h1, h2, h3}) == 1);  // stops at the missing h2
+  CHECK(tier.read_prefix(std::vector{h3, h1}) == 2);
+  tier.store(std::vector{h1});  // held already: touched, not written again
+  CHECK(tier.blocks_written() == 3);
+  CHECK(tier.blocks_evicted() == 1);
+  CHECK(tier.blocks_read() == 4);
+}
+
+TEST_CASE("cluster: round robin recomputes a repeated prompt, KV-aware routes it to its cache",
+          "[simulator][cluster]") {
+  // Two engines, the same 64-token prompt at t = 0 and t = 1 s (the first is done by then).
+  // Round robin sends the second to the other engine, which computes it again; the KV-aware
+  // router sees the first engine's BlockStored events and sends it there, where it hits
+  // every full block before its last token.
+  Trace t;
+  t.name = "repeat";
+  t.requests = {prompt_request(0, 0, 64, 2), prompt_request(1, 0, 64, 2)};
+  const int64_t hit = (64 - 1) / 16 * 16;
+  ClusterOptions options{.num_engines = 2, .router = RouterKind::kRoundRobin};
+  const ClusterResult rr = run_checked_cluster(t, cluster_engine(256), options);
+  CHECK(rr.requests_per_engine == std::vector<int64_t>{1, 1});
+  CHECK(rr.prompt_tokens == 128);
+  CHECK(rr.device_hit_tokens == 0);
+  CHECK(rr.recomputed_tokens == 128);
+  options.router = RouterKind::kKvAware;
+  const ClusterResult kv = run_checked_cluster(t, cluster_engine(256), options);
+  CHECK(kv.requests_per_engine == std::vector<int64_t>{2, 0});
+  CHECK(kv.device_hit_tokens == hit);
+  CHECK(kv.recomputed_tokens == 128 - hit);
+  CHECK(kv.throughput_rps > rr.throughput_rps);  // the second prefill is shorter
+}
+
+TEST_CASE("cluster: KV-aware spreads requests that arrive before anything is cached",
+          "[simulator][cluster]") {
+  // The same prompt twice at t = 0: the first engine has nothing cached yet but the first
+  // request queued (cost 4 new + 4 active + 4 queued blocks against 4), so the second goes
+  // to the other engine.
+  Trace t;
+  t.name = "together";
+  t.requests = {prompt_request(0, 0, 64, 2), prompt_request(0, 0, 64, 2)};
+  const ClusterResult kv = run_checked_cluster(t, cluster_engine(256),
+                                               {.num_engines = 2, .router = RouterKind::kKvAware});
+  CHECK(kv.requests_per_engine == std::vector<int64_t>{1, 1});
+  CHECK(kv.device_hit_tokens == 0);
+}
+
+TEST_CASE(
+    "cluster: the shared tier turns another engine's eviction into a hit, and its bandwidth "
+    "changes time, not hits",
+    "[simulator][cluster]") {
+  // Round robin over two engines of 6 blocks: A (prompt X) and C (prompt Z, 96 tokens: all
+  // 6 blocks) on engine 0, B (prompt Y) and D (prompt X again) on engine 1. C evicts X's
+  // 4 cached blocks from engine 0's device, which writes them to the shared tier; D misses
+  // on engine 1 and reads X's full blocks before its last token from the tier.
+  Trace t;
+  t.name = "shared";
+  t.requests = {prompt_request(0, 0, 64, 2), prompt_request(1, 1, 64, 2),
+                prompt_request(2, 2, 96, 1), prompt_request(3, 0, 64, 2)};
+  const int64_t prompts = 64 + 64 + 96 + 64;
+  const int64_t read = (64 - 1) / 16 * 16;
+  ClusterOptions options{.num_engines = 2, .router = RouterKind::kRoundRobin};
+  const ClusterResult none = run_checked_cluster(t, cluster_engine(96), options);
+  CHECK(none.shared_hit_tokens == 0);
+  CHECK(none.recomputed_tokens == prompts);
+
+  options.shared_tier_blocks = 100;
+  options.shared_tier_bytes_per_s = 25e9;
+  const ClusterResult fast = run_checked_cluster(t, cluster_engine(96), options);
+  CHECK(fast.requests_per_engine == std::vector<int64_t>{2, 2});
+  CHECK(fast.device_hit_tokens == 0);
+  CHECK(fast.shared_hit_tokens == read);
+  CHECK(fast.recomputed_tokens == prompts - read);
+  const double bytes = static_cast<double>(read * checked_engine().kv_bytes_per_token);
+  CHECK(fast.shared_read_time_s == Approx(bytes / 25e9));
+
+  options.shared_tier_bytes_per_s = 2.5e9;
+  const ClusterResult slow = run_checked_cluster(t, cluster_engine(96), options);
+  CHECK(slow.shared_hit_tokens == fast.shared_hit_tokens);
+  CHECK(slow.recomputed_tokens == fast.recomputed_tokens);
+  CHECK(slow.shared_read_time_s == Approx(bytes / 2.5e9));
+  // Only D's prefill step reads, so only D finishes later, by the difference.
+  CHECK(slow.mean_latency_s - fast.mean_latency_s ==
+        Approx((slow.shared_read_time_s - fast.shared_read_time_s) / 4));
+}
+
+TEST_CASE("cluster: bad options are refused with the value and the limit", "[simulator][cluster]") {
+  Trace t;
+  t.name = "one";
+  t.requests = {prompt_request(0, 0, 64, 2)};
+  absl::StatusOr<ClusterResult> r =
+      run_cluster(t, cluster_engine(256), EngineOptions{}, {.num_engines = 0});
+  REQUIRE(absl::IsInvalidArgument(r.status()));
+  CHECK(std::string(r.status().message()).find("0 engines; need 1 to 1024") != std::string::npos);
+  AllocatorSetup paged = cluster_engine(256);
+  paged.config.kind = AllocatorKind::kPaged;
+  r = run_cluster(t, paged, EngineOptions{}, {});
+  REQUIRE(absl::IsInvalidArgument(r.status()));
+  CHECK(std::string(r.status().message()).find("paged+prefix") != std::string::npos);
+  absl::StatusOr<RouterKind> router = parse_router("random");
+  REQUIRE(absl::IsInvalidArgument(router.status()));
+  CHECK(std::string(router.status().message()) ==
+        "router 'random': must be round-robin or kv-aware");
+}
+
+TEST_CASE("cluster: four engines on the first 400 Mooncake requests", "[simulator][cluster]") {
+  const std::string path = trace_path("synthetic_trace.jsonl");
+  if (path.empty()) return;
+  SimOptions o = quick_options();
+  o.traces = {path};
+  std::vector<ClusterResult> rows;
+  for (const ClusterOptions& cluster :
+       {ClusterOptions{.router = RouterKind::kRoundRobin},
+        ClusterOptions{.router = RouterKind::kKvAware},
+        ClusterOptions{.router = RouterKind::kKvAware, .shared_tier_blocks = 1 << 17}}) {
+    o.cluster = cluster;
+    absl::StatusOr<SimReport> report = run_simulation(o);
+    REQUIRE(report.ok());
+    REQUIRE(report->clusters.size() == 1);
+    REQUIRE(report->runs.empty());
+    rows.push_back(report->clusters[0]);
+    const ClusterResult& r = rows.back();
+    CHECK(r.completed == 400);
+    CHECK(r.requests_per_engine.size() == 4);
+    CHECK(r.recomputed_tokens > 0);
+    CHECK(to_json(*report).find("\"clusters\"") != std::string::npos);
+  }
+  INFO(format_cluster_table(rows));
+  // This trace's multi-turn conversations come back to the engine that holds them.
+  CHECK(rows[1].device_hit_tokens > rows[0].device_hit_tokens);
+  CHECK(rows[2].shared_hit_tokens > 0);
+  CHECK(rows[2].recomputed_tokens < rows[1].recomputed_tokens);
 }
 }  // namespace
 }  // namespace pagedkv::sim
