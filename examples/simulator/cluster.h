@@ -4,8 +4,8 @@
 // on a KvCacheManager of its own, with the device and host budgets of a single-engine run,
 // and the router sends each request, at its arrival, to one of them:
 //   round robin  request i to engine i mod N;
-//   KV-aware     the lowest cost, the rule of Dynamo's KV router at its default weights
-//                (overlap_score_weight 1, temperature 0):
+//   KV-aware     the lowest cost, modelled on Dynamo's KV router at its default weights
+//                (prefill blocks plus active blocks; overlap_score_weight 1, temperature 0):
 //                  cost(e) = new(e) + queued(e) + active(e), in blocks, where
 //                  new(e)    = the request's prompt blocks minus the leading ones engine e
 //                              caches (device or host tier), as far as a hit can reach;

@@ -137,7 +137,7 @@ ABSL_FLAG(std::optional<int32_t>, engines, std::nullopt,
           "device and host budgets of a single-engine run; nothing else runs");
 ABSL_FLAG(std::string, router, "kv-aware",
           "cluster mode: round-robin, or kv-aware (longest cached prefix from the engines' KV "
-          "events, less the load: Dynamo's cost)");
+          "events, against the load, modelled on Dynamo's cost)");
 ABSL_FLAG(double, shared_tier_gib, 0,
           "cluster mode: a prefix store of this many GiB shared by the engines (LRU); device "
           "evictions are written to it, admissions read it past their own hits; 0: none");
@@ -154,8 +154,10 @@ Replays traces in simulated time with an engine model and compares allocators:
 contiguous-max (reserve max_model_len per request, first fit), contiguous-oracle
 (reserve prompt + output), paged and paged+prefix (pagedkv's KvCacheManager) at each
 block size. Runs the eviction study (LRU on BlockPool vs Belady) and the tier study
-(device + host LRU tiers) on the Mooncake trace. Flags take --flag=value or --flag value;
-dashes may stand for the underscores (--traces-dir).)";
+(device + host LRU tiers) on the Mooncake trace. With --engines N, cluster mode runs
+instead: N engines behind a router, optionally sharing a prefix store (--shared_tier_gib).
+Flags take --flag=value or --flag value; dashes may stand for the underscores
+(--traces-dir).)";
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "pagedkv-sim: %s\n", message.c_str());
