@@ -28,7 +28,6 @@ int32_t SharedTier::read_prefix(std::span<const BlockHash> hashes) {
     touch(it->second);
     ++hits;
   }
-  blocks_read_ += hits;
   return hits;
 }
 

@@ -37,11 +37,9 @@ class SharedTier {
   // The number of leading `hashes` the store holds; those become the most recent.
   int32_t read_prefix(std::span<const BlockHash> hashes);
 
-  int64_t capacity_blocks() const { return capacity_blocks_; }
   int64_t size() const { return static_cast<int64_t>(lru_.size()); }
   int64_t blocks_written() const { return blocks_written_; }  // new blocks only
   int64_t blocks_evicted() const { return blocks_evicted_; }
-  int64_t blocks_read() const { return blocks_read_; }
 
  private:
   void touch(std::list<BlockHash>::iterator it) { lru_.splice(lru_.end(), lru_, it); }
@@ -51,7 +49,6 @@ class SharedTier {
   absl::flat_hash_map<BlockHash, std::list<BlockHash>::iterator> index_;
   int64_t blocks_written_ = 0;
   int64_t blocks_evicted_ = 0;
-  int64_t blocks_read_ = 0;
 };
 
 }  // namespace pagedkv::sim
