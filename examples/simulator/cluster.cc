@@ -92,13 +92,18 @@ class KvAwareRouter {
       }
     }
     active_[best].push_back({.request = request, .new_blocks = best_new, .blocks = blocks});
+    cached_tokens_seen_ += (blocks - best_new) * block_size_;
     return best;
   }
+
+  // The tokens of the chosen engines' cached prefixes, as the index showed them.
+  int64_t cached_tokens_seen() const { return cached_tokens_seen_; }
 
  private:
   std::span<const std::unique_ptr<EngineEventFeed>> feeds_;
   int32_t block_size_;
   std::vector<std::vector<Routed>> active_;  // per engine
+  int64_t cached_tokens_seen_ = 0;
 };
 
 absl::Status check_options(const AllocatorSetup& setup, const ClusterOptions& options) {
@@ -196,6 +201,7 @@ absl::StatusOr<ClusterResult> run_cluster(const Trace& trace, const AllocatorSet
     if (!drained.ok()) return drained.status();
     result.engines.push_back(*std::move(drained));
   }
+  result.routed_cached_tokens = kv_aware.cached_tokens_seen();
   if (shared_tier) {
     result.shared_blocks_written = shared_tier->blocks_written();
     result.shared_blocks_evicted = shared_tier->blocks_evicted();
@@ -206,9 +212,10 @@ absl::StatusOr<ClusterResult> run_cluster(const Trace& trace, const AllocatorSet
 
 std::string format_cluster_table(const std::vector<ClusterResult>& rows) {
   std::string out = fmt::format(
-      "{:<26} {:>3} {:<12} {:>19} {:>14} {:>13} {:>13} {:>13} {:>14} {:>7} {:>8} {:>7} {:>9}\n",
+      "{:<26} {:>3} {:<12} {:>19} {:>14} {:>13} {:>13} {:>13} {:>14} {:>13} {:>7} {:>8} {:>7} "
+      "{:>9}\n",
       "trace", "N", "router", "shared tier", "prompt tok", "device hit", "host hit", "shared hit",
-      "recomputed", "req/s", "latency", "read s", "req/eng");
+      "recomputed", "routed hit", "req/s", "latency", "read s", "req/eng");
   for (const ClusterResult& r : rows) {
     const std::string shared = r.options.shared_tier_blocks == 0
                                    ? "none"
@@ -217,12 +224,13 @@ std::string format_cluster_table(const std::vector<ClusterResult>& rows) {
     const auto [min_it, max_it] =
         std::minmax_element(r.requests_per_engine.begin(), r.requests_per_engine.end());
     out += fmt::format(
-        "{:<26} {:>3} {:<12} {:>19} {:>14} {:>13} {:>13} {:>13} {:>14} {:>7.3f} {:>7.1f}s {:>7.1f} "
-        "{:>9}\n",
+        "{:<26} {:>3} {:<12} {:>19} {:>14} {:>13} {:>13} {:>13} {:>14} {:>13} {:>7.3f} {:>7.1f}s "
+        "{:>7.1f} {:>9}\n",
         r.trace, r.options.num_engines, router_name(r.options.router), shared,
         commas(r.prompt_tokens), commas(r.device_hit_tokens), commas(r.host_hit_tokens),
-        commas(r.shared_hit_tokens), commas(r.recomputed_tokens), r.throughput_rps,
-        r.mean_latency_s, r.shared_read_time_s, fmt::format("{}/{}", *max_it, *min_it));
+        commas(r.shared_hit_tokens), commas(r.recomputed_tokens), commas(r.routed_cached_tokens),
+        r.throughput_rps, r.mean_latency_s, r.shared_read_time_s,
+        fmt::format("{}/{}", *max_it, *min_it));
   }
   return out;
 }

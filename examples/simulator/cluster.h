@@ -68,6 +68,10 @@ struct ClusterResult {
   int64_t host_hit_tokens = 0;
   int64_t shared_hit_tokens = 0;
   int64_t recomputed_tokens = 0;  // prefilled
+  // KV-aware: the tokens of the chosen engines' cached prefixes as the router's index showed
+  // them when it routed (0 for round robin). Against device_hit_tokens + host_hit_tokens:
+  // how much of the hits the router saw coming.
+  int64_t routed_cached_tokens = 0;
   double sim_time_s = 0;          // last completion, cluster-wide
   double throughput_rps = 0;      // completed / (last completion - first arrival)
   double mean_latency_s = 0;      // arrival to completion

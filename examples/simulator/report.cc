@@ -423,6 +423,7 @@ OrderedJson clusters_json(const SimReport& report) {
                     {"host_hit_tokens", r.host_hit_tokens},
                     {"shared_hit_tokens", r.shared_hit_tokens},
                     {"recomputed_tokens", r.recomputed_tokens},
+                    {"routed_cached_tokens", r.routed_cached_tokens},
                     {"sim_time_s", figure(r.sim_time_s)},
                     {"throughput_rps", figure(r.throughput_rps)},
                     {"mean_latency_s", figure(r.mean_latency_s)},

@@ -1033,10 +1033,12 @@ TEST_CASE("cluster: round robin recomputes a repeated prompt, KV-aware routes it
   CHECK(rr.prompt_tokens == 128);
   CHECK(rr.device_hit_tokens == 0);
   CHECK(rr.recomputed_tokens == 128);
+  CHECK(rr.routed_cached_tokens == 0);
   options.router = RouterKind::kKvAware;
   const ClusterResult kv = run_checked_cluster(t, cluster_engine(256), options);
   CHECK(kv.requests_per_engine == std::vector<int64_t>{2, 0});
   CHECK(kv.device_hit_tokens == hit);
+  CHECK(kv.routed_cached_tokens == hit);  // the index saw exactly what the engine hit
   CHECK(kv.recomputed_tokens == 128 - hit);
   CHECK(kv.throughput_rps > rr.throughput_rps);  // the second prefill is shorter
 }
