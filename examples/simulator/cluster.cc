@@ -17,7 +17,7 @@ namespace pagedkv::sim {
 namespace {
 
 // One engine's KV events: they keep the router's index of what the engine caches, and
-// write the blocks its device evicts through to the shared tier (when there is one).
+// write the blocks it computes through to the shared tier (when there is one).
 class EngineEventFeed final : public KvEventSink {
  public:
   explicit EngineEventFeed(SharedTier* shared_tier) : shared_tier_(shared_tier) {}
@@ -25,13 +25,13 @@ class EngineEventFeed final : public KvEventSink {
   void on_event(const KvEvent& event) override {
     if (const auto* stored = std::get_if<BlockStored>(&event)) {
       for (const BlockHash& h : stored->block_hashes) media_[h] |= bit(stored->medium);
+      if (shared_tier_ != nullptr && stored->medium == Medium::kDevice) {
+        shared_tier_->stage(stored->block_hashes);
+      }
     } else if (const auto* removed = std::get_if<BlockRemoved>(&event)) {
       for (const BlockHash& h : removed->block_hashes) {
         auto it = media_.find(h);
         if (it != media_.end() && (it->second &= ~bit(removed->medium)) == 0) media_.erase(it);
-      }
-      if (shared_tier_ != nullptr && removed->medium == Medium::kDevice) {
-        shared_tier_->store(removed->block_hashes);
       }
     } else {
       media_.clear();  // AllBlocksCleared

@@ -17,11 +17,11 @@
 // router subscribed to the engines' publishers does (examples/kv_router): BlockStored and
 // BlockRemoved per medium keep an index of hashes per engine. It follows a request's
 // progress as it would from the engine's responses (first token, completion).
-// NOTE: the engines are stepped up to each arrival in turn; a step that starts before the
-// arrival ends after it, so the router may see up to one step of an engine's future.
-//
-// With a shared tier (shared_tier.h), the engines' device evictions are written to one
+// With a shared tier (shared_tier.h), every block an engine computes is written to one
 // store that every engine reads past its own hits, at shared_tier_bytes_per_s each.
+// NOTE: the engines are stepped up to each arrival in turn; a step that starts before the
+// arrival ends after it, so the router (and, through the store, another engine) may see up
+// to one step of an engine's future.
 #ifndef PAGEDKV_EXAMPLES_SIMULATOR_CLUSTER_H_
 #define PAGEDKV_EXAMPLES_SIMULATOR_CLUSTER_H_
 

@@ -84,6 +84,7 @@ class EngineModel::Impl {
       if (now_ >= until_s) return absl::OkStatus();
       absl::Status s = step();
       if (!s.ok()) return s;
+      if (opt_.shared_tier != nullptr) opt_.shared_tier->publish(now_);  // the step's blocks
       if (scheduled_.empty() && !(running_.empty() && swapped_.empty() && waiting_.empty())) {
         if (++idle_loops > 3) {
           return absl::InternalError(absl::StrCat(
@@ -196,7 +197,8 @@ class EngineModel::Impl {
     const std::vector<TokenId> prompt = prompt_tokens(req, s.request);
     const std::vector<BlockHash> hashes = prefix_block_hashes(prompt, bs, last);
     const int32_t read =
-        opt_.shared_tier->read_prefix(std::span(hashes).subspan(static_cast<size_t>(first))) * bs;
+        opt_.shared_tier->read_prefix(std::span(hashes).subspan(static_cast<size_t>(first)), now_) *
+        bs;
     result_.prefix_shared_hit_tokens += read;
     return read;
   }

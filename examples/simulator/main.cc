@@ -139,8 +139,8 @@ ABSL_FLAG(std::string, router, "kv-aware",
           "cluster mode: round-robin, or kv-aware (longest cached prefix from the engines' KV "
           "events, against the load, modelled on Dynamo's cost)");
 ABSL_FLAG(double, shared_tier_gib, 0,
-          "cluster mode: a prefix store of this many GiB shared by the engines (LRU); device "
-          "evictions are written to it, admissions read it past their own hits; 0: none");
+          "cluster mode: a prefix store of this many GiB shared by the engines (LRU); every "
+          "computed block is written to it, admissions read it past their own hits; 0: none");
 ABSL_FLAG(double, shared_tier_gbps, pagedkv::sim::ClusterOptions{}.shared_tier_bytes_per_s / 1e9,
           "cluster mode: shared tier bandwidth to one engine in GB/s; 25: a 200 Gb/s NIC");
 ABSL_FLAG(std::string, out_dir, "out/sim", "where results.json and results-utilization.svg go");

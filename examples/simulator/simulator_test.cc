@@ -1003,18 +1003,28 @@ ClusterResult run_checked_cluster(const Trace& trace, const AllocatorSetup& setu
   return *std::move(r);
 }
 
-TEST_CASE("shared tier: LRU over block hashes, prefixes read in order", "[simulator][cluster]") {
+TEST_CASE(
+    "shared tier: LRU over block hashes, written once at the step's end, prefixes read "
+    "in order",
+    "[simulator][cluster]") {
   const BlockHash h1{1, 0}, h2{2, 0}, h3{3, 0};
   SharedTier tier(2);
-  tier.store(std::vector{h1, h2});
-  CHECK(tier.read_prefix(std::vector{h1}) == 1);  // h1 is now the most recent
-  tier.store(std::vector{h3});                    // evicts h2, the least recent
+  tier.stage(std::vector{h1, h2});
+  CHECK(tier.read_prefix(std::vector{h1}, 10.0) == 0);  // staged, not written yet
+  tier.publish(1.0);
+  CHECK(tier.read_prefix(std::vector{h1}, 0.5) == 0);  // written at 1 s, not readable before
+  tier.stage(std::vector{h1});  // held already: not written again, keeps its place
+  tier.stage(std::vector{h3});
+  tier.publish(2.0);  // h3 evicts h1, the least recent
   CHECK(tier.size() == 2);
-  CHECK(tier.read_prefix(std::vector{h1, h2, h3}) == 1);  // stops at the missing h2
-  CHECK(tier.read_prefix(std::vector{h3, h1}) == 2);
-  tier.store(std::vector{h1});  // held already: touched, not written again
   CHECK(tier.blocks_written() == 3);
   CHECK(tier.blocks_evicted() == 1);
+  CHECK(tier.read_prefix(std::vector{h1, h2}, 2.0) == 0);  // stops at the missing h1
+  CHECK(tier.read_prefix(std::vector{h2, h3}, 2.0) == 2);  // h2, then h3, most recent
+  tier.stage(std::vector{h1});
+  tier.publish(3.0);  // evicts h2
+  CHECK(tier.read_prefix(std::vector{h3, h1}, 3.0) == 2);
+  CHECK(tier.read_prefix(std::vector{h2}, 3.0) == 0);
 }
 
 TEST_CASE("cluster: round robin recomputes a repeated prompt, KV-aware routes it to its cache",
@@ -1058,42 +1068,38 @@ TEST_CASE("cluster: KV-aware spreads requests that arrive before anything is cac
 }
 
 TEST_CASE(
-    "cluster: the shared tier turns another engine's eviction into a hit, and its bandwidth "
-    "changes time, not hits",
+    "cluster: the shared tier turns the second engine's miss into a hit, and its "
+    "bandwidth changes time, not hits",
     "[simulator][cluster]") {
-  // Round robin over two engines of 6 blocks: A (prompt X) and C (prompt Z, 96 tokens: all
-  // 6 blocks) on engine 0, B (prompt Y) and D (prompt X again) on engine 1. C evicts X's
-  // 4 cached blocks from engine 0's device, which writes them to the shared tier; D misses
-  // on engine 1 and reads X's full blocks before its last token from the tier.
+  // Round robin over two engines, the same 64-token prompt at t = 0 and t = 1 s: the first
+  // engine computes it and writes its 4 full blocks to the tier; the second misses on its
+  // device and reads the full blocks before the last token from the tier instead.
   Trace t;
-  t.name = "shared";
-  t.requests = {prompt_request(0, 0, 64, 2), prompt_request(1, 1, 64, 2),
-                prompt_request(2, 2, 96, 1), prompt_request(3, 0, 64, 2)};
-  const int64_t prompts = 64 + 64 + 96 + 64;
+  t.name = "repeat";
+  t.requests = {prompt_request(0, 0, 64, 2), prompt_request(1, 0, 64, 2)};
   const int64_t read = (64 - 1) / 16 * 16;
-  ClusterOptions options{.num_engines = 2, .router = RouterKind::kRoundRobin};
-  const ClusterResult none = run_checked_cluster(t, cluster_engine(96), options);
-  CHECK(none.shared_hit_tokens == 0);
-  CHECK(none.recomputed_tokens == prompts);
-
-  options.shared_tier_blocks = 100;
-  options.shared_tier_bytes_per_s = 25e9;
-  const ClusterResult fast = run_checked_cluster(t, cluster_engine(96), options);
-  CHECK(fast.requests_per_engine == std::vector<int64_t>{2, 2});
+  ClusterOptions options{.num_engines = 2,
+                         .router = RouterKind::kRoundRobin,
+                         .shared_tier_blocks = 100,
+                         .shared_tier_bytes_per_s = 25e9};
+  const ClusterResult fast = run_checked_cluster(t, cluster_engine(256), options);
+  CHECK(fast.requests_per_engine == std::vector<int64_t>{1, 1});
   CHECK(fast.device_hit_tokens == 0);
   CHECK(fast.shared_hit_tokens == read);
-  CHECK(fast.recomputed_tokens == prompts - read);
+  CHECK(fast.recomputed_tokens == 128 - read);
+  CHECK(fast.shared_blocks_written == 4);  // the second engine's blocks are held already
   const double bytes = static_cast<double>(read * checked_engine().kv_bytes_per_token);
   CHECK(fast.shared_read_time_s == Approx(bytes / 25e9));
 
   options.shared_tier_bytes_per_s = 2.5e9;
-  const ClusterResult slow = run_checked_cluster(t, cluster_engine(96), options);
+  const ClusterResult slow = run_checked_cluster(t, cluster_engine(256), options);
   CHECK(slow.shared_hit_tokens == fast.shared_hit_tokens);
   CHECK(slow.recomputed_tokens == fast.recomputed_tokens);
   CHECK(slow.shared_read_time_s == Approx(bytes / 2.5e9));
-  // Only D's prefill step reads, so only D finishes later, by the difference.
+  // Only the second request's prefill step reads, so only it finishes later, by the
+  // difference.
   CHECK(slow.mean_latency_s - fast.mean_latency_s ==
-        Approx((slow.shared_read_time_s - fast.shared_read_time_s) / 4));
+        Approx((slow.shared_read_time_s - fast.shared_read_time_s) / 2));
 }
 
 TEST_CASE("cluster: bad options are refused with the value and the limit", "[simulator][cluster]") {
