@@ -41,6 +41,7 @@ import time
 
 TIMEOUT_MS = 50  # --remote-timeout-ms of every run
 SLACK_MS = 10    # what a step may spend in the tier's calls beyond it
+SERVERS = []     # every redis-server started: killed at the end, whatever failed
 
 
 def fail(message):
@@ -70,6 +71,7 @@ class Redis:
              "--appendonly", "no", "--dir", self.work, "--enable-debug-command", "yes",
              *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        SERVERS.append(self.proc)
         for _ in range(500):
             if self.cli("PING", check=False) == "PONG":
                 return
@@ -86,11 +88,6 @@ class Redis:
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 class Cluster:
@@ -127,10 +124,6 @@ class Cluster:
                           "--cluster-from", self.node_id(self.nodes[0]),
                           "--cluster-to", self.node_id(self.nodes[1]),
                           "--cluster-slots", str(slots), "--cluster-yes")
-
-    def stop(self):
-        for n in self.nodes:
-            n.stop()
 
 
 def run_engine(binary, args, seed, remote, *extra, background=False):
@@ -306,8 +299,10 @@ def main():
         else:
             fail(f"unknown scenario {scenario}")
     finally:
-        if redis is not None:
-            redis.stop()
+        for server in SERVERS:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
         shutil.rmtree(work, ignore_errors=True)
     print("PASS")
     return 0
