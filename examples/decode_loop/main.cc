@@ -561,10 +561,6 @@ int run(int argc, char** argv) {
     if (!opened.ok()) fail(std::string(opened.status().message()));
     remote_store = *std::move(opened);
     engine.remote_store = remote_store.get();
-    // The weights are the preset's, sized by these flags, from the seed.
-    engine.remote_model_id = absl::StrCat("pagedkv-decode/", model_name, "/seed=", config.seed,
-                                          "/layers=", config.num_layers,
-                                          "/d_model=", config.d_model, "/ffn_dim=", config.ffn_dim);
     engine.remote.wait_policy =
         choose("remote-wait", absl::GetFlag(FLAGS_remote_wait), kRemoteWaits);
     engine.remote.timeout_ms = absl::GetFlag(FLAGS_remote_timeout_ms);
@@ -628,6 +624,16 @@ int run(int argc, char** argv) {
     absl::StatusOr<KvFormat> fp8 = calibrate_fp8(model, workload->requests.front().prompt);
     if (!fp8.ok()) fail(std::string(fp8.status().message()));
     engine.kv_format = *std::move(fp8);
+  }
+  if (engine.remote_store != nullptr) {
+    // What makes the K/V: the preset's weights, sized by these flags, from the seed, and
+    // fp8's scales (calibrated on this run's first prompt: engines whose scales differ
+    // must not share).
+    engine.remote_model_id = absl::StrCat(
+        "pagedkv-decode/", model_name, "/seed=", config.seed, "/layers=", config.num_layers,
+        "/d_model=", config.d_model, "/ffn_dim=", config.ffn_dim,
+        "/k_scales=", absl::StrJoin(engine.kv_format.k_scales, ","),
+        "/v_scales=", absl::StrJoin(engine.kv_format.v_scales, ","));
   }
   // Verification: the engine keeps the logits of running sequences, and of finished ones
   // only when the selection picks them.
