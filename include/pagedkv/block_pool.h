@@ -13,6 +13,9 @@
 //     the block then takes the default priority at the place its last use gives it.
 //     Expiries are applied when allocate() next runs. Without set_retention() every
 //     block has the default priority: plain LRU.
+//   - Eviction policy (Options::eviction_policy): LRU within a priority, or kAdaptive
+//     (retention.h): recency against frequency, never a parent before its cached children.
+//     Either is O(1) amortized per call.
 //   - Hash index: BlockHash -> block. A hit is verified against the stored tokens, extra
 //     keys and parent block before it is returned, so a hash collision is never shared.
 //     An identical block computed twice is kept as a standby of the indexed one and takes
@@ -52,6 +55,7 @@
 
 namespace pagedkv {
 namespace internal {
+class AdaptiveEviction;
 class FreeQueue;
 class HashIndex;
 }  // namespace internal
@@ -92,6 +96,8 @@ class BlockPool {
     // block holds after other parent contents replaces that stale copy (and its standbys,
     // which become uncached) instead of being refused.
     bool index_children = false;
+    // The order cached free blocks of one retention priority are evicted in.
+    EvictionPolicy eviction_policy = EvictionPolicy::kLru;
   };
 
   struct Stats {
@@ -101,6 +107,10 @@ class BlockPool {
     int32_t cached_free_blocks = 0;  // ref count 0 and hashed: reusable until evicted
     int32_t cached_blocks = 0;       // hashed blocks (indexed or standby), in use or free
     int64_t evictions = 0;           // cached blocks whose hash was dropped to reuse them
+    // EvictionPolicy::kAdaptive: blocks cached while their hash was a ghost of a block
+    // evicted once-used (the policy favours recency more) or reused (frequency more).
+    int64_t recent_ghost_hits = 0;
+    int64_t frequent_ghost_hits = 0;
   };
 
   // Returns InvalidArgument for num_blocks outside [0, kMaxBlocks], block_size outside
@@ -340,6 +350,12 @@ class BlockPool {
   };
 
   bool valid_id(BlockId block) const { return block >= 0 && block < num_blocks_; }
+  template <bool kAdaptive>
+  void take_free_blocks(std::span<BlockId> out);
+  // The free-queue list a cached free block belongs in (its priority, and under the
+  // adaptive policy whether it is frequent), and moving it there by its stamp.
+  int32_t list_for(BlockId block) const;
+  void requeue(BlockId block);
   absl::Status id_error(BlockId block, const char* caller) const;  // InvalidArgument
   bool enqueue_freed(BlockId block, BlockId& last_clean);
   void undo_free(std::span<const BlockId> freed);
@@ -389,6 +405,7 @@ class BlockPool {
   std::vector<BlockId> scratch_children_;
   std::unique_ptr<internal::FreeQueue> free_queue_;
   std::unique_ptr<internal::HashIndex> hash_index_;
+  std::unique_ptr<internal::AdaptiveEviction> adaptive_;  // EvictionPolicy::kAdaptive only
 };
 
 }  // namespace pagedkv

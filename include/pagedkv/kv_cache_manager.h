@@ -162,7 +162,12 @@ class KvCacheManager {
     // caching and num_host_blocks > 0.
     bool enable_host_cache = false;
     HostAdmission host_admission = HostAdmission::kAll;  // which evictions the tier takes
-    int32_t max_model_len = 1 << 20;                     // most tokens one sequence may hold
+    // The order in which the full-attention groups' device pools evict cached free blocks
+    // of one retention priority (retention.h): LRU, or adaptive (recency against frequency,
+    // never a parent before its cached children; a parent so counts at least its cached
+    // children's priority). Windowed and state groups evict by their own classes, in LRU.
+    EvictionPolicy eviction_policy = EvictionPolicy::kLru;
+    int32_t max_model_len = 1 << 20;  // most tokens one sequence may hold
     // Partial-block reuse: where a prompt continues past its full-block hit into the first
     // k < block_size tokens of a cached block (in every group), match_prefix() reuses
     // those k tokens through a copy-on-write copy of that block instead of leaving them to
@@ -233,6 +238,10 @@ class KvCacheManager {
     // blocks computed while their hash was a ghost.
     int64_t blocks_not_admitted = 0;
     int64_t ghost_hits = 0;
+    // EvictionPolicy::kAdaptive: blocks cached while their hash was a ghost of a block
+    // evicted once-used (the policy then favours recency) or reused (frequency).
+    int64_t recent_ghost_hits = 0;
+    int64_t frequent_ghost_hits = 0;
   };
 
   // One layer group's pools and cache traffic.

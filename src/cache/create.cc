@@ -127,6 +127,12 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                                                    static_cast<int>(options.host_admission),
                                                    " is neither kAll (0) nor kReused (1)"));
   }
+  if (options.eviction_policy != EvictionPolicy::kLru &&
+      options.eviction_policy != EvictionPolicy::kAdaptive) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheManager: eviction_policy ",
+                                                   static_cast<int>(options.eviction_policy),
+                                                   " is neither kLru (0) nor kAdaptive (1)"));
+  }
   std::vector<LayerGroup> layer_groups =
       grouped ? options.layer_groups
               : std::vector<LayerGroup>{{.kind = AttentionKind::kFull,
@@ -166,16 +172,18 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                                   : std::nullopt;
       // A state group's checkpoints are its cached blocks: BlockStored names the block a
       // checkpoint ends (docs/events.md, "State groups"); its slots are never hashed.
-      auto device = BlockPool::create({.num_blocks = spec.num_blocks,
-                                       .block_size = options.block_size,
-                                       .enable_caching = options.enable_prefix_caching,
-                                       .event_sink = options.event_sink,
-                                       .event_group = event_group,
-                                       .clock = options.clock,
-                                       .log_evictions = host_tier,
-                                       .index_partial_prefixes = options.enable_partial_block_reuse,
-                                       .log_dead_contents = logs_deaths,
-                                       .index_children = windowed_caching && !full});
+      auto device = BlockPool::create(
+          {.num_blocks = spec.num_blocks,
+           .block_size = options.block_size,
+           .enable_caching = options.enable_prefix_caching,
+           .event_sink = options.event_sink,
+           .event_group = event_group,
+           .clock = options.clock,
+           .log_evictions = host_tier,
+           .index_partial_prefixes = options.enable_partial_block_reuse,
+           .log_dead_contents = logs_deaths,
+           .index_children = windowed_caching && !full,
+           .eviction_policy = full ? options.eviction_policy : EvictionPolicy::kLru});
       if (!device.ok()) return device.status();
       auto host = BlockPool::create(
           {.num_blocks = spec.num_host_blocks,

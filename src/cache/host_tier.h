@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cache/ghost_list.h"
+#include "pool/ghost_list.h"
 #include "cache/sequence.h"
 #include "cache/step_ledger.h"
 #include "pagedkv/block_pool.h"

@@ -497,6 +497,8 @@ KvCacheManager::Stats KvCacheManager::stats() const {
   s.cached_host_blocks = g.cached_host_blocks;
   s.host_evictions = g.host_evictions;
   for (const GroupPools& group : groups_) {
+    s.recent_ghost_hits += group.device.stats().recent_ghost_hits;
+    s.frequent_ghost_hits += group.device.stats().frequent_ghost_hits;
     if (group.host_tier == nullptr) continue;
     s.blocks_demoted += group.host_tier->counters().blocks_demoted;
     s.blocks_promoted += group.host_tier->counters().blocks_promoted;

@@ -94,6 +94,14 @@ struct MetricsState {
                              "Evicted cached blocks the host tier's admission rule dropped")),
         ghost_hits(counter("num_ghost_hits",
                            "Blocks computed while their hash was a ghost of the host tier")),
+        recent_ghost_hits(counter("num_eviction_ghost_hits",
+                                  "Blocks cached while their hash was a ghost of the adaptive "
+                                  "eviction policy, by the list it was evicted from",
+                                  {{"list", "recent"}})),
+        frequent_ghost_hits(counter("num_eviction_ghost_hits",
+                                    "Blocks cached while their hash was a ghost of the adaptive "
+                                    "eviction policy, by the list it was evicted from",
+                                    {{"list", "frequent"}})),
         partial_hits(counter("prefix_cache_partial_hits",
                              "Prefix cache hits reused from part of a cached block, in tokens")),
         group_usage(gauge_family("kv_cache_group_usage_perc",
@@ -236,7 +244,7 @@ struct MetricsState {
   prometheus::Gauge& cached_host_blocks;
   MonotonicCounter prefix_queries, prefix_hits, preemptions_recompute, preemptions_swap, evictions,
       cow_copies, swapped_out, swapped_in, host_hits, demoted, promoted, host_evictions,
-      not_admitted, ghost_hits, partial_hits;
+      not_admitted, ghost_hits, recent_ghost_hits, frequent_ghost_hits, partial_hits;
   prometheus::Family<prometheus::Gauge>&group_usage, &group_num_blocks, &group_used_blocks,
       &group_cached_free_blocks, &group_cached_host_blocks;
   prometheus::Family<prometheus::Counter>&group_hit_blocks, &group_released_blocks,
@@ -328,6 +336,8 @@ void KvCacheMetrics::update(const KvCacheManager::Stats& s) {
   m.host_evictions.advance_to(s.host_evictions);
   m.not_admitted.advance_to(s.blocks_not_admitted);
   m.ghost_hits.advance_to(s.ghost_hits);
+  m.recent_ghost_hits.advance_to(s.recent_ghost_hits);
+  m.frequent_ghost_hits.advance_to(s.frequent_ghost_hits);
   m.partial_hits.advance_to(s.partial_hit_tokens);
 }
 

@@ -11,11 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/status_macros.h"
+#include "pool/adaptive_eviction.h"
 #include "pool/free_queue.h"
 #include "pool/hash_index.h"
 
 namespace pagedkv {
 
+using internal::AdaptiveEviction;
 using internal::FreeQueue;
 using internal::HashIndex;
 
@@ -35,6 +37,12 @@ absl::StatusOr<BlockPool> BlockPool::create(const Options& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "BlockPool: num_blocks ", options.num_blocks, " x block_size ", options.block_size, " = ",
         slots, " token slots, more than the limit ", kMaxTokenSlots));
+  }
+  if (options.eviction_policy != EvictionPolicy::kLru &&
+      options.eviction_policy != EvictionPolicy::kAdaptive) {
+    return absl::InvalidArgumentError(absl::StrCat("BlockPool: eviction_policy ",
+                                                   static_cast<int>(options.eviction_policy),
+                                                   " is neither kLru (0) nor kAdaptive (1)"));
   }
   if (options.first_content_key == 0) {
     return absl::InvalidArgumentError(
@@ -63,7 +71,10 @@ BlockPool::BlockPool(const Options& options)
       log_dead_contents_(options.log_dead_contents),
       replace_stale_(options.index_children),
       free_queue_(std::make_unique<FreeQueue>(options.num_blocks)),
-      hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)) {
+      hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)),
+      adaptive_(options.eviction_policy == EvictionPolicy::kAdaptive
+                    ? std::make_unique<AdaptiveEviction>(options.num_blocks)
+                    : nullptr) {
   hash_index_->start_content_keys_at(options.first_content_key);
   if (log_evictions_) hash_index_->keep_parent_hashes();  // announced with demoted copies
   if (options.index_partial_prefixes) hash_index_->index_partial_prefixes();
@@ -95,17 +106,32 @@ absl::Status BlockPool::allocate(std::span<BlockId> out) {
 void BlockPool::allocate_unchecked(std::span<BlockId> out) {
   PAGEDKV_DCHECK(std::ssize(out) <= num_free_blocks());
   if (!out.empty()) expire_retention();
+  if (adaptive_) [[unlikely]] {
+    take_free_blocks<true>(out);
+  } else {
+    take_free_blocks<false>(out);
+  }
+  used_blocks_ += static_cast<int32_t>(out.size());
+}
+
+// One loop per policy, so that LRU's stays as it was.
+template <bool kAdaptive>
+void BlockPool::take_free_blocks(std::span<BlockId> out) {
   for (BlockId& b : out) {
-    b = free_queue_->pop_front();
+    b = kAdaptive ? adaptive_->take_victim(*free_queue_, *hash_index_) : free_queue_->pop_front();
     if (hash_index_->is_cached(b)) {
       // One event per evicted block, as vLLM emits them; none when a standby takes over
       // the hash (its contents stay cached).
       const BlockHash hash = hash_index_->hash(b);
-      if (hash_index_->erase(b)) {
+      const bool gone = hash_index_->erase(b);
+      if (gone) {
         left_index(b, hash);
         if (log_evictions_) {
           evicted_.push_back({b, hash, hash_index_->content_key(b), priority_[b], duration_of(b)});
         }
+      }
+      if constexpr (kAdaptive) {
+        requeue(adaptive_->on_uncached(b, gone ? &hash : nullptr, *free_queue_));
       }
       --cached_free_blocks_;
       ++evictions_;
@@ -117,7 +143,6 @@ void BlockPool::allocate_unchecked(std::span<BlockId> out) {
       clear_retention(b);
     }
   }
-  used_blocks_ += static_cast<int32_t>(out.size());
 }
 
 // Builds the event only for a sink: an eviction without one allocates nothing.
@@ -152,6 +177,9 @@ void BlockPool::touch_unchecked(BlockId block) {
       clear_retention(block);
     }
   }
+  if (adaptive_ && hash_index_->is_cached(block)) [[unlikely]] {
+    adaptive_->on_use(block, *free_queue_);
+  }
 }
 
 // A block whose ref count reached 0: hashed ones join the tail of their priority's list,
@@ -161,11 +189,11 @@ void BlockPool::touch_unchecked(BlockId block) {
 // could alias the members, so updating them here costs a load and a store per block).
 inline bool BlockPool::enqueue_freed(BlockId b, BlockId& last_clean) {
   if (hash_index_->is_cached(b)) {
-    if (priority_[b] == kNoPriority) [[likely]] {
-      free_queue_->push_back(b, kDefaultRetentionPriority);
+    if (priority_[b] == kNoPriority && !adaptive_) [[likely]] {
+      free_queue_->push_back(b, FreeQueue::priority_list(kDefaultRetentionPriority));
     } else {
-      free_queue_->push_back(b, priority_[b]);
-      schedule_expiry(b);
+      free_queue_->push_back(b, list_for(b));
+      if (priority_[b] != kNoPriority) schedule_expiry(b);
     }
     return true;
   }
@@ -232,105 +260,6 @@ void BlockPool::free_tail_first_unchecked(std::span<const BlockId> table) {
   }
   used_blocks_ -= freed;
   cached_free_blocks_ += cached;
-}
-
-// --- retention -----------------------------------------------------------------------------
-
-// The priority the free queue files `b` under: kNoPriority counts as the default.
-int32_t BlockPool::priority_of(BlockId b) const {
-  return priority_[b] == kNoPriority ? kDefaultRetentionPriority : priority_[b];
-}
-
-int64_t BlockPool::duration_of(BlockId b) const {
-  const auto it = durations_ms_.find(b);
-  return it == durations_ms_.end() ? 0 : it->second;
-}
-
-void BlockPool::clear_retention(BlockId b) {
-  priority_[b] = kNoPriority;
-  durations_ms_.erase(b);
-}
-
-// Out of line: enqueue_freed() stays small enough to inline into the release loops.
-void BlockPool::schedule_expiry(BlockId b) {
-  const int64_t duration = duration_of(b);
-  if (duration == 0) return;
-  // Saturating: any clock value (negative, another epoch) and any duration give an end
-  // at or after now, INT64_MAX at the latest.
-  const int64_t now = now_ms();
-  const int64_t end = now > 0 && duration > std::numeric_limits<int64_t>::max() - now
-                          ? std::numeric_limits<int64_t>::max()
-                          : now + duration;
-  expiries_.push_back({end, b, free_queue_->stamp(b)});
-  std::push_heap(expiries_.begin(), expiries_.end(), std::greater<>());
-}
-
-absl::Status BlockPool::set_retention(BlockId block, int32_t priority, int64_t duration_ms) {
-  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
-  if (!valid_id(block)) [[unlikely]] {
-    return id_error(block, "set_retention");
-  }
-  if (priority < kMinRetentionPriority || priority > kMaxRetentionPriority || duration_ms < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "BlockPool::set_retention: priority ", priority, " must be in [", kMinRetentionPriority,
-        ", ", kMaxRetentionPriority, "] and duration_ms ", duration_ms, " >= 0"));
-  }
-  if (ref_count_[block] == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("BlockPool::set_retention: block ", block,
-                                                      " is free (ref_count 0); set it in use"));
-  }
-  set_retention_unchecked(block, priority, duration_ms);
-  return absl::OkStatus();
-}
-
-// The first holder to set a retention gives it; later ones raise it (holders that set
-// none have no say).
-void BlockPool::set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms) {
-  PAGEDKV_DCHECK(ref_count_[block] > 0);
-  if (priority_[block] != kNoPriority) {
-    if (priority < priority_[block]) return;
-    const int64_t current = duration_of(block);
-    const bool longer = duration_ms == 0 || (current != 0 && duration_ms > current);
-    if (priority == priority_[block] && !longer) return;
-  }
-  priority_[block] = static_cast<uint8_t>(priority);
-  if (duration_ms > 0) {
-    durations_ms_[block] = duration_ms;
-  } else {
-    durations_ms_.erase(block);
-  }
-}
-
-void BlockPool::copy_retention(BlockId block, const EvictedBlock& from) {
-  if (from.priority != kNoPriority) set_retention_unchecked(block, from.priority, from.duration_ms);
-}
-
-// Returns free blocks whose retention expired to the default priority's list, at the
-// place their stamps give them. Entries of blocks re-queued since are stale and dropped.
-void BlockPool::expire_retention() {
-  if (expiries_.empty()) [[likely]] {
-    return;
-  }
-  const int64_t now = now_ms();
-  while (!expiries_.empty() && expiries_.front().time_ms <= now) {
-    std::pop_heap(expiries_.begin(), expiries_.end(), std::greater<>());
-    const Expiry e = expiries_.back();
-    expiries_.pop_back();
-    const BlockId b = e.block;
-    if (!free_queue_->is_queued(b) || free_queue_->stamp(b) != e.stamp ||
-        free_queue_->list_of(b) != FreeQueue::priority_list(priority_of(b))) {
-      continue;
-    }
-    clear_retention(b);
-    free_queue_->move_by_stamp(b, kDefaultRetentionPriority);
-  }
-}
-
-int64_t BlockPool::now_ms() const {
-  if (clock_) return clock_();
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 // --- prefix cache ------------------------------------------------------------------------
@@ -448,6 +377,9 @@ int32_t BlockPool::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
     const HashIndex::Insert inserted = hash_index_->insert(
         block, hashes[i], parent_key, block_parent_hash, block_tokens, extra_keys);
     entered += inserted != HashIndex::Insert::kRefused;
+    if (adaptive_ && inserted != HashIndex::Insert::kRefused) {
+      adaptive_->on_cached(block, hashes[i], block_parent, *free_queue_, *hash_index_);
+    }
     if (inserted != HashIndex::Insert::kIndexed) {
       emit_run();
       continue;
@@ -518,6 +450,7 @@ void BlockPool::import_copy(BlockId block, const BlockPool& source, const Evicte
   hash_index_->set_content_key(block, from.content_key);
   hash_index_->insert(block, from.hash, c.parent_key, c.parent_hash ? &*c.parent_hash : nullptr,
                       c.tokens, c.extra_keys);
+  if (adaptive_) adaptive_->on_cached(block, from.hash, kNoBlock, *free_queue_, *hash_index_);
   copy_retention(block, from);
   if (event_sink_ == nullptr) return;
   const BlockStored stored{.block_hashes = {from.hash},
@@ -537,6 +470,7 @@ void BlockPool::uncache_unchecked(BlockId block) {
   const bool gone = hash_index_->erase(block);
   cached_free_blocks_ -= ref_count_[block] == 0;
   if (gone) left_index(block, hash);
+  if (adaptive_) requeue(adaptive_->on_uncached(block, nullptr, *free_queue_));
 }
 
 // Uncaches `block`; a free one leaves its retention list for the clean list's head.
@@ -580,6 +514,7 @@ void BlockPool::reset_prefix_cache() {
 
 void BlockPool::reset_prefix_cache(bool emit_event) {
   hash_index_->clear();
+  if (adaptive_) adaptive_->on_reset(*free_queue_);
   cached_free_blocks_ = 0;
   for (BlockId b = 0; b < num_blocks_; ++b) stale_[b] = ref_count_[b] > 0;
   if (emit_event && event_sink_ != nullptr) {
@@ -631,6 +566,10 @@ BlockPool::Stats BlockPool::stats() const {
   s.cached_blocks = hash_index_->size() + hash_index_->num_standby();
   s.cached_free_blocks = cached_free_blocks_;
   s.evictions = evictions_;
+  if (adaptive_) {
+    s.recent_ghost_hits = adaptive_->stats().recent_ghost_hits;
+    s.frequent_ghost_hits = adaptive_->stats().frequent_ghost_hits;
+  }
   return s;
 }
 

@@ -17,6 +17,13 @@
 // list is in stamp order, and a block can move to another list at the place its stamp
 // gives it (a retention that expired).
 //
+// Under EvictionPolicy::kAdaptive each priority has two lists, recent then frequent (ARC's
+// T1 and T2: blocks used once since they were cached, and more often), and a last list
+// holds the parked blocks (cached ones with cached children, taken off their list's LRU end
+// until their last child leaves; not in stamp order). The policy, not pop_front(), chooses
+// which list to evict from (src/pool/adaptive_eviction.h); with kLru every cached block is
+// in a recent list and the frequent and parked lists stay empty.
+//
 // IMPLEMENTATION DETAILS
 //   nodes_: num_blocks + 2 * kLists nodes of 16 bytes. Nodes [0, num_blocks) are the
 //   blocks'; list l has sentinels head = num_blocks + 2l and tail = num_blocks + 2l + 1, so
@@ -39,8 +46,9 @@ namespace pagedkv::internal {
 class FreeQueue {
  public:
   static constexpr int32_t kPriorities = 101;  // retention priorities [0, 100]
-  static constexpr int32_t kLists = 1 + kPriorities;
   static constexpr int32_t kCleanList = 0;
+  static constexpr int32_t kParkedList = 1 + 2 * kPriorities;
+  static constexpr int32_t kLists = kParkedList + 1;
 
   // A queue holding every block in the clean list, in id order.
   explicit FreeQueue(int32_t num_blocks)
@@ -60,14 +68,23 @@ class FreeQueue {
   bool empty() const { return first_list() == kLists; }
   // O(1) membership from the links; check_invariants() cross-checks it with a walk.
   bool is_queued(BlockId b) const { return nodes_[b].prev != kDetached; }
-  // The list a queued block is in: kCleanList, or 1 + its priority.
+  // The list a queued block is in: kCleanList, kParkedList, or priority_list(its priority,
+  // whether it is frequent).
   int32_t list_of(BlockId b) const { return static_cast<int32_t>(nodes_[b].stamp_and_list & 0xff); }
-  static int32_t priority_list(int32_t priority) { return 1 + priority; }
+  static int32_t priority_list(int32_t priority, bool frequent = false) {
+    return 1 + 2 * priority + static_cast<int32_t>(frequent);
+  }
+  static bool is_frequent_list(int32_t l) {
+    return l != kCleanList && l % 2 == 0 && l < kParkedList;
+  }
   uint64_t stamp(BlockId b) const { return nodes_[b].stamp_and_list >> 8; }
+  bool list_empty(int32_t l) const { return nodes_[head(l)].next == tail(l); }
+  BlockId front(int32_t l) const { return list_empty(l) ? kNoBlock : nodes_[head(l)].next; }
+  // The first non-empty list, or kLists when the queue is empty.
+  int32_t first_list() const { return next_list(0); }
 
-  // Appends b to the tail of priority `priority`'s list (most recently used).
-  void push_back(BlockId b, int32_t priority) {
-    const int32_t l = priority_list(priority);
+  // Appends b to the tail of list `l` (most recently used), a new stamp.
+  void push_back(BlockId b, int32_t l) {
     // The tail sentinel is known: reading it from the last block's link would make every
     // push wait for the previous push's store (BM_FreeSequence 1.5x slower).
     link_between(nodes_[tail(l)].prev, tail(l), b, l, ++last_stamp_);
@@ -81,11 +98,10 @@ class FreeQueue {
     link_between(before, nodes_[before].next, b, kCleanList, stamp(b));
   }
 
-  // Moves the queued block b into priority `priority`'s list at the place its stamp gives
-  // it. Searches from both ends at once: O(distance to the nearer end).
-  void move_by_stamp(BlockId b, int32_t priority) {
+  // Moves the queued block b into list l at the place its stamp gives it. Searches from
+  // both ends at once: O(distance to the nearer end).
+  void move_by_stamp(BlockId b, int32_t l) {
     remove(b);
-    const int32_t l = priority_list(priority);
     const uint64_t b_stamp = stamp(b);
     BlockId from_head = nodes_[head(l)].next;
     BlockId from_tail = nodes_[tail(l)].prev;
@@ -105,6 +121,13 @@ class FreeQueue {
     }
   }
 
+  // Moves the queued block b to the tail of the parked list, keeping its stamp.
+  void park(BlockId b) {
+    const uint64_t b_stamp = stamp(b);
+    remove(b);
+    link_between(nodes_[tail(kParkedList)].prev, tail(kParkedList), b, kParkedList, b_stamp);
+  }
+
   BlockId pop_front() {
     PAGEDKV_DCHECK(!empty());
     const BlockId b = nodes_[head(first_list())].next;
@@ -119,7 +142,7 @@ class FreeQueue {
     nodes_[node.next].prev = node.prev;
     node.prev = node.next = kDetached;
     const int32_t l = list_of(b);
-    if (nodes_[head(l)].next == tail(l)) nonempty_[l / 64] &= ~(uint64_t{1} << (l % 64));
+    if (list_empty(l)) nonempty_[l / 64] &= ~(uint64_t{1} << (l % 64));
   }
 
   // Iteration from head to tail across the lists: first(), then next(b) until it returns
@@ -152,7 +175,6 @@ class FreeQueue {
     }
     return kLists;
   }
-  int32_t first_list() const { return next_list(0); }
 
   // A block's (or sentinel's) links, and the list it is (or was last) in with the stamp
   // of its last push to a priority list: stamp << 8 | list.

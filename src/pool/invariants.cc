@@ -2,6 +2,7 @@
 // clause at a time.
 #include "absl/strings/str_cat.h"
 #include "pagedkv/block_pool.h"
+#include "pool/adaptive_eviction.h"
 #include "pool/free_queue.h"
 #include "pool/hash_index.h"
 
@@ -29,13 +30,17 @@ absl::Status BlockPool::check_invariants() const {
     }
     if (ref_count_[b] != 0)
       return broken("block ", b, ": in the free queue with ref_count ", ref_count_[b]);
-    if (list != FreeQueue::kCleanList && list != FreeQueue::priority_list(priority_of(b))) {
+    if (list != FreeQueue::kCleanList && list != FreeQueue::kParkedList &&
+        (list - 1) / 2 != priority_of(b)) {
       return broken("block ", b, ": in list ", list, " but its priority is ", priority_of(b));
+    }
+    if (!adaptive_ && (FreeQueue::is_frequent_list(list) || list == FreeQueue::kParkedList)) {
+      return broken("block ", b, ": in list ", list, " under LRU");
     }
     if (list == FreeQueue::kCleanList && hash_index_->is_cached(b)) {
       return broken("cached block ", b, " in the clean list");
     }
-    if (same_list && list != FreeQueue::kCleanList &&
+    if (same_list && list != FreeQueue::kCleanList && list != FreeQueue::kParkedList &&
         free_queue_->stamp(prev) >= free_queue_->stamp(b)) {
       return broken("block ", b, " after block ", prev, " out of LRU order in list ", list);
     }
@@ -110,6 +115,7 @@ absl::Status BlockPool::check_invariants() const {
   if (!hash_index_->children_consistent()) {
     return broken("the children index does not hold exactly the cached blocks");
   }
+  if (adaptive_) return adaptive_->check_invariants(*free_queue_, *hash_index_);
   return absl::OkStatus();
 }
 

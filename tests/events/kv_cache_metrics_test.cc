@@ -25,6 +25,8 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   s.host_evictions = 4;
   s.blocks_not_admitted = 31;
   s.ghost_hits = 9;
+  s.recent_ghost_hits = 13;
+  s.frequent_ghost_hits = 14;
   (*metrics)->update(s);
   s.prefix_query_tokens = 900;  // a smaller total (a new manager): the counter stays
   (*metrics)->update(s);
@@ -50,6 +52,10 @@ TEST_CASE("metrics follow the manager's stats under vLLM's names, counters never
   REQUIRE_THAT(text, Catch::Contains("pagedkv:num_host_evictions_total{model_name=\"m\"} 4"));
   REQUIRE_THAT(text, Catch::Contains("pagedkv:num_blocks_not_admitted_total{model_name=\"m\"} 31"));
   REQUIRE_THAT(text, Catch::Contains("pagedkv:num_ghost_hits_total{model_name=\"m\"} 9"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:num_eviction_ghost_hits_total{list=\"recent\","
+                                     "model_name=\"m\"} 13"));
+  REQUIRE_THAT(text, Catch::Contains("pagedkv:num_eviction_ghost_hits_total{list=\"frequent\","
+                                     "model_name=\"m\"} 14"));
   REQUIRE_THAT(text, Catch::Contains("pagedkv:kv_events_published_total{model_name=\"m\"} 42"));
   REQUIRE_THAT(
       text, Catch::Contains(
