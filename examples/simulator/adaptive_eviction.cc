@@ -205,29 +205,38 @@ absl::StatusOr<std::vector<PolicyRow>> policy_study(const BlockStreams& streams,
                                                     const std::vector<int32_t>& capacities) {
   std::vector<PolicyRow> rows;
   for (int32_t capacity : capacities) {
-    absl::StatusOr<ReplayResult> lru = replay_lru(streams, capacity);
+    absl::StatusOr<ReplayResult> lru = replay_block_pool(streams, capacity);
     if (!lru.ok()) return lru.status();
     absl::StatusOr<AdaptiveReplayResult> adaptive = replay_adaptive(streams, capacity);
     if (!adaptive.ok()) return adaptive.status();
+    absl::StatusOr<ReplayResult> library =
+        replay_block_pool(streams, capacity, EvictionPolicy::kAdaptive);
+    if (!library.ok()) return library.status();
     absl::StatusOr<ReplayResult> belady = replay_belady(streams, capacity);
     if (!belady.ok()) return belady.status();
-    rows.push_back({.capacity = capacity, .lru = *lru, .adaptive = *adaptive, .belady = *belady});
+    rows.push_back({.capacity = capacity,
+                    .lru = *lru,
+                    .adaptive = *adaptive,
+                    .library_adaptive = *library,
+                    .belady = *belady});
   }
   return rows;
 }
 
 std::string format_policy_table(const std::vector<PolicyRow>& rows) {
-  std::string out = fmt::format("{:>11} {:>8} {:>8} {:>8} {:>10} {:>11} {:>9} {:>9} {:>8} {:>8}\n",
-                                "pool blocks", "LRU", "adaptive", "Belady", "x LRU", "gap closed",
-                                "B1 hits", "B2 hits", "parked", "final p");
+  std::string out =
+      fmt::format("{:>11} {:>8} {:>8} {:>9} {:>8} {:>10} {:>11} {:>9} {:>9} {:>8} {:>8}\n",
+                  "pool blocks", "LRU", "adaptive", "BlockPool", "Belady", "x LRU", "gap closed",
+                  "B1 hits", "B2 hits", "parked", "final p");
   for (const PolicyRow& row : rows) {
     const AdaptiveReplayResult& a = row.adaptive;
     const double lru = row.lru.hit_rate();
     out += fmt::format(
-        "{:>11} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.3f} {:>11.3f} {:>9} {:>9} {:>8} {:>8.0f}\n",
-        row.capacity, lru, a.replay.hit_rate(), row.belady.hit_rate(),
-        lru > 0 ? a.replay.hit_rate() / lru : 0.0, row.gap_closed(), a.recent_ghost_hits,
-        a.frequent_ghost_hits, a.parked, a.final_target);
+        "{:>11} {:>8.4f} {:>8.4f} {:>9.4f} {:>8.4f} {:>10.3f} {:>11.3f} {:>9} {:>9} {:>8} "
+        "{:>8.0f}\n",
+        row.capacity, lru, a.replay.hit_rate(), row.library_adaptive.hit_rate(),
+        row.belady.hit_rate(), lru > 0 ? a.replay.hit_rate() / lru : 0.0, row.gap_closed(),
+        a.recent_ghost_hits, a.frequent_ghost_hits, a.parked, a.final_target);
   }
   return out;
 }

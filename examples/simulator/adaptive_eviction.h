@@ -1,7 +1,7 @@
 // File: examples/simulator/adaptive_eviction.h
 //
 // Eviction beyond LRU (issue 24): a prefix-aware adaptive replacement policy for the
-// prefix cache, replayed under the same rule as replay_lru() (eviction.h), and its study
+// prefix cache, replayed under the same rule as replay_block_pool() (eviction.h), and its study
 // against LRU and Belady.
 //
 // The policy is ARC (Megiddo and Modha, FAST '03) over cached blocks, made to respect the
@@ -36,7 +36,7 @@
 namespace pagedkv::sim {
 
 struct AdaptiveReplayResult {
-  ReplayResult replay;              // hits and evictions, as replay_lru() counts them
+  ReplayResult replay;              // hits and evictions, as replay_block_pool() counts them
   int64_t recent_ghost_hits = 0;    // misses found in B1 (p grew)
   int64_t frequent_ghost_hits = 0;  // misses found in B2 (p shrank)
   int64_t parked = 0;               // non-leaves taken off a list's LRU end
@@ -52,12 +52,14 @@ struct PolicyRow {
   int64_t capacity = 0;
   ReplayResult lru;
   AdaptiveReplayResult adaptive;
+  ReplayResult library_adaptive;  // BlockPool with EvictionPolicy::kAdaptive
   ReplayResult belady;
   // The share of the LRU-to-Belady gap the adaptive policy closes (0 when there is none).
   double gap_closed() const;
 };
 
-// LRU (BlockPool), the adaptive policy and Belady at each capacity.
+// LRU (BlockPool), the adaptive policy (the model above, and BlockPool's) and Belady at
+// each capacity.
 [[nodiscard]] absl::StatusOr<std::vector<PolicyRow>> policy_study(
     const BlockStreams& streams, const std::vector<int32_t>& capacities);
 

@@ -222,12 +222,13 @@ int64_t distinct_blocks(const BlockStreams& streams) {
   return static_cast<int64_t>(ids.size());
 }
 
-absl::StatusOr<ReplayResult> replay_lru(const BlockStreams& streams, int32_t capacity) {
+absl::StatusOr<ReplayResult> replay_block_pool(const BlockStreams& streams, int32_t capacity,
+                                               EvictionPolicy policy) {
   if (capacity < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("LRU capacity ", capacity, " must be >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat("pool capacity ", capacity, " must be >= 1"));
   }
-  absl::StatusOr<BlockPool> pool =
-      BlockPool::create({.num_blocks = capacity, .block_size = 1, .enable_caching = true});
+  absl::StatusOr<BlockPool> pool = BlockPool::create(
+      {.num_blocks = capacity, .block_size = 1, .enable_caching = true, .eviction_policy = policy});
   if (!pool.ok()) return pool.status();
   ReplayResult result{.capacity = capacity};
   std::vector<BlockHash> hashes;
@@ -261,8 +262,8 @@ absl::StatusOr<ReplayResult> replay_lru(const BlockStreams& streams, int32_t cap
       if (absl::Status s = pool->touch(*b); !s.ok()) return s;
       blocks[hits] = *b;
     }
-    // Misses: allocate from the head of the free queue (evicting the least recently used
-    // cached blocks) and enter them into the index.
+    // Misses: allocate (evicting cached blocks in the policy's order) and enter them into
+    // the index.
     const int64_t evictions_before = pool->stats().evictions;
     if (absl::Status s = pool->allocate(std::span<BlockId>(blocks).subspan(hits)); !s.ok()) {
       return s;
@@ -420,7 +421,7 @@ absl::StatusOr<std::vector<TierRow>> tier_study(const BlockStreams& streams,
     absl::StatusOr<TieredReplayResult> tiered =
         replay_tiered_lru(streams, size.device_blocks, size.host_blocks, size.retained_head_blocks);
     if (!tiered.ok()) return tiered.status();
-    absl::StatusOr<ReplayResult> single = replay_lru(streams, static_cast<int32_t>(total));
+    absl::StatusOr<ReplayResult> single = replay_block_pool(streams, static_cast<int32_t>(total));
     if (!single.ok()) return single.status();
     rows.push_back({.tiered = *tiered, .single = *single});
   }
@@ -443,7 +444,7 @@ absl::StatusOr<std::vector<EvictionRow>> eviction_study(const BlockStreams& stre
     if (capacity > std::numeric_limits<int32_t>::max()) {
       return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " exceeds int32"));
     }
-    absl::StatusOr<ReplayResult> lru = replay_lru(streams, static_cast<int32_t>(capacity));
+    absl::StatusOr<ReplayResult> lru = replay_block_pool(streams, static_cast<int32_t>(capacity));
     if (!lru.ok()) return lru.status();
     absl::StatusOr<ReplayResult> belady = replay_belady(streams, capacity);
     if (!belady.ok()) return belady.status();

@@ -58,10 +58,11 @@ struct ReplayResult {
 // Number of distinct block ids: the pool size at which nothing is ever evicted.
 int64_t distinct_blocks(const BlockStreams& streams);
 
-// LRU replay on a pagedkv BlockPool of `capacity` blocks. Errors: InvalidArgument when
-// capacity < 1 or a request has more blocks than the pool.
-[[nodiscard]] absl::StatusOr<ReplayResult> replay_lru(const BlockStreams& streams,
-                                                      int32_t capacity);
+// Replay on a pagedkv BlockPool of `capacity` blocks evicting by `policy` (LRU: the
+// eviction study's reference). Errors: InvalidArgument when capacity < 1 or a request has
+// more blocks than the pool.
+[[nodiscard]] absl::StatusOr<ReplayResult> replay_block_pool(
+    const BlockStreams& streams, int32_t capacity, EvictionPolicy policy = EvictionPolicy::kLru);
 
 // Belady (MIN) replay with `capacity` blocks. Errors: InvalidArgument when capacity < 1.
 [[nodiscard]] absl::StatusOr<ReplayResult> replay_belady(const BlockStreams& streams,
@@ -158,7 +159,7 @@ struct TierRow {
 };
 
 // The tiered replay at each size, next to single-pool LRU (BlockPool) of the same total.
-// Errors: as replay_tiered_lru() and replay_lru(); InvalidArgument when a total exceeds
+// Errors: as replay_tiered_lru() and replay_block_pool(); InvalidArgument when a total exceeds
 // int32.
 [[nodiscard]] absl::StatusOr<std::vector<TierRow>> tier_study(const BlockStreams& streams,
                                                               const std::vector<TierSize>& sizes);

@@ -288,14 +288,14 @@ TEST_CASE("Belady beats LRU on a cyclic stream that LRU always misses", "[simula
   // just before it is needed again; MIN keeps two of them and bypasses the third.
   BlockStreams streams;
   for (int i = 0; i < 30; ++i) streams.push_back({i % 3});
-  absl::StatusOr<ReplayResult> lru = replay_lru(streams, 2);
+  absl::StatusOr<ReplayResult> lru = replay_block_pool(streams, 2);
   absl::StatusOr<ReplayResult> min = replay_belady(streams, 2);
   REQUIRE(lru.ok());
   REQUIRE(min.ok());
   CHECK(lru->hit_blocks == 0);
   CHECK(min->hit_blocks == 18);  // keeps blocks 0 and 1, bypasses 2: 2 hits per later cycle
-  CHECK(absl::IsInvalidArgument(replay_lru(streams, 0).status()));
-  CHECK(absl::IsInvalidArgument(replay_lru({{1, 2, 3}}, 2).status()));
+  CHECK(absl::IsInvalidArgument(replay_block_pool(streams, 0).status()));
+  CHECK(absl::IsInvalidArgument(replay_block_pool({{1, 2, 3}}, 2).status()));
 }
 
 // --- tier study ---------------------------------------------------------------------------
@@ -314,8 +314,8 @@ TEST_CASE("tiered LRU: a cycle one tier cannot hold hits in the host tier", "[si
   CHECK(t->demotions == 28);  // every request after the first two pushes one block out
   CHECK(t->host_evictions == 0);
   // One pool of 4 holds the cycle too; one of 2 (the device alone) never hits.
-  CHECK(replay_lru(streams, 4)->hit_blocks == 26);
-  CHECK(replay_lru(streams, 2)->hit_blocks == 0);
+  CHECK(replay_block_pool(streams, 4)->hit_blocks == 26);
+  CHECK(replay_block_pool(streams, 2)->hit_blocks == 0);
   // Without a host tier a demotion is an eviction, as in the single pool.
   absl::StatusOr<TieredReplayResult> device_only = replay_tiered_lru(streams, 2, 0);
   REQUIRE(device_only.ok());
@@ -336,8 +336,8 @@ TEST_CASE("tiered LRU: a hit chain runs from device into host blocks", "[simulat
   CHECK(t->host_hit_blocks == 1);    // 2 in request 3
   CHECK(t->demotions == 2);          // 2 (for 7), then 7 (for the promotion of 2)
   CHECK(t->host_evictions == 0);
-  CHECK(replay_lru(streams, 6)->hit_blocks == t->hit_blocks());
-  CHECK(replay_lru(streams, 3)->hit_blocks == t->device_hit_blocks);
+  CHECK(replay_block_pool(streams, 6)->hit_blocks == t->hit_blocks());
+  CHECK(replay_block_pool(streams, 3)->hit_blocks == t->device_hit_blocks);
   // A host tier of one block is enough: 2 leaves it (promoted) before 7 is demoted into it.
   absl::StatusOr<TieredReplayResult> small = replay_tiered_lru(streams, 3, 1);
   REQUIRE(small.ok());
@@ -350,7 +350,7 @@ TEST_CASE("retention priorities keep request heads past plain LRU", "[simulator]
   // the last {0} misses. Retaining each request's first block (priority 1) evicts the
   // tails 1 and 7 instead, and {0} hits.
   const BlockStreams streams = {{0, 1}, {5, 6, 7}, {8}, {0}};
-  CHECK(replay_lru(streams, 4)->hit_blocks == 0);
+  CHECK(replay_block_pool(streams, 4)->hit_blocks == 0);
   CHECK(replay_tiered_lru(streams, 4, 0)->hit_blocks() == 0);
   absl::StatusOr<TieredReplayResult> retained = replay_tiered_lru(streams, 4, 0, 1);
   REQUIRE(retained.ok());
@@ -389,7 +389,7 @@ TEST_CASE("tiers on the Mooncake trace lose nothing against one pool of the same
     CHECK(t.hit_blocks() == row.single.hit_blocks);
     // The device tier alone behaves as a single pool of its size.
     absl::StatusOr<ReplayResult> device_alone =
-        replay_lru(streams, static_cast<int32_t>(t.device_capacity));
+        replay_block_pool(streams, static_cast<int32_t>(t.device_capacity));
     REQUIRE(device_alone.ok());
     CHECK(t.device_hit_blocks == device_alone->hit_blocks);
     // The host tier is used: hits there, and every promoted block was demoted first.
@@ -419,7 +419,7 @@ TEST_CASE("adaptive eviction: a scan of one-off requests does not flush a reused
   CHECK(adaptive->replay.evictions == 4);  // the scan's first two blocks fill the free slots
   CHECK(adaptive->recent_ghost_hits == 0);
   CHECK(adaptive->final_target == 0);
-  CHECK(replay_lru(streams, 4)->hit_blocks == 2);
+  CHECK(replay_block_pool(streams, 4)->hit_blocks == 2);
 }
 
 TEST_CASE("adaptive eviction: a parent is never evicted before its cached child", "[simulator]") {
@@ -436,10 +436,10 @@ TEST_CASE("adaptive eviction: a parent is never evicted before its cached child"
   CHECK(adaptive->final_target == 1);
   // Hits: A (request 2), G (7), A (8), G (9), then A and D (11).
   CHECK(adaptive->replay.hit_blocks == 6);
-  absl::StatusOr<ReplayResult> lru = replay_lru(streams, 3);
+  absl::StatusOr<ReplayResult> lru = replay_block_pool(streams, 3);
   REQUIRE(lru.ok());
   const BlockStreams without_last(streams.begin(), streams.end() - 1);
-  CHECK(lru->hit_blocks - replay_lru(without_last, 3)->hit_blocks == 1);  // A only
+  CHECK(lru->hit_blocks - replay_block_pool(without_last, 3)->hit_blocks == 1);  // A only
 }
 
 TEST_CASE("adaptive eviction: ghost hits move the target", "[simulator]") {
@@ -485,6 +485,31 @@ TEST_CASE("host admission: only blocks with evidence of reuse are demoted", "[si
   CHECK(reused->device_hit_blocks == all->device_hit_blocks);
 }
 
+TEST_CASE("BlockPool's adaptive policy keeps a reused prompt that one-off prompts flush out of LRU",
+          "[simulator]") {
+  // A 4-block prompt every third request, two one-off 4-block prompts in between, a
+  // 10-block pool: under LRU the one-offs push the reused prompt's tail out each time.
+  BlockStreams streams;
+  int64_t next_id = 100;
+  for (int round = 0; round < 20; ++round) {
+    streams.push_back({1, 2, 3, 4});
+    for (int one_off = 0; one_off < 2; ++one_off) {
+      streams.push_back({next_id, next_id + 1, next_id + 2, next_id + 3});
+      next_id += 4;
+    }
+  }
+  const absl::StatusOr<ReplayResult> lru = replay_block_pool(streams, 10);
+  const absl::StatusOr<ReplayResult> adaptive =
+      replay_block_pool(streams, 10, EvictionPolicy::kAdaptive);
+  REQUIRE(lru.ok());
+  REQUIRE(adaptive.ok());
+  INFO("LRU " << lru->hit_blocks << ", adaptive " << adaptive->hit_blocks);
+  // Once reused, the prompt is frequent and the one-offs (recent) go first: every reuse
+  // from the second on hits whole.
+  CHECK(adaptive->hit_blocks >= 18 * 4);
+  CHECK(lru->hit_blocks < adaptive->hit_blocks);
+}
+
 TEST_CASE(
     "eviction policies on the Mooncake trace: adaptive never below LRU, admission "
     "halves demotions",
@@ -500,6 +525,11 @@ TEST_CASE(
     CHECK(row.adaptive.replay.total_blocks == 121877);
     CHECK(row.adaptive.replay.hit_blocks >= row.lru.hit_blocks);
     CHECK(row.adaptive.replay.hit_blocks <= row.belady.hit_blocks);
+    // The library's policy (BlockPool, EvictionPolicy::kAdaptive) too.
+    INFO("BlockPool adaptive " << row.library_adaptive.hit_blocks);
+    CHECK(row.library_adaptive.total_blocks == 121877);
+    CHECK(row.library_adaptive.hit_blocks >= row.lru.hit_blocks);
+    CHECK(row.library_adaptive.hit_blocks <= row.belady.hit_blocks);
   }
   // Issue 24's admission criteria: at least half the demotions saved, the combined hit
   // rate within 1 % of demote-all's (which is LRU at 4,096, as the tier study shows).
