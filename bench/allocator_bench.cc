@@ -5,7 +5,9 @@
 // The host tier (issue 13): its bookkeeping per demoted and per promoted block
 // (BM_HostTierDemote against BM_AdmitEvicting, BM_HostTierPromote), and a decode step with
 // the tier configured but idle (BM_DecodeStepHostTierIdle against BM_DecodeStepNoEvict):
-// the tier must not slow the decode path.
+// the tier must not slow the decode path. The adaptive eviction policy (issue 24):
+// BM_AdmitEvictingAdaptive at most 1.3x BM_AdmitEvicting's ns per evicted block,
+// BM_DecodeStepAdaptive within 5% of BM_DecodeStep.
 // Run: build/bench/allocator_bench   (Release or RelWithDebInfo build)
 #include <benchmark/benchmark.h>
 
@@ -243,6 +245,24 @@ void BM_AdmitEvicting(benchmark::State& state) {
   run_evicting_admissions(state, m);
 }
 BENCHMARK(BM_AdmitEvicting);
+
+// The same under EvictionPolicy::kAdaptive: every eviction also files a ghost (and trims
+// the ghost lists as blocks are cached), against BM_AdmitEvicting's plain LRU.
+void BM_AdmitEvictingAdaptive(benchmark::State& state) {
+  KvCacheManager m = make_manager(
+      {.num_blocks = 1024, .block_size = 16, .eviction_policy = EvictionPolicy::kAdaptive});
+  run_evicting_admissions(state, m);
+}
+BENCHMARK(BM_AdmitEvictingAdaptive);
+
+// BM_DecodeStep under EvictionPolicy::kAdaptive.
+void BM_DecodeStepAdaptive(benchmark::State& state) {
+  KvCacheManager m = make_manager({.num_blocks = kDecodeBlocks,
+                                   .block_size = 16,
+                                   .eviction_policy = EvictionPolicy::kAdaptive});
+  run_decode_steps(state, m, {});
+}
+BENCHMARK(BM_DecodeStepAdaptive);
 
 // The same with a host tier of 1,024 blocks: every eviction is a demotion, and once the
 // tier is full (after the warmup) every demotion evicts the tier's least recently used

@@ -72,23 +72,32 @@ TEST_CASE("adaptive eviction keeps a reused block that one-off requests flush ou
 
 TEST_CASE("a ghost hit moves the target: toward recency from B1, toward frequency from B2",
           "[adaptive]") {
-  BlockPool pool = make_pool(3, EvictionPolicy::kAdaptive);
-  serve(pool, {1});
-  serve(pool, {1});  // T2 = {1}
+  BlockPool pool = make_pool(4, EvictionPolicy::kAdaptive);
+  for (const TokenId t : {1, 1, 5, 5}) serve(pool, {t});  // T2 = {1, 5}: B1 may hold 2
   serve(pool, {2});
-  serve(pool, {3});                // T1 = {2, 3}
-  serve(pool, {4});                // |T1| = 2 > p = 0: evicts 2 into B1
-  REQUIRE(serve(pool, {2}) == 0);  // evicts 3, finds 2 in B1: p = 1, 2 cached frequent
+  serve(pool, {3});
+  serve(pool, {4});                // |T1| = 4 - |T2| = 2 > p = 0: evicts 2 into B1
+  REQUIRE(serve(pool, {2}) == 0);  // evicts 3 into B1, finds 2 there: p = 1, 2 frequent
   REQUIRE(pool.stats().recent_ghost_hits == 1);
-  // T1 = {4}, T2 = {1, 2}: |T1| = 1 <= p, so T2's least recent block goes, 1, into B2.
-  REQUIRE(serve(pool, {5}) == 0);
+  // T2 = {1, 5, 2}, T1 = {4}: |T1| = 1 <= p, so T2's least recent block, 1, goes into B2.
+  REQUIRE(serve(pool, {6}) == 0);
   REQUIRE(serve(pool, {1}) == 0);  // evicts 4 (|T1| = 2 > 1), finds 1 in B2: p = 0
   REQUIRE(pool.stats().frequent_ghost_hits == 1);
   REQUIRE(pool.stats().evictions == 4);
-  REQUIRE(serve(pool, {6}) == 0);  // |T1| = 1 > 0: evicts 5; T2 keeps 2 and 1
+  REQUIRE(serve(pool, {7}) == 0);  // |T1| = 1 > 0: evicts 6; T2 keeps 5, 2 and 1
   REQUIRE(serve(pool, {2}) == 1);
   REQUIRE(serve(pool, {1}) == 1);
-  REQUIRE(serve(pool, {5}) == 0);
+  REQUIRE(serve(pool, {5}) == 1);
+  REQUIRE(serve(pool, {6}) == 0);
+}
+
+TEST_CASE("a scan of one-off blocks through a pool with nothing reused files no ghost",
+          "[adaptive]") {
+  BlockPool pool = make_pool(4, EvictionPolicy::kAdaptive);
+  for (TokenId t = 0; t < 40; ++t) serve(pool, {t});
+  REQUIRE(pool.stats().evictions == 36);
+  for (TokenId t = 0; t < 36; ++t) REQUIRE(serve(pool, {t}) == 0);  // ARC: |T1| = C, B1 empty
+  REQUIRE(pool.stats().recent_ghost_hits == 0);
 }
 
 TEST_CASE("a parent is never evicted before its cached child, whatever their priorities",

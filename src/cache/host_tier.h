@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cache/ghost_list.h"
 #include "cache/sequence.h"
 #include "cache/step_ledger.h"
 #include "pagedkv/block_pool.h"
 #include "pagedkv/kv_cache_manager.h"
-#include "pool/ghost_list.h"
 
 namespace pagedkv::internal {
 

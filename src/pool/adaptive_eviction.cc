@@ -15,7 +15,7 @@ BlockId AdaptiveEviction::take_victim(FreeQueue& queue, const HashIndex& index) 
     // takes from T1 only while T1 is over its target.
     if (first != FreeQueue::kCleanList && first != FreeQueue::kParkedList &&
         !FreeQueue::is_frequent_list(first) && !queue.list_empty(first + 1) &&
-        cached_[0] <= target_) {
+        capacity_ - cached_[1] <= target_) {
       from = first + 1;
     }
     const BlockId b = queue.front(from);
@@ -31,10 +31,11 @@ BlockId AdaptiveEviction::take_victim(FreeQueue& queue, const HashIndex& index) 
 
 void AdaptiveEviction::on_cached(BlockId block, const BlockHash& hash, BlockId parent,
                                  FreeQueue& queue, const HashIndex& index) {
-  const bool recent_ghost = recent_ghosts_.take(hash);
-  const bool frequent_ghost = !recent_ghost && frequent_ghosts_.take(hash);
-  const double b1 = std::max(1, recent_ghosts_.size());
-  const double b2 = std::max(1, frequent_ghosts_.size());
+  const std::optional<GhostList> ghost = take_ghost(hash);
+  const bool recent_ghost = ghost == kRecent;
+  const bool frequent_ghost = ghost == kFrequent;
+  const double b1 = std::max(1, ghost_count_[kRecent]);
+  const double b2 = std::max(1, ghost_count_[kFrequent]);
   if (recent_ghost) {
     ++stats_.recent_ghost_hits;
     target_ = std::min<double>(capacity_, target_ + std::max(1.0, b2 / b1));
@@ -50,7 +51,6 @@ void AdaptiveEviction::on_cached(BlockId block, const BlockHash& hash, BlockId p
     ++children_[parent];
   }
   if (recent_ghost || frequent_ghost) make_frequent(block, queue);
-  trim_ghosts();
 }
 
 // Walks up while the ancestors are recent: each block turns frequent once per caching, so
@@ -76,9 +76,12 @@ BlockId AdaptiveEviction::on_uncached(BlockId block, const BlockHash* evicted_ha
   ++generation_[block];  // its children's links lapse
   children_[block] = 0;
   if (evicted_hash != nullptr) {
-    // T1 + B1 and the directory keep their sizes: trimmed when a block is cached.
-    (was_frequent ? frequent_ghosts_ : recent_ghosts_).add(*evicted_hash);
+    // A recent block becomes a ghost only where B1 has room (|B1| <= |T2|): in a scan of
+    // one-off blocks it has none, and no hash is filed.
+    if (was_frequent || cached_[1] > 0)
+      add_ghost(*evicted_hash, was_frequent ? kFrequent : kRecent);
   }
+  trim_ghosts();
   BlockId requeue = kNoBlock;
   if (linked(block)) {
     const BlockId parent = parent_[block];
@@ -102,18 +105,54 @@ void AdaptiveEviction::on_reset(FreeQueue& queue) {
   std::fill(children_.begin(), children_.end(), 0);
   for (uint32_t& g : generation_) ++g;
   cached_[0] = cached_[1] = 0;
-  recent_ghosts_.clear();  // their hashes name contents from before the reset
-  frequent_ghosts_.clear();
+  ghosts_.clear();  // their hashes name contents from before the reset
+  for (const GhostList list : {kRecent, kFrequent}) {
+    ghost_order_[list].clear();
+    ghost_count_[list] = 0;
+  }
 }
 
-// ARC's directory bounds: |T1| + |B1| <= C, and T1, T2, B1, B2 together <= 2C.
-void AdaptiveEviction::trim_ghosts() {
-  while (recent_ghosts_.size() > 0 && cached_[0] + recent_ghosts_.size() > capacity_) {
-    recent_ghosts_.pop_oldest();
+void AdaptiveEviction::add_ghost(const BlockHash& hash, GhostList list) {
+  const uint64_t tag = ghost_tag(next_ghost_seq_++, list);
+  const auto [it, added] = ghosts_.insert_or_assign(hash.lo, tag);
+  if (!added) --ghost_count_[it->second & 1];  // a 64-bit key collision: the new one wins
+  ++ghost_count_[list];
+  std::deque<GhostEntry>& order = ghost_order_[list];
+  order.push_back({hash.lo, tag});
+  if (std::ssize(order) > 2 * int64_t{ghost_count_[list]} + 64) {
+    std::erase_if(order, [this](const GhostEntry& e) { return !is_live(e); });
   }
-  while (cached_[0] + cached_[1] + recent_ghosts_.size() + frequent_ghosts_.size() >
-         2 * capacity_) {
-    (frequent_ghosts_.size() > 0 ? frequent_ghosts_ : recent_ghosts_).pop_oldest();
+}
+
+std::optional<AdaptiveEviction::GhostList> AdaptiveEviction::take_ghost(const BlockHash& hash) {
+  const auto it = ghosts_.find(hash.lo);
+  if (it == ghosts_.end()) return std::nullopt;
+  const auto list = static_cast<GhostList>(it->second & 1);
+  --ghost_count_[list];
+  ghosts_.erase(it);
+  return list;
+}
+
+void AdaptiveEviction::pop_oldest_ghost(GhostList list) {
+  std::deque<GhostEntry>& order = ghost_order_[list];
+  while (true) {
+    const GhostEntry e = order.front();
+    order.pop_front();
+    const auto it = ghosts_.find(e.key);
+    if (it != ghosts_.end() && it->second == e.tag) {
+      ghosts_.erase(it);
+      --ghost_count_[list];
+      return;
+    }
+  }
+}
+
+// ARC's directory bounds, |T1| + |B1| <= C and T1, T2, B1, B2 together <= 2C, with
+// |T1| = C - |T2|: |B1| <= |T2| and |B1| + |B2| <= C.
+void AdaptiveEviction::trim_ghosts() {
+  while (ghost_count_[kRecent] > cached_[1]) pop_oldest_ghost(kRecent);
+  while (ghost_count_[kRecent] + ghost_count_[kFrequent] > capacity_) {
+    pop_oldest_ghost(ghost_count_[kFrequent] > 0 ? kFrequent : kRecent);
   }
 }
 
@@ -161,16 +200,28 @@ absl::Status AdaptiveEviction::check_invariants(const FreeQueue& queue,
   if (target_ < 0 || target_ > capacity_) {
     return broken("target ", target_, " outside [0, ", capacity_, "]");
   }
-  const int64_t directory =
-      int64_t{cached_[0]} + cached_[1] + recent_ghosts_.size() + frequent_ghosts_.size();
-  if (cached_[0] + recent_ghosts_.size() > capacity_ && recent_ghosts_.size() > 0) {
-    return broken("|T1| + |B1| = ", cached_[0] + recent_ghosts_.size(), " > C = ", capacity_);
+  // The ghosts: counted right, one live entry each in their list's order, within ARC's
+  // bounds.
+  for (const GhostList list : {kRecent, kFrequent}) {
+    int64_t live = 0;
+    for (const GhostEntry& e : ghost_order_[list]) {
+      live += is_live(e) && (e.tag & 1) == list;
+    }
+    int64_t held = 0;
+    for (const auto& [key, tag] : ghosts_) held += (tag & 1) == list;
+    if (live != ghost_count_[list] || held != ghost_count_[list]) {
+      return broken("ghost list ", static_cast<int>(list), " counts ", ghost_count_[list],
+                    " ghosts, holds ", held, ", ", live, " live in its order");
+    }
   }
-  if (directory > 2 * int64_t{capacity_}) {
-    return broken("|T1| + |T2| + |B1| + |B2| = ", directory, " > 2C = ", 2 * capacity_);
+  if (ghost_count_[kRecent] > cached_[1]) {
+    return broken("|B1| = ", ghost_count_[kRecent], " > |T2| = ", cached_[1]);
   }
-  if (absl::Status s = recent_ghosts_.check_invariants(); !s.ok()) return s;
-  return frequent_ghosts_.check_invariants();
+  if (ghost_count_[kRecent] + ghost_count_[kFrequent] > capacity_) {
+    return broken("|B1| + |B2| = ", ghost_count_[kRecent] + ghost_count_[kFrequent],
+                  " > C = ", capacity_);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pagedkv::internal

@@ -8,7 +8,10 @@
 //   - Two ghost lists hold the hashes of blocks recently evicted from T1 (B1) and T2 (B2).
 //     A block cached while its hash is in B1 means T1 was too small: the target size p of
 //     T1 grows by max(1, |B2| / |B1|); in B2, p shrinks by max(1, |B1| / |B2|). Either way
-//     the block is cached as frequent. |T1| + |B1| <= C and all four <= 2C (C: the pool).
+//     the block is cached as frequent. |T1| + |B1| <= C and all four <= 2C (C: the pool),
+//     where |T1| = C - |T2|: a miss's block is in T1 from its allocation on, as ARC
+//     admits a page at its miss. So |B1| <= |T2|, and a scan of one-off blocks through a
+//     pool with nothing reused files no ghost.
 //   - Allocation evicts from the lowest priority holding cached free blocks: from its
 //     recent list when |T1| > p (or its frequent list is empty), else from its frequent
 //     list, the least recently used *leaf*: a block with a cached child is worth at least
@@ -26,19 +29,24 @@
 //   children) and generation_, which grows each time the block leaves the cache. A parent
 //   link holds while the parent's generation is the one the child saw, so a parent that
 //   left the cache, even one cached again with the same contents (a host-tier promotion),
-//   never counts children it no longer has. |T1| and |T2| count cached blocks in use too,
-//   as ARC counts the whole cache.
+//   never counts children it no longer has. cached_ counts cached blocks by flag, in use
+//   or free (|T2| is cached_[1]).
+//   Ghosts: one hash map for B1 and B2 (ghost -> its list and the sequence number of its
+//   add), so a block being cached costs one lookup; an order per list, oldest first, whose
+//   entries are stale once their hash was taken or added again: skipped at the front and
+//   dropped when an order holds twice its live ghosts, so each add is O(1) amortized.
 #ifndef PAGEDKV_POOL_ADAPTIVE_EVICTION_H_
 #define PAGEDKV_POOL_ADAPTIVE_EVICTION_H_
 
 #include <cstdint>
-#include <span>
+#include <deque>
+#include <optional>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "pagedkv/types.h"
 #include "pool/free_queue.h"
-#include "pool/ghost_list.h"
 #include "pool/hash_index.h"
 
 namespace pagedkv::internal {
@@ -57,9 +65,7 @@ class AdaptiveEviction {
         parent_(num_blocks, kNoBlock),
         parent_generation_(num_blocks, 0),
         children_(num_blocks, 0),
-        generation_(num_blocks, 0),
-        recent_ghosts_(2 * num_blocks),
-        frequent_ghosts_(2 * num_blocks) {}
+        generation_(num_blocks, 0) {}
 
   bool frequent(BlockId b) const { return frequent_[b] != 0; }
 
@@ -97,6 +103,24 @@ class AdaptiveEviction {
     return parent_[child] != kNoBlock && generation_[parent_[child]] == parent_generation_[child];
   }
   void make_frequent(BlockId block, FreeQueue& queue);
+
+  // The ghost lists (kRecent: B1, kFrequent: B2). A ghost is keyed by 64 bits of its
+  // block hash: a collision can only mislead the target, never share a block.
+  enum GhostList : uint8_t { kRecent, kFrequent };
+  // A ghost's add: its sequence number and list, seq << 1 | list.
+  static uint64_t ghost_tag(uint64_t seq, GhostList list) { return seq << 1 | list; }
+  struct GhostEntry {
+    uint64_t key = 0;
+    uint64_t tag = 0;
+  };
+  void add_ghost(const BlockHash& hash, GhostList list);
+  // Removes `hash` from the ghosts; the list it was in, or nullopt.
+  std::optional<GhostList> take_ghost(const BlockHash& hash);
+  void pop_oldest_ghost(GhostList list);
+  bool is_live(const GhostEntry& e) const {
+    const auto it = ghosts_.find(e.key);
+    return it != ghosts_.end() && it->second == e.tag;
+  }
   void trim_ghosts();
 
   int32_t capacity_;
@@ -106,9 +130,11 @@ class AdaptiveEviction {
   std::vector<uint32_t> parent_generation_;  // the parent's generation_ when linked
   std::vector<int32_t> children_;
   std::vector<uint32_t> generation_;
-  int32_t cached_[2] = {0, 0};  // cached blocks that are recent, frequent
-  GhostList recent_ghosts_;     // B1
-  GhostList frequent_ghosts_;   // B2
+  int32_t cached_[2] = {0, 0};  // cached blocks that are recent (T1), frequent (T2)
+  absl::flat_hash_map<uint64_t, uint64_t> ghosts_;  // key -> tag of its latest add
+  std::deque<GhostEntry> ghost_order_[2];
+  int32_t ghost_count_[2] = {0, 0};  // |B1|, |B2|
+  uint64_t next_ghost_seq_ = 0;
   Stats stats_;
 };
 

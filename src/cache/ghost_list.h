@@ -1,16 +1,17 @@
-// Internal: a ghost list, the hashes of cached blocks that recently left the cache (no
-// data), at most `capacity` of them: a block computed again while its hash is a ghost was
-// reused, though it left the cache in between. A host tier with HostAdmission::kReused
-// keeps one of the blocks that left both tiers (it decides admission); the adaptive
-// eviction policy keeps two (ARC's B1 and B2, which steer its target).
+// Internal: the ghost list of a host tier with HostAdmission::kReused.
+//
+// The hashes of the cached blocks that most recently left both tiers of a layer group (an
+// eviction not demoted, a host-tier block dropped), at most `capacity` of them: a block
+// computed again while its hash is a ghost was reused, though it left the cache in between
+// (ARC's ghost lists serve the same purpose; here they only decide admission).
 //
 // IMPLEMENTATION DETAILS
 //   live_ maps each ghost to the sequence number of its latest add(); order_ holds the adds
 //   oldest first. An entry of order_ whose number is not its hash's in live_ is stale (the
 //   hash was taken or added again since): skipped when it reaches the front, and dropped
 //   whenever order_ grows past twice the capacity, so each add() is O(1) amortized.
-#ifndef PAGEDKV_POOL_GHOST_LIST_H_
-#define PAGEDKV_POOL_GHOST_LIST_H_
+#ifndef PAGEDKV_CACHE_GHOST_LIST_H_
+#define PAGEDKV_CACHE_GHOST_LIST_H_
 
 #include <cstdint>
 #include <deque>
@@ -40,18 +41,6 @@ class GhostList {
   // Removes `hash`; whether it was a ghost.
   bool take(const BlockHash& hash) { return capacity_ != 0 && live_.erase(hash) == 1; }
 
-  int32_t size() const { return static_cast<int32_t>(live_.size()); }
-  // Removes the oldest ghost; the list must not be empty.
-  void pop_oldest() {
-    while (!is_live(order_.front())) order_.pop_front();
-    live_.erase(order_.front().hash);
-    order_.pop_front();
-  }
-  void clear() {
-    live_.clear();
-    order_.clear();
-  }
-
   // At most capacity ghosts, each with one live entry in the order.
   absl::Status check_invariants() const {
     if (std::ssize(live_) > capacity_) {
@@ -78,6 +67,12 @@ class GhostList {
     const auto it = live_.find(e.hash);
     return it != live_.end() && it->second == e.seq;
   }
+  // Removes the oldest ghost (and the stale entries before it).
+  void pop_oldest() {
+    while (!is_live(order_.front())) order_.pop_front();
+    live_.erase(order_.front().hash);
+    order_.pop_front();
+  }
   void drop_stale() {
     std::erase_if(order_, [this](const Entry& e) { return !is_live(e); });
   }
@@ -90,4 +85,4 @@ class GhostList {
 
 }  // namespace pagedkv::internal
 
-#endif  // PAGEDKV_POOL_GHOST_LIST_H_
+#endif  // PAGEDKV_CACHE_GHOST_LIST_H_
