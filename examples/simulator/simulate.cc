@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "fmt/format.h"
@@ -211,8 +212,13 @@ absl::Status run_state(const StateWorkload& workload, const SimOptions& options,
 
 namespace {
 
-// Cluster mode: the cluster on each trace (and the generated workload), nothing else.
-absl::Status run_clusters(const SimOptions& options, SimReport& report) {
+using TraceVisitor = absl::FunctionRef<absl::Status(Trace trace, TraceKind kind)>;
+
+// Reads each trace file of options.traces in order (resolve_trace_path) and visits it with
+// its kind; stops at the first error, a read's or the visitor's. "generated" and
+// "synthetic" name no file: like options.synthetic, they ask for the generated workload.
+// Returns whether it was asked for (visit_generated visits it).
+absl::StatusOr<bool> visit_trace_files(const SimOptions& options, TraceVisitor visit) {
   bool synthetic = options.synthetic;
   for (const std::string& name : options.traces) {
     if (name == "generated" || name == "synthetic") {
@@ -222,19 +228,29 @@ absl::Status run_clusters(const SimOptions& options, SimReport& report) {
     const std::string path = resolve_trace_path(options, name);
     absl::StatusOr<Trace> trace = read_trace(path);
     if (!trace.ok()) return trace.status();
-    absl::StatusOr<ClusterResult> result =
-        run_cluster_trace(*std::move(trace), kind_of(path), options);
+    if (absl::Status s = visit(*std::move(trace), kind_of(path)); !s.ok()) return s;
+  }
+  return synthetic;
+}
+
+// Generates options.synthetic_options' workload and visits it (kind kSynthetic).
+absl::Status visit_generated(const SimOptions& options, TraceVisitor visit) {
+  absl::StatusOr<Trace> trace = generate_synthetic(options.synthetic_options);
+  if (!trace.ok()) return trace.status();
+  return visit(*std::move(trace), TraceKind::kSynthetic);
+}
+
+// Cluster mode: the cluster on each trace (and the generated workload), nothing else.
+absl::Status run_clusters(const SimOptions& options, SimReport& report) {
+  const auto run_cluster = [&](Trace trace, TraceKind kind) -> absl::Status {
+    absl::StatusOr<ClusterResult> result = run_cluster_trace(std::move(trace), kind, options);
     if (!result.ok()) return result.status();
     report.clusters.push_back(*std::move(result));
-  }
-  if (synthetic) {
-    absl::StatusOr<Trace> trace = generate_synthetic(options.synthetic_options);
-    if (!trace.ok()) return trace.status();
-    absl::StatusOr<ClusterResult> result =
-        run_cluster_trace(*std::move(trace), TraceKind::kSynthetic, options);
-    if (!result.ok()) return result.status();
-    report.clusters.push_back(*std::move(result));
-  }
+    return absl::OkStatus();
+  };
+  const absl::StatusOr<bool> synthetic = visit_trace_files(options, run_cluster);
+  if (!synthetic.ok()) return synthetic.status();
+  if (*synthetic) return visit_generated(options, run_cluster);
   return absl::OkStatus();
 }
 
@@ -252,19 +268,17 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
     if (absl::Status s = run_clusters(options, report); !s.ok()) return s;
     return report;
   }
+  // The engine replay of one workload, into report.runs.
+  const auto add_run = [&](Trace trace, TraceKind kind) -> absl::Status {
+    absl::StatusOr<TraceRun> run = run_trace(std::move(trace), kind, options);
+    if (!run.ok()) return run.status();
+    report.runs.push_back(std::move(*run));
+    return absl::OkStatus();
+  };
   bool eviction_done = !options.eviction;
-  bool synthetic = options.synthetic;
-  for (const std::string& name : options.traces) {
-    if (name == "generated" || name == "synthetic") {
-      synthetic = true;
-      continue;
-    }
-    const std::string path = resolve_trace_path(options, name);
-    absl::StatusOr<Trace> trace = read_trace(path);
-    if (!trace.ok()) return trace.status();
-    const TraceKind kind = kind_of(path);
+  const auto run_trace_file = [&](Trace trace, TraceKind kind) -> absl::Status {
     if ((options.state || options.state_only) && kind == TraceKind::kMooncake) {
-      Trace prefix = *trace;
+      Trace prefix = trace;
       if (options.quick) truncate_trace(prefix, options.quick_requests);
       if (absl::Status s =
               run_state(state_workload(prefix, options.state_options.block_size), options, report);
@@ -272,29 +286,29 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
         return s;
       }
     }
-    if (options.state_only) continue;
+    if (options.state_only) return absl::OkStatus();
     if (options.hybrid || options.hybrid_only) {
-      if (absl::Status s = run_hybrid(*trace, kind, options, report); !s.ok()) return s;
-      if (options.hybrid_only) continue;
+      if (absl::Status s = run_hybrid(trace, kind, options, report); !s.ok()) return s;
+      if (options.hybrid_only) return absl::OkStatus();
     }
     if (kind == TraceKind::kMooncake && !eviction_done) {
       // The eviction study always replays the whole trace: it takes well under a second.
       absl::StatusOr<std::vector<EvictionRow>> rows =
-          eviction_study(block_streams(*trace), options.eviction_sizes);
+          eviction_study(block_streams(trace), options.eviction_sizes);
       if (!rows.ok()) return rows.status();
-      report.eviction_trace = trace->name;
+      report.eviction_trace = trace.name;
       report.eviction = std::move(*rows);
       absl::StatusOr<std::vector<TierRow>> tiers =
-          tier_study(block_streams(*trace), options.tier_sizes);
+          tier_study(block_streams(trace), options.tier_sizes);
       if (!tiers.ok()) return tiers.status();
       report.tiers = std::move(*tiers);
-      report.tier_costs = tier_cost_model(options, *trace);
+      report.tier_costs = tier_cost_model(options, trace);
       eviction_done = true;
     }
-    absl::StatusOr<TraceRun> run = run_trace(std::move(*trace), kind, options);
-    if (!run.ok()) return run.status();
-    report.runs.push_back(std::move(*run));
-  }
+    return add_run(std::move(trace), kind);
+  };
+  const absl::StatusOr<bool> synthetic = visit_trace_files(options, run_trace_file);
+  if (!synthetic.ok()) return synthetic.status();
   if (options.state || options.state_only) {
     SharedPromptOptions shared = options.shared_prompt_options;
     if (options.quick) shared.conversations = std::min(shared.conversations, 100);
@@ -304,12 +318,8 @@ absl::StatusOr<SimReport> run_simulation(const SimOptions& options) {
       return s;
     }
   }
-  if (synthetic && !options.hybrid_only && !options.state_only) {
-    absl::StatusOr<Trace> trace = generate_synthetic(options.synthetic_options);
-    if (!trace.ok()) return trace.status();
-    absl::StatusOr<TraceRun> run = run_trace(std::move(*trace), TraceKind::kSynthetic, options);
-    if (!run.ok()) return run.status();
-    report.runs.push_back(std::move(*run));
+  if (*synthetic && !options.hybrid_only && !options.state_only) {
+    if (absl::Status s = visit_generated(options, add_run); !s.ok()) return s;
   }
   return report;
 }
