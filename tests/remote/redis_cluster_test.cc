@@ -12,7 +12,6 @@
 #include "remote/redis_cluster.h"
 #include "remote/redis_test_cluster.h"
 #include "remote/store_test_util.h"
-#include "support/skip.h"
 
 namespace pagedkv {
 namespace {
@@ -20,25 +19,12 @@ namespace {
 using internal::redis_crc16;
 using internal::redis_key_slot;
 using testing::all_results;
+using testing::make_store;
 using testing::Poller;
 using testing::RedisCluster;
+using testing::skip_without_redis_cli;
 using testing::test_keys;
 using testing::test_value;
-
-bool skip_without_redis_cli() {
-  if (!testing::redis_server_binary().empty() && !testing::binary_on_path("redis-cli").empty()) {
-    return false;
-  }
-  testing::report_skip("redis-server or redis-cli is not installed (bash scripts/install-deps.sh)");
-  return true;
-}
-
-std::unique_ptr<RemoteKvStore> make_store(RedisKvStoreOptions options) {
-  absl::StatusOr<std::unique_ptr<RemoteKvStore>> store = create_redis_kv_store(options);
-  INFO(store.status().ToString());
-  REQUIRE(store.ok());
-  return *std::move(store);
-}
 
 TEST_CASE("key slots: CRC16 XMODEM mod 16384, of the hash tag when there is one", "[remote]") {
   CHECK(redis_crc16("123456789") == 0x31C3);  // the specification's check value

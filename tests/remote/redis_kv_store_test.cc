@@ -12,30 +12,18 @@
 #include "remote/redis_kv_store.h"
 #include "remote/redis_server.h"
 #include "remote/store_test_util.h"
-#include "support/skip.h"
 
 namespace pagedkv {
 namespace {
 
 using testing::all_results;
+using testing::make_store;
 using testing::milliseconds;
 using testing::Poller;
 using testing::RedisServer;
+using testing::skip_without_redis;
 using testing::test_keys;
 using testing::test_value;
-
-bool skip_without_redis() {
-  if (!testing::redis_server_binary().empty()) return false;
-  testing::report_skip("redis-server is not installed (bash scripts/install-deps.sh)");
-  return true;
-}
-
-std::unique_ptr<RemoteKvStore> make_store(RedisKvStoreOptions options) {
-  absl::StatusOr<std::unique_ptr<RemoteKvStore>> store = create_redis_kv_store(options);
-  INFO(store.status().ToString());
-  REQUIRE(store.ok());
-  return *std::move(store);
-}
 
 // Puts `keys` with test values and waits until every key is stored.
 void put_and_wait(RemoteKvStore& store, Poller& poller, const std::vector<std::string>& keys,

@@ -1,6 +1,8 @@
 // RedisServer: a real redis-server on a free loopback port for one test, started with no
 // persistence and killed (SIGKILL, then reaped) when the object goes, also when the test
-// fails; if the test process itself dies, PR_SET_PDEATHSIG kills the server too.
+// fails; if the test process itself dies, PR_SET_PDEATHSIG kills the server too. Also the
+// Redis cases' skip checks (skip_without_redis, skip_without_redis_cli) and their store
+// (make_store).
 #ifndef PAGEDKV_TESTS_REMOTE_REDIS_SERVER_H_
 #define PAGEDKV_TESTS_REMOTE_REDIS_SERVER_H_
 
@@ -17,10 +19,16 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "absl/status/statusor.h"
+#include "pagedkv/redis_kv_store.h"
+#include "pagedkv/remote_kv_store.h"
+#include "support/skip.h"
 
 namespace pagedkv::testing {
 
@@ -36,6 +44,32 @@ inline std::string binary_on_path(const std::string& name) {
 }
 
 inline std::string redis_server_binary() { return binary_on_path("redis-server"); }
+
+// True, with the test case reported skipped, when one of `programs` is not on PATH.
+inline bool skip_without(const std::vector<std::string>& programs) {
+  std::string names;
+  bool missing = false;
+  for (const std::string& program : programs) {
+    names += (names.empty() ? "" : " or ") + program;
+    missing = missing || binary_on_path(program).empty();
+  }
+  if (!missing) return false;
+  report_skip(names + " is not installed (bash scripts/install-deps.sh)");
+  return true;
+}
+
+// The skip checks of the Redis cases: a server; the cluster cases also run redis-cli
+// (--cluster create, reshard).
+inline bool skip_without_redis() { return skip_without({"redis-server"}); }
+inline bool skip_without_redis_cli() { return skip_without({"redis-server", "redis-cli"}); }
+
+// A RedisKvStore with `options`; the test fails when it cannot be created.
+inline std::unique_ptr<RemoteKvStore> make_store(RedisKvStoreOptions options) {
+  absl::StatusOr<std::unique_ptr<RemoteKvStore>> store = create_redis_kv_store(options);
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  return *std::move(store);
+}
 
 // Runs `args` (args[0] a path) as a child process with stdout and stderr appended to
 // `log`; the child dies with the test process (PR_SET_PDEATHSIG). Returns its pid. The
