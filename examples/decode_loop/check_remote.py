@@ -49,6 +49,15 @@ def fail(message):
     sys.exit(1)
 
 
+def redis_missing():
+    """True, with the SKIPPED line printed, when redis-server or redis-cli is not installed."""
+    if shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None:
+        return False
+    print("SKIPPED: redis-server or redis-cli not installed "
+          "(scripts/install-deps.sh installs them)")
+    return True
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -221,18 +230,12 @@ def main():
     try:
         if store == "dir":
             remote = f"dir:{work}/store"
+        elif redis_missing():
+            return 77
         elif store == "cluster":
-            if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-                print("SKIPPED: redis-server or redis-cli not installed "
-                      "(scripts/install-deps.sh installs them)")
-                return 77
             redis = Cluster(work)
             remote = f"redis://127.0.0.1:{redis.port}"
         else:
-            if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-                print("SKIPPED: redis-server or redis-cli not installed "
-                      "(scripts/install-deps.sh installs them)")
-                return 77
             options = ["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"] \
                 if scenario == "maxmemory" else []
             redis = Redis(work, *options)
