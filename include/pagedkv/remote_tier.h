@@ -256,7 +256,6 @@ class RemoteTier final : public KvEventSink {
   void remember(const BlockHash& hash);
   void forget(const BlockHash& hash);
   void choose_for_writing(const BlockInfo& block);
-  bool waiting_for_gets(const Lookup& lookup) const;
   int32_t loadable_blocks(const Lookup& lookup, int32_t claimed_tokens) const;
 
   RemoteKvStore* store_;

@@ -163,11 +163,9 @@ void RemoteTier::verify(std::string value, const BlockInfo& block, FetchedBlock&
   }
 }
 
-bool RemoteTier::waiting_for_gets(const Lookup& lookup) const { return lookup.gets_in_flight > 0; }
-
 bool RemoteTier::ready(SeqId seq) const {
   const auto it = lookups_.find(seq);
-  if (it == lookups_.end() || !waiting_for_gets(it->second)) return true;
+  if (it == lookups_.end() || it->second.gets_in_flight <= 0) return true;
   switch (options_.wait_policy) {
     case RemoteWaitPolicy::kBestEffort:
       return true;
@@ -215,7 +213,7 @@ absl::StatusOr<int32_t> RemoteTier::load(SeqId seq, int32_t claimed_tokens,
     loads_.push_back({static_cast<BlockId>(slots[static_cast<size_t>(j) * bs] / bs),
                       std::move(fetched.value), fetched.payload_at});
   }
-  if (waiting_for_gets(lookup)) ++stats_.timed_out;
+  if (lookup.gets_in_flight > 0) ++stats_.timed_out;
   stats_.loaded_blocks += n;
   stats_.loaded_tokens += int64_t{n} * bs;
   cancel(seq);
