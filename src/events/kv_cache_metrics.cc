@@ -9,6 +9,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <array>
 #include <exception>
 #include <map>
 #include <string>
@@ -48,6 +49,21 @@ const char* kind_label(AttentionKind kind) {
   }
   return "unknown";
 }
+
+// The outcomes of a fetched block: the label of its remote_blocks series and its count in
+// RemoteTierStats.
+struct RemoteBlockOutcome {
+  const char* label;
+  int64_t RemoteTierStats::*blocks;
+};
+constexpr std::array<RemoteBlockOutcome, 6> kRemoteBlockOutcomes = {{
+    {"found", &RemoteTierStats::found_blocks},
+    {"missing", &RemoteTierStats::missing_blocks},
+    {"corrupt", &RemoteTierStats::corrupt_blocks},
+    {"foreign", &RemoteTierStats::foreign_blocks},
+    {"other", &RemoteTierStats::other_blocks},
+    {"error", &RemoteTierStats::error_blocks},
+}};
 
 // The series of one layer group (labels group and kind).
 struct GroupSeries {
@@ -144,18 +160,7 @@ struct MetricsState {
                                       "Replies given up because the peer did not read")),
         remote_lookups(counter("remote_lookups", "Remote-tier lookups sent to the store")),
         remote_lookup_blocks(counter("remote_lookup_blocks", "Blocks remote lookups asked for")),
-        remote_found(
-            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "found"}})),
-        remote_missing(
-            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "missing"}})),
-        remote_corrupt(
-            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "corrupt"}})),
-        remote_foreign(
-            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "foreign"}})),
-        remote_other(
-            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "other"}})),
-        remote_error(
-            counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", "error"}})),
+        remote_blocks(remote_block_counters()),
         remote_timed_out(
             counter("remote_lookups_timed_out", "Lookups admitted with gets still in flight")),
         remote_loaded_tokens(
@@ -218,6 +223,17 @@ struct MetricsState {
     return groups.emplace(key, series).first->second;
   }
 
+  // remote_blocks{outcome}, one series per entry of kRemoteBlockOutcomes, in its order.
+  std::vector<MonotonicCounter> remote_block_counters() {
+    std::vector<MonotonicCounter> counters;
+    counters.reserve(kRemoteBlockOutcomes.size());
+    for (const RemoteBlockOutcome& outcome : kRemoteBlockOutcomes) {
+      counters.push_back(
+          counter("remote_blocks", "Fetched blocks, by outcome", {{"outcome", outcome.label}}));
+    }
+    return counters;
+  }
+
   MonotonicCounter counter(const std::string& name, const std::string& help,
                            const prometheus::Labels& extra = {}) {
     prometheus::Labels all = labels;
@@ -252,10 +268,11 @@ struct MetricsState {
   std::map<std::pair<int32_t, AttentionKind>, GroupSeries> groups;
   MonotonicCounter events_published, events_dropped_hwm, events_dropped_queue, replay_requests,
       snapshot_requests, requests_refused, stalled_peers_dropped;
-  MonotonicCounter remote_lookups, remote_lookup_blocks, remote_found, remote_missing,
-      remote_corrupt, remote_foreign, remote_other, remote_error, remote_timed_out,
-      remote_loaded_tokens, remote_written_blocks, remote_write_failures, remote_bytes_read,
-      remote_bytes_written, remote_dropped_puts, remote_store_errors, remote_reconnects;
+  MonotonicCounter remote_lookups, remote_lookup_blocks;
+  std::vector<MonotonicCounter> remote_blocks;  // indexed as kRemoteBlockOutcomes
+  MonotonicCounter remote_timed_out, remote_loaded_tokens, remote_written_blocks,
+      remote_write_failures, remote_bytes_read, remote_bytes_written, remote_dropped_puts,
+      remote_store_errors, remote_reconnects;
   prometheus::Histogram& remote_latency;
   RemoteKvStats last_store;  // the histogram's buckets and sum at the last update
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -375,12 +392,9 @@ void KvCacheMetrics::update(const RemoteTierStats& t, const RemoteKvStats& s) {
   internal::MetricsState& m = *state_;
   m.remote_lookups.advance_to(t.lookups);
   m.remote_lookup_blocks.advance_to(t.lookup_blocks);
-  m.remote_found.advance_to(t.found_blocks);
-  m.remote_missing.advance_to(t.missing_blocks);
-  m.remote_corrupt.advance_to(t.corrupt_blocks);
-  m.remote_foreign.advance_to(t.foreign_blocks);
-  m.remote_other.advance_to(t.other_blocks);
-  m.remote_error.advance_to(t.error_blocks);
+  for (size_t i = 0; i < internal::kRemoteBlockOutcomes.size(); ++i) {
+    m.remote_blocks[i].advance_to(t.*internal::kRemoteBlockOutcomes[i].blocks);
+  }
   m.remote_timed_out.advance_to(t.timed_out);
   m.remote_loaded_tokens.advance_to(t.loaded_tokens);
   m.remote_written_blocks.advance_to(t.written_blocks);
