@@ -88,6 +88,9 @@ ABSL_FLAG(double, host_cache_mb, 0.0,
 ABSL_FLAG(std::string, host_admission, "all",
           "which evicted blocks the host tier takes: all|reused (reused: only blocks hit, or "
           "computed again while their hash was a ghost; docs/results.md)");
+ABSL_FLAG(std::string, eviction_policy, "lru",
+          "the order the prefix cache evicts cached blocks in: lru|adaptive (adaptive: recency "
+          "against frequency, steered by ghost lists; docs/results.md)");
 ABSL_FLAG(int32_t, block_size, decode_loop::EngineOptions{}.block_size, "tokens per block");
 ABSL_FLAG(std::string, kv_dtype, "fp32",
           "KV cache element type: fp32|bf16|fp16|fp8 (fp8: e4m3 with per-layer K and V scales "
@@ -312,6 +315,8 @@ constexpr Choice<PreemptionPolicy> kPreemptionPolicies[] = {
     {"swap", PreemptionPolicy::kSwap}};
 constexpr Choice<pagedkv::HostAdmission> kHostAdmissions[] = {
     {"all", pagedkv::HostAdmission::kAll}, {"reused", pagedkv::HostAdmission::kReused}};
+constexpr Choice<pagedkv::EvictionPolicy> kEvictionPolicies[] = {
+    {"lru", pagedkv::EvictionPolicy::kLru}, {"adaptive", pagedkv::EvictionPolicy::kAdaptive}};
 constexpr Choice<ModelKind> kModels[] = {{"llama", ModelKind::kLlama},
                                          {"swa", ModelKind::kSwa},
                                          {"mla", ModelKind::kMla},
@@ -385,6 +390,8 @@ void size_kv_pools(int64_t split_tokens, EngineOptions* engine) {
   engine->enable_host_cache = host_cache_mb > 0;
   engine->host_admission =
       choose("host-admission", absl::GetFlag(FLAGS_host_admission), kHostAdmissions);
+  engine->eviction_policy =
+      choose("eviction-policy", absl::GetFlag(FLAGS_eviction_policy), kEvictionPolicies);
   engine->watermark_blocks = watermark_blocks(engine->cache);
 }
 

@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
       {.block_size = options.block_size,
        .enable_host_cache = options.enable_host_cache,
        .host_admission = options.host_admission,
+       .eviction_policy = options.eviction_policy,
        .watermark_blocks = options.watermark_blocks,
        // The tier learns of computed blocks from the events, and forwards them.
        .event_sink = engine->remote_ != nullptr ? engine->remote_.get() : options.event_sink,

@@ -91,6 +91,7 @@ struct EngineOptions {
   // The prefix cache's host tier (KvCacheManager::Options::enable_host_cache).
   bool enable_host_cache = false;
   pagedkv::HostAdmission host_admission = pagedkv::HostAdmission::kAll;
+  pagedkv::EvictionPolicy eviction_policy = pagedkv::EvictionPolicy::kLru;
   int32_t watermark_blocks = 1;  // of group 0; the manager scales it to the others
   PreemptionPolicy preemption = PreemptionPolicy::kMixed;
   int32_t max_running = 256;          // sequences decoding at once

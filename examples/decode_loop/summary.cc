@@ -327,7 +327,13 @@ std::string format_text(const Report& r) {
                    m.preemptions_recompute, m.preemptions_swap, m.blocks_swapped_out,
                    m.blocks_swapped_in));
   line(fmt::format("copy-on-write  {} block copies", m.cow_copies));
-  line(fmt::format("evictions      {} cached blocks reallocated", m.evictions));
+  line(fmt::format(
+      "evictions      {} cached blocks reallocated ({}{})", m.evictions,
+      r.engine.eviction_policy == pagedkv::EvictionPolicy::kAdaptive ? "adaptive" : "LRU",
+      r.engine.eviction_policy == pagedkv::EvictionPolicy::kAdaptive
+          ? fmt::format("; {} recent and {} frequent ghost hits", m.recent_ghost_hits,
+                        m.frequent_ghost_hits)
+          : ""));
   line(fmt::format("mechanisms     sequences through each: {}", mechanism_counts(s)));
   if (r.engine.fault != Fault::kNone) line(fault_line(r));
   line(fmt::format(
@@ -430,6 +436,8 @@ std::string format_json(const Report& r) {
         {"host_cache", r.engine.enable_host_cache},
         {"host_admission",
          r.engine.host_admission == pagedkv::HostAdmission::kReused ? "reused" : "all"},
+        {"eviction_policy",
+         r.engine.eviction_policy == pagedkv::EvictionPolicy::kAdaptive ? "adaptive" : "lru"},
         {"host_cache_blocks", r.engine.cache.groups.front().host_cache_blocks},
         {"treat_as_full", r.engine.cache.treat_as_full},
         {"split_tokens", r.engine.cache.split_tokens},
@@ -487,6 +495,8 @@ std::string format_json(const Report& r) {
       {"blocks_swapped_in", m.blocks_swapped_in},
       {"cow_copies", m.cow_copies},
       {"evictions", m.evictions},
+      {"recent_ghost_hits", m.recent_ghost_hits},
+      {"frequent_ghost_hits", m.frequent_ghost_hits},
       {"peak_running_sequences", s.peak_running},
       {"peak_decoding_sequences", s.peak_decoding},
       {"capacity",

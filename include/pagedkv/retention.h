@@ -24,8 +24,8 @@ inline constexpr int32_t kDefaultRetentionPriority = 35;
 //   kAdaptive: ARC over cached blocks (recency against frequency, steered by ghost lists of
 //     recently evicted hashes), never evicting a block before its cached children. It
 //     gains over LRU where long one-off prompts flush reused prefixes: docs/results.md,
-//     "Eviction beyond LRU". Costs ~30 bytes per block, and ghosts (~60 bytes each, at
-//     most two per block) as blocks are evicted.
+//     "Eviction beyond LRU". Costs 17 bytes per block, and ghosts (about 40 bytes each, at
+//     most one per block) as blocks are evicted.
 enum class EvictionPolicy : uint8_t { kLru, kAdaptive };
 
 // The retention of the blocks of a sequence whose first token lies in [begin, end).

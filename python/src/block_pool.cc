@@ -19,7 +19,7 @@ using namespace nb::literals;
 class PyBlockPool {
  public:
   PyBlockPool(int32_t num_blocks, int32_t block_size, bool enable_caching, nb::object event_sink,
-              Medium medium, nb::object clock)
+              Medium medium, nb::object clock, EvictionPolicy eviction_policy)
       : errors_(std::make_unique<CallbackErrors>()),
         sink_(event_sink.is_none()
                   ? nullptr
@@ -30,7 +30,8 @@ class PyBlockPool {
                                                 .enable_caching = enable_caching,
                                                 .event_sink = sink_.get(),
                                                 .medium = medium,
-                                                .clock = clock_->function()}))) {}
+                                                .clock = clock_->function(),
+                                                .eviction_policy = eviction_policy}))) {}
 
   const BlockPool& pool() const { return pool_; }
   PythonEventSink* sink() { return sink_.get(); }
@@ -67,7 +68,12 @@ void bind_stats(nb::class_<PyBlockPool>& cls) {
                 counter("free_blocks", &Stats::free_blocks, "ref count 0 (clean + cached)"),
                 counter("cached_free_blocks", &Stats::cached_free_blocks, "ref count 0 and hashed"),
                 counter("cached_blocks", &Stats::cached_blocks, "hashed blocks, in use or free"),
-                counter("evictions", &Stats::evictions));
+                counter("evictions", &Stats::evictions),
+                counter("recent_ghost_hits", &Stats::recent_ghost_hits,
+                        "EvictionPolicy.ADAPTIVE: blocks cached while their hash was a ghost of "
+                        "a block evicted once-used"),
+                counter("frequent_ghost_hits", &Stats::frequent_ghost_hits,
+                        "EvictionPolicy.ADAPTIVE: ... of a block evicted after reuse"));
 }
 
 // Garbage-collector support: an event sink or a clock may refer back to the pool.
@@ -96,14 +102,18 @@ PyType_Slot pool_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(pool_traver
 void bind_block_pool(nb::module_& m) {
   nb::class_<PyBlockPool> cls(
       m, "BlockPool", nb::type_slots(pool_slots),
-      "A fixed number of KV blocks with ref counts, a free queue that is also the LRU\n"
-      "eviction order (by retention priority, then LRU), and a verified hash index of full\n"
+      "A fixed number of KV blocks with ref counts, a free queue that is also the eviction\n"
+      "order (by retention priority, then LRU or the adaptive policy), and a verified hash\n"
+      "index of full\n"
       "blocks (see block_pool.h).\n"
       "Pure bookkeeping; one thread owns it. Invalid block ids raise ValueError.");
   bind_stats(cls);
-  cls.def(nb::init<int32_t, int32_t, bool, nb::object, Medium, nb::object>(), nb::kw_only(),
-          "num_blocks"_a, "block_size"_a = 16, "enable_caching"_a = true,
+  cls.def(nb::init<int32_t, int32_t, bool, nb::object, Medium, nb::object, EvictionPolicy>(),
+          nb::kw_only(), "num_blocks"_a, "block_size"_a = 16, "enable_caching"_a = true,
           "event_sink"_a = nb::none(), "medium"_a = Medium::kDevice, "clock"_a = nb::none(),
+          "eviction_policy"_a = EvictionPolicy::kLru,
+          "eviction_policy: the order cached free blocks of one retention priority are evicted\n"
+          "in (EvictionPolicy.LRU or ADAPTIVE).\n"
           "event_sink: a KvEventBuffer or any object with on_event(event). medium: what the\n"
           "pool's events say it is. clock: callable() -> int milliseconds for retention\n"
           "durations (None: a steady clock); called by allocate() and free() while a block\n"

@@ -420,7 +420,12 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
                 counter("blocks_not_admitted", &Stats::blocks_not_admitted,
                         "evicted blocks HostAdmission.REUSED dropped (no evidence of reuse)"),
                 counter("ghost_hits", &Stats::ghost_hits,
-                        "blocks computed while their hash was a ghost (HostAdmission.REUSED)"));
+                        "blocks computed while their hash was a ghost (HostAdmission.REUSED)"),
+                counter("recent_ghost_hits", &Stats::recent_ghost_hits,
+                        "EvictionPolicy.ADAPTIVE: blocks cached while their hash was a ghost "
+                        "of a block evicted once-used"),
+                counter("frequent_ghost_hits", &Stats::frequent_ghost_hits,
+                        "EvictionPolicy.ADAPTIVE: ... of a block evicted after reuse"));
 
   using GroupStats = KvCacheManager::GroupStats;
   nb::class_<GroupStats> group_stats(
@@ -453,6 +458,7 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("num_host_blocks", &Options::num_host_blocks)
       .def_ro("enable_host_cache", &Options::enable_host_cache)
       .def_ro("host_admission", &Options::host_admission)
+      .def_ro("eviction_policy", &Options::eviction_policy)
       .def_ro("max_model_len", &Options::max_model_len)
       .def_ro("watermark_blocks", &Options::watermark_blocks)
       .def_ro("enable_prefix_caching", &Options::enable_prefix_caching)
@@ -747,7 +753,8 @@ void bind_kv_cache_manager(nb::module_& m) {
          bool enable_prefix_caching, PreemptionMode preemption_mode, nb::object event_sink,
          nb::object preemption_hooks, nb::object victim_policy, nb::object clock,
          std::vector<LayerGroup> layer_groups, bool enable_partial_block_reuse,
-         int32_t state_checkpoint_interval_blocks, HostAdmission host_admission) {
+         int32_t state_checkpoint_interval_blocks, HostAdmission host_admission,
+         EvictionPolicy eviction_policy) {
         KvCacheManager::Options options;
         options.num_blocks = num_blocks;
         options.block_size = block_size;
@@ -761,6 +768,7 @@ void bind_kv_cache_manager(nb::module_& m) {
         options.enable_partial_block_reuse = enable_partial_block_reuse;
         options.state_checkpoint_interval_blocks = state_checkpoint_interval_blocks;
         options.host_admission = host_admission;
+        options.eviction_policy = eviction_policy;
         new (self)
             PyKvCacheManager(std::move(options), std::move(event_sink), std::move(preemption_hooks),
                              std::move(victim_policy), std::move(clock));
@@ -772,6 +780,7 @@ void bind_kv_cache_manager(nb::module_& m) {
       "victim_policy"_a = nb::none(), "clock"_a = nb::none(),
       "layer_groups"_a = std::vector<LayerGroup>{}, "enable_partial_block_reuse"_a = false,
       "state_checkpoint_interval_blocks"_a = 0, "host_admission"_a = HostAdmission::kAll,
+      "eviction_policy"_a = EvictionPolicy::kLru,
       "num_blocks: device blocks (> 0), or 0 with layer_groups.\n"
       "layer_groups: a hybrid model's LayerGroups (full, sliding window, chunked local), each\n"
       "with device and host pools of its own sizes (num_blocks and num_host_blocks must then\n"
@@ -789,6 +798,8 @@ void bind_kv_cache_manager(nb::module_& m) {
       "(StepOps.promote). Needs enable_prefix_caching and num_host_blocks > 0.\n"
       "host_admission: HostAdmission.ALL demotes every evicted cached block; REUSED only those\n"
       "hit, or computed again while their hash was a ghost (docs/results.md).\n"
+      "eviction_policy: EvictionPolicy.LRU or ADAPTIVE, the order the full groups' device\n"
+      "pools evict cached free blocks in within a retention priority (docs/results.md).\n"
       "event_sink: a KvEventBuffer or any object with on_event(event).\n"
       "preemption_hooks: any object with on_preempt(victim, mode), and optionally\n"
       "on_claim_released(seq) (allocate_slots_or_preempt gave a waiting sequence's claim back).\n"

@@ -152,6 +152,13 @@ void bind_enums(nb::module_& m) {
       .value("REUSED", HostAdmission::kReused,
              "only blocks hit, or computed again while their hash was a ghost (a recently "
              "dropped hash); the rest are dropped");
+  nb::enum_<EvictionPolicy>(m, "EvictionPolicy",
+                            "Which cached free block of the lowest retention priority is "
+                            "evicted first (retention.h).")
+      .value("LRU", EvictionPolicy::kLru, "the least recently used")
+      .value("ADAPTIVE", EvictionPolicy::kAdaptive,
+             "ARC over cached blocks: recency against frequency, steered by ghost lists of "
+             "recently evicted hashes; never a parent before its cached children");
   nb::enum_<Medium>(m, "Medium", "Where cached blocks live, as KV events report it.")
       .value("DEVICE", Medium::kDevice, "device memory (\"GPU\" on the wire)")
       .value("HOST", Medium::kHost, "the host tier of the prefix cache (\"CPU\")");

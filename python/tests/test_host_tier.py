@@ -436,3 +436,26 @@ def test_admission_reused_drops_blocks_never_reused_and_demotes_them_once_they_c
     assert (s.blocks_not_admitted, s.blocks_demoted, s.cached_host_blocks) == (5, 2, 2)
     assert m.group_stats(0).ghost_hits == 2
     m.check_invariants()
+
+
+def test_adaptive_eviction_keeps_a_reused_prompt_through_one_off_prompts():
+    # The scan of examples/simulator/simulator_test.cc through the manager: a 2-block prompt
+    # used twice, then three one-off 2-block prompts before each of its next 5 uses, in a
+    # 5-block pool. LRU evicts it every time; the adaptive policy keeps it (frequent).
+    hits = {}
+    for policy in (pk.EvictionPolicy.LRU, pk.EvictionPolicy.ADAPTIVE):
+        m = pk.KvCacheManager(num_blocks=5, block_size=BLOCK_SIZE, eviction_policy=policy)
+        assert m.options.eviction_policy == policy
+        reused = tokens(8, 100)
+        prompts = [reused, reused]
+        for r in range(5):
+            prompts += [tokens(8, 1000 + 100 * (3 * r + i)) for i in range(3)] + [reused]
+        for seq, prompt in enumerate(prompts):
+            prefill(m, seq, prompt + [7])  # one token past the blocks: every block can hit
+            m.free(seq)
+        m.check_invariants()
+        hits[policy] = m.stats().prefix_hit_tokens
+    assert hits[pk.EvictionPolicy.LRU] == 8
+    assert hits[pk.EvictionPolicy.ADAPTIVE] == 8 * 6
+    pool = pk.BlockPool(num_blocks=2, eviction_policy=pk.EvictionPolicy.ADAPTIVE)
+    assert pool.stats().recent_ghost_hits == 0
