@@ -105,12 +105,14 @@ Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs, bo
     totals.stats.host_evictions += s.host_evictions;
     totals.stats.blocks_not_admitted += s.blocks_not_admitted;
     totals.stats.ghost_hits += s.ghost_hits;
+    totals.stats.recent_ghost_hits += s.recent_ghost_hits;
+    totals.stats.frequent_ghost_hits += s.frequent_ghost_hits;
   }
   std::printf(
       "property test: %lld operations; prefix hit tokens %lld, evictions %lld, CoW copies %lld, "
       "preemptions %lld recompute / %lld swap, blocks swapped in %lld, claims released %lld, "
       "host tier: %lld demoted, %lld promoted, %lld host evictions, %lld not admitted, %lld "
-      "ghost hits\n",
+      "ghost hits; adaptive eviction: %lld recent and %lld frequent ghost hits\n",
       static_cast<long long>(totals.ops), static_cast<long long>(totals.stats.prefix_hit_tokens),
       static_cast<long long>(totals.stats.evictions),
       static_cast<long long>(totals.stats.cow_copies),
@@ -122,7 +124,9 @@ Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs, bo
       static_cast<long long>(totals.stats.blocks_promoted),
       static_cast<long long>(totals.stats.host_evictions),
       static_cast<long long>(totals.stats.blocks_not_admitted),
-      static_cast<long long>(totals.stats.ghost_hits));
+      static_cast<long long>(totals.stats.ghost_hits),
+      static_cast<long long>(totals.stats.recent_ghost_hits),
+      static_cast<long long>(totals.stats.frequent_ghost_hits));
   if (groups) {
     std::printf(
         "property test (layer groups): runs created with 1 / 2 / 3 groups: %lld / %lld / %lld; "
@@ -160,6 +164,8 @@ void require_reached_everything(const Totals& t) {
   CHECK(t.stats.host_evictions > 0);
   CHECK(t.stats.blocks_not_admitted > 0);
   CHECK(t.stats.ghost_hits > 0);
+  CHECK(t.stats.recent_ghost_hits > 0);
+  CHECK(t.stats.frequent_ghost_hits > 0);
 }
 
 // ... and, with layer groups, runs of 1, 2 and 3 groups, both windowed kinds, windowed

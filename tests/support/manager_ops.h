@@ -339,6 +339,8 @@ class ManagerOpRunner {
     // Half of the runs demote only reused blocks (the base text's seed picks: no byte of
     // the saved inputs changes meaning).
     opts_.host_admission = seed % 2 == 1 ? HostAdmission::kReused : HostAdmission::kAll;
+    // Likewise half of them evict by the adaptive policy.
+    opts_.eviction_policy = seed / 2 % 2 == 1 ? EvictionPolicy::kAdaptive : EvictionPolicy::kLru;
     opts_.event_sink = &events_;
     opts_.preemption_hooks = &hooks_;
     opts_.clock = [this] { return now_ms_; };
@@ -1349,6 +1351,8 @@ class ManagerOpRunner {
         {"host_evictions", {s.host_evictions, m.host_evictions()}},
         {"blocks_not_admitted", {s.blocks_not_admitted, c.blocks_not_admitted}},
         {"ghost_hits", {s.ghost_hits, c.ghost_hits}},
+        {"recent_ghost_hits", {s.recent_ghost_hits, m.adaptive_ghost_hits(0)}},
+        {"frequent_ghost_hits", {s.frequent_ghost_hits, m.adaptive_ghost_hits(1)}},
     };
     for (const auto& [name, values] : fields) {
       if (values.first != values.second) {

@@ -154,6 +154,13 @@ class ReferenceModel {
     uint64_t stamp = 0;       // when it last joined a priority's list
     uint64_t indexed_at = 0;  // when it last became the indexed block of its hash
     uint64_t cached_at = 0;   // when it last entered the index (indexed or standby)
+    // EvictionPolicy::kAdaptive: used again since it was cached (ARC's T2); the block it
+    // was cached after and that block's epoch then (the link holds while the epoch stays);
+    // its own epoch, which grows whenever it leaves the cache.
+    bool frequent = false;
+    BlockId parent = kNoBlock;
+    uint64_t parent_epoch = 0;
+    uint64_t epoch = 0;
     bool cached() const { return role != Role::kNone; }
     int32_t effective_priority() const {
       return priority == kNone ? kDefaultRetentionPriority : priority;
@@ -209,6 +216,10 @@ class ReferenceModel {
     if (o.host_admission != HostAdmission::kAll && o.host_admission != HostAdmission::kReused) {
       return Code::kInvalidArgument;
     }
+    if (o.eviction_policy != EvictionPolicy::kLru &&
+        o.eviction_policy != EvictionPolicy::kAdaptive) {
+      return Code::kInvalidArgument;
+    }
     // NOTE (contract): at most 16 checkpoint levels.
     if (o.window_checkpoint_tokens < 0 || o.window_checkpoint_levels < 0 ||
         o.window_checkpoint_levels > 16) {
@@ -248,6 +259,9 @@ class ReferenceModel {
         anchor_ = static_cast<int32_t>(g);
         break;
       }
+    }
+    for (Group& g : groups_) {
+      g.device.adaptive = !g.windowed() && o.eviction_policy == EvictionPolicy::kAdaptive;
     }
     // With windowed groups that cache, the anchor's pools report the contents they lose
     // (bury_dead_windows()).
@@ -570,6 +584,7 @@ class ReferenceModel {
         for (Block& b : pool->blocks) b.role = Role::kNone;
         pool->index.clear();
         pool->standby.clear();
+        if (pool->adaptive) adaptive_reset(*pool);
       }
     }
     for (auto& [id, s] : seqs_) {
@@ -597,6 +612,12 @@ class ReferenceModel {
   std::vector<BlockId> host_queue(int32_t g = 0) const { return queue_order(groups_[g].host); }
   int64_t evictions(int32_t g = 0) const { return groups_[g].device.evictions; }
   int64_t host_evictions(int32_t g = 0) const { return groups_[g].host.evictions; }
+  // EvictionPolicy::kAdaptive's ghost hits of every group, from B1 (list 0) or B2 (1).
+  int64_t adaptive_ghost_hits(int list) const {
+    int64_t n = 0;
+    for (const Group& g : groups_) n += g.device.ghost_hits[list];
+    return n;
+  }
   const Counters& counters() const { return counters_; }
   const StepOps& pending_ops() const { return pending_; }
   const KvCacheManager::Options& options() const { return opts_; }
@@ -704,8 +725,9 @@ class ReferenceModel {
     }
     Medium medium;
     std::vector<Block> blocks;
-    std::vector<BlockId> clean;                      // free and never cached since, head first
-    std::map<int32_t, std::vector<BlockId>> levels;  // priority -> its list, LRU first
+    std::vector<BlockId> clean;  // free and never cached since, head first
+    // 2 * priority + frequent -> its list, LRU first (frequent: kAdaptive's T2 lists).
+    std::map<int32_t, std::vector<BlockId>> levels;
     std::map<Key, BlockId> index;
     std::map<Key, std::vector<BlockId>> standby;  // per hash, newest first
     uint64_t next_content;
@@ -718,6 +740,14 @@ class ReferenceModel {
     bool logs_dead = false;
     std::vector<std::pair<BlockHash, uint64_t>> dead;
     std::vector<Expiry> expiries;
+    // EvictionPolicy::kAdaptive (full groups' device pools): ARC's target for |T1|, its
+    // ghost lists B1 and B2 (64 bits of the hash, oldest first), the parked non-leaves
+    // (oldest first) and the ghost hits per list.
+    bool adaptive = false;
+    double target = 0;
+    std::vector<uint64_t> ghosts[2];
+    std::vector<BlockId> parked;
+    int64_t ghost_hits[2] = {0, 0};
   };
 
   // A device block eviction dropped from the index: the host tier's copy is made from it.
@@ -807,7 +837,7 @@ class ReferenceModel {
   // --- free queues ---
 
   static size_t queue_size(const Pool& p) {
-    size_t n = p.clean.size();
+    size_t n = p.clean.size() + p.parked.size();
     for (const auto& [priority, list] : p.levels) n += list.size();
     return n;
   }
@@ -815,6 +845,7 @@ class ReferenceModel {
     std::vector<BlockId> order = p.clean;
     for (const auto& [priority, list] : p.levels)
       order.insert(order.end(), list.begin(), list.end());
+    order.insert(order.end(), p.parked.begin(), p.parked.end());
     return order;
   }
   static bool queued_in(const std::vector<BlockId>& list, BlockId b) {
@@ -823,8 +854,11 @@ class ReferenceModel {
   static void queue_erase(Pool& p, BlockId b) {
     std::erase(p.clean, b);
     for (auto& [priority, list] : p.levels) std::erase(list, b);
+    std::erase(p.parked, b);
   }
+  static int32_t level_of(const Block& d) { return 2 * d.effective_priority() + d.frequent; }
   static BlockId queue_pop(Pool& p) {
+    if (p.adaptive) return adaptive_pop(p);
     std::vector<BlockId>* list = &p.clean;
     for (auto& [priority, l] : p.levels) {
       if (!list->empty()) break;
@@ -834,9 +868,9 @@ class ReferenceModel {
     list->erase(list->begin());
     return b;
   }
-  // Inserts b into priority `priority`'s list before the first block released after it.
-  static void insert_by_stamp(Pool& p, BlockId b, int32_t priority) {
-    std::vector<BlockId>& list = p.levels[priority];
+  // Inserts b into list `level` before the first block released after it.
+  static void insert_by_stamp(Pool& p, BlockId b, int32_t level) {
+    std::vector<BlockId>& list = p.levels[level];
     auto it = std::find_if(list.begin(), list.end(),
                            [&](BlockId x) { return p.blocks[x].stamp > p.blocks[b].stamp; });
     list.insert(it, b);
@@ -853,14 +887,19 @@ class ReferenceModel {
         continue;
       }
       Block& b = p.blocks[e.block];
-      const auto level = p.levels.find(b.effective_priority());
+      if (queued_in(p.parked, e.block) && b.stamp == e.stamp) {
+        b.priority = Block::kNone;  // unparked at the default priority
+        b.duration = 0;
+        continue;
+      }
+      const auto level = p.levels.find(level_of(b));
       if (level == p.levels.end() || !queued_in(level->second, e.block) || b.stamp != e.stamp) {
         continue;  // taken or freed again since
       }
       std::erase(level->second, e.block);
       b.priority = Block::kNone;
       b.duration = 0;
-      insert_by_stamp(p, e.block, kDefaultRetentionPriority);
+      insert_by_stamp(p, e.block, level_of(b));
     }
     p.expiries = std::move(keep);
   }
@@ -1004,13 +1043,15 @@ class ReferenceModel {
       Block& d = p.blocks[b];
       if (d.cached()) {
         // One event per evicted block; none when a standby takes over the hash.
-        if (leave_index(p, b)) {
+        const bool gone = leave_index(p, b);
+        if (gone) {
           events_.push_back(BlockRemoved{{d.hash}, p.medium});
           if (medium == Medium::kDevice && opts_.enable_host_cache) {
             group.evicted.push_back({b, d.hash, d.content, d.priority, d.duration});
           }
           if (medium == Medium::kHost && reuse_admission()) group.host_evicted.push_back(d.hash);
         }
+        if (p.adaptive) adaptive_uncached(p, b, gone);
         ++p.evictions;
       }
       d.content = p.next_content++;
@@ -1279,6 +1320,7 @@ class ReferenceModel {
       d.priority = Block::kNone;
       d.duration = 0;
     }
+    if (p.adaptive && d.cached()) make_frequent(p, b);
   }
 
   // Drops one reference from each block; those reaching 0 join the queue in the given
@@ -1293,7 +1335,7 @@ class ReferenceModel {
         continue;
       }
       d.stamp = ++p.last_stamp;
-      p.levels[d.effective_priority()].push_back(b);
+      p.levels[level_of(d)].push_back(b);
       if (d.duration > 0 && d.priority != Block::kNone) {
         p.expiries.push_back({now() + d.duration, b, d.stamp});
       }
@@ -1368,9 +1410,9 @@ class ReferenceModel {
         const BlockId b = t.blocks[i];
         Block& d = p.blocks[b];
         const bool copy_filled = d.write_step == step_ && d.copy_only;
-        if (d.ref == 1 && d.cached() && !copy_filled && leave_index(p, b)) {
-          events_.push_back(BlockRemoved{{d.hash}, Medium::kDevice});
-        }
+        if (d.ref != 1 || !d.cached() || copy_filled) continue;
+        if (leave_index(p, b)) events_.push_back(BlockRemoved{{d.hash}, Medium::kDevice});
+        if (p.adaptive) adaptive_uncached(p, b, /*evicted=*/false);
       }
     }
   }
@@ -1680,6 +1722,7 @@ class ReferenceModel {
       d.parent_hash = i > 0 ? std::optional(hashes[i - 1]) : std::nullopt;
       d.tokens = block_tokens(s, i);
       d.extra_keys = s.extra_keys;
+      if (p.adaptive) adaptive_cached(p, b, i == 0 ? kNoBlock : t.blocks[i - 1]);
       if (d.role == Role::kStandby) {  // its hash was announced already
         end_run();
         continue;
@@ -1699,11 +1742,129 @@ class ReferenceModel {
     Block& d = p.blocks[b];
     if (d.ref == 0) queue_erase(p, b);
     if (leave_index(p, b)) events_.push_back(BlockRemoved{{d.hash}, p.medium});
+    if (p.adaptive) adaptive_uncached(p, b, /*evicted=*/false);
     if (d.ref == 0) {
       p.clean.insert(p.clean.begin(), b);
       d.priority = Block::kNone;
       d.duration = 0;
     }
+  }
+
+  // --- EvictionPolicy::kAdaptive (docs/allocator.md, "Eviction policy") ---
+
+  static int32_t frequent_blocks(const Pool& p) {
+    return static_cast<int32_t>(
+        std::count_if(p.blocks.begin(), p.blocks.end(), [](const Block& d) { return d.frequent; }));
+  }
+  static bool linked(const Pool& p, const Block& d) {
+    return d.parent != kNoBlock && p.blocks[d.parent].epoch == d.parent_epoch;
+  }
+  static int32_t cached_children(const Pool& p, BlockId b) {
+    return static_cast<int32_t>(
+        std::count_if(p.blocks.begin(), p.blocks.end(),
+                      [&](const Block& d) { return d.cached() && d.parent == b && linked(p, d); }));
+  }
+
+  // A clean block; else from the lowest priority's lists the least recent leaf of its
+  // recent list while |T1| = C - |T2| is over the target (or its frequent list is empty),
+  // else of its frequent list, parking the non-leaves met; else a parked block.
+  static BlockId adaptive_pop(Pool& p) {
+    while (true) {
+      std::vector<BlockId>* from = &p.clean;
+      if (from->empty()) {
+        auto level = std::find_if(p.levels.begin(), p.levels.end(),
+                                  [](const auto& l) { return !l.second.empty(); });
+        from = level == p.levels.end() ? &p.parked : &level->second;
+        const auto frequent = level == p.levels.end() || level->first % 2 == 1
+                                  ? p.levels.end()
+                                  : p.levels.find(level->first + 1);
+        const auto t1 = static_cast<int32_t>(p.blocks.size()) - frequent_blocks(p);
+        if (frequent != p.levels.end() && !frequent->second.empty() && t1 <= p.target) {
+          from = &frequent->second;
+        }
+      }
+      const BlockId b = from->front();
+      from->erase(from->begin());
+      if (from != &p.parked && p.blocks[b].cached() && cached_children(p, b) > 0) {
+        p.parked.push_back(b);
+        continue;
+      }
+      return b;
+    }
+  }
+
+  // b (in use) turns frequent, and so do its recent ancestors, by their parent links; a
+  // free one moves to its priority's frequent list by its stamp.
+  static void make_frequent(Pool& p, BlockId b) {
+    while (!p.blocks[b].frequent) {
+      Block& d = p.blocks[b];
+      d.frequent = true;
+      for (auto& [level, list] : p.levels) {
+        if (level % 2 == 1 || !queued_in(list, b)) continue;
+        std::erase(list, b);
+        insert_by_stamp(p, b, level + 1);
+        break;
+      }
+      if (!linked(p, d)) return;
+      b = d.parent;
+    }
+  }
+
+  // b was just cached after `parent`: a ghost hit moves the target and makes it frequent.
+  static void adaptive_cached(Pool& p, BlockId b, BlockId parent) {
+    Block& d = p.blocks[b];
+    int list = -1;
+    for (int l : {0, 1}) {
+      if (std::erase(p.ghosts[l], d.hash.lo) > 0) list = l;
+    }
+    const double b1 = std::max<size_t>(1, p.ghosts[0].size());
+    const double b2 = std::max<size_t>(1, p.ghosts[1].size());
+    const auto c = static_cast<double>(p.blocks.size());
+    if (list == 0) p.target = std::min(c, p.target + std::max(1.0, b2 / b1));
+    if (list == 1) p.target = std::max(0.0, p.target - std::max(1.0, b1 / b2));
+    if (list >= 0) ++p.ghost_hits[list];
+    d.frequent = false;
+    d.parent = parent != kNoBlock && p.blocks[parent].cached() ? parent : kNoBlock;
+    if (d.parent != kNoBlock) d.parent_epoch = p.blocks[parent].epoch;
+    if (list >= 0) make_frequent(p, b);
+  }
+
+  // b just left the cache (`evicted`: its hash with it). A recent block becomes a ghost
+  // only while |B1| may be above 0 (|B1| <= |T2|); then the ghost bounds |B1| <= |T2| and
+  // |B1| + |B2| <= C; a parked parent whose last cached child this was is requeued.
+  static void adaptive_uncached(Pool& p, BlockId b, bool evicted) {
+    Block& d = p.blocks[b];
+    const bool was_frequent = d.frequent;
+    d.frequent = false;
+    ++d.epoch;
+    const int32_t t2 = frequent_blocks(p);
+    if (evicted && (was_frequent || t2 > 0)) {
+      for (auto& ghosts : p.ghosts) std::erase(ghosts, d.hash.lo);
+      p.ghosts[was_frequent].push_back(d.hash.lo);
+    }
+    while (static_cast<int32_t>(p.ghosts[0].size()) > t2) p.ghosts[0].erase(p.ghosts[0].begin());
+    while (p.ghosts[0].size() + p.ghosts[1].size() > p.blocks.size()) {
+      std::vector<uint64_t>& from = p.ghosts[1].empty() ? p.ghosts[0] : p.ghosts[1];
+      from.erase(from.begin());
+    }
+    if (linked(p, d) && cached_children(p, d.parent) == 0 && queued_in(p.parked, d.parent)) {
+      std::erase(p.parked, d.parent);
+      insert_by_stamp(p, d.parent, level_of(p.blocks[d.parent]));
+    }
+    d.parent = kNoBlock;
+  }
+
+  // reset_prefix_cache(): parked blocks go to the clean list's head; flags, links and
+  // ghosts go; the target stays.
+  static void adaptive_reset(Pool& p) {
+    for (const BlockId b : std::exchange(p.parked, {})) p.clean.insert(p.clean.begin(), b);
+    for (Block& d : p.blocks) {
+      d.frequent = false;
+      d.parent = kNoBlock;
+      ++d.epoch;
+    }
+    p.ghosts[0].clear();
+    p.ghosts[1].clear();
   }
 
   // Windowed eviction: an anchor content that left the anchor's device and host indexes
