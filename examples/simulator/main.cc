@@ -95,6 +95,9 @@ ABSL_FLAG(double, host_cache_gib, kDefaults.host_cache_gib,
 ABSL_FLAG(std::string, host_admission, "all",
           "which evicted blocks the host tier takes: all, or reused (hit, or computed again "
           "while their hash was a ghost)");
+ABSL_FLAG(std::string, eviction_policy, "lru",
+          "the order the engine's prefix cache evicts cached blocks in: lru or adaptive "
+          "(recency against frequency, steered by ghost lists)");
 ABSL_FLAG(double, host_link_gbps, pagedkv::sim::EngineOptions{}.host_link_bytes_per_s / 1e9,
           "host tier promotion bandwidth in GB/s; 55: PCIe 5.0 x16");
 ABSL_FLAG(double, step_ms, pagedkv::sim::EngineOptions{}.step_ms, "decode step time in ms");
@@ -176,6 +179,7 @@ absl::Status validate_flags() {
   };
   const std::string preemption = GetFlag(FLAGS_preemption);
   const std::string host_admission = GetFlag(FLAGS_host_admission);
+  const std::string eviction_policy = GetFlag(FLAGS_eviction_policy);
   const std::string router = GetFlag(FLAGS_router);
   for (const absl::Status& status : {
            check_flag(FLAGS_gen_requests, count_in(GetFlag(FLAGS_gen_requests), 0), count_range(0)),
@@ -191,6 +195,8 @@ absl::Status validate_flags() {
            check_flag(FLAGS_host_cache_gib, GetFlag(FLAGS_host_cache_gib) >= 0, ">= 0"),
            check_flag(FLAGS_host_admission, host_admission == "all" || host_admission == "reused",
                       "all or reused"),
+           check_flag(FLAGS_eviction_policy,
+                      eviction_policy == "lru" || eviction_policy == "adaptive", "lru or adaptive"),
            check_flag(FLAGS_host_link_gbps, GetFlag(FLAGS_host_link_gbps) > 0, "> 0"),
            check_flag(FLAGS_step_ms, GetFlag(FLAGS_step_ms) > 0, "> 0"),
            check_flag(FLAGS_prefill_ms_per_1k, GetFlag(FLAGS_prefill_ms_per_1k) >= 0, ">= 0"),
@@ -260,6 +266,9 @@ SimOptions options_from_flags() {
   options.host_admission = GetFlag(FLAGS_host_admission) == "reused"
                                ? pagedkv::HostAdmission::kReused
                                : pagedkv::HostAdmission::kAll;
+  options.eviction_policy = GetFlag(FLAGS_eviction_policy) == "adaptive"
+                                ? pagedkv::EvictionPolicy::kAdaptive
+                                : pagedkv::EvictionPolicy::kLru;
   options.engine.host_link_bytes_per_s = GetFlag(FLAGS_host_link_gbps) * 1e9;
   options.engine.step_ms = GetFlag(FLAGS_step_ms);
   options.engine.prefill_ms_per_1k_tokens = GetFlag(FLAGS_prefill_ms_per_1k);

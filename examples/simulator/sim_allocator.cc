@@ -223,6 +223,7 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     o.preemption_hooks = a.get();
     o.event_sink = setup.event_sink;
     o.preemption_mode = PreemptionMode::kRecompute;
+    o.eviction_policy = setup.eviction_policy;
     if (setup.hybrid) {
       const HybridPools& h = *setup.hybrid;
       if (h.groups.empty() || h.pools.num_groups() != static_cast<int32_t>(h.groups.size()) ||

@@ -95,7 +95,8 @@ struct AllocatorSetup {
   int64_t budget_tokens = 0;       // KV slots of the device budget
   int64_t host_budget_tokens = 0;  // KV slots of host swap space (paged, swap mode)
   int64_t host_cache_tokens = 0;   // KV slots of the host tier, besides swap (paged+prefix)
-  HostAdmission host_admission = HostAdmission::kAll;  // which evictions the tier takes
+  HostAdmission host_admission = HostAdmission::kAll;     // which evictions the tier takes
+  EvictionPolicy eviction_policy = EvictionPolicy::kLru;  // the prefix cache's order
   int32_t max_model_len = 8192;
   double watermark_fraction = 0.01;  // paged admission leaves this share of blocks free
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;

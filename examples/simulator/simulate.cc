@@ -131,6 +131,7 @@ absl::StatusOr<AllocatorSetup> allocator_setup(const AllocatorConfig& config,
   setup.host_budget_tokens = gib_bytes(options.host_swap_gib) / options.spec.bytes_per_token();
   setup.host_cache_tokens = gib_bytes(options.host_cache_gib) / options.spec.bytes_per_token();
   setup.host_admission = options.host_admission;
+  setup.eviction_policy = options.eviction_policy;
   setup.max_model_len = settings.max_model_len;
   setup.preemption_mode = options.preemption_mode;
   return setup;

@@ -53,8 +53,9 @@ struct SimOptions {
   std::optional<double> time_scale;
   std::optional<int32_t> max_model_len;
   double host_swap_gib = 4;
-  double host_cache_gib = 0;                           // host tier behind paged+prefix (0: none)
-  HostAdmission host_admission = HostAdmission::kAll;  // the host tier's
+  double host_cache_gib = 0;                              // host tier behind paged+prefix (0: none)
+  HostAdmission host_admission = HostAdmission::kAll;     // the host tier's
+  EvictionPolicy eviction_policy = EvictionPolicy::kLru;  // the prefix cache's
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   EngineOptions engine;
   bool eviction = true;  // eviction study on the first Mooncake trace
