@@ -473,6 +473,29 @@ TEST_CASE("a state storage holds slots per layer and runs its group's state copi
   }
 }
 
+TEST_CASE("a state storage demotes checkpoints to host slots and restores them from there",
+          "[kv_storage]") {
+  absl::StatusOr<KvStorage> created = KvStorage::create_state(
+      kState, 5, {.device = Device::kCpu, .num_host_blocks = 2, .layer_group = 1});
+  REQUIRE(created.ok());
+  KvStorage& s = *created;
+  fill_slots(s);
+  // One step, in run order: checkpoint slot 3 demoted into host slot 1 before a restore
+  // refills slot 3 from slot 1; then host slot 1 (what the demotion wrote) restored
+  // straight into slot 4 (a promote of the state group).
+  StepOps step;
+  step.demote = {{.src = 3, .dst = 1, .num_tokens = 16, .group = 1}};
+  step.copy_state = {{.src = 1, .dst = 3, .num_tokens = 16, .group = 1}};
+  step.promote = {{.src = 1, .dst = 4, .num_tokens = 16, .group = 1}};
+  REQUIRE(s.run_step_ops(step).ok());
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    const int base = 16 * layer + 1;
+    CHECK(slot_byte(s, layer, 1) == base + 1);
+    CHECK(slot_byte(s, layer, 3) == base + 1);
+    CHECK(slot_byte(s, layer, 4) == base + 3);
+  }
+}
+
 TEST_CASE("a state storage refuses bad shapes and bad slot ids, copying nothing", "[kv_storage]") {
   auto refused = [](const StateShape& shape, int32_t slots, const std::string& fragment) {
     absl::StatusOr<KvStorage> s = KvStorage::create_state(shape, slots);

@@ -293,6 +293,167 @@ TEST_CASE("checkpoints are evicted least recently used first", "[state]") {
   require_valid(m);
 }
 
+// --- the host tier -----------------------------------------------------------------------
+//
+// with_state() gives the state group 2 host slots; with enable_host_cache they are its
+// host tier. Checkpoint slots below: a prompt of its own of 8 or 10 tokens takes slot 0
+// for the sequence (clean, at the head once freed) and the next free slot for its
+// checkpoint at 8 tokens; the full group's 16 blocks never evict.
+
+// Prompt `prompt` alone, computed in one step, then freed: returns its checkpoint's slot.
+BlockId checkpoint_alone(KvCacheManager& m, SeqId seq, const std::vector<TokenId>& prompt,
+                         StepOps* ops = nullptr) {
+  admit(m, seq, prompt);
+  allocate(m, seq, static_cast<int32_t>(prompt.size()));
+  const StepOps taken = m.take_step_ops();
+  REQUIRE(taken.save_state.size() == 1);
+  REQUIRE(m.free(seq).ok());
+  if (ops != nullptr) *ops = taken;
+  return taken.save_state[0].dst;
+}
+
+TEST_CASE("an evicted checkpoint is demoted and a hit restores it from the host tier",
+          "[state][host]") {
+  KvEventBuffer events;
+  KvCacheManager m = with_state(16, 3, {.enable_host_cache = true, .event_sink = &events});
+  // A's checkpoint (8 tokens) in slot 1, B's in slot 2: the pool's 3 slots are taken.
+  CHECK(checkpoint_alone(m, 1, run(100, 10)) == 1);
+  CHECK(checkpoint_alone(m, 2, run(300, 8)) == 2);
+  (void)events.take();
+  // C's checkpoint evicts A's, the least recently used: demoted into host slot 0 first in
+  // the step (the save into slot 1 runs during the computation).
+  StepOps ops;
+  CHECK(checkpoint_alone(m, 3, run(500, 8), &ops) == 1);
+  CHECK(ops.demote ==
+        std::vector<BlockCopy>{{.src = 1, .dst = 0, .num_tokens = 4, .group = kState}});
+  CHECK(ops.save_state ==
+        std::vector<StateSave>{{.seq = 3, .position = 8, .src = 0, .dst = 1, .group = kState}});
+  // Events: the device checkpoint removed, its host copy stored under the same hash.
+  std::vector<BlockHash> removed_device;
+  std::vector<BlockHash> stored_host;
+  for (const KvEvent& e : events.take()) {
+    if (const auto* r = std::get_if<BlockRemoved>(&e); r != nullptr && r->group->index == kState) {
+      if (r->medium == Medium::kDevice) removed_device = r->block_hashes;
+    }
+    if (const auto* b = std::get_if<BlockStored>(&e); b != nullptr && b->group->index == kState) {
+      if (b->medium == Medium::kHost) stored_host = b->block_hashes;
+    }
+  }
+  REQUIRE(removed_device.size() == 1);
+  CHECK(stored_host == removed_device);
+  CHECK(m.group_stats(kState).blocks_demoted == 1);
+  CHECK(m.group_stats(kState).cached_host_blocks == 1);
+  // D continues A's 8 tokens: the full group's blocks are on the device, A's checkpoint
+  // only in the host tier, verified there. The restore copies host slot 0 straight into
+  // D's slot (0, clean at the head): a promote, no copy_state.
+  admit(m, 4, concat(run(100, 8), run(200, 4)));
+  CHECK(*m.match_prefix(4) == 8);
+  CHECK(state_table(m, 4) == Blocks{0});
+  // D's own prompt end (12 tokens) evicts B's checkpoint (slot 2) into host slot 1.
+  allocate(m, 4, 4);
+  ops = m.take_step_ops();
+  CHECK(ops.demote ==
+        std::vector<BlockCopy>{{.src = 2, .dst = 1, .num_tokens = 4, .group = kState}});
+  CHECK(ops.copy_state.empty());
+  CHECK(ops.promote ==
+        std::vector<BlockCopy>{{.src = 0, .dst = 0, .num_tokens = 4, .group = kState}});
+  CHECK(ops.save_state ==
+        std::vector<StateSave>{{.seq = 4, .position = 12, .src = 0, .dst = 2, .group = kState}});
+  // The restore leaves A's checkpoint in the tier. Both host slots the step's copies name
+  // go back to the tier's LRU order when it ends, in the order they were released: the
+  // restore's (at the match) before the demotion's (at the allocation).
+  CHECK(*m.host_pool(kState).is_cached(0));
+  CHECK(m.host_pool(kState).free_queue_order() == std::vector<BlockId>{0, 1});
+  const KvCacheManager::GroupStats stats = m.group_stats(kState);
+  CHECK(stats.checkpoints_restored == 1);
+  CHECK(stats.blocks_promoted == 1);
+  CHECK(stats.blocks_demoted == 2);
+  CHECK(stats.cached_host_blocks == 2);
+  CHECK(m.stats().prefix_hit_tokens == 8);
+  require_valid(m);
+  // E's checkpoint evicts C's (slot 1) from the device; its demotion evicts the tier's
+  // least recently used checkpoint, A's in host slot 0: BlockRemoved on the host.
+  REQUIRE(m.free(4).ok());
+  (void)events.take();
+  CHECK(checkpoint_alone(m, 5, run(700, 8), &ops) == 1);
+  CHECK(ops.demote ==
+        std::vector<BlockCopy>{{.src = 1, .dst = 0, .num_tokens = 4, .group = kState}});
+  int host_removed = 0;
+  for (const KvEvent& e : events.take()) {
+    const auto* r = std::get_if<BlockRemoved>(&e);
+    host_removed += r != nullptr && r->group->index == kState && r->medium == Medium::kHost;
+  }
+  CHECK(host_removed == 1);
+  CHECK(m.group_stats(kState).host_evictions == 1);
+  require_valid(m);
+}
+
+TEST_CASE("a checkpoint demoted in this step is restored from the host in the same step",
+          "[state][host]") {
+  KvCacheManager m = with_state(16, 3, {.enable_host_cache = true});
+  CHECK(checkpoint_alone(m, 1, run(100, 10)) == 1);
+  CHECK(checkpoint_alone(m, 2, run(300, 8)) == 2);
+  // C's checkpoint evicts A's into host slot 0 in this step; D then hits it there. The
+  // demotion runs before the promotion that reads host slot 0, both before the saves.
+  admit(m, 3, run(500, 8));
+  allocate(m, 3, 8);  // slot 0; checkpoint into slot 1, A's demoted
+  admit(m, 4, concat(run(100, 8), run(200, 4)));
+  CHECK(*m.match_prefix(4) == 8);
+  CHECK(state_table(m, 4) == Blocks{2});  // evicts B's checkpoint, demoted into host slot 1
+  const StepOps ops = m.take_step_ops();
+  CHECK(ops.demote ==
+        std::vector<BlockCopy>{{.src = 1, .dst = 0, .num_tokens = 4, .group = kState},
+                               {.src = 2, .dst = 1, .num_tokens = 4, .group = kState}});
+  CHECK(ops.promote ==
+        std::vector<BlockCopy>{{.src = 0, .dst = 2, .num_tokens = 4, .group = kState}});
+  CHECK(ops.copy_state.empty());
+  require_valid(m);
+}
+
+TEST_CASE("HostAdmission::kReused demotes only checkpoints restored since their save",
+          "[state][host]") {
+  KvCacheManager m =
+      with_state(16, 4, {.enable_host_cache = true, .host_admission = HostAdmission::kReused});
+  CHECK(checkpoint_alone(m, 1, run(100, 10)) == 1);
+  // B restores A's checkpoint on the device (evidence of reuse) and saves its own prompt
+  // end (12 tokens) into slot 2, never restored.
+  admit(m, 2, concat(run(100, 8), run(200, 4)));
+  CHECK(*m.match_prefix(2) == 8);
+  allocate(m, 2, 4);
+  StepOps ops = m.take_step_ops();
+  CHECK(ops.copy_state ==
+        std::vector<BlockCopy>{{.src = 1, .dst = 0, .num_tokens = 4, .group = kState}});
+  REQUIRE(ops.save_state.size() == 1);
+  CHECK(ops.save_state[0].dst == 2);
+  REQUIRE(m.free(2).ok());
+  CHECK(checkpoint_alone(m, 3, run(500, 8)) == 3);  // the last clean slot
+  // Free queue: 0 (clean), then the checkpoints 1 (A), 2 (B), 3 (C), least recent first.
+  // D's checkpoint evicts A's: restored, so demoted.
+  CHECK(checkpoint_alone(m, 4, run(700, 8), &ops) == 1);
+  CHECK(ops.demote ==
+        std::vector<BlockCopy>{{.src = 1, .dst = 0, .num_tokens = 4, .group = kState}});
+  // E's evicts B's: never restored, dropped.
+  CHECK(checkpoint_alone(m, 5, run(900, 8), &ops) == 2);
+  CHECK(ops.demote.empty());
+  const KvCacheManager::GroupStats stats = m.group_stats(kState);
+  CHECK(stats.blocks_demoted == 1);
+  CHECK(stats.blocks_not_admitted == 1);
+  require_valid(m);
+}
+
+TEST_CASE("reset_prefix_cache drops the host tier's checkpoints", "[state][host]") {
+  KvCacheManager m = with_state(16, 3, {.enable_host_cache = true});
+  CHECK(checkpoint_alone(m, 1, run(100, 10)) == 1);
+  CHECK(checkpoint_alone(m, 2, run(300, 8)) == 2);
+  CHECK(checkpoint_alone(m, 3, run(500, 8)) == 1);  // A's demoted
+  CHECK(m.group_stats(kState).cached_host_blocks == 1);
+  m.reset_prefix_cache();
+  CHECK(m.group_stats(kState).cached_host_blocks == 0);
+  admit(m, 4, concat(run(100, 8), run(200, 4)));
+  CHECK(*m.match_prefix(4) == 0);
+  require_valid(m);
+}
+
 TEST_CASE("state groups are validated", "[state]") {
   KvCacheManager::Options options{.block_size = 4};
   SECTION("not first") {

@@ -199,9 +199,9 @@ class KvCacheManager {
     // The layer groups of a hybrid model (layer_group.h), each with device and host pools
     // of its own sizes (KvCacheConfig splits a byte budget into them); num_blocks and
     // num_host_blocks must then be 0. A state group's pools hold state slots: one per
-    // sequence that has started, the rest checkpoints; its host pool serves swapping (no
-    // host tier for checkpoints), it has no slot mapping, and partial-block reuse is
-    // refused with it. Empty: one full-attention group of num_blocks device
+    // sequence that has started, the rest checkpoints; its host pool serves swapping and
+    // the host tier (demoted checkpoints), it has no slot mapping, and partial-block reuse
+    // is refused with it. Empty: one full-attention group of num_blocks device
     // and num_host_blocks host blocks. watermark_blocks applies to the first group and,
     // scaled to its size (rounded up), to each other group. A windowed group with prefix
     // caching needs a full-attention group beside it: hits are verified along the first
@@ -262,6 +262,8 @@ class KvCacheManager {
     int64_t blocks_not_admitted = 0;
     int64_t ghost_hits = 0;
     // State groups: checkpoints saved (StepOps::save_state) and restored by prefix hits.
+    // With the host tier, blocks_demoted counts checkpoints demoted and blocks_promoted
+    // those of checkpoints_restored restored from the tier.
     int64_t checkpoints_saved = 0;
     int64_t checkpoints_restored = 0;
   };
@@ -313,7 +315,9 @@ class KvCacheManager {
   // With state groups, the hit also ends where every state group holds a checkpoint
   // (saved in an earlier step, verified like a block): the sequence takes a state slot
   // per state group and a StepOps::copy_state restores the checkpoint into it (so it
-  // counts as scheduled in this step). No free slot: no hit.
+  // counts as scheduled in this step); a checkpoint found only in the host tier is
+  // restored straight from its host slot (a StepOps::promote) and stays in the tier. No
+  // free slot: no hit.
   // Errors: NotFound; FailedPrecondition unless the sequence is waiting.
   [[nodiscard]] absl::StatusOr<int32_t> match_prefix(SeqId seq);
 

@@ -35,10 +35,11 @@
 // state-space layers, whose "blocks" are state slots (kv_cache_config.h, StateShape): per
 // layer one pool of slots, each slot the layer's convolution state then its recurrent
 // state, packed (state()). The same batched copies move them: run_step_ops() runs the
-// group's copy_state, swap_out and swap_in ops, and every op with num_tokens > 0 copies a
-// whole slot (a slot holds a position's state, not tokens). The state saves
-// (StepOps::save_state) are the engine's: it runs them mid-computation, as copies between
-// state() pointers, when its scan reaches their position.
+// group's copy_state, swap_out and swap_in ops, and with the host tier its demote
+// (checkpoints) and promote (checkpoints restored from the tier) ops; every op with
+// num_tokens > 0 copies a whole slot (a slot holds a position's state, not tokens). The
+// state saves (StepOps::save_state) are the engine's: it runs them mid-computation, as
+// copies between state() pointers, when its scan reaches their position.
 //
 // Threading and streams: like a container, one owner; CUDA calls are queued on the stream
 // given (default: the legacy default stream) and storage calls must use one stream, as

@@ -163,7 +163,9 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
       const bool full = spec.kind == AttentionKind::kFull;
       const bool holds_state = spec.kind == AttentionKind::kState;
       const bool logs_deaths = windowed_caching && i == anchor;
-      const bool host_tier = options.enable_host_cache && !holds_state;
+      // A state group's tier holds checkpoints (demoted when evicted, restored from the
+      // host): its host pool serves swapping and the tier, as an attention group's does.
+      const bool host_tier = options.enable_host_cache;
       // The events of a hybrid model name their group (docs/events.md, "Layer groups");
       // those of one group are as they were without groups.
       const std::optional<EventGroup> event_group =
@@ -189,7 +191,7 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
           {.num_blocks = spec.num_host_blocks,
            .block_size = options.block_size,
            .enable_caching = host_tier,
-           .event_sink = holds_state ? nullptr : options.event_sink,
+           .event_sink = holds_state && !host_tier ? nullptr : options.event_sink,
            .medium = Medium::kHost,
            .event_group = event_group,
            .clock = options.clock,
@@ -211,8 +213,6 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
                             static_cast<int32_t>(std::min<int64_t>(watermark, spec.num_blocks - 1)),
                         .device = *std::move(device),
                         .host = *std::move(host),
-                        // Checkpoints are not demoted: a state group's host pool
-                        // serves swapping only.
                         .host_tier = host_tier ? std::make_unique<internal::HostTier>(
                                                      options.host_admission, spec.num_blocks,
                                                      spec.num_host_blocks)

@@ -37,8 +37,9 @@ struct GroupMatch {
   std::vector<int32_t> promote_at;
   std::vector<BlockId> promote_hits;
   std::vector<uint64_t> parent_keys;
-  BlockId partial_src = kNoBlock;  // the block partial-block reuse copies from
-  BlockId checkpoint = kNoBlock;   // state groups: the checkpoint the hit restores
+  BlockId partial_src = kNoBlock;   // the block partial-block reuse copies from
+  BlockId checkpoint = kNoBlock;    // state groups: the checkpoint the hit restores,
+  bool checkpoint_on_host = false;  // a device slot, or a host-tier slot when this is set
 
   // Sizes the scratch for `n` entries; a windowed group's entries become unknown.
   void reset(int32_t n, bool windowed) {

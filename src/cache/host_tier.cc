@@ -139,11 +139,18 @@ bool HostTier::refresh_host_copy(const BlockPool::EvictedBlock& e, const Pools& 
 }
 
 absl::Status HostTier::check_invariants(const BlockPool& host, const StepLedger& ledger,
-                                        int32_t group) const {
+                                        int32_t group, bool exclusive) const {
   for (const BlockCopy& op : ledger.pending().promote) {
-    if (op.group == group && host.is_cached(op.src).value()) {
+    if (op.group != group) continue;
+    if (exclusive && host.is_cached(op.src).value()) {
       return absl::InternalError(absl::StrCat("HostTier invariant: group ", group, " host block ",
                                               op.src, " is promoted but still in the host tier"));
+    }
+    // A restored checkpoint stays in the tier, out of its free queue until the step ends.
+    if (!exclusive && host.ref_count_unchecked(op.src) == 0) {
+      return absl::InternalError(absl::StrCat("HostTier invariant: group ", group,
+                                              " host checkpoint ", op.src,
+                                              " is free while a pending restore reads it"));
     }
   }
   return ghosts_.check_invariants();

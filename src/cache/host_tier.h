@@ -61,6 +61,9 @@ class HostTier {
     if (!admits_all()) reused_[block] = 1;
   }
   void note_computed(std::span<const BlockId> computed, std::span<const BlockHash> hashes);
+  // A state group's checkpoint restored from the tier straight into a sequence's slot (a
+  // promote copy that leaves the checkpoint in the tier): counts as a promotion.
+  void note_restored() { ++counters_.blocks_promoted; }
 
   // The host-tier block cached under `hash` that holds `tokens` and `extra_keys` after the
   // contents `parent_key` names, or kNoBlock.
@@ -86,10 +89,11 @@ class HostTier {
 
   const Counters& counters() const { return counters_; }
 
-  // Promoted host blocks are out of the tier (its copy left with the promotion); the
-  // ghost list's invariants.
-  absl::Status check_invariants(const BlockPool& host, const StepLedger& ledger,
-                                int32_t group) const;
+  // Promoted host blocks are out of the tier (its copy left with the promotion), except a
+  // state group's (`exclusive` false: a restore keeps the checkpoint, held until the step
+  // ends); the ghost list's invariants.
+  absl::Status check_invariants(const BlockPool& host, const StepLedger& ledger, int32_t group,
+                                bool exclusive) const;
 
  private:
   void demote(const Pools& pools);

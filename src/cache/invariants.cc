@@ -180,7 +180,8 @@ absl::Status KvCacheManager::check_invariants() const {
     PAGEDKV_RETURN_IF_ERROR(check_pool_balance(g, /*host=*/false));
     PAGEDKV_RETURN_IF_ERROR(check_pool_balance(g, /*host=*/true));
     if (g.host_tier != nullptr) {
-      PAGEDKV_RETURN_IF_ERROR(g.host_tier->check_invariants(g.host, *ledger_, g.index));
+      PAGEDKV_RETURN_IF_ERROR(g.host_tier->check_invariants(g.host, *ledger_, g.index,
+                                                            /*exclusive=*/!g.holds_state()));
     }
     PAGEDKV_RETURN_IF_ERROR(check_host_blocks(g));
   }

@@ -289,7 +289,7 @@ absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) {
     group_counters_[g.index].hit_blocks += hit - first;
   }
   for (GroupPools& g : groups_) {
-    if (g.host_tier != nullptr) promote_host_hits(*s, g, hit);
+    if (g.host_tier != nullptr && !g.holds_state()) promote_host_hits(*s, g, hit);
   }
   if (has_state_ && hit > 0) restore_checkpoints(*s);
   const int32_t partial = options_.enable_partial_block_reuse ? reuse_partial_block(*s, hit) : 0;

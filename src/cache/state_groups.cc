@@ -11,6 +11,13 @@
 // system prompt), and every Options::state_checkpoint_interval_blocks blocks. Eviction:
 // the free queue's LRU order (a hit moves a checkpoint to the back). Retention classes by
 // hits and length were measured and lost to LRU (docs/results.md, "State-space layers").
+//
+// With the host tier, an evicted checkpoint is demoted like a K/V block (HostTier, from
+// allocate_device_blocks()). A hit on a checkpoint the tier holds restores it straight
+// from the host slot into the sequence's new slot (a promote copy) and keeps it in the
+// tier: the step's copy_state runs before its promotions, so a promotion into a device
+// checkpoint could not be restored from in the same step, and one copy of megabytes per
+// layer over the host link beats two plus a second device slot.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -67,6 +74,8 @@ void KvCacheManager::save_checkpoint(Sequence& seq, GroupPools& g, int32_t block
     g.device.free_unchecked({&checkpoint, 1});
     return;
   }
+  // HostAdmission::kReused: a new checkpoint has no evidence of reuse, unless a ghost.
+  if (g.host_tier != nullptr) g.host_tier->note_computed({&checkpoint, 1}, {&hash, 1});
   ledger_->record(StateSave{.seq = seq.id,
                             .position = blocks * bs,
                             .src = seq.tables[g.index].blocks[0],
@@ -78,37 +87,57 @@ void KvCacheManager::save_checkpoint(Sequence& seq, GroupPools& g, int32_t block
 }
 
 // The longest hit of at most `p` blocks that state group `g` can serve: a checkpoint at
-// exactly that point, saved before this step, verified after the anchor's chain, with a
-// free slot to restore it into. Records it in g.match.checkpoint.
+// exactly that point, verified after the anchor's chain, on the device (saved before this
+// step) or else in the host tier (a demotion of this step runs before the restore), with
+// a free slot to restore it into. Records it in g.match.
 int32_t KvCacheManager::checkpoint_hit(const Sequence& seq, GroupPools& g, int32_t p) {
   const int32_t bs = options_.block_size;
   const internal::GroupMatch& chain = groups_[anchor_].match;
   for (int32_t q = p; q > 0; --q) {
-    const BlockId c = g.device.indexed_block(seq.block_hashes[q - 1]);
-    if (c == kNoBlock || ledger_->written(g.index, c)) continue;
+    const BlockHash& hash = seq.block_hashes[q - 1];
     const uint64_t parent_key = q == 1 ? 0 : chain.keys[q - 2];
-    if (!g.device.holds_contents(c, parent_key, block_tokens(seq, q - 1, bs), seq.extra_keys)) {
-      continue;
+    const auto tokens = block_tokens(seq, q - 1, bs);
+    const BlockId c = g.device.indexed_block(hash);
+    if (c != kNoBlock && !ledger_->written(g.index, c) &&
+        g.device.holds_contents(c, parent_key, tokens, seq.extra_keys)) {
+      if (room(g, g.device.ref_count_unchecked(c) == 0 ? 1 : 0) < 1) return 0;
+      g.match.checkpoint = c;
+      g.match.checkpoint_on_host = false;
+      return q;
     }
-    if (room(g, g.device.ref_count_unchecked(c) == 0 ? 1 : 0) < 1) return 0;
-    g.match.checkpoint = c;
+    if (g.host_tier == nullptr) continue;
+    const BlockId h =
+        internal::HostTier::find_hit(g.host, hash, parent_key, tokens, seq.extra_keys);
+    if (h == kNoBlock) continue;
+    if (room(g, 0) < 1) return 0;
+    g.match.checkpoint = h;
+    g.match.checkpoint_on_host = true;
     return q;
   }
   return 0;
 }
 
-// Gives `seq` a slot in every state group and restores the checkpoint of its hit into it
-// (StepOps::copy_state); the checkpoint returns to the free queue's tail after the step.
+// Gives `seq` a slot in every state group and restores the checkpoint of its hit into it:
+// from a device checkpoint StepOps::copy_state, from a host-tier one StepOps::promote
+// (the checkpoint stays in the tier). The checkpoint returns to its pool's free queue
+// tail after the step.
 void KvCacheManager::restore_checkpoints(Sequence& seq) {
   for (GroupPools& g : groups_) {
     if (!g.holds_state()) continue;
     const BlockId checkpoint = g.match.checkpoint;
-    g.device.touch_unchecked(checkpoint);  // so that the allocation below cannot evict it
+    const bool on_host = g.match.checkpoint_on_host;
+    BlockPool& pool = on_host ? g.host : g.device;
+    // So that the allocation below cannot evict it (nor its demotions, on the host).
+    pool.touch_unchecked(checkpoint);
     BlockId slot = kNoBlock;
     allocate_device_blocks(g, {&slot, 1});
-    ledger_->record(internal::kCopyState, {checkpoint, slot, options_.block_size, g.index});
+    const BlockCopy copy{checkpoint, slot, options_.block_size, g.index};
+    ledger_->record(on_host ? internal::kPromote : internal::kCopyState, copy);
     ledger_->mark_filled_by_copy(g.index, slot);
-    ledger_->release(g.device, Hold::kDevice, g.index, checkpoint);  // parked until the step
+    // Parked until the step.
+    ledger_->release(pool, on_host ? Hold::kHost : Hold::kDevice, g.index, checkpoint);
+    if (g.host_tier != nullptr && on_host) g.host_tier->note_restored();
+    if (g.host_tier != nullptr && !on_host) g.host_tier->note_hit(checkpoint);
     seq.tables[g.index].blocks.assign(1, slot);
     ++group_counters_[g.index].checkpoints_restored;
   }
