@@ -1,5 +1,6 @@
 // libFuzzer target: the input bytes decode to a manager with one or two state groups (and
-// now and then a sliding-window group) and a run of operations and steps
+// now and then a sliding-window group, or a host tier that demotes and restores
+// checkpoints) and a run of operations and steps
 // (tests/support/state_ops.h), checked after every operation by check_invariants() and,
 // every step, by a simulated engine whose states are fingerprints of the tokens they
 // cover: a sequence that starts a step with another prefix's state fails. A failed check

@@ -488,7 +488,8 @@ TEST_CASE("state groups are validated", "[state]") {
 }
 
 // Random runs of add, match, allocate (chunks and decode steps, with preemption), fork,
-// preempt in both modes, swap in, free, release of claims and flushes, each step's ops
+// preempt in both modes, swap in, free, release of claims and flushes (with and without
+// the host tier), each step's ops
 // run by a simulated engine whose states are fingerprints of the tokens they cover
 // (support/state_ops.h): no sequence ever starts a step with another prefix's state.
 TEST_CASE("state groups: random runs keep every sequence's state its own", "[property]") {
@@ -507,13 +508,17 @@ TEST_CASE("state groups: random runs keep every sequence's state its own", "[pro
   }
   std::printf(
       "property test (state groups): seed %llu, %lld operations in %lld steps: %lld "
-      "checkpoints saved, %lld restored (%lld tokens), %lld forks, %lld swaps\n",
+      "checkpoints saved, %lld restored (%lld tokens, %lld from the host tier), %lld "
+      "demoted, %lld forks, %lld swaps\n",
       static_cast<unsigned long long>(seed), static_cast<long long>(totals.operations),
       static_cast<long long>(totals.steps), static_cast<long long>(totals.saves),
       static_cast<long long>(totals.restores), static_cast<long long>(totals.restored_tokens),
+      static_cast<long long>(totals.host_restores), static_cast<long long>(totals.demotes),
       static_cast<long long>(totals.forks), static_cast<long long>(totals.swaps));
   CHECK(totals.restores > 0);
   CHECK(totals.saves > 0);
+  CHECK(totals.demotes > 0);
+  CHECK(totals.host_restores > 0);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // generator's), checked after every operation by check_invariants() and, every step, by a
 // simulation of the engine's states: each state slot (device and host) holds a
 // fingerprint of the tokens whose state it is, the step's ops move fingerprints as the
-// engine moves states (swap-out, copy_state, swap-in), and the computation extends them
+// engine moves states (swap-out, demote, copy_state, swap-in, promote: the host tier's
+// checkpoints when it is on), and the computation extends them
 // token by token and saves them at each StepOps::save_state position. Before the
 // computation, every running sequence's slot must hold the fingerprint of its computed
 // prefix: a restore of the wrong checkpoint, a missed or misordered op, or a slot reused
@@ -31,6 +32,8 @@ struct StateOpsTotals {
   int64_t restored_tokens = 0;
   int64_t forks = 0;
   int64_t swaps = 0;
+  int64_t demotes = 0;        // checkpoints demoted to the host tier
+  int64_t host_restores = 0;  // checkpoints restored from the host tier
 };
 
 class StateOpRunner {
@@ -53,6 +56,8 @@ class StateOpRunner {
       totals->restored_tokens += totals_.restored_tokens;
       totals->forks += totals_.forks;
       totals->swaps += totals_.swaps;
+      totals->demotes += totals_.demotes;
+      totals->host_restores += totals_.host_restores;
     }
     return error_;
   }
@@ -91,6 +96,10 @@ class StateOpRunner {
     options.enable_prefix_caching = (a & 7) != 0;
     options.state_checkpoint_interval_blocks = (a >> 3) % 4 == 0 ? 2 : 0;
     options.watermark_blocks = (a >> 5) % 4 == 0 ? 1 : 0;
+    // The largest host pools (b % 3 == 2) hold the host tier too, K/V blocks and
+    // checkpoints, some with HostAdmission::kReused.
+    options.enable_host_cache = options.enable_prefix_caching && b % 3 == 2;
+    options.host_admission = (b >> 5) % 2 == 0 ? HostAdmission::kAll : HostAdmission::kReused;
     options.layer_groups.push_back(
         {.kind = AttentionKind::kFull, .num_blocks = 12 + b % 32, .num_host_blocks = b % 3 * 8});
     if ((b >> 6) == 1) {
@@ -272,9 +281,19 @@ class StateOpRunner {
     for (const BlockCopy& c : ops.swap_out) {
       if (is_state(c.group)) host_slots_[c.group][c.dst] = slots_[c.group][c.src];
     }
+    for (const BlockCopy& c : ops.demote) {
+      if (!is_state(c.group)) continue;
+      host_slots_[c.group][c.dst] = slots_[c.group][c.src];
+      ++totals_.demotes;
+    }
     for (const BlockCopy& c : ops.copy_state) slots_[c.group][c.dst] = slots_[c.group][c.src];
     for (const BlockCopy& c : ops.swap_in) {
       if (is_state(c.group)) slots_[c.group][c.dst] = host_slots_[c.group][c.src];
+    }
+    for (const BlockCopy& c : ops.promote) {
+      if (!is_state(c.group)) continue;
+      slots_[c.group][c.dst] = host_slots_[c.group][c.src];
+      ++totals_.host_restores;
     }
     // Before the computation every running sequence's slot holds its computed prefix's
     // state: the zero state for one that starts at token 0.
