@@ -23,7 +23,8 @@ the mean decode batch must be at least RATIO times that of full treatment.
 With windowed layer groups, every run must release blocks behind the windows in each of
 them; with --full prefix hits must also claim blocks in each. With state groups (--model
 ssm), --full also needs checkpoints saved and restored in each, and a verified sequence
-restored from one.
+restored from one; with a host tier too, checkpoints demoted and restored from the tier
+in each, and a verified sequence restored from a host-tier checkpoint.
 """
 import json
 import subprocess
@@ -128,6 +129,12 @@ def check_run(summary, check, full):
               f"{g['checkpoints_restored']})")
         check(verify is not None and "state-restore" in verify["mechanisms_covered"],
               "a verified sequence was restored from a checkpoint")
+        if summary["kv_cache"]["host_cache"]:
+            check(g["blocks_demoted"] > 0 and g["blocks_promoted"] > 0,
+                  f"state group demotes checkpoints to the host tier and restores them from it "
+                  f"({g['blocks_demoted']} and {g['blocks_promoted']})")
+            check(verify is not None and "state-host-restore" in verify["mechanisms_covered"],
+                  "a verified sequence was restored from a host-tier checkpoint")
     if full:
         check(summary["prefix_cache_hit_rate"] > 0,
               f"prefix-cache hit rate > 0 ({summary['prefix_cache_hit_rate']:.3f})")

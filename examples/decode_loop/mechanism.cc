@@ -23,6 +23,8 @@ const char* mechanism_name(Mechanism mechanism) {
       return "prefix-hit";
     case Mechanism::kStateRestore:
       return "state-restore";
+    case Mechanism::kStateHostRestore:
+      return "state-host-restore";
     case Mechanism::kRemote:
       return "remote";
   }
@@ -49,6 +51,8 @@ const char* picked_as(Mechanism mechanism) {
       return "prefix-cache hit";
     case Mechanism::kStateRestore:
       return "restored from a checkpoint";
+    case Mechanism::kStateHostRestore:
+      return "restored from a host-tier checkpoint";
     case Mechanism::kRemote:
       return "loaded from the remote tier";
   }

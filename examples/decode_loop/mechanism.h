@@ -16,6 +16,7 @@
 //   prefix-hit  a device prefix-cache hit at an admission
 //   state-restore  its state slot restored from a checkpoint at an admission (a prefix hit
 //               of a model with state layers)
+//   state-host-restore  ... from a checkpoint of the host tier (a promote copy into its slot)
 //   remote      prefix blocks loaded from the remote tier (--remote) at an admission
 //
 // kMechanisms lists them in rank order: the order of the verifier's picks and summaries.
@@ -40,13 +41,17 @@ enum class Mechanism : uint8_t {
   kDemote,
   kPrefixHit,
   kStateRestore,
+  kStateHostRestore,
   kRemote,
 };
 
 inline constexpr std::array kMechanisms = {
-    Mechanism::kCowCopy,      Mechanism::kSwapIn,   Mechanism::kRecompute, Mechanism::kFork,
-    Mechanism::kPromote,      Mechanism::kExchange, Mechanism::kDemote,    Mechanism::kPrefixHit,
-    Mechanism::kStateRestore, Mechanism::kRemote,
+    Mechanism::kCowCopy,      Mechanism::kSwapIn,
+    Mechanism::kRecompute,    Mechanism::kFork,
+    Mechanism::kPromote,      Mechanism::kExchange,
+    Mechanism::kDemote,       Mechanism::kPrefixHit,
+    Mechanism::kStateRestore, Mechanism::kStateHostRestore,
+    Mechanism::kRemote,
 };
 
 // The mechanism's name in summaries and JSON ("cow-copy").

@@ -42,10 +42,10 @@ MechanismSet faulted_mechanisms(Fault fault) {
     case Fault::kSkipSwapIn:
     case Fault::kCorruptSwapIn:
       return {Mechanism::kSwapIn};
-    case Fault::kSkipPromote:
-      return {Mechanism::kPromote, Mechanism::kExchange};
+    case Fault::kSkipPromote:  // a state group's promotions restore host-tier checkpoints
+      return {Mechanism::kPromote, Mechanism::kExchange, Mechanism::kStateHostRestore};
     case Fault::kSkipRestore:
-      return {Mechanism::kStateRestore};
+      return {Mechanism::kStateRestore, Mechanism::kStateHostRestore};
     case Fault::kCorruptRemote:
       return {};  // the checksums turn the corrupt blocks into misses: nothing breaks
   }
@@ -445,8 +445,10 @@ void Engine::record_mechanisms(const pagedkv::StepOps& ops) {
   for (const pagedkv::BlockCopy& op : ops.swap_in) {
     filled[block_key(op.group, op.dst)].add(Mechanism::kSwapIn);
   }
-  for (const pagedkv::BlockCopy& op : ops.promote) {
-    filled[block_key(op.group, op.dst)] |= host_hit(Mechanism::kPromote, op, op.src);
+  for (const pagedkv::BlockCopy& op : ops.promote) {  // a state group's: a restore
+    const Mechanism m =
+        is_state_group(op.group) ? Mechanism::kStateHostRestore : Mechanism::kPromote;
+    filled[block_key(op.group, op.dst)] |= host_hit(m, op, op.src);
   }
   if (filled.empty()) return;
   for (const SeqId seq : running_) {
@@ -486,6 +488,9 @@ void Engine::skip_restores(pagedkv::StepOps& ops) {
   std::erase_if(ops.copy_state, [&](const pagedkv::BlockCopy& op) {
     return !held.contains(block_key(op.group, op.src));
   });
+  // A state group's promotions restore checkpoints of the host tier.
+  std::erase_if(ops.promote,
+                [&](const pagedkv::BlockCopy& op) { return is_state_group(op.group); });
 }
 
 absl::Status Engine::set_state_batch(const Batch& batch) {

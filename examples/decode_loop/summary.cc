@@ -261,8 +261,7 @@ std::string format_text(const Report& r) {
       line(fmt::format("    group {}    {} (layers {}): {} {} x {} KiB, {} host {} ({})", g,
                        group.name(), layer_list(group), group.num_blocks,
                        state ? "state slots" : "blocks", group.page_bytes() / 1024,
-                       group.num_host_blocks, state ? "slots" : "blocks",
-                       state ? "swap" : host_note(r, group)));
+                       group.num_host_blocks, state ? "slots" : "blocks", host_note(r, group)));
     }
   }
   line(fmt::format("  workload     {}", r.workload));
