@@ -549,6 +549,7 @@ class KvCacheManager {
                  std::vector<internal::GroupPools> groups);
 
   internal::Sequence* find(SeqId seq) const;
+  internal::Sequence* find_appended(SeqId seq);
   absl::StatusOr<internal::Sequence*> find_or_error(SeqId seq, const char* caller) const;
   absl::Status check_group(int32_t group, const char* caller) const;
   int64_t decode_in_place(internal::Sequence& seq);
@@ -621,6 +622,10 @@ class KvCacheManager {
   // each change.
   bool buries_ = false;
   absl::flat_hash_map<SeqId, std::unique_ptr<internal::Sequence>> sequences_;
+  // The sequence of the last append_tokens(): a decode step's allocate_slots() of that
+  // sequence follows it, and skips the second lookup (find_appended()). Cleared by free().
+  SeqId last_appended_id_ = 0;
+  internal::Sequence* last_appended_ = nullptr;
   // Pending copies, holds and write marks of the step (src/cache/step_ledger.h).
   std::unique_ptr<internal::StepLedger> ledger_;
   int64_t next_arrival_ = 0;

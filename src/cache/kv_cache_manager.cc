@@ -43,6 +43,13 @@ Sequence* KvCacheManager::find(SeqId seq) const {
   return it == sequences_.end() ? nullptr : it->second.get();
 }
 
+// allocate_slots()'s lookup: the sequence append_tokens() just found, without a second
+// probe of the map.
+Sequence* KvCacheManager::find_appended(SeqId seq) {
+  if (last_appended_ != nullptr && last_appended_id_ == seq) return last_appended_;
+  return find(seq);
+}
+
 absl::StatusOr<Sequence*> KvCacheManager::find_or_error(SeqId seq, const char* caller) const {
   Sequence* s = find(seq);
   if (s == nullptr) return absl::NotFoundError(absl::StrCat(caller, ": unknown sequence ", seq));
@@ -105,6 +112,8 @@ absl::Status KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> t
   Sequence* s = find(seq);  // hot: one lookup, no StatusOr on the way
   if (s == nullptr) [[unlikely]]
     return find_or_error(seq, "append_tokens").status();
+  last_appended_id_ = seq;
+  last_appended_ = s;
   if (static_cast<int64_t>(s->tokens.size()) + static_cast<int64_t>(tokens.size()) >
       options_.max_model_len) {
     return absl::InvalidArgumentError(
@@ -123,7 +132,7 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots(SeqId se
                                                                         int32_t num_new_tokens,
                                                                         int32_t num_lookahead) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
-  Sequence* s = find(seq);  // hot: one lookup, no StatusOr on the way
+  Sequence* s = find_appended(seq);  // hot: no StatusOr on the way
   if (s == nullptr) [[unlikely]]
     return find_or_error(seq, "allocate_slots").status();
   return allocate_slots_impl(*s, num_new_tokens, num_lookahead);
@@ -371,6 +380,7 @@ absl::Status KvCacheManager::free(SeqId seq) {
   release_device_blocks(*s);
   if (s->state == SequenceState::kSwapped) release_host_blocks(*s);  // held only while swapped
   set_state(*s, SequenceState::kWaiting);                            // leaves the running count
+  if (last_appended_ == s) last_appended_ = nullptr;
   sequences_.erase(seq);
   if (buries_) bury_dead_windows();
   return absl::OkStatus();
