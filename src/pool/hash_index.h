@@ -97,10 +97,8 @@ class HashIndex {
     role_[b] = inserted ? Role::kIndexed : Role::kStandby;
     hash_[b] = hash;
     parent_key_[b] = parent_key;
-    if (inserted && partial_) partial_->add(b, {parent_key, tokens[0]});
-    if (children_) children_->add(b, parent_key);
-    if (!parent_hash_.empty()) {
-      parent_hash_[b] = parent_hash != nullptr ? std::optional(*parent_hash) : std::nullopt;
+    if (keeps_extras_) [[unlikely]] {
+      insert_extras(b, inserted, parent_key, parent_hash, tokens[0]);
     }
     extra_keys_[b].assign(extra_keys.begin(), extra_keys.end());
     std::copy(tokens.begin(), tokens.end(), block_tokens(b));
@@ -112,19 +110,19 @@ class HashIndex {
   bool erase(BlockId b) {
     const Role role = role_[b];
     role_[b] = Role::kNone;
-    if (children_) children_->remove(b, parent_key_[b]);
+    const BlockId successor = role == Role::kIndexed ? next_[b] : kNoBlock;
+    if (keeps_extras_) [[unlikely]] {
+      erase_extras(b, role, successor);
+    }
     if (role == Role::kStandby) {
       unlink_standby(b);
       return false;
     }
-    const BlockId successor = next_[b];
     next_[b] = kNoBlock;
-    if (partial_) partial_->remove(b, {parent_key_[b], block_tokens(b)[0]});
     if (successor == kNoBlock) {
       index_.erase(hash_[b]);
       return true;
     }
-    if (partial_) partial_->add(successor, {parent_key_[successor], block_tokens(successor)[0]});
     // The most recent standby becomes the indexed block, keeping the rest of the chain.
     prev_[successor] = kNoBlock;
     role_[successor] = Role::kIndexed;
@@ -160,7 +158,10 @@ class HashIndex {
   uint64_t parent_key(BlockId b) const { return parent_key_[b]; }
   // Parent hashes are kept only after keep_parent_hashes() (the device index of a pool with
   // a host tier, whose demoted copies announce them); nullopt otherwise.
-  void keep_parent_hashes() { parent_hash_.resize(role_.size()); }
+  void keep_parent_hashes() {
+    parent_hash_.resize(role_.size());
+    keeps_extras_ = true;
+  }
   std::optional<BlockHash> parent_hash(BlockId b) const {
     return parent_hash_.empty() ? std::nullopt : parent_hash_[b];
   }
@@ -170,7 +171,10 @@ class HashIndex {
   std::span<const uint64_t> extra_keys(BlockId b) const { return extra_keys_[b]; }
 
   // Keeps indexed blocks findable by their first tokens (longest_partial_match()).
-  void index_partial_prefixes() { partial_.emplace(static_cast<int32_t>(role_.size())); }
+  void index_partial_prefixes() {
+    partial_.emplace(static_cast<int32_t>(role_.size()));
+    keeps_extras_ = true;
+  }
   bool indexes_partial_prefixes() const { return partial_.has_value(); }
 
   // The indexed block cached after the contents `parent_key` names, with `extra_keys`,
@@ -213,7 +217,10 @@ class HashIndex {
 
   // Keeps every cached block (indexed or standby) findable by its parent content key
   // (for_each_child()).
-  void index_children() { children_.emplace(static_cast<int32_t>(role_.size())); }
+  void index_children() {
+    children_.emplace(static_cast<int32_t>(role_.size()));
+    keeps_extras_ = true;
+  }
   // Calls fn(block) for each cached block entered after the contents `parent_key` names;
   // fn must not change the index.
   template <typename Fn>
@@ -249,6 +256,26 @@ class HashIndex {
   BlockId prev_standby(BlockId b) const { return prev_[b]; }
 
  private:
+  // The optional indexes' and parent hashes' share of insert() and erase(), out of line so
+  // that the common path of those two inlines into BlockPool's allocation and caching.
+  [[gnu::noinline]] void insert_extras(BlockId b, bool indexed, uint64_t parent_key,
+                                       const BlockHash* parent_hash, TokenId first_token) {
+    if (indexed && partial_) partial_->add(b, {parent_key, first_token});
+    if (children_) children_->add(b, parent_key);
+    if (!parent_hash_.empty()) {
+      parent_hash_[b] = parent_hash != nullptr ? std::optional(*parent_hash) : std::nullopt;
+    }
+  }
+  // `b` leaves with `role`; `successor` is the standby that takes its place, if any.
+  [[gnu::noinline]] void erase_extras(BlockId b, Role role, BlockId successor) {
+    if (children_) children_->remove(b, parent_key_[b]);
+    if (role != Role::kIndexed || !partial_) return;
+    partial_->remove(b, {parent_key_[b], block_tokens(b)[0]});
+    if (successor != kNoBlock) {
+      partial_->add(successor, {parent_key_[successor], block_tokens(successor)[0]});
+    }
+  }
+
   bool same_contents(BlockId b, std::span<const TokenId> tokens,
                      std::span<const uint64_t> extra_keys) const {
     const auto& keys = extra_keys_[b];
@@ -294,6 +321,8 @@ class HashIndex {
   std::unique_ptr<TokenId[]> tokens_;                    // [num_blocks, block_size]
   std::optional<KeyedBlockLists<PrefixStart>> partial_;  // see index_partial_prefixes()
   std::optional<KeyedBlockLists<uint64_t>> children_;    // see index_children()
+  // Any of partial_, children_ and parent_hash_ in use: insert() and erase() call out.
+  bool keeps_extras_ = false;
 };
 
 }  // namespace pagedkv::internal
