@@ -83,8 +83,12 @@ class HashIndex {
 
   // Indexes `b` under `hash` unless the hash is taken; a block equal to the indexed one
   // (tokens, extra keys, parent) becomes its standby instead. Returns what happened.
-  Insert insert(BlockId b, const BlockHash& hash, uint64_t parent_key, const BlockHash* parent_hash,
-                std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys) {
+  // Inlined: once per block an allocation evicts or a decode step fills, and BlockPool
+  // calls both from two places only.
+  [[gnu::always_inline]] Insert insert(BlockId b, const BlockHash& hash, uint64_t parent_key,
+                                       const BlockHash* parent_hash,
+                                       std::span<const TokenId> tokens,
+                                       std::span<const uint64_t> extra_keys) {
     const auto [it, inserted] = index_.try_emplace(hash, b);
     if (!inserted) {
       const BlockId indexed = it->second;
@@ -107,7 +111,7 @@ class HashIndex {
 
   // Takes `b` out of the index or its standby chain. Returns true when its hash left the
   // index (no standby took its place).
-  bool erase(BlockId b) {
+  [[gnu::always_inline]] bool erase(BlockId b) {
     const Role role = role_[b];
     role_[b] = Role::kNone;
     const BlockId successor = role == Role::kIndexed ? next_[b] : kNoBlock;
