@@ -87,6 +87,30 @@ TEST_CASE("prefill returns the slot mapping and fills blocks in order") {
   REQUIRE(m.stats().used_blocks == 3);
 }
 
+// allocate_slots() reuses the sequence the last append_tokens() found: a free, a re-added id
+// and other sequences in between must not leave it pointing at the wrong one.
+TEST_CASE("allocate_slots after append_tokens finds the right sequence") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  admit(m, 1, iota_tokens(2));
+  admit(m, 2, iota_tokens(3));
+  REQUIRE(allocate(m, 1, 2) == Slots{0, 1});
+  REQUIRE(allocate(m, 2, 3) == Slots{4, 5, 6});
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{7}).ok());
+  REQUIRE(allocate(m, 2, 0).empty());  // another sequence: no new token for it
+  REQUIRE(allocate(m, 1, 1) == Slots{2});
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{7}).ok());
+  REQUIRE(m.free(1).ok());
+  require_error(m.allocate_slots(1, 1).status(), absl::StatusCode::kNotFound, "unknown sequence");
+  admit(m, 1, iota_tokens(5));  // the same id, a new sequence
+  REQUIRE(allocate(m, 1, 5).size() == 5);
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{7}).ok());
+  const Blocks blocks = table(m, 1);
+  REQUIRE(blocks.size() == 2);
+  REQUIRE(allocate(m, 1, 1) == Slots{int64_t{blocks[1]} * 4 + 1});
+  REQUIRE(m.sequence(1)->num_computed_tokens == 6);
+  REQUIRE(m.sequence(2)->num_computed_tokens == 3);
+}
+
 TEST_CASE("lookahead reserves spare slots without computing them") {
   KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
   admit(m, 1, iota_tokens(3));
