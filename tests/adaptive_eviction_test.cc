@@ -6,6 +6,7 @@
 
 #include "pagedkv/block_hash.h"
 #include "pagedkv/block_pool.h"
+#include "support/manager_test_util.h"
 
 namespace pagedkv {
 namespace {
@@ -17,11 +18,7 @@ BlockPool make_pool(int32_t num_blocks, EvictionPolicy policy) {
   return *std::move(pool);
 }
 
-void require_valid(const BlockPool& pool) {
-  const absl::Status status = pool.check_invariants();
-  INFO(status.ToString());
-  REQUIRE(status.ok());
-}
+using testing::require_valid;
 
 // One request as an engine serves it (block_size 1: a token per block): hits the cached
 // prefix, computes and caches the rest, then frees its table tail first. Returns the

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pagedkv/block_hash.h"
+#include "support/manager_test_util.h"
 
 namespace pagedkv {
 namespace {
@@ -20,11 +21,7 @@ BlockPool make_pool(int32_t num_blocks, int32_t block_size, KvEventSink* sink = 
   return *std::move(pool);
 }
 
-void require_valid(const BlockPool& pool) {
-  const absl::Status status = pool.check_invariants();
-  INFO(status.ToString());
-  REQUIRE(status.ok());
-}
+using testing::require_valid;
 
 std::vector<BlockId> allocate(BlockPool& pool, int n) {
   std::vector<BlockId> blocks(n);

@@ -19,8 +19,10 @@ namespace pagedkv::testing {
 using Slots = std::vector<int64_t>;
 using Blocks = std::vector<BlockId>;
 
-inline void require_valid(const KvCacheManager& m) {
-  const absl::Status status = m.check_invariants();
+// Any of the allocator's classes: KvCacheManager, BlockPool.
+template <typename Checked>
+void require_valid(const Checked& checked) {
+  const absl::Status status = checked.check_invariants();
   INFO(status.ToString());
   REQUIRE(status.ok());
 }
