@@ -352,6 +352,7 @@ class BlockPool {
   bool valid_id(BlockId block) const { return block >= 0 && block < num_blocks_; }
   template <bool kAdaptive>
   void take_free_blocks(std::span<BlockId> out);
+  void prefetch_next_victim() const;
   // The free-queue list a cached free block belongs in (its priority, and under the
   // adaptive policy whether it is frequent), and moving it there by its stamp.
   int32_t list_for(BlockId block) const;

@@ -143,6 +143,18 @@ void BlockPool::take_free_blocks(std::span<BlockId> out) {
       clear_retention(b);
     }
   }
+  if constexpr (!kAdaptive) prefetch_next_victim();
+}
+
+// The next allocation evicts the queue's front, a block far from this one (the decode
+// step allocates one block per call): its entries load while the caller works.
+void BlockPool::prefetch_next_victim() const {
+  const BlockId b = free_queue_->prefetch_front();
+  if (b == kNoBlock) return;
+  __builtin_prefetch(&ref_count_[b]);
+  __builtin_prefetch(&stale_[b]);
+  __builtin_prefetch(&priority_[b]);
+  hash_index_->prefetch_erase(b);
 }
 
 // Builds the event only for a sink: an eviction without one allocates nothing.

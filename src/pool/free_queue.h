@@ -128,6 +128,13 @@ class FreeQueue {
     link_between(nodes_[tail(kParkedList)].prev, tail(kParkedList), b, kParkedList, b_stamp);
   }
 
+  // Starts loading what pop_front() will touch; kNoBlock when empty.
+  BlockId prefetch_front() const {
+    const BlockId b = first();
+    if (b != kNoBlock) __builtin_prefetch(&nodes_[nodes_[b].next]);
+    return b;
+  }
+
   BlockId pop_front() {
     PAGEDKV_DCHECK(!empty());
     const BlockId b = nodes_[head(first_list())].next;

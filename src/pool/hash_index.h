@@ -18,7 +18,7 @@
 // uncached), its most recent standby takes its place, so the content stays cached while
 // a copy is resident, and the children cached after the original still verify.
 //
-//   index_: hash -> indexed block P       standby chain: P -> s2 -> s1   (next_/prev_)
+//   index_: hash -> indexed block P       standby chain: P -> s2 -> s1   (Entry::next/prev)
 //
 // A block holding a hash, indexed or standby, "is cached": it goes to the tail of the free
 // queue when freed and counts as free-cached.
@@ -51,11 +51,7 @@ class HashIndex {
   HashIndex(int32_t num_blocks, int32_t block_size)
       : block_size_(block_size),
         role_(num_blocks, Role::kNone),
-        hash_(num_blocks),
-        parent_key_(num_blocks, 0),
-        content_key_(num_blocks, 0),
-        next_(num_blocks, kNoBlock),
-        prev_(num_blocks, kNoBlock),
+        entries_(num_blocks),
         extra_keys_(num_blocks),
         // Left uninitialized: large pools of large blocks only touch the pages they cache.
         tokens_(std::make_unique_for_overwrite<TokenId[]>(static_cast<size_t>(num_blocks) *
@@ -66,7 +62,7 @@ class HashIndex {
   int32_t num_standby() const { return num_standby_; }
   bool is_cached(BlockId b) const { return role_[b] != Role::kNone; }
   Role role(BlockId b) const { return role_[b]; }
-  const BlockHash& hash(BlockId b) const { return hash_[b]; }
+  const BlockHash& hash(BlockId b) const { return entries_[b].hash; }
 
   // The block indexed under `hash`, or kNoBlock. Unverified.
   BlockId find(const BlockHash& hash) const {
@@ -77,7 +73,7 @@ class HashIndex {
   // Whether `b` holds `tokens` and `extra_keys` after the contents `parent_key` names.
   bool verify(BlockId b, uint64_t parent_key, std::span<const TokenId> tokens,
               std::span<const uint64_t> extra_keys) const {
-    if (parent_key_[b] != parent_key) return false;
+    if (entries_[b].parent_key != parent_key) return false;
     return same_contents(b, tokens, extra_keys);
   }
 
@@ -92,19 +88,24 @@ class HashIndex {
     const auto [it, inserted] = index_.try_emplace(hash, b);
     if (!inserted) {
       const BlockId indexed = it->second;
-      if (parent_key_[indexed] != parent_key || !same_contents(indexed, tokens, extra_keys)) {
+      if (entries_[indexed].parent_key != parent_key ||
+          !same_contents(indexed, tokens, extra_keys)) {
         return Insert::kRefused;
       }
-      content_key_[b] = content_key_[indexed];  // same contents: children verify after b too
+      // Same contents: children verify after b too.
+      entries_[b].content_key = entries_[indexed].content_key;
       link_standby(indexed, b);
     }
     role_[b] = inserted ? Role::kIndexed : Role::kStandby;
-    hash_[b] = hash;
-    parent_key_[b] = parent_key;
+    entries_[b].hash = hash;
+    entries_[b].parent_key = parent_key;
     if (keeps_extras_) [[unlikely]] {
       insert_extras(b, inserted, parent_key, parent_hash, tokens[0]);
     }
-    extra_keys_[b].assign(extra_keys.begin(), extra_keys.end());
+    if (entries_[b].has_extra_keys || !extra_keys.empty()) [[unlikely]] {
+      extra_keys_[b].assign(extra_keys.begin(), extra_keys.end());
+      entries_[b].has_extra_keys = !extra_keys.empty();
+    }
     std::copy(tokens.begin(), tokens.end(), block_tokens(b));
     return inserted ? Insert::kIndexed : Insert::kStandby;
   }
@@ -114,7 +115,7 @@ class HashIndex {
   [[gnu::always_inline]] bool erase(BlockId b) {
     const Role role = role_[b];
     role_[b] = Role::kNone;
-    const BlockId successor = role == Role::kIndexed ? next_[b] : kNoBlock;
+    const BlockId successor = role == Role::kIndexed ? entries_[b].next : kNoBlock;
     if (keeps_extras_) [[unlikely]] {
       erase_extras(b, role, successor);
     }
@@ -122,16 +123,16 @@ class HashIndex {
       unlink_standby(b);
       return false;
     }
-    next_[b] = kNoBlock;
+    entries_[b].next = kNoBlock;
     if (successor == kNoBlock) {
-      index_.erase(hash_[b]);
+      index_.erase(entries_[b].hash);
       return true;
     }
     // The most recent standby becomes the indexed block, keeping the rest of the chain.
-    prev_[successor] = kNoBlock;
+    entries_[successor].prev = kNoBlock;
     role_[successor] = Role::kIndexed;
     --num_standby_;
-    index_[hash_[b]] = successor;
+    index_[entries_[b].hash] = successor;
     return false;
   }
 
@@ -141,29 +142,37 @@ class HashIndex {
     if (partial_) partial_->clear();
     if (children_) children_->clear();
     std::fill(role_.begin(), role_.end(), Role::kNone);
-    std::fill(next_.begin(), next_.end(), kNoBlock);
-    std::fill(prev_.begin(), prev_.end(), kNoBlock);
+    for (Entry& e : entries_) e.next = e.prev = kNoBlock;
     num_standby_ = 0;
   }
 
+  // Starts loading what erase(b) and renew(b) will touch: `b`'s entry and, when it is
+  // cached, its hash's slot in the index.
+  void prefetch_erase(BlockId b) const {
+    __builtin_prefetch(&entries_[b]);
+    if (is_cached(b)) index_.prefetch(entries_[b].hash);
+  }
+
   // Marks that `b` is about to receive new contents.
-  void renew(BlockId b) { content_key_[b] = next_content_key_++; }
+  void renew(BlockId b) { entries_[b].content_key = next_content_key_++; }
   // `b` receives a copy of the contents `key` names (a block of the other tier).
-  void set_content_key(BlockId b, uint64_t key) { content_key_[b] = key; }
+  void set_content_key(BlockId b, uint64_t key) { entries_[b].content_key = key; }
   // Draws this index's content keys from `first` on, so that two pools whose blocks are
   // copied into each other never give different contents the same key.
   void start_content_keys_at(uint64_t first) { next_content_key_ = first; }
 
   // 0 stands for "no parent"; content keys start at 1.
-  uint64_t key_of(BlockId parent) const { return parent == kNoBlock ? 0 : content_key_[parent]; }
-  uint64_t content_key(BlockId b) const { return content_key_[b]; }
+  uint64_t key_of(BlockId parent) const {
+    return parent == kNoBlock ? 0 : entries_[parent].content_key;
+  }
+  uint64_t content_key(BlockId b) const { return entries_[b].content_key; }
   // What a cached block was entered with; still readable after erase() until `b` is
   // cached again (an evicted block's copy is entered into the other tier from it).
-  uint64_t parent_key(BlockId b) const { return parent_key_[b]; }
+  uint64_t parent_key(BlockId b) const { return entries_[b].parent_key; }
   // Parent hashes are kept only after keep_parent_hashes() (the device index of a pool with
   // a host tier, whose demoted copies announce them); nullopt otherwise.
   void keep_parent_hashes() {
-    parent_hash_.resize(role_.size());
+    parent_hash_.resize(entries_.size());
     keeps_extras_ = true;
   }
   std::optional<BlockHash> parent_hash(BlockId b) const {
@@ -176,7 +185,7 @@ class HashIndex {
 
   // Keeps indexed blocks findable by their first tokens (longest_partial_match()).
   void index_partial_prefixes() {
-    partial_.emplace(static_cast<int32_t>(role_.size()));
+    partial_.emplace(static_cast<int32_t>(entries_.size()));
     keeps_extras_ = true;
   }
   bool indexes_partial_prefixes() const { return partial_.has_value(); }
@@ -213,7 +222,7 @@ class HashIndex {
     bool consistent = true;
     partial_->for_each_entry([&](const PrefixStart& key, BlockId b) {
       ++entries;
-      consistent &= role_[b] == Role::kIndexed && parent_key_[b] == key.parent_key &&
+      consistent &= role_[b] == Role::kIndexed && entries_[b].parent_key == key.parent_key &&
                     block_tokens(b)[0] == key.first_token;
     });
     return consistent && entries == index_.size();
@@ -222,7 +231,7 @@ class HashIndex {
   // Keeps every cached block (indexed or standby) findable by its parent content key
   // (for_each_child()).
   void index_children() {
-    children_.emplace(static_cast<int32_t>(role_.size()));
+    children_.emplace(static_cast<int32_t>(entries_.size()));
     keeps_extras_ = true;
   }
   // Calls fn(block) for each cached block entered after the contents `parent_key` names;
@@ -238,7 +247,7 @@ class HashIndex {
     bool consistent = true;
     children_->for_each_entry([&](uint64_t parent_key, BlockId b) {
       ++entries;
-      consistent &= role_[b] != Role::kNone && parent_key_[b] == parent_key;
+      consistent &= role_[b] != Role::kNone && entries_[b].parent_key == parent_key;
     });
     return consistent && entries == std::ssize(index_) + num_standby_;
   }
@@ -257,7 +266,7 @@ class HashIndex {
 
   // The standby chain link before `b` (kNoBlock for the indexed block), for
   // check_invariants().
-  BlockId prev_standby(BlockId b) const { return prev_[b]; }
+  BlockId prev_standby(BlockId b) const { return entries_[b].prev; }
 
  private:
   // The optional indexes' and parent hashes' share of insert() and erase(), out of line so
@@ -272,35 +281,39 @@ class HashIndex {
   }
   // `b` leaves with `role`; `successor` is the standby that takes its place, if any.
   [[gnu::noinline]] void erase_extras(BlockId b, Role role, BlockId successor) {
-    if (children_) children_->remove(b, parent_key_[b]);
+    if (children_) children_->remove(b, entries_[b].parent_key);
     if (role != Role::kIndexed || !partial_) return;
-    partial_->remove(b, {parent_key_[b], block_tokens(b)[0]});
+    partial_->remove(b, {entries_[b].parent_key, block_tokens(b)[0]});
     if (successor != kNoBlock) {
-      partial_->add(successor, {parent_key_[successor], block_tokens(successor)[0]});
+      partial_->add(successor, {entries_[successor].parent_key, block_tokens(successor)[0]});
     }
   }
 
   bool same_contents(BlockId b, std::span<const TokenId> tokens,
                      std::span<const uint64_t> extra_keys) const {
-    const auto& keys = extra_keys_[b];
-    if (!std::equal(keys.begin(), keys.end(), extra_keys.begin(), extra_keys.end())) return false;
+    if (entries_[b].has_extra_keys || !extra_keys.empty()) [[unlikely]] {
+      const auto& keys = extra_keys_[b];
+      if (!std::equal(keys.begin(), keys.end(), extra_keys.begin(), extra_keys.end())) {
+        return false;
+      }
+    }
     const TokenId* stored = block_tokens(b);
     return std::equal(stored, stored + block_size_, tokens.begin(), tokens.end());
   }
 
   void link_standby(BlockId indexed, BlockId b) {
-    next_[b] = next_[indexed];
-    prev_[b] = indexed;
-    if (next_[indexed] != kNoBlock) prev_[next_[indexed]] = b;
-    next_[indexed] = b;
+    entries_[b].next = entries_[indexed].next;
+    entries_[b].prev = indexed;
+    if (entries_[indexed].next != kNoBlock) entries_[entries_[indexed].next].prev = b;
+    entries_[indexed].next = b;
     ++num_standby_;
   }
 
   void unlink_standby(BlockId b) {
-    next_[prev_[b]] = next_[b];
-    if (next_[b] != kNoBlock) prev_[next_[b]] = prev_[b];
-    next_[b] = kNoBlock;
-    prev_[b] = kNoBlock;
+    entries_[entries_[b].prev].next = entries_[b].next;
+    if (entries_[b].next != kNoBlock) entries_[entries_[b].next].prev = entries_[b].prev;
+    entries_[b].next = kNoBlock;
+    entries_[b].prev = kNoBlock;
     --num_standby_;
   }
 
@@ -312,15 +325,21 @@ class HashIndex {
   absl::flat_hash_map<BlockHash, BlockId> index_;
   int32_t num_standby_ = 0;
   uint64_t next_content_key_ = 1;
-  // Per block; hash_, parent_key_, extra_keys_ and tokens_ are meaningful while role_ is
-  // not kNone. content_key_ identifies the block's current contents.
+  // Per block: a block's hash, parent key, extra keys and tokens are meaningful while its
+  // role is not kNone; its content key identifies its current contents. The roles are
+  // dense, as freeing a table tests each of its blocks; the rest is one cache line per
+  // block, as an eviction and a caching each touch all of it for a block far from the last.
   std::vector<Role> role_;
-  std::vector<BlockHash> hash_;
-  std::vector<uint64_t> parent_key_;
+  struct alignas(64) Entry {
+    BlockHash hash;
+    uint64_t parent_key = 0;
+    uint64_t content_key = 0;
+    BlockId next = kNoBlock;  // standby chain
+    BlockId prev = kNoBlock;
+    bool has_extra_keys = false;  // extra_keys_[b] is not empty: only then is it read
+  };
+  std::vector<Entry> entries_;
   std::vector<std::optional<BlockHash>> parent_hash_;  // see keep_parent_hashes()
-  std::vector<uint64_t> content_key_;
-  std::vector<BlockId> next_;  // standby chain
-  std::vector<BlockId> prev_;
   std::vector<absl::InlinedVector<uint64_t, 2>> extra_keys_;
   std::unique_ptr<TokenId[]> tokens_;                    // [num_blocks, block_size]
   std::optional<KeyedBlockLists<PrefixStart>> partial_;  // see index_partial_prefixes()
