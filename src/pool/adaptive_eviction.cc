@@ -31,11 +31,11 @@ BlockId AdaptiveEviction::take_victim(FreeQueue& queue, const HashIndex& index) 
 
 void AdaptiveEviction::on_cached(BlockId block, const BlockHash& hash, BlockId parent,
                                  FreeQueue& queue, const HashIndex& index) {
-  const std::optional<GhostList> ghost = take_ghost(hash);
+  const std::optional<int> ghost = ghosts_.take(hash.lo);
   const bool recent_ghost = ghost == kRecent;
   const bool frequent_ghost = ghost == kFrequent;
-  const double b1 = std::max(1, ghost_count_[kRecent]);
-  const double b2 = std::max(1, ghost_count_[kFrequent]);
+  const double b1 = std::max(1, ghosts_.size(kRecent));
+  const double b2 = std::max(1, ghosts_.size(kFrequent));
   if (recent_ghost) {
     ++stats_.recent_ghost_hits;
     target_ = std::min<double>(capacity_, target_ + std::max(1.0, b2 / b1));
@@ -79,7 +79,7 @@ BlockId AdaptiveEviction::on_uncached(BlockId block, const BlockHash* evicted_ha
     // A recent block becomes a ghost only where B1 has room (|B1| <= |T2|): in a scan of
     // one-off blocks it has none, and no hash is filed.
     if (was_frequent || cached_[1] > 0)
-      add_ghost(*evicted_hash, was_frequent ? kFrequent : kRecent);
+      ghosts_.add(evicted_hash->lo, was_frequent ? kFrequent : kRecent);
   }
   trim_ghosts();
   BlockId requeue = kNoBlock;
@@ -106,53 +106,14 @@ void AdaptiveEviction::on_reset(FreeQueue& queue) {
   for (uint32_t& g : generation_) ++g;
   cached_[0] = cached_[1] = 0;
   ghosts_.clear();  // their hashes name contents from before the reset
-  for (const GhostList list : {kRecent, kFrequent}) {
-    ghost_order_[list].clear();
-    ghost_count_[list] = 0;
-  }
-}
-
-void AdaptiveEviction::add_ghost(const BlockHash& hash, GhostList list) {
-  const uint64_t tag = ghost_tag(next_ghost_seq_++, list);
-  const auto [it, added] = ghosts_.insert_or_assign(hash.lo, tag);
-  if (!added) --ghost_count_[it->second & 1];  // a 64-bit key collision: the new one wins
-  ++ghost_count_[list];
-  std::deque<GhostEntry>& order = ghost_order_[list];
-  order.push_back({hash.lo, tag});
-  if (std::ssize(order) > 2 * int64_t{ghost_count_[list]} + 64) {
-    std::erase_if(order, [this](const GhostEntry& e) { return !is_live(e); });
-  }
-}
-
-std::optional<AdaptiveEviction::GhostList> AdaptiveEviction::take_ghost(const BlockHash& hash) {
-  const auto it = ghosts_.find(hash.lo);
-  if (it == ghosts_.end()) return std::nullopt;
-  const auto list = static_cast<GhostList>(it->second & 1);
-  --ghost_count_[list];
-  ghosts_.erase(it);
-  return list;
-}
-
-void AdaptiveEviction::pop_oldest_ghost(GhostList list) {
-  std::deque<GhostEntry>& order = ghost_order_[list];
-  while (true) {
-    const GhostEntry e = order.front();
-    order.pop_front();
-    const auto it = ghosts_.find(e.key);
-    if (it != ghosts_.end() && it->second == e.tag) {
-      ghosts_.erase(it);
-      --ghost_count_[list];
-      return;
-    }
-  }
 }
 
 // ARC's directory bounds, |T1| + |B1| <= C and T1, T2, B1, B2 together <= 2C, with
 // |T1| = C - |T2|: |B1| <= |T2| and |B1| + |B2| <= C.
 void AdaptiveEviction::trim_ghosts() {
-  while (ghost_count_[kRecent] > cached_[1]) pop_oldest_ghost(kRecent);
-  while (ghost_count_[kRecent] + ghost_count_[kFrequent] > capacity_) {
-    pop_oldest_ghost(ghost_count_[kFrequent] > 0 ? kFrequent : kRecent);
+  while (ghosts_.size(kRecent) > cached_[1]) ghosts_.pop_oldest(kRecent);
+  while (ghosts_.size(kRecent) + ghosts_.size(kFrequent) > capacity_) {
+    ghosts_.pop_oldest(ghosts_.size(kFrequent) > 0 ? kFrequent : kRecent);
   }
 }
 
@@ -202,23 +163,12 @@ absl::Status AdaptiveEviction::check_invariants(const FreeQueue& queue,
   }
   // The ghosts: counted right, one live entry each in their list's order, within ARC's
   // bounds.
-  for (const GhostList list : {kRecent, kFrequent}) {
-    int64_t live = 0;
-    for (const GhostEntry& e : ghost_order_[list]) {
-      live += is_live(e) && (e.tag & 1) == list;
-    }
-    int64_t held = 0;
-    for (const auto& [key, tag] : ghosts_) held += (tag & 1) == list;
-    if (live != ghost_count_[list] || held != ghost_count_[list]) {
-      return broken("ghost list ", static_cast<int>(list), " counts ", ghost_count_[list],
-                    " ghosts, holds ", held, ", ", live, " live in its order");
-    }
+  if (absl::Status s = ghosts_.check_invariants(); !s.ok()) return broken(s.message());
+  if (ghosts_.size(kRecent) > cached_[1]) {
+    return broken("|B1| = ", ghosts_.size(kRecent), " > |T2| = ", cached_[1]);
   }
-  if (ghost_count_[kRecent] > cached_[1]) {
-    return broken("|B1| = ", ghost_count_[kRecent], " > |T2| = ", cached_[1]);
-  }
-  if (ghost_count_[kRecent] + ghost_count_[kFrequent] > capacity_) {
-    return broken("|B1| + |B2| = ", ghost_count_[kRecent] + ghost_count_[kFrequent],
+  if (ghosts_.size(kRecent) + ghosts_.size(kFrequent) > capacity_) {
+    return broken("|B1| + |B2| = ", ghosts_.size(kRecent) + ghosts_.size(kFrequent),
                   " > C = ", capacity_);
   }
   return absl::OkStatus();

@@ -31,22 +31,18 @@
 //   left the cache, even one cached again with the same contents (a host-tier promotion),
 //   never counts children it no longer has. cached_ counts cached blocks by flag, in use
 //   or free (|T2| is cached_[1]).
-//   Ghosts: one hash map for B1 and B2 (ghost -> its list and the sequence number of its
-//   add), so a block being cached costs one lookup; an order per list, oldest first, whose
-//   entries are stale once their hash was taken or added again: skipped at the front and
-//   dropped when an order holds twice its live ghosts, so each add is O(1) amortized.
+//   Ghosts: pool/ghost_lists.h, one hash map for B1 and B2, so a block being cached costs
+//   one lookup.
 #ifndef PAGEDKV_POOL_ADAPTIVE_EVICTION_H_
 #define PAGEDKV_POOL_ADAPTIVE_EVICTION_H_
 
 #include <cstdint>
-#include <deque>
-#include <optional>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "pagedkv/types.h"
 #include "pool/free_queue.h"
+#include "pool/ghost_lists.h"
 #include "pool/hash_index.h"
 
 namespace pagedkv::internal {
@@ -107,20 +103,6 @@ class AdaptiveEviction {
   // The ghost lists (kRecent: B1, kFrequent: B2). A ghost is keyed by 64 bits of its
   // block hash: a collision can only mislead the target, never share a block.
   enum GhostList : uint8_t { kRecent, kFrequent };
-  // A ghost's add: its sequence number and list, seq << 1 | list.
-  static uint64_t ghost_tag(uint64_t seq, GhostList list) { return seq << 1 | list; }
-  struct GhostEntry {
-    uint64_t key = 0;
-    uint64_t tag = 0;
-  };
-  void add_ghost(const BlockHash& hash, GhostList list);
-  // Removes `hash` from the ghosts; the list it was in, or nullopt.
-  std::optional<GhostList> take_ghost(const BlockHash& hash);
-  void pop_oldest_ghost(GhostList list);
-  bool is_live(const GhostEntry& e) const {
-    const auto it = ghosts_.find(e.key);
-    return it != ghosts_.end() && it->second == e.tag;
-  }
   void trim_ghosts();
 
   int32_t capacity_;
@@ -131,10 +113,7 @@ class AdaptiveEviction {
   std::vector<int32_t> children_;
   std::vector<uint32_t> generation_;
   int32_t cached_[2] = {0, 0};  // cached blocks that are recent (T1), frequent (T2)
-  absl::flat_hash_map<uint64_t, uint64_t> ghosts_;  // key -> tag of its latest add
-  std::deque<GhostEntry> ghost_order_[2];
-  int32_t ghost_count_[2] = {0, 0};  // |B1|, |B2|
-  uint64_t next_ghost_seq_ = 0;
+  GhostLists<uint64_t, 2> ghosts_;
   Stats stats_;
 };
 
