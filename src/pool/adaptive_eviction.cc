@@ -2,6 +2,7 @@
 #include "pool/adaptive_eviction.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 

@@ -102,7 +102,7 @@ class AdaptiveEviction {
 
   // The ghost lists (kRecent: B1, kFrequent: B2). A ghost is keyed by 64 bits of its
   // block hash: a collision can only mislead the target, never share a block.
-  enum GhostList : uint8_t { kRecent, kFrequent };
+  enum GhostListId : uint8_t { kRecent, kFrequent };
   void trim_ghosts();
 
   int32_t capacity_;
