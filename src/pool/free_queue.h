@@ -128,7 +128,8 @@ class FreeQueue {
     link_between(nodes_[tail(kParkedList)].prev, tail(kParkedList), b, kParkedList, b_stamp);
   }
 
-  // Starts loading what pop_front() will touch; kNoBlock when empty.
+  // The block pop_front() would return (kNoBlock when empty); starts loading the node of
+  // the one after it, which pop_front() relinks.
   BlockId prefetch_front() const {
     const BlockId b = first();
     if (b != kNoBlock) __builtin_prefetch(&nodes_[nodes_[b].next]);
