@@ -32,8 +32,11 @@ class GhostLists {
   // Makes `key` the most recent ghost of `list`, taking it out of any list it was in.
   void add(const Key& key, int list) {
     const uint64_t tag = next_seq_++ << 8 | static_cast<uint64_t>(list);
-    const auto [it, added] = live_.insert_or_assign(key, tag);
-    if (!added) --count_[list_of(it->second)];
+    const auto [it, added] = live_.try_emplace(key, tag);
+    if (!added) {  // a ghost already (a 64-bit key collision in ARC's lists): it moves
+      --count_[list_of(it->second)];
+      it->second = tag;
+    }
     ++count_[list];
     std::deque<Entry>& order = order_[list];
     order.push_back({key, tag});
