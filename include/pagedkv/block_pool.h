@@ -274,7 +274,7 @@ class BlockPool {
   // free: `last_clean` (kNoBlock at the start) carries where the next clean block goes.
   void release_unchecked(BlockId block, BlockId& last_clean);
   // free_unchecked() of a block table in reverse, as one free: its last block is evicted
-  // first. One call per table, so the loop runs inline.
+  // first.
   void free_tail_first_unchecked(std::span<const BlockId> table);
   int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
   BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
@@ -359,6 +359,8 @@ class BlockPool {
   void requeue(BlockId block);
   absl::Status id_error(BlockId block, const char* caller) const;  // InvalidArgument
   bool enqueue_freed(BlockId block, BlockId& last_clean);
+  template <typename BlockIt>
+  void free_in_order(BlockIt first, BlockIt last);
   void undo_free(std::span<const BlockId> freed);
   absl::Status check_cache_request(std::span<const BlockId> blocks, size_t num_hashes,
                                    BlockId parent, std::span<const TokenId> tokens,

@@ -246,9 +246,42 @@ void BlockPool::undo_free(std::span<const BlockId> freed) {
   }
 }
 
-void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order) {
+// Releases the blocks from `first` to `last` as one free. Most are cached ones with no
+// retention under LRU, bound for the tail of the default list: they go through an
+// appender, and any other block closes it first.
+template <typename BlockIt>
+void BlockPool::free_in_order(BlockIt first, BlockIt last) {
+  const bool lru = adaptive_ == nullptr;
+  const int32_t lru_list = FreeQueue::priority_list(kDefaultRetentionPriority);
   BlockId last_clean = kNoBlock;
-  for (const BlockId b : blocks_in_eviction_order) release_unchecked(b, last_clean);
+  int32_t freed = 0;
+  int32_t cached = 0;
+  while (first != last) {
+    {
+      FreeQueue::Appender default_list(*free_queue_, lru_list);
+      for (; first != last; ++first) {
+        const BlockId b = *first;
+        PAGEDKV_DCHECK(b >= 0 && b < num_blocks_ && ref_count_[b] > 0);
+        if (--ref_count_[b] != 0) continue;
+        ++freed;
+        if (!lru || priority_[b] != kNoPriority || !hash_index_->is_cached(b)) break;
+        default_list.push(b);
+        ++cached;
+      }
+    }
+    if (first == last) break;
+    cached += enqueue_freed(*first++, last_clean);
+  }
+  used_blocks_ -= freed;
+  cached_free_blocks_ += cached;
+}
+
+void BlockPool::free_unchecked(std::span<const BlockId> blocks_in_eviction_order) {
+  free_in_order(blocks_in_eviction_order.begin(), blocks_in_eviction_order.end());
+}
+
+void BlockPool::free_tail_first_unchecked(std::span<const BlockId> table) {
+  free_in_order(table.rbegin(), table.rend());
 }
 
 void BlockPool::release_unchecked(BlockId block, BlockId& last_clean) {
@@ -257,21 +290,6 @@ void BlockPool::release_unchecked(BlockId block, BlockId& last_clean) {
     --used_blocks_;
     cached_free_blocks_ += enqueue_freed(block, last_clean);
   }
-}
-
-void BlockPool::free_tail_first_unchecked(std::span<const BlockId> table) {
-  BlockId last_clean = kNoBlock;
-  int32_t freed = 0;
-  int32_t cached = 0;
-  for (auto it = table.rbegin(); it != table.rend(); ++it) {
-    PAGEDKV_DCHECK(*it >= 0 && *it < num_blocks_ && ref_count_[*it] > 0);
-    if (--ref_count_[*it] == 0) {
-      ++freed;
-      cached += enqueue_freed(*it, last_clean);
-    }
-  }
-  used_blocks_ -= freed;
-  cached_free_blocks_ += cached;
 }
 
 // --- prefix cache ------------------------------------------------------------------------

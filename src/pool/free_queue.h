@@ -90,6 +90,13 @@ class FreeQueue {
     link_between(nodes_[tail(l)].prev, tail(l), b, l, ++last_stamp_);
   }
 
+  // Appends blocks to the tail of list l as push_back() would, for a loop that pushes a
+  // run of blocks with no other change to the queue in between (the free of a block table).
+  // It keeps the list's last block, the stamp counter and the list's bit in registers:
+  // through push_back() each is a load and a store per block, since a node store may
+  // alias them. The queue is whole again when the appender is destroyed.
+  class Appender;
+
   // Inserts b into the clean list right after the queued clean block `pos`, or at the
   // head when pos is kNoBlock.
   void insert_clean_after(BlockId pos, BlockId b) {
@@ -207,6 +214,40 @@ class FreeQueue {
   std::vector<Node> nodes_;
   uint64_t last_stamp_ = 0;         // below 2^56 for 2^56 pushes: years at one per nanosecond
   uint64_t nonempty_[kWords] = {};  // bit l: list l holds a block
+};
+
+class FreeQueue::Appender {
+ public:
+  Appender(FreeQueue& queue, int32_t l)
+      : queue_(queue),
+        nodes_(queue.nodes_.data()),
+        list_(static_cast<uint64_t>(l)),
+        tail_(queue.tail(l)),
+        last_(nodes_[tail_].prev),
+        stamp_(queue.last_stamp_) {}
+  Appender(const Appender&) = delete;
+  Appender& operator=(const Appender&) = delete;
+  ~Appender() {
+    if (stamp_ == queue_.last_stamp_) return;  // nothing pushed
+    nodes_[tail_].prev = last_;
+    queue_.last_stamp_ = stamp_;
+    queue_.nonempty_[list_ / 64] |= uint64_t{1} << (list_ % 64);
+  }
+
+  void push(BlockId b) {
+    PAGEDKV_DCHECK(!queue_.is_queued(b));
+    nodes_[last_].next = b;
+    nodes_[b] = {.prev = last_, .next = tail_, .stamp_and_list = ++stamp_ << 8 | list_};
+    last_ = b;
+  }
+
+ private:
+  FreeQueue& queue_;
+  Node* const nodes_;
+  const uint64_t list_;
+  const BlockId tail_;
+  BlockId last_;
+  uint64_t stamp_;
 };
 
 }  // namespace pagedkv::internal
