@@ -229,6 +229,33 @@ TEST_CASE("fork shares blocks, and appending to a shared partial block copies it
   require_valid(m);
 }
 
+// decode_in_place() skips the ref count of a block it found unshared while the pool's
+// share epoch holds; a fork moves the epoch.
+TEST_CASE("a block written in place is copied once a fork shares it") {
+  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  admit(m, 1, iota_tokens(5));
+  allocate(m, 1, 5);  // blocks 0 (full) 1 (1 token)
+  end_step(m);
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{8}).ok());
+  REQUIRE(allocate(m, 1, 1) == Slots{1 * 4 + 1});  // in place: block 1 is its own
+  end_step(m);
+  require_valid(m);
+  REQUIRE(m.fork(1, 2).ok());
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{9}).ok());
+  REQUIRE(allocate(m, 1, 1) == Slots{2 * 4 + 2});
+  REQUIRE(m.take_step_ops().copy_on_write == std::vector<BlockCopy>{{1, 2, 2}});
+  REQUIRE(table(m, 1) == Blocks{0, 2});
+  REQUIRE(table(m, 2) == Blocks{0, 1});
+  // Each now holds its partial block alone and writes it in place.
+  REQUIRE(m.append_tokens(2, std::vector<TokenId>{7}).ok());
+  REQUIRE(allocate(m, 2, 1) == Slots{1 * 4 + 2});
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{6}).ok());
+  REQUIRE(allocate(m, 1, 1) == Slots{2 * 4 + 3});
+  REQUIRE(m.take_step_ops().copy_on_write.empty());
+  REQUIRE(m.stats().cow_copies == 1);
+  require_valid(m);
+}
+
 TEST_CASE("full blocks are never copied") {
   KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
   admit(m, 1, iota_tokens(8));

@@ -277,6 +277,10 @@ class BlockPool {
   // first.
   void free_tail_first_unchecked(std::span<const BlockId> table);
   int32_t ref_count_unchecked(BlockId block) const { return ref_count_[block]; }
+  // Grows whenever a block in use gains a reference (a touch of a held block, or a free
+  // that undoes itself). A holder of `b` that saw ref_count(b) == 1 knows it still is
+  // while share_epoch() has not moved: no other reference can appear without moving it.
+  uint64_t share_epoch() const { return share_epoch_; }
   BlockId find_cached_unchecked(const BlockHash& hash, BlockId parent,
                                 std::span<const TokenId> tokens,
                                 std::span<const uint64_t> extra_keys) const;
@@ -389,6 +393,7 @@ class BlockPool {
   std::optional<EventGroup> event_group_;  // Options::event_group
   std::function<int64_t()> clock_;
   std::vector<int32_t> ref_count_;  // per block; written by allocate/touch/free
+  uint64_t share_epoch_ = 1;
   // Per block: holds K/V from before the last reset_prefix_cache() (it was in use then, or
   // was cached after such a block); never indexed until reallocated.
   std::vector<uint8_t> stale_;

@@ -605,6 +605,7 @@ class KvCacheManager {
   // Checks (invariants.cc) and block tables (block_tables.cc).
   absl::Status check_pool_balance(const internal::GroupPools& g, bool host) const;
   absl::Status check_host_blocks(const internal::GroupPools& g) const;
+  absl::Status check_exclusive_block(const internal::Sequence& s) const;
   absl::StatusOr<const internal::Sequence*> running_sequence(SeqId seq, const char* caller) const;
   absl::Status resolve_running(std::span<const SeqId> seqs, const char* caller) const;
   void fill_padded(int32_t group, int32_t max_blocks, std::span<int32_t> block_table,

@@ -155,6 +155,23 @@ absl::Status KvCacheManager::check_pool_balance(const GroupPools& g, bool host) 
   return absl::OkStatus();
 }
 
+// What decode_in_place() trusts without reading the ref count: a block a sequence found
+// unshared at the device pool's current share epoch, and still holds, is held once.
+absl::Status KvCacheManager::check_exclusive_block(const Sequence& s) const {
+  const BlockPool& pool = groups_[0].device;
+  if (s.exclusive_epoch != pool.share_epoch()) return absl::OkStatus();
+  const std::vector<BlockId>& blocks = s.tables[0].blocks;
+  if (std::find(blocks.begin(), blocks.end(), s.exclusive_block) == blocks.end()) {
+    return absl::OkStatus();
+  }
+  if (pool.ref_count_unchecked(s.exclusive_block) != 1) {
+    return broken("seq ", s.id, ": block ", s.exclusive_block, " found unshared at share epoch ",
+                  s.exclusive_epoch, " has ref_count ",
+                  pool.ref_count_unchecked(s.exclusive_block));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvCacheManager::check_invariants() const {
   for (const GroupPools& g : groups_) {
     PAGEDKV_RETURN_IF_ERROR(g.device.check_invariants());
@@ -166,6 +183,7 @@ absl::Status KvCacheManager::check_invariants() const {
       return broken("seq ", id, ": ", s->tables.size(), " tables for ", groups_.size(), " groups");
     }
     PAGEDKV_RETURN_IF_ERROR(check_tokens(*s, options_.block_size, options_.max_model_len));
+    PAGEDKV_RETURN_IF_ERROR(check_exclusive_block(*s));
     for (const GroupPools& g : groups_) {
       PAGEDKV_RETURN_IF_ERROR(check_table(*s, g, options_.block_size));
     }

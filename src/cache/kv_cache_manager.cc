@@ -283,7 +283,14 @@ int64_t KvCacheManager::decode_in_place(Sequence& seq) {
     return -1;
   }
   const BlockId block = t.blocks[write_block];
-  if (groups_[0].device.ref_count_unchecked(block) != 1) return -1;  // copy-on-write
+  const BlockPool& pool = groups_[0].device;
+  // The ref count is a cache miss per sequence and step; a block found unshared stays so
+  // until the pool's share epoch moves.
+  if (block != seq.exclusive_block || seq.exclusive_epoch != pool.share_epoch()) {
+    if (pool.ref_count_unchecked(block) != 1) return -1;  // copy-on-write
+    seq.exclusive_block = block;
+    seq.exclusive_epoch = pool.share_epoch();
+  }
   ledger_->mark_written(0, block);
   ledger_->mark_scheduled(seq, pos);
   seq.num_computed = pos + 1;

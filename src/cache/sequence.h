@@ -36,6 +36,10 @@ struct Sequence {
   // step, the K/V of tokens past settled_tokens is not written yet.
   int32_t settled_tokens = 0;
   uint64_t scheduled_step = 0;
+  // The last block decode_in_place() found held by this sequence alone (group 0), and the
+  // device pool's share_epoch() then: while the epoch holds, the block is still its own.
+  BlockId exclusive_block = kNoBlock;
+  uint64_t exclusive_epoch = 0;
   std::vector<TokenId> tokens;  // prompt, then generated tokens
   // One table per layer group, in the manager's group order; tables may hold lookahead
   // blocks.

@@ -188,6 +188,8 @@ void BlockPool::touch_unchecked(BlockId block) {
     if (priority_[block] != kNoPriority) [[unlikely]] {
       clear_retention(block);
     }
+  } else {
+    ++share_epoch_;
   }
   if (adaptive_ && hash_index_->is_cached(block)) [[unlikely]] {
     adaptive_->on_use(block, *free_queue_);
@@ -242,6 +244,8 @@ void BlockPool::undo_free(std::span<const BlockId> freed) {
       free_queue_->remove(*it);
       ++used_blocks_;
       cached_free_blocks_ -= hash_index_->is_cached(*it);
+    } else {
+      ++share_epoch_;
     }
   }
 }
