@@ -270,9 +270,9 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_impl(
 }
 
 // Most calls of a decode step: a running sequence of a one-group full-attention model
-// writes one token into the partly filled last block that it alone holds. Nothing is
-// allocated, copied or released, and nothing can fail: the token's slot; -1 where the
-// general path is needed.
+// writes one token into the partly filled last block that it alone holds (its ref count, a
+// cache miss, is read again only once the pool's share epoch moved). Nothing is allocated,
+// copied or released, nothing can fail: the token's slot; -1 where the general path is needed.
 int64_t KvCacheManager::decode_in_place(Sequence& seq) {
   const int32_t bs = options_.block_size;
   const int32_t pos = seq.num_computed;
@@ -284,8 +284,6 @@ int64_t KvCacheManager::decode_in_place(Sequence& seq) {
   }
   const BlockId block = t.blocks[write_block];
   const BlockPool& pool = groups_[0].device;
-  // The ref count is a cache miss per sequence and step; a block found unshared stays so
-  // until the pool's share epoch moves.
   if (block != seq.exclusive_block || seq.exclusive_epoch != pool.share_epoch()) {
     if (pool.ref_count_unchecked(block) != 1) return -1;  // copy-on-write
     seq.exclusive_block = block;
