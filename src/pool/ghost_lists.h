@@ -33,7 +33,7 @@ class GhostLists {
   void add(const Key& key, int list) {
     const uint64_t tag = next_seq_++ << 8 | static_cast<uint64_t>(list);
     const auto [it, added] = live_.try_emplace(key, tag);
-    if (!added) {  // a ghost already (a 64-bit key collision in ARC's lists): it moves
+    if (!added) {  // a ghost already (in ARC's lists only by a 64-bit key collision): it moves
       --count_[list_of(it->second)];
       it->second = tag;
     }
