@@ -58,9 +58,7 @@
 
 namespace pagedkv {
 namespace internal {
-struct Sequence;
-class StepLedger;
-struct GroupPools;
+class CacheCoordinator;
 }  // namespace internal
 
 enum class PreemptionMode {
@@ -521,11 +519,11 @@ class KvCacheManager {
   // Running sequences, in arrival order.
   std::vector<SequenceInfo> running_sequences() const;
   Stats stats() const;
-  const Options& options() const { return options_; }
+  const Options& options() const;
   // The layer groups (one full-attention group for a model without them) and their pools;
   // `group` must be in [0, num_groups()).
-  int32_t num_groups() const { return static_cast<int32_t>(layer_groups_.size()); }
-  const LayerGroup& layer_group(int32_t group) const { return layer_groups_[group]; }
+  int32_t num_groups() const;
+  const LayerGroup& layer_group(int32_t group) const;
   GroupStats group_stats(int32_t group) const;
   const BlockPool& device_pool(int32_t group = 0) const;
   const BlockPool& host_pool(int32_t group = 0) const;
@@ -538,113 +536,10 @@ class KvCacheManager {
   [[nodiscard]] absl::Status check_invariants() const;
 
  private:
-  // What allocate_slots() does in one group, decided before anything changes.
-  struct GroupPlan {
-    int32_t release_end = 0;  // windowed: entries before it are released
-    int32_t new_blocks = 0;
-    bool copy_on_write = false;
-  };
+  explicit KvCacheManager(std::unique_ptr<internal::CacheCoordinator> core);
 
-  KvCacheManager(Options options, std::vector<LayerGroup> layer_groups,
-                 std::vector<internal::GroupPools> groups);
-
-  internal::Sequence* find(SeqId seq) const;
-  internal::Sequence* find_appended(SeqId seq);
-  absl::StatusOr<internal::Sequence*> find_or_error(SeqId seq, const char* caller) const;
-  absl::Status check_group(int32_t group, const char* caller) const;
-  int64_t decode_in_place(internal::Sequence& seq);
-  absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(internal::Sequence& seq,
-                                                               int32_t num_new_tokens,
-                                                               int32_t num_lookahead);
-  absl::StatusOr<std::span<const int64_t>> allocate_or_preempt_impl(internal::Sequence& seq,
-                                                                    int32_t num_new_tokens,
-                                                                    int32_t num_lookahead);
-  int32_t release_end(const internal::Sequence& seq, const internal::GroupPools& g,
-                      int32_t& freed) const;
-  void release_behind_window(internal::Sequence& seq, internal::GroupPools& g, int32_t end);
-  int32_t window_priority(const internal::Sequence& seq, const internal::GroupPools& g,
-                          int32_t entry) const;
-  void bury_dead_windows();
-  void write_slots(const BlockId* blocks, int32_t offset, std::span<int64_t> slots) const;
-  void grow_table(internal::Sequence& seq, internal::GroupPools& g, const GroupPlan& plan,
-                  int32_t write_block, int32_t valid_tokens);
-  void allocate_device_blocks(internal::GroupPools& g, std::span<BlockId> out);
-  // Prefix matching (prefix_match.cc).
-  int32_t find_hit(const internal::Sequence& seq, int32_t max_blocks, int32_t* chain_end);
-  int32_t match_chain(const internal::Sequence& seq, internal::GroupPools& g, int32_t max_blocks);
-  bool window_entry(const internal::Sequence& seq, internal::GroupPools& g, int32_t i);
-  int32_t window_hit(const internal::Sequence& seq, internal::GroupPools& g, int32_t p);
-  int32_t room(const internal::GroupPools& g, int32_t free_hits) const;
-  static bool device_hit(const internal::GroupPools& g, int32_t i);
-  void share_device_hits(internal::Sequence& seq, internal::GroupPools& g, int32_t first,
-                         int32_t p);
-  void promote_host_hits(internal::Sequence& seq, internal::GroupPools& g, int32_t p);
-  int32_t reuse_partial_block(internal::Sequence& seq, int32_t hit);
-  void hash_full_blocks(internal::Sequence& seq, int32_t num_full_blocks);
-  void offer_computed_blocks(internal::Sequence& seq);
-  // Preemption (preemption.cc).
-  std::optional<Preemption> choose_victim(SeqId requester) const;
-  bool release_one_claim(SeqId requester);
-  void drop_claim(internal::Sequence& seq);
-  absl::Status swap_out(internal::Sequence& seq);
-  // Releases.
-  void unshare_unwritten_blocks(internal::Sequence& seq);
-  void set_state(internal::Sequence& seq, SequenceState state);
-  // The retention of `seq`'s entry as it releases it: the last of its retention ranges that
-  // covers the entry's first token, else, in a windowed group, window_priority().
-  void set_release_retention(const internal::Sequence& seq, internal::GroupPools& g, int32_t entry);
-  void release_device_blocks(internal::Sequence& seq);
-  void release_host_blocks(internal::Sequence& seq);
-  // State groups (state_groups.cc).
-  absl::Status check_state_slots(const internal::Sequence& seq, const char* caller) const;
-  void save_checkpoints(internal::Sequence& seq, int32_t old_computed);
-  void save_checkpoint(internal::Sequence& seq, internal::GroupPools& g, int32_t blocks);
-  int32_t checkpoint_hit(const internal::Sequence& seq, internal::GroupPools& g, int32_t p);
-  void restore_checkpoints(internal::Sequence& seq);
-  void fork_state(internal::Sequence& child);
-  // Checks (invariants.cc) and block tables (block_tables.cc).
-  absl::Status check_pool_balance(const internal::GroupPools& g, bool host) const;
-  absl::Status check_host_blocks(const internal::GroupPools& g) const;
-  absl::Status check_exclusive_block(const internal::Sequence& s) const;
-  absl::StatusOr<const internal::Sequence*> running_sequence(SeqId seq, const char* caller) const;
-  absl::Status resolve_running(std::span<const SeqId> seqs, const char* caller) const;
-  void fill_padded(int32_t group, int32_t max_blocks, std::span<int32_t> block_table,
-                   std::span<int32_t> context_lens) const;
-  void fill_csr(int32_t group, std::span<int32_t> indptr, std::span<int32_t> indices,
-                std::span<int32_t> last_page_len) const;
-
-  Options options_;
-  std::vector<LayerGroup> layer_groups_;      // at least one
-  std::vector<internal::GroupPools> groups_;  // pools, host tier and scratch per group
-  int32_t anchor_ = -1;                       // the first full-attention group, or -1
-  bool windowed_ = false;                     // some group is windowed
-  bool has_state_ = false;                    // some group is a state group
-  // Windowed blocks or checkpoints verify after the anchor's: bury_dead_windows() after
-  // each change.
-  bool buries_ = false;
-  absl::flat_hash_map<SeqId, std::unique_ptr<internal::Sequence>> sequences_;
-  // The sequence of the last append_tokens(): a decode step's allocate_slots() of that
-  // sequence follows it, and skips the second lookup (find_appended()). Cleared by free().
-  SeqId last_appended_id_ = 0;
-  internal::Sequence* last_appended_ = nullptr;
-  // Pending copies, holds and write marks of the step (src/cache/step_ledger.h).
-  std::unique_ptr<internal::StepLedger> ledger_;
-  int64_t next_arrival_ = 0;
-  int32_t num_running_ = 0;  // sequences in state kRunning; kept by set_state()
-  // Slots of the last allocate_slots() call, group after group (see slot_mapping()).
-  std::vector<int64_t> slot_mapping_;
-  std::vector<GroupPlan> plans_;
-  std::vector<BlockId> scratch_blocks_;
-  // The batch of the block-table call in progress, resolved once by resolve_running().
-  mutable std::vector<const internal::Sequence*> batch_;
-  // Results of the batched call in progress; batch_id_ counts batched calls, so that
-  // Sequence::preempted_batch tells which sequences the current one preempted.
-  uint64_t batch_id_ = 0;
-  std::vector<int64_t> batch_slots_;  // group after group (see batch_slot_mapping())
-  std::vector<absl::Status> batch_statuses_;
-  Stats counters_;  // the manager's own counters; stats() adds the pools' and the tiers'
-  std::vector<GroupStats> group_counters_;    // per group: hits and window releases
-  std::vector<BlockPool::DeadContent> dead_;  // scratch of bury_dead_windows()
+  // The coordinator of the layer groups (src/cache/cache_coordinator.h) does the work.
+  std::unique_ptr<internal::CacheCoordinator> core_;
 };
 
 }  // namespace pagedkv

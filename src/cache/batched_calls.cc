@@ -1,16 +1,14 @@
-// KvCacheManager's batched step calls: one call per step for every running sequence,
+// CacheCoordinator's batched step calls: one call per step for every running sequence,
 // each sequence succeeding or failing on its own as the single call would.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "cache/group_pools.h"
-#include "cache/sequence.h"
-#include "common/check.h"
-#include "pagedkv/kv_cache_manager.h"
+#include "cache/cache_coordinator.h"
+#include "common/status_macros.h"
 
-namespace pagedkv {
+namespace pagedkv::internal {
 
-absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_slots_batch(
+absl::StatusOr<KvCacheManager::SlotBatch> CacheCoordinator::allocate_slots_batch(
     std::span<const SeqId> seqs, std::span<const int32_t> num_new_tokens, int32_t num_lookahead,
     bool preempt) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
@@ -27,28 +25,28 @@ absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_slots_batch(
   // max_model_len tokens, so a larger count could never succeed.
   int64_t total = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (count_of(i) > options_.max_model_len) {
+    if (count_of(i) > shared_.options.max_model_len) {
       return absl::InvalidArgumentError(
           absl::StrCat("allocate_slots_batch(seq ", seqs[i], "): num_new_tokens ", count_of(i),
-                       " exceeds max_model_len ", options_.max_model_len));
+                       " exceeds max_model_len ", shared_.options.max_model_len));
     }
     total += std::max(count_of(i), 0);
   }
   const size_t num_groups = groups_.size();
   batch_slots_.resize(static_cast<size_t>(total) * num_groups);
   batch_statuses_.assign(n, absl::OkStatus());
-  ++batch_id_;  // sequences preempted from here on carry this id
+  ++shared_.batch_id;  // sequences preempted from here on carry this id
   int32_t num_failed = 0;
   int64_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
     const int32_t count = count_of(i);
     // One lookup per sequence: the single calls' errors for an unknown one.
-    internal::Sequence* s = find(seqs[i]);
+    Sequence* s = find(seqs[i]);
     absl::StatusOr<std::span<const int64_t>> slots =
         s == nullptr
             ? find_or_error(seqs[i], preempt ? "allocate_slots_or_preempt" : "allocate_slots")
                   .status()
-        : s->preempted_batch == batch_id_
+        : s->preempted_batch == shared_.batch_id
             ? absl::FailedPreconditionError(
                   absl::StrCat("allocate_slots_batch(seq ", seqs[i],
                                "): preempted by an earlier sequence of this batch"))
@@ -70,16 +68,17 @@ absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_slots_batch(
     }
     offset += static_cast<int64_t>(n);
   }
-  return SlotBatch{std::span<const int64_t>(batch_slots_).first(total), batch_statuses_,
-                   num_failed};
+  return KvCacheManager::SlotBatch{std::span<const int64_t>(batch_slots_).first(total),
+                                   batch_statuses_, num_failed};
 }
 
-std::span<const int64_t> KvCacheManager::batch_slot_mapping(int32_t group) const {
+absl::StatusOr<std::span<const int64_t>> CacheCoordinator::batch_slot_mapping(int32_t group) const {
+  PAGEDKV_RETURN_IF_ERROR(check_group(group, "batch_slot_mapping"));
   const size_t n = batch_slots_.size() / groups_.size();
   return std::span<const int64_t>(batch_slots_).subspan(n * group, n);
 }
 
-absl::StatusOr<std::span<const absl::Status>> KvCacheManager::append_tokens_batch(
+absl::StatusOr<std::span<const absl::Status>> CacheCoordinator::append_tokens_batch(
     std::span<const SeqId> seqs, std::span<const TokenId> tokens, std::span<const int32_t> indptr) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   const size_t n = seqs.size();
@@ -112,4 +111,4 @@ absl::StatusOr<std::span<const absl::Status>> KvCacheManager::append_tokens_batc
   return std::span<const absl::Status>(batch_statuses_);
 }
 
-}  // namespace pagedkv
+}  // namespace pagedkv::internal

@@ -1,17 +1,13 @@
-// KvCacheManager: batched block tables for kernels, padded and CSR, one layer group's at a
-// time. A windowed group's released entries read as kPaddingBlock: kernels start at the
-// window of their queries and never read them.
+// CacheCoordinator: batched block tables for kernels, padded and CSR, one layer group's at
+// a time, and a state group's slots. A windowed group's released entries read as
+// kPaddingBlock: kernels start at the window of their queries and never read them.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "cache/group_pools.h"
-#include "cache/sequence.h"
+#include "cache/cache_coordinator.h"
 #include "common/status_macros.h"
-#include "pagedkv/kv_cache_manager.h"
 
-namespace pagedkv {
-
-using internal::Sequence;
+namespace pagedkv::internal {
 
 namespace {
 
@@ -29,17 +25,18 @@ void copy_table(const Sequence& seq, int32_t group, std::span<const BlockId> blo
   std::copy(blocks.begin() + released, blocks.end(), out);
 }
 
-// Block tables are attention groups' (a state group's are write_state_slots()).
-absl::Status attention_group(const internal::GroupPools& g, const char* caller) {
-  if (!g.holds_state()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(caller, ": layer group ", g.index,
-                                                 " is a state group; use write_state_slots()"));
-}
-
 }  // namespace
 
-absl::StatusOr<const Sequence*> KvCacheManager::running_sequence(SeqId seq,
-                                                                 const char* caller) const {
+// Block tables are attention groups' (a state group's are write_state_slots()).
+absl::Status CacheCoordinator::check_attention_group(int32_t group, const char* caller) const {
+  PAGEDKV_RETURN_IF_ERROR(check_group(group, caller));
+  if (groups_[group]->kind() != AttentionKind::kState) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(caller, ": layer group ", group, " is a state group; use write_state_slots()"));
+}
+
+absl::StatusOr<const Sequence*> CacheCoordinator::running_sequence(SeqId seq,
+                                                                   const char* caller) const {
   PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, find_or_error(seq, caller));
   if (s->state != SequenceState::kRunning) {
     return absl::FailedPreconditionError(
@@ -49,8 +46,8 @@ absl::StatusOr<const Sequence*> KvCacheManager::running_sequence(SeqId seq,
 }
 
 // Looks every sequence up once, into batch_, and checks that it is running.
-absl::Status KvCacheManager::resolve_running(std::span<const SeqId> seqs,
-                                             const char* caller) const {
+absl::Status CacheCoordinator::resolve_running(std::span<const SeqId> seqs,
+                                               const char* caller) const {
   batch_.clear();
   for (const SeqId id : seqs) {
     PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, running_sequence(id, caller));
@@ -59,10 +56,11 @@ absl::Status KvCacheManager::resolve_running(std::span<const SeqId> seqs,
   return absl::OkStatus();
 }
 
-void KvCacheManager::fill_padded(int32_t group, int32_t max_blocks, std::span<int32_t> block_table,
-                                 std::span<int32_t> context_lens) const {
+void CacheCoordinator::fill_padded(int32_t group, int32_t max_blocks,
+                                   std::span<int32_t> block_table,
+                                   std::span<int32_t> context_lens) const {
   for (size_t i = 0; i < batch_.size(); ++i) {
-    const std::span<const BlockId> blocks = context_blocks(*batch_[i], group, options_.block_size);
+    const std::span<const BlockId> blocks = context_blocks(*batch_[i], group, shared_.block_size);
     const auto row = block_table.subspan(i * max_blocks, max_blocks);
     copy_table(*batch_[i], group, blocks, row.begin());
     std::fill(row.begin() + blocks.size(), row.end(), kPaddingBlock);
@@ -70,9 +68,10 @@ void KvCacheManager::fill_padded(int32_t group, int32_t max_blocks, std::span<in
   }
 }
 
-void KvCacheManager::fill_csr(int32_t group, std::span<int32_t> indptr, std::span<int32_t> indices,
-                              std::span<int32_t> last_page_len) const {
-  const int32_t bs = options_.block_size;
+void CacheCoordinator::fill_csr(int32_t group, std::span<int32_t> indptr,
+                                std::span<int32_t> indices,
+                                std::span<int32_t> last_page_len) const {
+  const int32_t bs = shared_.block_size;
   int32_t offset = 0;
   indptr[0] = 0;
   for (size_t i = 0; i < batch_.size(); ++i) {
@@ -86,12 +85,11 @@ void KvCacheManager::fill_csr(int32_t group, std::span<int32_t> indptr, std::spa
   }
 }
 
-absl::Status KvCacheManager::write_block_tables(std::span<const SeqId> seqs, int32_t max_blocks,
-                                                std::span<int32_t> block_table,
-                                                std::span<int32_t> context_lens,
-                                                int32_t group) const {
-  PAGEDKV_RETURN_IF_ERROR(check_group(group, "write_block_tables"));
-  PAGEDKV_RETURN_IF_ERROR(attention_group(groups_[group], "write_block_tables"));
+absl::Status CacheCoordinator::write_block_tables(std::span<const SeqId> seqs, int32_t max_blocks,
+                                                  std::span<int32_t> block_table,
+                                                  std::span<int32_t> context_lens,
+                                                  int32_t group) const {
+  PAGEDKV_RETURN_IF_ERROR(check_attention_group(group, "write_block_tables"));
   const int64_t table_entries = static_cast<int64_t>(seqs.size()) * max_blocks;
   if (max_blocks < 0 || static_cast<int64_t>(block_table.size()) < table_entries ||
       context_lens.size() < seqs.size()) {
@@ -104,7 +102,7 @@ absl::Status KvCacheManager::write_block_tables(std::span<const SeqId> seqs, int
   batch_.clear();
   for (const SeqId id : seqs) {
     PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, running_sequence(id, "write_block_tables"));
-    const int32_t needed = num_blocks_for_tokens(s->num_computed, options_.block_size);
+    const int32_t needed = num_blocks_for_tokens(s->num_computed, shared_.block_size);
     if (needed > max_blocks) {
       return absl::InvalidArgumentError(absl::StrCat("write_block_tables: sequence ", id, " needs ",
                                                      needed, " entries, more than max_blocks ",
@@ -116,17 +114,16 @@ absl::Status KvCacheManager::write_block_tables(std::span<const SeqId> seqs, int
   return absl::OkStatus();
 }
 
-absl::Status KvCacheManager::write_csr_block_tables(std::span<const SeqId> seqs,
-                                                    std::span<int32_t> indptr,
-                                                    std::span<int32_t> indices,
-                                                    std::span<int32_t> last_page_len,
-                                                    int32_t group) const {
-  PAGEDKV_RETURN_IF_ERROR(check_group(group, "write_csr_block_tables"));
-  PAGEDKV_RETURN_IF_ERROR(attention_group(groups_[group], "write_csr_block_tables"));
+absl::Status CacheCoordinator::write_csr_block_tables(std::span<const SeqId> seqs,
+                                                      std::span<int32_t> indptr,
+                                                      std::span<int32_t> indices,
+                                                      std::span<int32_t> last_page_len,
+                                                      int32_t group) const {
+  PAGEDKV_RETURN_IF_ERROR(check_attention_group(group, "write_csr_block_tables"));
   PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "write_csr_block_tables"));
   int64_t total = 0;
   for (const Sequence* s : batch_)
-    total += num_blocks_for_tokens(s->num_computed, options_.block_size);
+    total += num_blocks_for_tokens(s->num_computed, shared_.block_size);
   if (indptr.size() < seqs.size() + 1 || static_cast<int64_t>(indices.size()) < total ||
       last_page_len.size() < seqs.size()) {
     return absl::InvalidArgumentError(
@@ -138,23 +135,22 @@ absl::Status KvCacheManager::write_csr_block_tables(std::span<const SeqId> seqs,
   return absl::OkStatus();
 }
 
-absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs, BlockTables* out,
-                                                int32_t group) const {
+absl::Status CacheCoordinator::build_block_tables(std::span<const SeqId> seqs, BlockTables* out,
+                                                  int32_t group) const {
   if (out == nullptr) return absl::InvalidArgumentError("build_block_tables: out is null");
-  PAGEDKV_RETURN_IF_ERROR(check_group(group, "build_block_tables"));
-  PAGEDKV_RETURN_IF_ERROR(attention_group(groups_[group], "build_block_tables"));
+  PAGEDKV_RETURN_IF_ERROR(check_attention_group(group, "build_block_tables"));
   PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "build_block_tables"));
   int32_t max_blocks = 0;
   int32_t total = 0;
   for (const Sequence* s : batch_) {
-    const int32_t n = num_blocks_for_tokens(s->num_computed, options_.block_size);
+    const int32_t n = num_blocks_for_tokens(s->num_computed, shared_.block_size);
     max_blocks = std::max(max_blocks, n);
     total += n;
   }
   const auto num_seqs = static_cast<int32_t>(seqs.size());
   out->num_seqs = num_seqs;
   out->max_blocks = max_blocks;
-  out->block_size = options_.block_size;
+  out->block_size = shared_.block_size;
   out->block_table.resize(static_cast<size_t>(num_seqs) * max_blocks);
   out->context_lens.resize(num_seqs);
   out->indptr.resize(num_seqs + 1);
@@ -166,4 +162,18 @@ absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs, Blo
   return absl::OkStatus();
 }
 
-}  // namespace pagedkv
+absl::Status CacheCoordinator::write_state_slots(std::span<const SeqId> seqs, int32_t group,
+                                                 std::span<int32_t> out) const {
+  PAGEDKV_RETURN_IF_ERROR(check_group(group, "write_state_slots"));
+  if (groups_[group]->kind() != AttentionKind::kState || out.size() < seqs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("write_state_slots: layer group ", group, " is ",
+                                                   attention_kind_name(groups_[group]->kind()),
+                                                   " (need a state group), out has ", out.size(),
+                                                   " entries for ", seqs.size(), " sequences"));
+  }
+  PAGEDKV_RETURN_IF_ERROR(resolve_running(seqs, "write_state_slots"));
+  for (size_t i = 0; i < batch_.size(); ++i) out[i] = batch_[i]->tables[group].blocks[0];
+  return absl::OkStatus();
+}
+
+}  // namespace pagedkv::internal

@@ -1,32 +1,25 @@
-// KvCacheManager::create(): options and layer groups validated, then the pools of every
-// group built; nothing is allocated for a configuration that is refused.
-#include "pagedkv/kv_cache_manager.h"
-
+// CacheCoordinator::create(): options and layer groups validated, then every group built
+// with its pools; nothing is allocated for a configuration that is refused.
 #include <algorithm>
 #include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cache/group_pools.h"
-#include "cache/host_tier.h"
-#include "cache/sequence.h"
-#include "cache/step_ledger.h"
+#include "cache/cache_coordinator.h"
+#include "cache/windowed_group.h"
 #include "common/arithmetic.h"
-#include "common/check.h"
 #include "common/status_macros.h"
 
-namespace pagedkv {
-
-using internal::div_ceil;
-using internal::GroupPools;
+namespace pagedkv::internal {
 
 namespace {
+
+using Options = KvCacheManager::Options;
 
 // Checkpoint levels are retention priorities below the default, one each: keep them few.
 constexpr int32_t kMaxCheckpointLevels = 16;
 
-absl::Status check_groups(const KvCacheManager::Options& options,
-                          std::span<const LayerGroup> groups) {
+absl::Status check_groups(const Options& options, std::span<const LayerGroup> groups) {
   bool has_full = false;
   for (size_t i = 0; i < groups.size(); ++i) {
     const LayerGroup& g = groups[i];
@@ -76,11 +69,67 @@ absl::Status check_groups(const KvCacheManager::Options& options,
   return absl::OkStatus();
 }
 
+// A group's pools: its layers' blocks on the device and on the host, and the roles the
+// group's kind and place give them.
+// `anchored_caching`: the model caches and has groups that verify along the anchor's chain
+// (windowed and state groups): the anchor then reports contents it loses, and the others
+// drop the blocks cached after them (docs/allocator.md).
+absl::StatusOr<GroupPools> make_pools(const Options& options, const LayerGroup& spec, int32_t index,
+                                      size_t num_groups, bool anchored_caching, bool is_anchor) {
+  const bool full = spec.kind == AttentionKind::kFull;
+  const bool host_tier = options.enable_host_cache;
+  // The events of a hybrid model name their group (docs/events.md, "Layer groups"); those
+  // of one group are as they were without groups.
+  const std::optional<EventGroup> event_group =
+      num_groups > 1 ? std::optional<EventGroup>(EventGroup{index, spec.kind, spec.window})
+                     : std::nullopt;
+  // A state group's checkpoints are its cached blocks: BlockStored names the block a
+  // checkpoint ends (docs/events.md, "State groups"); its slots are never hashed.
+  auto device = BlockPoolCore::create(
+      {.num_blocks = spec.num_blocks,
+       .block_size = options.block_size,
+       .enable_caching = options.enable_prefix_caching,
+       .event_sink = options.event_sink,
+       .event_group = event_group,
+       .clock = options.clock,
+       .eviction_policy = full ? options.eviction_policy : EvictionPolicy::kLru},
+      {.log_evictions = host_tier,
+       .index_partial_prefixes = options.enable_partial_block_reuse,
+       .log_dead_contents = is_anchor && anchored_caching,
+       .index_children = anchored_caching && !full});
+  if (!device.ok()) return device.status();
+  // A state group's tier holds checkpoints (demoted when evicted, restored from the host):
+  // its host pool serves swapping and the tier, as an attention group's does.
+  auto host = BlockPoolCore::create(
+      {.num_blocks = spec.num_host_blocks,
+       .block_size = options.block_size,
+       .enable_caching = host_tier,
+       .event_sink =
+           spec.kind == AttentionKind::kState && !host_tier ? nullptr : options.event_sink,
+       .medium = Medium::kHost,
+       .event_group = event_group,
+       .clock = options.clock},
+      // Its evictions become ghosts (HostTier). Host blocks take the content keys of the
+      // device blocks they copy: the host's own keys (blocks renewed for swapping) are
+      // drawn apart from the device's.
+      {.log_evictions = host_tier && options.host_admission == HostAdmission::kReused,
+       .first_content_key = uint64_t{1} << 63,
+       .log_dead_contents = is_anchor && anchored_caching,
+       .index_children = anchored_caching && !full});
+  if (!host.ok()) return host.status();
+  BlockPoolCore* device_core = device->get();
+  BlockPoolCore* host_core = host->get();
+  return GroupPools{.device = BlockPool(*std::move(device)),
+                    .host = BlockPool(*std::move(host)),
+                    .device_core = device_core,
+                    .host_core = host_core};
+}
+
 }  // namespace
 
-// --- construct -------------------------------------------------------------------------
+// --- construct -----------------------------------------------------------------------------
 
-absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
+absl::StatusOr<std::unique_ptr<CacheCoordinator>> CacheCoordinator::create(Options options) {
   const bool grouped = !options.layer_groups.empty();
   if (grouped && (options.num_blocks != 0 || options.num_host_blocks != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -145,110 +194,101 @@ absl::StatusOr<KvCacheManager> KvCacheManager::create(Options options) {
         absl::StrCat("KvCacheManager: watermark_blocks ", options.watermark_blocks,
                      " must be in [0, num_blocks ", first_blocks, ")"));
   }
-  // With windowed groups that cache, the anchor reports contents it loses, and the
-  // windowed pools drop the blocks cached after them (docs/allocator.md).
-  // So do state groups: their checkpoints verify after the anchor's blocks too.
-  auto follows_anchor = [](const LayerGroup& g) { return g.kind != AttentionKind::kFull; };
-  const bool windowed_caching =
-      options.enable_prefix_caching &&
-      std::any_of(layer_groups.begin(), layer_groups.end(), follows_anchor);
-  const auto anchor = static_cast<size_t>(
-      std::find_if(layer_groups.begin(), layer_groups.end(),
-                   [](const LayerGroup& g) { return g.kind == AttentionKind::kFull; }) -
-      layer_groups.begin());
   try {
-    std::vector<GroupPools> groups;
-    for (size_t i = 0; i < layer_groups.size(); ++i) {
-      const LayerGroup& spec = layer_groups[i];
-      const bool full = spec.kind == AttentionKind::kFull;
-      const bool holds_state = spec.kind == AttentionKind::kState;
-      const bool logs_deaths = windowed_caching && i == anchor;
-      // A state group's tier holds checkpoints (demoted when evicted, restored from the
-      // host): its host pool serves swapping and the tier, as an attention group's does.
-      const bool host_tier = options.enable_host_cache;
-      // The events of a hybrid model name their group (docs/events.md, "Layer groups");
-      // those of one group are as they were without groups.
-      const std::optional<EventGroup> event_group =
-          layer_groups.size() > 1 ? std::optional<EventGroup>(
-                                        EventGroup{static_cast<int32_t>(i), spec.kind, spec.window})
-                                  : std::nullopt;
-      // A state group's checkpoints are its cached blocks: BlockStored names the block a
-      // checkpoint ends (docs/events.md, "State groups"); its slots are never hashed.
-      auto device = BlockPool::create(
-          {.num_blocks = spec.num_blocks,
-           .block_size = options.block_size,
-           .enable_caching = options.enable_prefix_caching,
-           .event_sink = options.event_sink,
-           .event_group = event_group,
-           .clock = options.clock,
-           .log_evictions = host_tier,
-           .index_partial_prefixes = options.enable_partial_block_reuse,
-           .log_dead_contents = logs_deaths,
-           .index_children = windowed_caching && !full,
-           .eviction_policy = full ? options.eviction_policy : EvictionPolicy::kLru});
-      if (!device.ok()) return device.status();
-      auto host = BlockPool::create(
-          {.num_blocks = spec.num_host_blocks,
-           .block_size = options.block_size,
-           .enable_caching = host_tier,
-           .event_sink = holds_state && !host_tier ? nullptr : options.event_sink,
-           .medium = Medium::kHost,
-           .event_group = event_group,
-           .clock = options.clock,
-           // Its evictions become ghosts (HostTier).
-           .log_evictions = host_tier && options.host_admission == HostAdmission::kReused,
-           // Host blocks take the content keys of the device blocks they copy: the
-           // host's own keys (blocks renewed for swapping) are drawn apart from the
-           // device's.
-           .first_content_key = uint64_t{1} << 63,
-           .log_dead_contents = logs_deaths,
-           .index_children = windowed_caching && !full});
-      if (!host.ok()) return host.status();
-      // The watermark scaled to the group's pool, rounded up: the same headroom share.
-      const int64_t watermark =
-          div_ceil(int64_t{options.watermark_blocks} * spec.num_blocks, first_blocks);
-      groups.push_back({.spec = spec,
-                        .index = static_cast<int32_t>(i),
-                        .watermark_blocks =
-                            static_cast<int32_t>(std::min<int64_t>(watermark, spec.num_blocks - 1)),
-                        .device = *std::move(device),
-                        .host = *std::move(host),
-                        .host_tier = host_tier ? std::make_unique<internal::HostTier>(
-                                                     options.host_admission, spec.num_blocks,
-                                                     spec.num_host_blocks)
-                                               : nullptr,
-                        .match = {}});
-    }
-    return KvCacheManager(std::move(options), std::move(layer_groups), std::move(groups));
+    auto coordinator = std::make_unique<CacheCoordinator>(std::move(options), layer_groups);
+    PAGEDKV_RETURN_IF_ERROR(coordinator->add_groups(layer_groups));
+    return coordinator;
   } catch (const std::bad_alloc&) {  // no exception leaves the library
     return absl::ResourceExhaustedError(absl::StrCat(
         "KvCacheManager: cannot allocate the host bookkeeping for ", first_blocks, " blocks"));
   }
 }
 
-KvCacheManager::KvCacheManager(Options options, std::vector<LayerGroup> layer_groups,
-                               std::vector<GroupPools> groups)
-    : options_(std::move(options)),
-      layer_groups_(std::move(layer_groups)),
-      groups_(std::move(groups)),
-      ledger_(std::make_unique<internal::StepLedger>(layer_groups_)) {
-  for (const GroupPools& g : groups_) {
-    if (g.full()) {
-      anchor_ = g.index;
-      break;
+CacheCoordinator::CacheCoordinator(Options options, std::span<const LayerGroup> layer_groups)
+    : shared_(std::move(options), static_cast<int32_t>(layer_groups.size())) {}
+
+// Builds every group, the anchor first (the others verify along its chain), and the lists
+// of groups by role.
+absl::Status CacheCoordinator::add_groups(std::span<const LayerGroup> layer_groups) {
+  const auto is_full = [](const LayerGroup& g) { return g.kind == AttentionKind::kFull; };
+  const auto anchor = static_cast<size_t>(
+      std::find_if(layer_groups.begin(), layer_groups.end(), is_full) - layer_groups.begin());
+  groups_.resize(layer_groups.size());
+  if (anchor < layer_groups.size()) PAGEDKV_RETURN_IF_ERROR(add_group(layer_groups, anchor));
+  for (size_t i = 0; i < layer_groups.size(); ++i) {
+    if (i != anchor) PAGEDKV_RETURN_IF_ERROR(add_group(layer_groups, i));
+  }
+  for (const auto& g : groups_) {
+    switch (g->kind()) {
+      case AttentionKind::kFull:
+        attention_.push_back(static_cast<AttentionGroup*>(g.get()));
+        break;
+      case AttentionKind::kSlidingWindow:
+      case AttentionKind::kChunkedLocal:
+        attention_.push_back(static_cast<AttentionGroup*>(g.get()));
+        followers_.push_back(g.get());
+        windowed_ = true;
+        break;
+      case AttentionKind::kState:
+        followers_.push_back(g.get());
+        state_.push_back(static_cast<StateGroup*>(g.get()));
+        break;
     }
   }
-  windowed_ =
-      std::any_of(groups_.begin(), groups_.end(), [](const GroupPools& g) { return g.windowed(); });
-  has_state_ = std::any_of(groups_.begin(), groups_.end(),
-                           [](const GroupPools& g) { return g.holds_state(); });
-  buries_ = (windowed_ || has_state_) && anchor_ >= 0;
-  group_counters_.resize(groups_.size());
+  // Offers: the full groups first (a recomputed anchor block may become a standby and take
+  // the indexed copy's key, which the others cache after).
+  for (AttentionGroup* g : attention_) {
+    if (g->kind() == AttentionKind::kFull) offer_order_.push_back(g);
+  }
+  for (AttentionGroup* g : attention_) {
+    if (g->kind() != AttentionKind::kFull) offer_order_.push_back(g);
+  }
+  if (groups_.size() == 1 && groups_[0]->kind() == AttentionKind::kFull) sole_full_ = anchor_;
+  buries_ = !followers_.empty() && anchor_ != nullptr;
   plans_.resize(groups_.size());
+  shared_.ledger = StepLedger(layer_groups);
+  return absl::OkStatus();
 }
 
-KvCacheManager::KvCacheManager(KvCacheManager&&) noexcept = default;
-KvCacheManager& KvCacheManager::operator=(KvCacheManager&&) noexcept = default;
-KvCacheManager::~KvCacheManager() = default;
+// Builds group `i` of `layer_groups`: its pools, host tier, watermark and kind.
+absl::Status CacheCoordinator::add_group(std::span<const LayerGroup> layer_groups, size_t i) {
+  const Options& options = shared_.options;
+  const LayerGroup& spec = layer_groups[i];
+  const auto index = static_cast<int32_t>(i);
+  const bool anchored_caching =
+      options.enable_prefix_caching &&
+      std::any_of(layer_groups.begin(), layer_groups.end(),
+                  [](const LayerGroup& g) { return g.kind != AttentionKind::kFull; });
+  const bool is_anchor = spec.kind == AttentionKind::kFull && anchor_ == nullptr;
+  PAGEDKV_ASSIGN_OR_RETURN(GroupPools pools, make_pools(options, spec, index, layer_groups.size(),
+                                                        anchored_caching, is_anchor));
+  auto tier = options.enable_host_cache
+                  ? std::make_unique<HostTier>(options.host_admission, spec.num_blocks,
+                                               spec.num_host_blocks)
+                  : nullptr;
+  // The watermark scaled to the group's pool, rounded up: the same headroom share.
+  const int64_t scaled =
+      div_ceil(int64_t{options.watermark_blocks} * spec.num_blocks, layer_groups[0].num_blocks);
+  const auto watermark = static_cast<int32_t>(std::min<int64_t>(scaled, spec.num_blocks - 1));
+  switch (spec.kind) {
+    case AttentionKind::kFull: {
+      auto group = std::make_unique<FullAttentionGroup>(spec, index, watermark, std::move(pools),
+                                                        std::move(tier), shared_);
+      if (is_anchor) anchor_ = group.get();
+      groups_[i] = std::move(group);
+      break;
+    }
+    case AttentionKind::kSlidingWindow:
+    case AttentionKind::kChunkedLocal:
+      groups_[i] = std::make_unique<WindowedGroup>(spec, index, watermark, std::move(pools),
+                                                   std::move(tier), shared_, anchor_);
+      break;
+    case AttentionKind::kState:
+      groups_[i] = std::make_unique<StateGroup>(spec, index, watermark, std::move(pools),
+                                                std::move(tier), shared_, anchor_);
+      break;
+  }
+  return absl::OkStatus();
+}
 
-}  // namespace pagedkv
+}  // namespace pagedkv::internal

@@ -7,7 +7,7 @@
 
 namespace pagedkv::internal {
 
-BlockId HostTier::find_hit(const BlockPool& host, const BlockHash& hash, uint64_t parent_key,
+BlockId HostTier::find_hit(const BlockPoolCore& host, const BlockHash& hash, uint64_t parent_key,
                            std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys) {
   const BlockId hit = host.indexed_block(hash);
   if (hit == kNoBlock || !host.holds_contents(hit, parent_key, tokens, extra_keys)) return kNoBlock;
@@ -16,8 +16,8 @@ BlockId HostTier::find_hit(const BlockPool& host, const BlockHash& hash, uint64_
 
 void HostTier::promote(std::span<const BlockId> hits, std::span<BlockId> promoted,
                        const Pools& pools) {
-  BlockPool& device = pools.device;
-  BlockPool& host = pools.host;
+  BlockPoolCore& device = pools.device;
+  BlockPoolCore& host = pools.host;
   StepLedger& ledger = pools.ledger;
   const int32_t bs = device.block_size();
   if (hits.empty()) return;
@@ -37,7 +37,7 @@ void HostTier::promote(std::span<const BlockId> hits, std::span<BlockId> promote
     device.set_content_key(d, host.content_key(h));
     ledger.mark_filled_by_copy(pools.group, d);
     host.uncache_unchecked(h);
-    const BlockPool::EvictedBlock* e = nullptr;
+    const BlockPoolCore::EvictedBlock* e = nullptr;
     if (next_evicted < evicted_.size() && evicted_[next_evicted].block == d) {
       e = &evicted_[next_evicted++];
     }
@@ -72,9 +72,9 @@ void HostTier::note_computed(std::span<const BlockId> computed, std::span<const 
 // With HostAdmission::kReused: drops the evictions without evidence of reuse from
 // evicted_, into the ghost list, unless the tier holds their hash (refresh_host_copy()
 // then moves that copy at no cost).
-void HostTier::drop_unreused(const BlockPool& host) {
+void HostTier::drop_unreused(const BlockPoolCore& host) {
   if (admits_all()) return;
-  std::erase_if(evicted_, [&](const BlockPool::EvictedBlock& e) {
+  std::erase_if(evicted_, [&](const BlockPoolCore::EvictedBlock& e) {
     if (reused_[e.block] || host.indexed_block(e.hash) != kNoBlock) return false;
     ghosts_.add(e.hash);
     ++counters_.blocks_not_admitted;
@@ -87,7 +87,7 @@ void HostTier::drop_unreused(const BlockPool& host) {
 // dropped, as without a tier). The host block is held until the engine takes the copy.
 // The hashes that leave both tiers become ghosts (with HostAdmission::kReused).
 void HostTier::demote(const Pools& pools) {
-  BlockPool& host = pools.host;
+  BlockPoolCore& host = pools.host;
   // Host blocks written this step are held until the step ends: with fewer free than
   // evicted, the least recently used evictions are the ones dropped.
   const auto dropped =
@@ -95,7 +95,7 @@ void HostTier::demote(const Pools& pools) {
   take_host_evictions(host);
   for (size_t i = 0; i < dropped; ++i) ghosts_.add(evicted_[i].hash);
   for (size_t i = dropped; i < evicted_.size(); ++i) {
-    const BlockPool::EvictedBlock& e = evicted_[i];
+    const BlockPoolCore::EvictedBlock& e = evicted_[i];
     if (refresh_host_copy(e, pools)) continue;
     if (host.num_free_blocks() == 0) {
       ghosts_.add(e.hash);
@@ -114,21 +114,21 @@ void HostTier::demote(const Pools& pools) {
 
 // The host-tier blocks the host pool evicted since the last call (logged with
 // HostAdmission::kReused only: swapping's allocations too) become ghosts.
-void HostTier::take_host_evictions(BlockPool& host) {
+void HostTier::take_host_evictions(BlockPoolCore& host) {
   if (!host.has_evictions()) return;
   host.take_evictions(host_evicted_);
-  for (const BlockPool::EvictedBlock& e : host_evicted_) ghosts_.add(e.hash);
+  for (const BlockPoolCore::EvictedBlock& e : host_evicted_) ghosts_.add(e.hash);
 }
 
 // Whether the host tier holds the hash of the evicted device block `e` already. A free
 // host copy of the same contents then takes e's place in the tier's LRU order (and its
 // retention), as a standby takes over in one pool; no copy is needed.
-bool HostTier::refresh_host_copy(const BlockPool::EvictedBlock& e, const Pools& pools) {
-  BlockPool& host = pools.host;
+bool HostTier::refresh_host_copy(const BlockPoolCore::EvictedBlock& e, const Pools& pools) {
+  BlockPoolCore& host = pools.host;
   const BlockId copy = host.indexed_block(e.hash);
   if (copy == kNoBlock) return false;
   if (host.ref_count_unchecked(copy) == 0) {
-    const BlockPool::CachedContents c = pools.device.cached_contents(e.block);
+    const BlockPoolCore::CachedContents c = pools.device.cached_contents(e.block);
     if (host.holds_contents(copy, c.parent_key, c.tokens, c.extra_keys)) {
       host.touch_unchecked(copy);
       host.copy_retention(copy, e);
@@ -138,7 +138,7 @@ bool HostTier::refresh_host_copy(const BlockPool::EvictedBlock& e, const Pools& 
   return true;
 }
 
-absl::Status HostTier::check_invariants(const BlockPool& host, const StepLedger& ledger,
+absl::Status HostTier::check_invariants(const BlockPoolCore& host, const StepLedger& ledger,
                                         int32_t group, bool exclusive) const {
   for (const BlockCopy& op : ledger.pending().promote) {
     if (op.group != group) continue;

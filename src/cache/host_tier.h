@@ -11,7 +11,7 @@
 //   a promotion into a device block that held an evicted cached block: exchange (both)
 //
 // HostTier owns no pool: the manager passes its pools and step ledger to each call. It
-// uses only BlockPool's narrow tier interface (evictions, content keys, lookups, imports).
+// uses only the pool core's narrow tier interface (evictions, content keys, lookups, imports).
 //
 // With HostAdmission::kReused it demotes only blocks with evidence of reuse: it keeps a bit
 // per device block (set by note_hit(), promote() and note_computed()) and a GhostList of
@@ -28,16 +28,16 @@
 #include "cache/ghost_list.h"
 #include "cache/sequence.h"
 #include "cache/step_ledger.h"
-#include "pagedkv/block_pool.h"
 #include "pagedkv/kv_cache_manager.h"
+#include "pool/block_pool_core.h"
 
 namespace pagedkv::internal {
 
 class HostTier {
  public:
   struct Pools {
-    BlockPool& device;
-    BlockPool& host;
+    BlockPoolCore& device;
+    BlockPoolCore& host;
     StepLedger& ledger;
     int32_t group = 0;  // the layer group whose pools these are
   };
@@ -67,7 +67,7 @@ class HostTier {
 
   // The host-tier block cached under `hash` that holds `tokens` and `extra_keys` after the
   // contents `parent_key` names, or kNoBlock.
-  static BlockId find_hit(const BlockPool& host, const BlockHash& hash, uint64_t parent_key,
+  static BlockId find_hit(const BlockPoolCore& host, const BlockHash& hash, uint64_t parent_key,
                           std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys);
 
   // Promotes the host-tier blocks `hits` (verified by find_hit(), distinct) into new device
@@ -92,17 +92,17 @@ class HostTier {
   // Promoted host blocks are out of the tier (its copy left with the promotion), except a
   // state group's (`exclusive` false: a restore keeps the checkpoint, held until the step
   // ends); the ghost list's invariants.
-  absl::Status check_invariants(const BlockPool& host, const StepLedger& ledger, int32_t group,
+  absl::Status check_invariants(const BlockPoolCore& host, const StepLedger& ledger, int32_t group,
                                 bool exclusive) const;
 
  private:
   void demote(const Pools& pools);
-  void drop_unreused(const BlockPool& host);
-  void take_host_evictions(BlockPool& host);
-  bool refresh_host_copy(const BlockPool::EvictedBlock& e, const Pools& pools);
+  void drop_unreused(const BlockPoolCore& host);
+  void take_host_evictions(BlockPoolCore& host);
+  bool refresh_host_copy(const BlockPoolCore::EvictedBlock& e, const Pools& pools);
 
-  std::vector<BlockPool::EvictedBlock> evicted_;  // the evictions being demoted
-  std::vector<BlockPool::EvictedBlock> host_evicted_;
+  std::vector<BlockPoolCore::EvictedBlock> evicted_;  // the evictions being demoted
+  std::vector<BlockPoolCore::EvictedBlock> host_evicted_;
   std::vector<uint8_t> reused_;  // per device block; empty with HostAdmission::kAll
   GhostList ghosts_;
   Counters counters_;

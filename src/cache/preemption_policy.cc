@@ -17,17 +17,14 @@ bool preempt_before(const T& a, const T& b) {
 }  // namespace
 
 Sequence* claim_to_release(const SequenceMap& sequences, SeqId requester,
-                           std::span<const GroupPools> groups) {
+                           absl::FunctionRef<bool(const Sequence&)> frees_a_block) {
   Sequence* chosen = nullptr;
   for (const auto& [id, owned] : sequences) {
     const Sequence* s = owned.get();  // clang 14 cannot capture a structured binding
     if (id == requester || s->state != SequenceState::kWaiting) continue;
-    const bool frees_a_block = std::any_of(groups.begin(), groups.end(), [&](const GroupPools& g) {
-      const GroupTable& t = s->tables[g.index];
-      return std::any_of(t.blocks.begin() + t.first_held, t.blocks.end(),
-                         [&](BlockId b) { return g.device.ref_count_unchecked(b) == 1; });
-    });
-    if (frees_a_block && (chosen == nullptr || preempt_before(*s, *chosen))) chosen = owned.get();
+    if (frees_a_block(*s) && (chosen == nullptr || preempt_before(*s, *chosen))) {
+      chosen = owned.get();
+    }
   }
   return chosen;
 }

@@ -11,9 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
-#include "cache/group_pools.h"
 #include "cache/sequence.h"
-#include "pagedkv/block_pool.h"
 #include "pagedkv/kv_cache_manager.h"
 
 namespace pagedkv::internal {
@@ -21,10 +19,10 @@ namespace pagedkv::internal {
 using SequenceMap = absl::flat_hash_map<SeqId, std::unique_ptr<Sequence>>;
 
 // The waiting sequence (other than `requester`) whose claim to release first: among those
-// holding a block nobody else holds, in any group (releasing it frees a block), the lowest
-// priority, then the latest arrival. nullptr when there is none.
+// whose release frees a block (frees_a_block(s): one it alone holds, in any group), the
+// lowest priority, then the latest arrival. nullptr when there is none.
 Sequence* claim_to_release(const SequenceMap& sequences, SeqId requester,
-                           std::span<const GroupPools> groups);
+                           absl::FunctionRef<bool(const Sequence&)> frees_a_block);
 
 // The victim among `candidates` (running, not `requester`, not scheduled in this step):
 // `policy`'s choice, or the default (lowest priority, then latest arrival, in `mode`;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "pagedkv/block_hash.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/retention.h"
 #include "pagedkv/types.h"
@@ -72,6 +73,17 @@ inline const char* state_name(SequenceState state) {
       return "swapped";
   }
   return "unknown";
+}
+
+// Extends `seq`'s chained block hashes to its first `num_full_blocks` blocks (all full).
+inline void hash_full_blocks(Sequence& seq, int32_t num_full_blocks, int32_t block_size,
+                             const BlockHashFn& hash_fn) {
+  for (auto i = static_cast<int32_t>(seq.block_hashes.size()); i < num_full_blocks; ++i) {
+    const BlockHash* parent = i == 0 ? nullptr : &seq.block_hashes[i - 1];
+    const auto tokens = std::span<const TokenId>(seq.tokens)
+                            .subspan(static_cast<size_t>(i) * block_size, block_size);
+    seq.block_hashes.push_back(hash_fn(parent, tokens, seq.extra_keys));
+  }
 }
 
 // The tokens of `seq`'s block `index`.

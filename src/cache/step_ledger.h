@@ -25,9 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "cache/sequence.h"
 #include "pagedkv/block_copy.h"
-#include "pagedkv/block_pool.h"
 #include "pagedkv/layer_group.h"
 #include "pagedkv/step_ops.h"
+#include "pool/block_pool_core.h"
 
 namespace pagedkv::internal {
 
@@ -55,7 +55,8 @@ inline constexpr OpList kOpLists[] = {kSwapOut,   kDemote, kExchange, kCopyOnWri
 
 class StepLedger {
  public:
-  // One device and one host pool per layer group, of these sizes.
+  // One device and one host pool per layer group, of these sizes (none: no group yet).
+  StepLedger() = default;
   explicit StepLedger(std::span<const LayerGroup> groups);
 
   // Sequences scheduled in this step: they got slots or were swapped in, and the K/V of
@@ -110,11 +111,11 @@ class StepLedger {
   bool holds_any_device() const { return num_device_holds_ > 0; }
 
   // Drops one reference to `block` of `pool` (group `group`'s device pool when `side` is
-  // kDevice, its host pool for kHost) as BlockPool::release_unchecked() does, except while
+  // kDevice, its host pool for kHost) as BlockPoolCore::release_unchecked() does, except while
   // a pending copy holds the block: then a device block that this would free, and a host
   // block at any release (the tier holds one twice when a promotion reads what a demotion
   // of the same step writes), is parked with its reference until take().
-  void release(BlockPool& pool, Hold side, int32_t group, BlockId block, BlockId& last_clean) {
+  void release(BlockPoolCore& pool, Hold side, int32_t group, BlockId block, BlockId& last_clean) {
     const bool park = side == Hold::kDevice
                           ? holds_device(group, block) && pool.ref_count_unchecked(block) == 1
                           : holds_host(group, block);
@@ -124,7 +125,7 @@ class StepLedger {
       pool.release_unchecked(block, last_clean);
     }
   }
-  void release(BlockPool& pool, Hold side, int32_t group, BlockId block) {
+  void release(BlockPoolCore& pool, Hold side, int32_t group, BlockId block) {
     BlockId last_clean = kNoBlock;
     release(pool, side, group, block, last_clean);
   }
@@ -140,14 +141,14 @@ class StepLedger {
   const StepOps& pending() const { return pending_; }
 
   // Ends the step: returns its ops in run order, drops their holds, frees the parked
-  // blocks into their pools (pool_of(Hold::kDevice or kHost, group) -> BlockPool&), and
+  // blocks into their pools (pool_of(Hold::kDevice or kHost, group) -> BlockPoolCore&), and
   // starts the next step.
   template <typename PoolOf>
   StepOps take(PoolOf pool_of);
 
   // The holds equal what the pending copies name, every parked block is still held, and
   // every block a pending copy writes on the device is in use (device_pool(group) ->
-  // const BlockPool&).
+  // const BlockPoolCore&).
   template <typename DevicePool>
   absl::Status check_invariants(DevicePool device_pool) const;
 

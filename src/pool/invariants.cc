@@ -1,17 +1,14 @@
-// BlockPool::check_invariants(): the free queue, the ref counts and the hash index, one
+// BlockPoolCore::check_invariants(): the free queue, the ref counts and the hash index, one
 // clause at a time.
 #include "absl/strings/str_cat.h"
-#include "pagedkv/block_pool.h"
 #include "pool/adaptive_eviction.h"
+#include "pool/block_pool_core.h"
 #include "pool/free_queue.h"
 #include "pool/hash_index.h"
 
-namespace pagedkv {
+namespace pagedkv::internal {
 
-using internal::FreeQueue;
-using internal::HashIndex;
-
-absl::Status BlockPool::check_invariants() const {
+absl::Status BlockPoolCore::check_invariants() const {
   auto broken = [](auto&&... parts) {
     return absl::InternalError(absl::StrCat("BlockPool invariant: ", parts...));
   };
@@ -119,4 +116,4 @@ absl::Status BlockPool::check_invariants() const {
   return absl::OkStatus();
 }
 
-}  // namespace pagedkv
+}  // namespace pagedkv::internal

@@ -6,40 +6,38 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
-#include "pagedkv/block_pool.h"
 #include "pool/adaptive_eviction.h"
+#include "pool/block_pool_core.h"
 #include "pool/free_queue.h"
 
-namespace pagedkv {
+namespace pagedkv::internal {
 
-using internal::FreeQueue;
-
-int32_t BlockPool::list_for(BlockId b) const {
+int32_t BlockPoolCore::list_for(BlockId b) const {
   return FreeQueue::priority_list(priority_of(b), adaptive_ && adaptive_->frequent(b));
 }
 
 // A parked block whose last cached child left goes back to its list (kNoBlock: none).
-void BlockPool::requeue(BlockId b) {
+void BlockPoolCore::requeue(BlockId b) {
   if (b != kNoBlock) free_queue_->move_by_stamp(b, list_for(b));
 }
 
 // The priority the free queue files `b` under: kNoPriority counts as the default.
-int32_t BlockPool::priority_of(BlockId b) const {
+int32_t BlockPoolCore::priority_of(BlockId b) const {
   return priority_[b] == kNoPriority ? kDefaultRetentionPriority : priority_[b];
 }
 
-int64_t BlockPool::duration_of(BlockId b) const {
+int64_t BlockPoolCore::duration_of(BlockId b) const {
   const auto it = durations_ms_.find(b);
   return it == durations_ms_.end() ? 0 : it->second;
 }
 
-void BlockPool::clear_retention(BlockId b) {
+void BlockPoolCore::clear_retention(BlockId b) {
   priority_[b] = kNoPriority;
   durations_ms_.erase(b);
 }
 
 // Out of line: enqueue_freed() stays small enough to inline into the release loops.
-void BlockPool::schedule_expiry(BlockId b) {
+void BlockPoolCore::schedule_expiry(BlockId b) {
   const int64_t duration = duration_of(b);
   if (duration == 0) return;
   // Saturating: any clock value (negative, another epoch) and any duration give an end
@@ -52,7 +50,7 @@ void BlockPool::schedule_expiry(BlockId b) {
   std::push_heap(expiries_.begin(), expiries_.end(), std::greater<>());
 }
 
-absl::Status BlockPool::set_retention(BlockId block, int32_t priority, int64_t duration_ms) {
+absl::Status BlockPoolCore::set_retention(BlockId block, int32_t priority, int64_t duration_ms) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   if (!valid_id(block)) [[unlikely]] {
     return id_error(block, "set_retention");
@@ -72,7 +70,7 @@ absl::Status BlockPool::set_retention(BlockId block, int32_t priority, int64_t d
 
 // The first holder to set a retention gives it; later ones raise it (holders that set
 // none have no say).
-void BlockPool::set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms) {
+void BlockPoolCore::set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms) {
   PAGEDKV_DCHECK(ref_count_[block] > 0);
   if (priority_[block] != kNoPriority) {
     if (priority < priority_[block]) return;
@@ -88,13 +86,13 @@ void BlockPool::set_retention_unchecked(BlockId block, int32_t priority, int64_t
   }
 }
 
-void BlockPool::copy_retention(BlockId block, const EvictedBlock& from) {
+void BlockPoolCore::copy_retention(BlockId block, const EvictedBlock& from) {
   if (from.priority != kNoPriority) set_retention_unchecked(block, from.priority, from.duration_ms);
 }
 
 // Returns free blocks whose retention expired to the default priority's list, at the
 // place their stamps give them. Entries of blocks re-queued since are stale and dropped.
-void BlockPool::expire_retention() {
+void BlockPoolCore::expire_retention() {
   if (expiries_.empty()) [[likely]] {
     return;
   }
@@ -115,11 +113,11 @@ void BlockPool::expire_retention() {
   }
 }
 
-int64_t BlockPool::now_ms() const {
+int64_t BlockPoolCore::now_ms() const {
   if (clock_) return clock_();
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-}  // namespace pagedkv
+}  // namespace pagedkv::internal

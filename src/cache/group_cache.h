@@ -1,0 +1,197 @@
+// Internal: one layer group's part of the KV cache (pagedkv/layer_group.h), and what the
+// groups share with the coordinator (SharedState).
+//
+// Every group has a device pool and a host pool of its own, with blocks of its own layers'
+// bytes, and its own host tier; the step ledger is shared (one step for all groups). A
+// sequence holds one table per group (Sequence::tables), of the same block size, so entry
+// i of every table holds the same tokens.
+//
+// GroupCache is the interface of a kind: which blocks a sequence needs (admission, a
+// step's plan), where a prefix hit may end, how a hit is claimed, what is offered to the
+// prefix index, how a sequence's blocks are released, swapped and checked. One class per
+// kind answers:
+//   FullAttentionGroup  every block of the context; hits are its verified chain
+//                       (full_attention_group.h). The first full group is the anchor:
+//                       the others verify their blocks along its chain.
+//   WindowedGroup       sliding window and chunked local: the blocks from the window of
+//                       the next token on; the rest is released (windowed_group.h).
+//   StateGroup          state-space layers: one state slot per sequence, checkpoints of it
+//                       at block boundaries as its cached blocks (state_group.h).
+// The attention kinds share their K/V tables' mechanics (AttentionGroup,
+// attention_group.h). CacheCoordinator (cache_coordinator.h) gives each group the same
+// calls in turn and intersects their answers.
+#ifndef PAGEDKV_CACHE_GROUP_CACHE_H_
+#define PAGEDKV_CACHE_GROUP_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cache/host_tier.h"
+#include "cache/sequence.h"
+#include "cache/step_ledger.h"
+#include "pagedkv/block_pool.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/layer_group.h"
+#include "pool/block_pool_core.h"
+
+namespace pagedkv::internal {
+
+// What the coordinator and every group share: the manager's options, the step, the
+// manager-wide counters and how many sequences run (the watermark applies while some do).
+struct SharedState {
+  SharedState(KvCacheManager::Options manager_options, int32_t num_groups)
+      : options(std::move(manager_options)),
+        block_size(options.block_size),
+        num_groups(num_groups) {}
+
+  const KvCacheManager::Options options;
+  const int32_t block_size;
+  const int32_t num_groups;
+  StepLedger ledger;               // sized once every group's pools exist
+  KvCacheManager::Stats counters;  // the manager's own; stats() adds the pools' and tiers'
+  int32_t num_running = 0;         // sequences in state kRunning
+  uint64_t batch_id = 0;           // counts batched calls (Sequence::preempted_batch)
+  std::vector<BlockId> scratch_blocks;
+};
+
+// What allocate_slots() asks of every group: the same step for all.
+struct StepRequest {
+  int32_t num_new_tokens = 0;
+  int64_t new_total = 0;     // computed tokens after the step
+  int64_t slots_total = 0;   // new_total + lookahead: the slots the table must reach
+  int64_t total_blocks = 0;  // entries those need
+  int32_t write_block = 0;   // the entry the first new token goes into
+  int32_t partial = 0;       // tokens already in it
+  bool admission = false;    // the sequence was waiting: the watermark applies
+};
+
+// What allocate_slots() does in one group, decided before anything changes.
+struct GroupPlan {
+  int32_t release_end = 0;  // windowed: entries before it are released
+  int32_t new_blocks = 0;
+  bool copy_on_write = false;
+};
+
+// A group's two pools: the public faces (KvCacheManager::device_pool()) and the cores the
+// manager drives.
+struct GroupPools {
+  BlockPool device;
+  BlockPool host;
+  BlockPoolCore* device_core = nullptr;
+  BlockPoolCore* host_core = nullptr;
+};
+
+class GroupCache {
+ public:
+  GroupCache(const LayerGroup& spec, int32_t index, int32_t watermark_blocks, GroupPools pools,
+             std::unique_ptr<HostTier> host_tier, SharedState& shared);
+  GroupCache(const GroupCache&) = delete;
+  GroupCache& operator=(const GroupCache&) = delete;
+  virtual ~GroupCache();
+
+  const LayerGroup& spec() const { return spec_; }
+  AttentionKind kind() const { return spec_.kind; }
+  int32_t index() const { return index_; }
+  int32_t watermark_blocks() const { return watermark_blocks_; }
+  const BlockPool& device_pool() const { return pools_.device; }
+  const BlockPool& host_pool() const { return pools_.host; }
+  BlockPoolCore& device() { return *pools_.device_core; }
+  BlockPoolCore& host() { return *pools_.host_core; }
+  const BlockPoolCore& device() const { return *pools_.device_core; }
+  const BlockPoolCore& host() const { return *pools_.host_core; }
+  HostTier* host_tier() { return host_tier_.get(); }
+  const HostTier* host_tier() const { return host_tier_.get(); }
+  // The group's pools and cache traffic.
+  KvCacheManager::GroupStats stats() const;
+  GroupTable& table(Sequence& seq) const { return seq.tables[index_]; }
+  const GroupTable& table(const Sequence& seq) const { return seq.tables[index_]; }
+
+  // --- admission -------------------------------------------------------------------------
+  // The blocks a sequence of `prompt_tokens` needs here to compute one token, once alone in
+  // the pool: add_sequence() refuses a prompt that needs more than the pool has.
+  virtual int64_t blocks_to_run(int64_t prompt_tokens) const = 0;
+
+  // --- prefix hits (match_prefix) --------------------------------------------------------
+  // Starts a match of at most `max_blocks` blocks of `seq`; returns the most this group
+  // can serve without looking at the others (the anchor verifies its chain here, before
+  // any group's longest_hit()).
+  virtual int32_t begin_match(const Sequence& seq, int32_t max_blocks) = 0;
+  // The longest hit of at most `p` blocks that this group can serve. Changes nothing.
+  virtual int32_t longest_hit(const Sequence& seq, int32_t p) = 0;
+
+  // --- a step (allocate_slots) -------------------------------------------------------------
+  // Decides what `step` does here, or the error that refuses the call. Changes nothing.
+  virtual absl::Status plan_step(const Sequence& seq, const StepRequest& step,
+                                 GroupPlan& plan) const = 0;
+  // Carries `plan` out and writes the new tokens' slots into `slots` (-1 without slots).
+  virtual void apply_step(Sequence& seq, const StepRequest& step, const GroupPlan& plan,
+                          std::span<int64_t> slots) = 0;
+
+  // --- fork, release, swap -----------------------------------------------------------------
+  // Why `parent` cannot be forked here now (OK: it can).
+  virtual absl::Status check_fork(const Sequence& parent, const char* caller) const = 0;
+  // Gives `child`, a copy of its parent holding `context_blocks` entries of computed
+  // tokens, its own references (or slot).
+  virtual void fork(Sequence& child, int32_t context_blocks) = 0;
+  // Releases `seq`'s device blocks (tail first, as one free; hashed ones stay cached).
+  void release(Sequence& seq);
+  // Releases `seq`'s host blocks (a swapped sequence's).
+  void release_host(Sequence& seq);
+  // The entries of `seq`'s table a swap copies to host blocks, and the valid tokens of
+  // entry i in such a copy.
+  virtual int32_t held_entries(const Sequence& seq) const = 0;
+  virtual int32_t entry_tokens(const Sequence& seq, int32_t entry) const = 0;
+  // Swap-out: copies `seq`'s held entries to host blocks (the host pool must have
+  // held_entries() free) and releases its device blocks; the table keeps first_held.
+  void swap_out(Sequence& seq);
+  // Swap-in: back into device blocks (as many free as host blocks held).
+  void swap_in(Sequence& seq);
+  // Whether releasing `seq`'s table frees a block: one it alone holds.
+  bool holds_a_block_alone(const Sequence& seq) const;
+
+  // --- the anchor's chain ----------------------------------------------------------------
+  // Drops the cached blocks entered after the contents `content_key` names, which left the
+  // anchor's pools: no hit can verify them again (groups that verify along the anchor).
+  void forget_children(uint64_t content_key);
+
+  // --- checks ----------------------------------------------------------------------------
+  // `seq`'s table here agrees with its state and computed tokens.
+  virtual absl::Status check_table(const Sequence& seq) const = 0;
+  // Ref counts equal the tables' and pending copies' holds, in the device or host pool.
+  absl::Status check_pool_balance(std::span<const Sequence* const> sequences, bool host) const;
+  // The pools, the host tier, and host-tier blocks held by no sequence.
+  absl::Status check_pools(std::span<const Sequence* const> sequences) const;
+
+ protected:
+  // Whether release() gives `seq`'s entries a retention (set_release_retention()) first.
+  virtual bool retains_on_release(const Sequence& seq) const;
+  // The retention of `seq`'s entry as it releases it.
+  virtual void set_release_retention(const Sequence& seq, int32_t entry);
+  // Device allocation with the host tier's side: cached blocks it evicts are demoted.
+  void allocate_device_blocks(std::span<BlockId> out);
+  // Free device blocks this group may fill with promotions once `free_hits` free blocks
+  // are shared: the watermark stays free while others run.
+  int32_t room(int32_t free_hits) const;
+  // " in group g" for models of several groups: messages of one-group models stay as
+  // they were.
+  std::string in_group() const;
+  HostTier::Pools tier_pools() { return {device(), host(), shared_.ledger, index_}; }
+
+  SharedState& shared_;
+  KvCacheManager::GroupStats counters_;  // hits, window releases, checkpoints
+
+ private:
+  const LayerGroup spec_;
+  const int32_t index_;
+  const int32_t watermark_blocks_;  // Options::watermark_blocks, scaled to the group's pool
+  GroupPools pools_;
+  std::unique_ptr<HostTier> host_tier_;  // null without Options::enable_host_cache
+};
+
+}  // namespace pagedkv::internal
+
+#endif  // PAGEDKV_CACHE_GROUP_CACHE_H_
