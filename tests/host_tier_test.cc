@@ -73,12 +73,12 @@ KvCacheManager a0_on_device_a1_in_host(int32_t host_blocks, KvEventBuffer* event
   REQUIRE(m.free(1).ok());             // device queue [2, 1, 0]: A1 is evicted before A0
   prefill(m, 2, iota_tokens(5, 200));  // takes 2 and 1: A1 demoted to host 0
   REQUIRE(m.free(2).ok());             // block 1 (partial) is clean again, block 2 cached
-  REQUIRE(m.device_pool().free_queue_order() == Blocks{1, 0, 2});
+  REQUIRE(m.device_pool().value()->free_queue_order() == Blocks{1, 0, 2});
   return m;
 }
 
 std::optional<BlockHash> host_hash(const KvCacheManager& m, BlockId h) {
-  auto hash = m.host_pool().cached_hash(h);
+  auto hash = m.host_pool().value()->cached_hash(h);
   return hash.ok() ? std::optional(*hash) : std::nullopt;
 }
 
@@ -94,7 +94,7 @@ TEST_CASE("an evicted cached block is demoted to a host block instead of being l
   prefill(m, 1, a);  // blocks 0, 1 hold A0, A1
   REQUIRE(m.free(1).ok());
   // Released tail first: the cached list is [1, 0] behind the clean block 2.
-  REQUIRE(m.device_pool().free_queue_order() == Blocks{2, 1, 0});
+  REQUIRE(m.device_pool().value()->free_queue_order() == Blocks{2, 1, 0});
   events.take();
 
   // 12 new tokens take block 2 (clean), then evict 1 (A1) and 0 (A0): both are demoted,
@@ -107,7 +107,7 @@ TEST_CASE("an evicted cached block is demoted to a host block instead of being l
   CHECK(stats.blocks_demoted == 2);
   CHECK(stats.cached_host_blocks == 2);
   CHECK(stats.used_host_blocks == 2);  // held until the engine takes the copies
-  CHECK(m.host_pool().free_queue_order().empty());
+  CHECK(m.host_pool().value()->free_queue_order().empty());
   CHECK(host_hash(m, 0) == ha[1]);
   CHECK(host_hash(m, 1) == ha[0]);
 
@@ -131,7 +131,7 @@ TEST_CASE("an evicted cached block is demoted to a host block instead of being l
   CHECK(swaps.swap_out.empty());
   require_valid(m);
   // Released after the step, in demotion order: host LRU order [0, 1].
-  CHECK(m.host_pool().free_queue_order() == Blocks{0, 1});
+  CHECK(m.host_pool().value()->free_queue_order() == Blocks{0, 1});
   CHECK(m.stats().used_host_blocks == 0);
 }
 
@@ -162,8 +162,8 @@ TEST_CASE("a host hit is promoted with a copy, counts as a hit and leaves the ho
   CHECK(s.blocks_demoted == 4);  // seq 2's two, and B2 and B1 now
   CHECK(s.cached_host_blocks == 2);
   CHECK(s.host_evictions == 0);
-  CHECK(m.device_pool().cached_hash(0).value() == ha[0]);
-  CHECK(m.device_pool().cached_hash(1).value() == ha[1]);
+  CHECK(m.device_pool().value()->cached_hash(0).value() == ha[0]);
+  CHECK(m.device_pool().value()->cached_hash(1).value() == ha[1]);
   CHECK(host_hash(m, 1) == hb[2]);
   CHECK(host_hash(m, 0) == hb[1]);
 
@@ -191,7 +191,7 @@ TEST_CASE("a host hit is promoted with a copy, counts as a hit and leaves the ho
   CHECK(swaps.demote.empty());
   require_valid(m);
   // The host blocks return to the tier after the step, in exchange order.
-  CHECK(m.host_pool().free_queue_order() == Blocks{1, 0});
+  CHECK(m.host_pool().value()->free_queue_order() == Blocks{1, 0});
 }
 
 TEST_CASE("a prefix hit runs from device blocks into host blocks", "[host_tier]") {
@@ -232,7 +232,7 @@ TEST_CASE("the host tier evicts its least recently demoted block first", "[host_
   CHECK(m.stats().host_evictions == 1);
   CHECK(host_hash(m, 0) == chain(prompts[2])[0]);
   CHECK(host_hash(m, 1) == chain(prompts[1])[0]);
-  CHECK(m.host_pool().free_queue_order() == Blocks{1, 0});
+  CHECK(m.host_pool().value()->free_queue_order() == Blocks{1, 0});
   // 100.. is gone from both tiers; 200.. still hits (from the host).
   std::vector<TokenId> p0 = prompts[0];
   p0.push_back(1);
@@ -317,12 +317,12 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     KvCacheManager m = a0_on_device_a1_in_host(/*host_blocks=*/1, &events);
     admit(m, 3, a_plus_one());
     REQUIRE(*m.match_prefix(3) == 8);  // A1 promoted from host 0 into device 1
-    CHECK(m.host_pool().free_queue_order().empty());
+    CHECK(m.host_pool().value()->free_queue_order().empty());
     CHECK(m.stats().used_host_blocks == 1);
     const StepOps ops = m.take_step_ops();
     CHECK(ops.copy_on_write.empty());
     CHECK(ops.promote == Ops{{0, 1, kBlockSize}});
-    CHECK(m.host_pool().free_queue_order() == Blocks{0});
+    CHECK(m.host_pool().value()->free_queue_order() == Blocks{0});
     require_valid(m);
   }
 
@@ -332,13 +332,13 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
     REQUIRE(*m.match_prefix(3) == 8);
     REQUIRE(m.release_claim(3).ok());
     // Block 1 is the promotion's destination: parked, not in the free queue.
-    CHECK(m.device_pool().free_queue_order() == Blocks{2, 0});
+    CHECK(m.device_pool().value()->free_queue_order() == Blocks{2, 0});
     require_valid(m);
     end_step(m);
     // The promotion ran with the step, so A1 stays cached on the device (its host copy
     // left the tier): released after the step at the tail, and hit again from there.
-    CHECK(m.device_pool().free_queue_order() == Blocks{2, 0, 1});
-    CHECK(*m.device_pool().is_cached(1));
+    CHECK(m.device_pool().value()->free_queue_order() == Blocks{2, 0, 1});
+    CHECK(*m.device_pool().value()->is_cached(1));
     admit(m, 4, a_plus_one());
     CHECK(*m.match_prefix(4) == 8);
     CHECK(table(m, 4) == Blocks{0, 1});
@@ -488,13 +488,13 @@ TEST_CASE("a higher retention priority outlives LRU order, and equal priorities 
   allocate(m, 1, 5);  // blocks 0 (A0, full) and 1
   end_step(m);
   REQUIRE(m.free(1).ok());
-  CHECK(m.device_pool().retention_priority(0).value() == 90);
+  CHECK(m.device_pool().value()->retention_priority(0).value() == 90);
   prefill(m, 2, iota_tokens(4, 200));  // block 1 (clean first)
   REQUIRE(m.free(2).ok());
   prefill(m, 3, iota_tokens(4, 300));  // block 2
   REQUIRE(m.free(3).ok());
   // Least recently used first is A0, but priority 90 sorts after the default's list.
-  CHECK(m.device_pool().free_queue_order() == Blocks{1, 2, 0});
+  CHECK(m.device_pool().value()->free_queue_order() == Blocks{1, 2, 0});
   prefill(m, 4, iota_tokens(8, 400));  // two blocks: evicts 1 and 2, keeps A0
   std::vector<TokenId> a5 = iota_tokens(4, 100);
   a5.push_back(7);
@@ -502,7 +502,7 @@ TEST_CASE("a higher retention priority outlives LRU order, and equal priorities 
   CHECK(*m.match_prefix(5) == 4);
   // A hit takes A0 out of the free queue: its priority is the default again until a
   // holder sets one.
-  CHECK(m.device_pool().retention_priority(0).value() == kDefaultRetentionPriority);
+  CHECK(m.device_pool().value()->retention_priority(0).value() == kDefaultRetentionPriority);
   require_valid(m);
 }
 

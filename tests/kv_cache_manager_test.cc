@@ -32,7 +32,7 @@ struct Snapshot {
 };
 
 Snapshot snapshot(const KvCacheManager& m, const std::vector<SeqId>& ids) {
-  Snapshot s{m.stats(), {}, m.device_pool().free_queue_order()};
+  Snapshot s{m.stats(), {}, m.device_pool().value()->free_queue_order()};
   for (const SeqId id : ids) {
     auto v = m.sequence(id);
     if (!v.ok()) continue;
@@ -159,7 +159,7 @@ TEST_CASE("eviction under pressure takes the least recently freed, tail blocks f
   REQUIRE(m.free(1).ok());
   REQUIRE(m.free(2).ok());
   require_valid(m);
-  REQUIRE(m.device_pool().free_queue_order() == Blocks{5, 2, 1, 0, 4, 3});
+  REQUIRE(m.device_pool().value()->free_queue_order() == Blocks{5, 2, 1, 0, 4, 3});
   admit(m, 3, iota_tokens(5, 200));
   allocate(m, 3, 5);  // 3 blocks: 5 (clean), then evicts 2 and 1
   REQUIRE(table(m, 3) == Blocks{5, 2, 1});
@@ -205,7 +205,7 @@ TEST_CASE("fork shares blocks, and appending to a shared partial block copies it
   REQUIRE(m.fork(1, 2).ok());
   require_valid(m);
   REQUIRE(table(m, 2) == Blocks{0, 1});
-  REQUIRE(*m.device_pool().ref_count(1) == 2);
+  REQUIRE(*m.device_pool().value()->ref_count(1) == 2);
 
   SECTION("the child appends") {
     REQUIRE(m.append_tokens(2, std::vector<TokenId>{9}).ok());
@@ -225,7 +225,7 @@ TEST_CASE("fork shares blocks, and appending to a shared partial block copies it
     REQUIRE(m.take_step_ops().copy_on_write == std::vector<BlockCopy>{{1, 2, 2}});
   }
   REQUIRE(m.stats().cow_copies == 1);
-  REQUIRE(*m.device_pool().ref_count(0) == 2);  // the full block stays shared
+  REQUIRE(*m.device_pool().value()->ref_count(0) == 2);  // the full block stays shared
   require_valid(m);
 }
 
@@ -278,9 +278,9 @@ TEST_CASE("a block named by a pending copy is released only after the copies are
   allocate(m, 2, 1);        // copy 0 -> 1
   REQUIRE(m.free(1).ok());  // block 0 is the pending copy's source
   require_valid(m);
-  REQUIRE(*m.device_pool().ref_count(0) == 1);
+  REQUIRE(*m.device_pool().value()->ref_count(0) == 1);
   REQUIRE(m.take_step_ops().copy_on_write == std::vector<BlockCopy>{{0, 1, 2}});
-  REQUIRE(*m.device_pool().ref_count(0) == 0);
+  REQUIRE(*m.device_pool().value()->ref_count(0) == 0);
   require_valid(m);
 }
 
@@ -500,8 +500,8 @@ TEST_CASE("freeing a sequence in the step that filled its blocks keeps them out 
   REQUIRE(allocate(m, 1, 2) == Slots{2, 3});  // block 1 is filled in this step
   REQUIRE(m.free(1).ok());                    // aborted before the step ran
   require_valid(m);
-  REQUIRE(*m.device_pool().is_cached(0));
-  REQUIRE_FALSE(*m.device_pool().is_cached(1));
+  REQUIRE(*m.device_pool().value()->is_cached(0));
+  REQUIRE_FALSE(*m.device_pool().value()->is_cached(1));
   const std::vector<KvEvent> seen = events.take();
   REQUIRE(std::holds_alternative<BlockRemoved>(seen.back()));
   admit(m, 2, iota_tokens(5));
@@ -653,7 +653,7 @@ TEST_CASE("one call's newly filled blocks emit one BlockStored, the next one nam
   REQUIRE(first.token_ids == std::vector<TokenId>{1, 2, 3, 4});
   REQUIRE(first.extra_keys == std::vector<uint64_t>{77});
   REQUIRE_FALSE(first.parent_hash.has_value());
-  REQUIRE(*m.device_pool().cached_hash(table(m, 1)[1]) == first.block_hashes.at(1));
+  REQUIRE(*m.device_pool().value()->cached_hash(table(m, 1)[1]) == first.block_hashes.at(1));
   allocate(m, 1, 2);
   seen = events.take();
   REQUIRE(seen.size() == 1);
@@ -744,7 +744,7 @@ TEST_CASE("no K/V computed before reset_prefix_cache() is shared after it") {
   const std::vector<KvEvent> seen = events.take();
   REQUIRE(seen.size() == 1);  // AllBlocksCleared only: no BlockStored after it
   REQUIRE(std::holds_alternative<AllBlocksCleared>(seen[0]));
-  REQUIRE(m.stats().cached_free_blocks + m.device_pool().stats().cached_blocks == 0);
+  REQUIRE(m.stats().cached_free_blocks + m.device_pool().value()->stats().cached_blocks == 0);
 
   // Recomputed from scratch, the sequence is cached again.
   REQUIRE(m.preempt(1, PreemptionMode::kRecompute).ok());
@@ -844,7 +844,7 @@ TEST_CASE("release_claim gives a waiting sequence's prefix back") {
   require_valid(m);
   REQUIRE(m.stats().free_blocks == 4);
   REQUIRE(m.stats().cached_free_blocks == 2);
-  REQUIRE(m.device_pool().free_queue_order() == Blocks{2, 3, 1, 0});
+  REQUIRE(m.device_pool().value()->free_queue_order() == Blocks{2, 3, 1, 0});
   REQUIRE(m.release_claim(2).ok());  // no claim: unchanged
   REQUIRE(m.stats().claims_released == 1);
   REQUIRE(*m.match_prefix(2) == 4);  // may claim again
@@ -867,7 +867,7 @@ TEST_CASE("a recomputed duplicate keeps a block-aligned prompt cached when the o
   allocate(m, 2, 4);  // block 2: a copy of block 1, standing by
   end_step(m);
   REQUIRE(table(m, 2) == Blocks{0, 2});
-  REQUIRE(m.device_pool().stats().cached_blocks == 3);
+  REQUIRE(m.device_pool().value()->stats().cached_blocks == 3);
   REQUIRE(m.free(1).ok());  // block 1 goes to the tail; the free queue is 3 1
   events.take();
   admit(m, 3, iota_tokens(8, 900));

@@ -60,7 +60,7 @@ struct Lockstep {
       CHECK(std::vector<BlockId>(view.block_table.begin(), view.block_table.end()) ==
             model.find(id)->table(g));
       CHECK(view.first_held_block == model.find(id)->tables[g].first_held);
-      const KvCacheManager::GroupStats a = manager.group_stats(g);
+      const KvCacheManager::GroupStats a = *manager.group_stats(g);
       const KvCacheManager::GroupStats b = model.group_stats(g);
       CHECK(a.used_blocks == b.used_blocks);
       CHECK(a.cached_free_blocks == b.cached_free_blocks);
@@ -108,9 +108,9 @@ Lockstep evicted_middle(bool host_tier) {
   s.allocate(2, 6);
   s.step();
   s.check(2);
-  CHECK(s.manager.group_stats(0).evictions == 1);
-  CHECK(s.manager.group_stats(1).evictions == 2);
-  CHECK(s.manager.group_stats(2).evictions == 0);
+  CHECK(s.manager.group_stats(0)->evictions == 1);
+  CHECK(s.manager.group_stats(1)->evictions == 2);
+  CHECK(s.manager.group_stats(2)->evictions == 0);
   // Sequence 3 asks for the first 11 tokens again: at most 5 blocks, all in group 2.
   s.add(3, std::span<const TokenId>(text).first(11));
   return s;
@@ -127,9 +127,9 @@ TEST_CASE("a windowed group that cuts the hit makes the groups before it answer 
   s.check(3);
   CHECK(s.manager.sequence(3, 0)->first_held_block == 2);
   CHECK(s.manager.sequence(3, 1)->first_held_block == 2);
-  CHECK(s.manager.group_stats(0).hit_blocks == 1);
-  CHECK(s.manager.group_stats(1).hit_blocks == 1);
-  CHECK(s.manager.group_stats(2).hit_blocks == 3);
+  CHECK(s.manager.group_stats(0)->hit_blocks == 1);
+  CHECK(s.manager.group_stats(1)->hit_blocks == 1);
+  CHECK(s.manager.group_stats(2)->hit_blocks == 3);
 }
 
 TEST_CASE("windowed entries in the host tier come back by promotion and keep the hit",
@@ -137,13 +137,13 @@ TEST_CASE("windowed entries in the host tier come back by promotion and keep the
   // With the tier the evicted entries were demoted: group 1 promotes its entry 4, and the
   // hit keeps all 5 blocks (group 0 needs only entry 4, which it holds on the device).
   Lockstep s = evicted_middle(/*host_tier=*/true);
-  CHECK(s.manager.group_stats(0).blocks_demoted == 1);
-  CHECK(s.manager.group_stats(1).blocks_demoted == 2);
+  CHECK(s.manager.group_stats(0)->blocks_demoted == 1);
+  CHECK(s.manager.group_stats(1)->blocks_demoted == 2);
   CHECK(s.match(3) == 10);
   s.check(3);
-  CHECK(s.manager.group_stats(0).blocks_promoted == 0);
-  CHECK(s.manager.group_stats(1).blocks_promoted == 1);
-  CHECK(s.manager.group_stats(2).blocks_promoted == 0);
+  CHECK(s.manager.group_stats(0)->blocks_promoted == 0);
+  CHECK(s.manager.group_stats(1)->blocks_promoted == 1);
+  CHECK(s.manager.group_stats(2)->blocks_promoted == 0);
   const StepOps ops = s.manager.take_step_ops();
   REQUIRE(ops.promote.size() + ops.exchange.size() == 1);
   CHECK((ops.promote.empty() ? ops.exchange[0].group : ops.promote[0].group) == 1);

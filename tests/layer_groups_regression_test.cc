@@ -100,8 +100,8 @@ TEST_CASE("free of a swapped sequence with released window entries releases its 
   CHECK(m.check_invariants().ok());
   for (int32_t g = 0; g < 2; ++g) {
     INFO("group " << g);
-    CHECK(m.group_stats(g).used_blocks == 0);
-    CHECK(m.group_stats(g).used_host_blocks == 0);
+    CHECK(m.group_stats(g)->used_blocks == 0);
+    CHECK(m.group_stats(g)->used_host_blocks == 0);
   }
 }
 
@@ -127,11 +127,11 @@ TEST_CASE(
   REQUIRE(m.add_sequence(2, prompt).ok());
   REQUIRE(m.allocate_slots(2, 5).ok());  // no match_prefix: computed again, standbys
   const SequenceView anchor = *m.sequence(2, /*group=*/1);
-  REQUIRE(*m.device_pool(1).is_cached(anchor.block_table[0]));
-  REQUIRE(*m.device_pool(1).is_cached(anchor.block_table[1]));
+  REQUIRE(*m.device_pool(1).value()->is_cached(anchor.block_table[0]));
+  REQUIRE(*m.device_pool(1).value()->is_cached(anchor.block_table[1]));
   const SequenceView window = *m.sequence(2, /*group=*/0);
-  CHECK(*m.device_pool(0).is_cached(window.block_table[0]));
-  CHECK(*m.device_pool(0).is_cached(window.block_table[1]));  // fails: refused
+  CHECK(*m.device_pool(0).value()->is_cached(window.block_table[0]));
+  CHECK(*m.device_pool(0).value()->is_cached(window.block_table[1]));  // fails: refused
 }
 
 // reference_model.h: kEmulateNoRetentionBehindWindow.
@@ -156,9 +156,9 @@ TEST_CASE("blocks released behind the window keep the sequence's retention", "[l
   REQUIRE(m.sequence(1, 1)->first_held_block == 2);
   for (int i = 0; i < 2; ++i) {
     INFO("entry " << i);
-    CHECK(*m.device_pool(1).ref_count(window[i]) == 0);
-    CHECK(*m.device_pool(1).is_cached(window[i]));
-    CHECK(*m.device_pool(1).retention_priority(window[i]) == 90);  // fails: 35
+    CHECK(*m.device_pool(1).value()->ref_count(window[i]) == 0);
+    CHECK(*m.device_pool(1).value()->is_cached(window[i]));
+    CHECK(*m.device_pool(1).value()->retention_priority(window[i]) == 90);  // fails: 35
   }
 }
 

@@ -5,6 +5,8 @@
 // free queue's tail (tables are freed tail first).
 #include <catch2/catch.hpp>
 
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "pagedkv/kv_cache_manager.h"
@@ -34,7 +36,7 @@ Blocks table_of(const KvCacheManager& m, SeqId seq, int32_t group) {
 }
 
 Slots slots_of(const KvCacheManager& m, int32_t group) {
-  const std::span<const int64_t> s = m.slot_mapping(group);
+  const std::span<const int64_t> s = *m.slot_mapping(group);
   return Slots(s.begin(), s.end());
 }
 
@@ -83,8 +85,32 @@ TEST_CASE("layer groups are validated, naming the group and the value", "[layer_
       absl::StatusCode::kInvalidArgument, "needs num_host_blocks > 0 in every group");
   const KvCacheManager m = make_manager({.layer_groups = {full, window}});
   CHECK(m.num_groups() == 2);
-  CHECK(m.layer_group(1).window == 16);
+  CHECK(m.layer_group(1)->window == 16);
   require_error(m.sequence(0, 2).status(), absl::StatusCode::kNotFound, "unknown sequence 0");
+}
+
+TEST_CASE("every call that takes a layer group refuses one out of range, naming it",
+          "[layer_groups]") {
+  const KvCacheManager m = make_manager(
+      {.layer_groups = {{.num_blocks = 8},
+                        {.kind = AttentionKind::kSlidingWindow, .window = 16, .num_blocks = 8}}});
+  for (const int32_t bad : {-1, 2, std::numeric_limits<int32_t>::max()}) {
+    const std::string range = "layer group " + std::to_string(bad) + " outside [0, 2)";
+    require_error(m.layer_group(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "layer_group: " + range);
+    require_error(m.group_stats(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "group_stats: " + range);
+    require_error(m.device_pool(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "device_pool: " + range);
+    require_error(m.host_pool(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "host_pool: " + range);
+    require_error(m.slot_mapping(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "slot_mapping: " + range);
+    require_error(m.batch_slot_mapping(bad).status(), absl::StatusCode::kInvalidArgument,
+                  "batch_slot_mapping: " + range);
+  }
+  CHECK(m.slot_mapping(1)->empty());  // no call yet
+  CHECK((*m.device_pool(1))->num_blocks() == 8);
 }
 
 TEST_CASE("a sliding-window group releases the blocks behind the window, a step after writing them",
@@ -107,10 +133,10 @@ TEST_CASE("a sliding-window group releases the blocks behind the window, a step 
   CHECK(table_of(m, 1, kFull) == Blocks{0, 1, 2, 3});
   // Both were full and hashed: they stay cached, behind the window pool's clean blocks, in
   // table order.
-  CHECK(m.device_pool(kWindow).free_queue_order() == Blocks{4, 5, 6, 7, 0, 1});
-  CHECK(m.group_stats(kWindow).released_blocks == 2);
-  CHECK(m.group_stats(kWindow).used_blocks == 2);
-  CHECK(m.group_stats(kFull).used_blocks == 4);
+  CHECK(m.device_pool(kWindow).value()->free_queue_order() == Blocks{4, 5, 6, 7, 0, 1});
+  CHECK(m.group_stats(kWindow)->released_blocks == 2);
+  CHECK(m.group_stats(kWindow)->used_blocks == 2);
+  CHECK(m.group_stats(kFull)->used_blocks == 4);
   end_step(m);
   // Four more tokens (15-18): block 4 of each pool.
   REQUIRE(m.append_tokens(1, std::vector<TokenId>{201, 202, 203, 204}).ok());
@@ -138,7 +164,7 @@ TEST_CASE("a prefix hit across groups needs the window before it", "[layer_group
   end_step(m);
   REQUIRE(m.free(1).ok());
   // Freed tail first: window pool [4, 5, 6 clean | 3, 2, 1, 0 cached].
-  CHECK(m.device_pool(kWindow).free_queue_order() == Blocks{4, 5, 6, 3, 2, 1, 0});
+  CHECK(m.device_pool(kWindow).value()->free_queue_order() == Blocks{4, 5, 6, 3, 2, 1, 0});
 
   std::vector<TokenId> longer = prompt;
   longer.insert(longer.end(), {7, 7, 7});
@@ -148,8 +174,8 @@ TEST_CASE("a prefix hit across groups needs the window before it", "[layer_group
     CHECK(*m.match_prefix(2) == 16);
     CHECK(table_of(m, 2, kFull) == Blocks{0, 1, 2, 3});
     CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3});
-    CHECK(m.group_stats(kWindow).hit_blocks == 2);
-    CHECK(m.group_stats(kFull).hit_blocks == 4);
+    CHECK(m.group_stats(kWindow)->hit_blocks == 2);
+    CHECK(m.group_stats(kFull)->hit_blocks == 4);
     require_valid(m);
   }
   SECTION("the window lost the last block: the hit ends where a window is whole") {
@@ -230,7 +256,7 @@ TEST_CASE("forks, copy-on-write and swapping hold in every group", "[layer_group
     allocate(m, 1, 10);
     end_step(m);
     REQUIRE(m.fork(1, 2).ok());
-    CHECK(m.device_pool(kWindow).ref_count(2).value() == 2);
+    CHECK(m.device_pool(kWindow).value()->ref_count(2).value() == 2);
     REQUIRE(m.append_tokens(2, std::vector<TokenId>{7}).ok());
     // Token 10 goes into block 2 (2 valid tokens), shared: a new block 3 in each pool.
     CHECK(allocate(m, 2, 1) == Slots{3 * 4 + 2});
@@ -289,10 +315,10 @@ TEST_CASE("allocation is all or nothing across groups, naming the group that lac
   admit(m, 9, iota_tokens(4, 900));
   allocate(m, 9, 4);
   admit(m, 1, iota_tokens(16));
-  const Blocks full_queue = m.device_pool(kFull).free_queue_order();
+  const Blocks full_queue = m.device_pool(kFull).value()->free_queue_order();
   require_error(m.allocate_slots(1, 16).status(), absl::StatusCode::kResourceExhausted,
                 "need 4 blocks in group 1, 3 free of 4");
-  CHECK(m.device_pool(kFull).free_queue_order() == full_queue);
+  CHECK(m.device_pool(kFull).value()->free_queue_order() == full_queue);
   CHECK(table_of(m, 1, kFull).empty());
   // A prefill that could never fit the window pool at once is refused as such.
   admit(m, 2, iota_tokens(20));
@@ -343,8 +369,8 @@ TEST_CASE("each group's host tier demotes its evicted blocks and promotes the hi
   // and 3 (token 16 attends to [11, 16]) and finds them in its own.
   CHECK(*m.match_prefix(2) == 16);
   CHECK(m.stats().host_hit_tokens == 16);
-  CHECK(m.group_stats(kFull).blocks_promoted == 4);
-  CHECK(m.group_stats(kWindow).blocks_promoted == 2);
+  CHECK(m.group_stats(kFull)->blocks_promoted == 4);
+  CHECK(m.group_stats(kWindow)->blocks_promoted == 2);
   const Blocks window = table_of(m, 2, kWindow);
   REQUIRE(window.size() == 4);
   CHECK(window[0] == kNoBlock);
@@ -379,10 +405,10 @@ TEST_CASE("partial-block reuse copies the first tokens of a cached block that co
     CHECK(m.stats().prefix_hit_tokens == 6);
     require_valid(m);
     // The copy runs with the step's ops; block 1 is held until then.
-    CHECK(m.device_pool().ref_count(1).value() == 1);
+    CHECK(m.device_pool().value()->ref_count(1).value() == 1);
     const StepOps ops = m.take_step_ops();
     CHECK(ops.copy_on_write == std::vector<BlockCopy>{{1, 3, 2}});
-    CHECK(m.device_pool().ref_count(1).value() == 0);
+    CHECK(m.device_pool().value()->ref_count(1).value() == 0);
     // Tokens 6-8 follow in block 3 (offsets 2, 3) and a new block 4.
     CHECK(allocate(m, 2, 3) == Slots{14, 15, 16});
     CHECK(table(m, 2) == Blocks{0, 3, 4});
@@ -453,7 +479,7 @@ TEST_CASE("windowed blocks that complete a checkpoint's window outlive the other
     allocate(m, 2, 17);
     end_step(m);
     REQUIRE(m.free(2).ok());
-    CHECK(m.group_stats(kWindow).evictions == 4);
+    CHECK(m.group_stats(kWindow)->evictions == 4);
     // The first 32 tokens again, then others: the full group holds 8 blocks.
     std::vector<TokenId> again(prompt.begin(), prompt.begin() + 32);
     for (TokenId t = 9000; t < 9005; ++t) again.push_back(t);
@@ -500,7 +526,7 @@ TEST_CASE("the window of a match's branch point outlives blocks released after i
     allocate(m, 3, 4);
     end_step(m);
   }
-  CHECK(m.group_stats(kWindow).evictions == 11);
+  CHECK(m.group_stats(kWindow)->evictions == 11);
   REQUIRE(m.free(3).ok());
   // The branch point's window is still there; the 8-block prefix's (entries 6, 7) is not,
   // so a prompt that shares 32 tokens hits the same 20.
@@ -525,14 +551,14 @@ TEST_CASE("windowed blocks cached after an evicted anchor block are reused first
   allocate(m, 1, 33);
   end_step(m);
   REQUIRE(m.free(1).ok());
-  CHECK(m.device_pool(kWindow).stats().cached_blocks == 8);
+  CHECK(m.device_pool(kWindow).value()->stats().cached_blocks == 8);
   admit(m, 2, iota_tokens(33, 5000));
   allocate(m, 2, 33);
-  CHECK(m.group_stats(kFull).evictions == 7);
+  CHECK(m.group_stats(kFull)->evictions == 7);
   // Entries 0 and 1 (cached after no block and after block 0) stay; the second prompt
   // cached 8 of its own.
-  CHECK(m.device_pool(kWindow).stats().cached_blocks == 2 + 8);
-  CHECK(m.group_stats(kWindow).evictions == 0);
+  CHECK(m.device_pool(kWindow).value()->stats().cached_blocks == 2 + 8);
+  CHECK(m.group_stats(kWindow)->evictions == 0);
   require_valid(m);
 }
 

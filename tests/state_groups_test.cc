@@ -64,9 +64,11 @@ TEST_CASE("a sequence takes a state slot at admission and saves its prompt's end
   // Slot 0 for the sequence; its 10-token prompt ends its last full block at 8 tokens, so
   // slot 1 takes the checkpoint there. No slot mapping in a state group.
   CHECK(state_slot(m, 1) == 0);
-  CHECK(m.slot_mapping(kState).size() == 10);
-  for (const int64_t s : m.slot_mapping(kState)) CHECK(s == -1);
-  CHECK(m.slot_mapping(kFull).front() == 0);
+  const absl::StatusOr<std::span<const int64_t>> state_slots = m.slot_mapping(kState);
+  REQUIRE(state_slots.ok());
+  CHECK(state_slots->size() == 10);
+  for (const int64_t s : *state_slots) CHECK(s == -1);
+  CHECK(m.slot_mapping(kFull)->front() == 0);
   BlockTables tables;
   const SeqId seqs[] = {1};
   require_error(m.build_block_tables(seqs, &tables, kState), absl::StatusCode::kInvalidArgument,
@@ -75,9 +77,9 @@ TEST_CASE("a sequence takes a state slot at admission and saves its prompt's end
   CHECK(ops.save_state ==
         std::vector<StateSave>{{.seq = 1, .position = 8, .src = 0, .dst = 1, .group = kState}});
   CHECK(ops.copy_state.empty());
-  CHECK(m.group_stats(kState).checkpoints_saved == 1);
-  CHECK(m.group_stats(kState).used_blocks == 1);         // the checkpoint is free once saved
-  CHECK(m.group_stats(kState).cached_free_blocks == 1);  // and cached
+  CHECK(m.group_stats(kState)->checkpoints_saved == 1);
+  CHECK(m.group_stats(kState)->used_blocks == 1);         // the checkpoint is free once saved
+  CHECK(m.group_stats(kState)->cached_free_blocks == 1);  // and cached
   require_valid(m);
 }
 
@@ -97,7 +99,7 @@ TEST_CASE("a prefix hit ends at a checkpoint and restores it", "[state]") {
   const StepOps ops = m.take_step_ops();
   CHECK(ops.copy_state ==
         std::vector<BlockCopy>{{.src = 1, .dst = 0, .num_tokens = 4, .group = kState}});
-  CHECK(m.group_stats(kState).checkpoints_restored == 1);
+  CHECK(m.group_stats(kState)->checkpoints_restored == 1);
   CHECK(m.stats().prefix_hit_tokens == 8);
   require_valid(m);
 }
@@ -207,7 +209,7 @@ TEST_CASE("preemption drops or swaps the state slot", "[state]") {
     CHECK(ops.swap_out ==
           std::vector<BlockCopy>{{.src = 0, .dst = 0, .num_tokens = 3, .group = kFull},
                                  {.src = 0, .dst = 0, .num_tokens = 4, .group = kState}});
-    CHECK(m.group_stats(kState).used_blocks == 0);
+    CHECK(m.group_stats(kState)->used_blocks == 0);
     REQUIRE(m.swap_in(1).ok());
     ops = m.take_step_ops();
     CHECK(ops.swap_in ==
@@ -217,7 +219,7 @@ TEST_CASE("preemption drops or swaps the state slot", "[state]") {
   }
   SECTION("recompute frees it: the sequence starts again from the zero state") {
     REQUIRE(m.preempt(1, PreemptionMode::kRecompute).ok());
-    CHECK(m.group_stats(kState).used_blocks == 0);
+    CHECK(m.group_stats(kState)->used_blocks == 0);
     allocate(m, 1, 3);
     CHECK(state_slot(m, 1) == 0);
   }
@@ -286,8 +288,8 @@ TEST_CASE("checkpoints are evicted least recently used first", "[state]") {
   CHECK(*m.match_prefix(4) == 4);
   end_step(m);
   std::vector<BlockId> cached;
-  for (const BlockId slot : m.device_pool(kState).free_queue_order()) {
-    if (*m.device_pool(kState).is_cached(slot)) cached.push_back(slot);
+  for (const BlockId slot : m.device_pool(kState).value()->free_queue_order()) {
+    if (*m.device_pool(kState).value()->is_cached(slot)) cached.push_back(slot);
   }
   CHECK(cached == std::vector<BlockId>{b, d, a});
   require_valid(m);
@@ -341,8 +343,8 @@ TEST_CASE("an evicted checkpoint is demoted and a hit restores it from the host 
   }
   REQUIRE(removed_device.size() == 1);
   CHECK(stored_host == removed_device);
-  CHECK(m.group_stats(kState).blocks_demoted == 1);
-  CHECK(m.group_stats(kState).cached_host_blocks == 1);
+  CHECK(m.group_stats(kState)->blocks_demoted == 1);
+  CHECK(m.group_stats(kState)->cached_host_blocks == 1);
   // D continues A's 8 tokens: the full group's blocks are on the device, A's checkpoint
   // only in the host tier, verified there. The restore copies host slot 0 straight into
   // D's slot (0, clean at the head): a promote, no copy_state.
@@ -362,9 +364,9 @@ TEST_CASE("an evicted checkpoint is demoted and a hit restores it from the host 
   // The restore leaves A's checkpoint in the tier. Both host slots the step's copies name
   // go back to the tier's LRU order when it ends, in the order they were released: the
   // restore's (at the match) before the demotion's (at the allocation).
-  CHECK(*m.host_pool(kState).is_cached(0));
-  CHECK(m.host_pool(kState).free_queue_order() == std::vector<BlockId>{0, 1});
-  const KvCacheManager::GroupStats stats = m.group_stats(kState);
+  CHECK(*m.host_pool(kState).value()->is_cached(0));
+  CHECK(m.host_pool(kState).value()->free_queue_order() == std::vector<BlockId>{0, 1});
+  const KvCacheManager::GroupStats stats = *m.group_stats(kState);
   CHECK(stats.checkpoints_restored == 1);
   CHECK(stats.blocks_promoted == 1);
   CHECK(stats.blocks_demoted == 2);
@@ -384,7 +386,7 @@ TEST_CASE("an evicted checkpoint is demoted and a hit restores it from the host 
     host_removed += r != nullptr && r->group->index == kState && r->medium == Medium::kHost;
   }
   CHECK(host_removed == 1);
-  CHECK(m.group_stats(kState).host_evictions == 1);
+  CHECK(m.group_stats(kState)->host_evictions == 1);
   require_valid(m);
 }
 
@@ -435,7 +437,7 @@ TEST_CASE("HostAdmission::kReused demotes only checkpoints restored since their 
   // E's evicts B's: never restored, dropped.
   CHECK(checkpoint_alone(m, 5, run(900, 8), &ops) == 2);
   CHECK(ops.demote.empty());
-  const KvCacheManager::GroupStats stats = m.group_stats(kState);
+  const KvCacheManager::GroupStats stats = *m.group_stats(kState);
   CHECK(stats.blocks_demoted == 1);
   CHECK(stats.blocks_not_admitted == 1);
   require_valid(m);
@@ -446,9 +448,9 @@ TEST_CASE("reset_prefix_cache drops the host tier's checkpoints", "[state][host]
   CHECK(checkpoint_alone(m, 1, run(100, 10)) == 1);
   CHECK(checkpoint_alone(m, 2, run(300, 8)) == 2);
   CHECK(checkpoint_alone(m, 3, run(500, 8)) == 1);  // A's demoted
-  CHECK(m.group_stats(kState).cached_host_blocks == 1);
+  CHECK(m.group_stats(kState)->cached_host_blocks == 1);
   m.reset_prefix_cache();
-  CHECK(m.group_stats(kState).cached_host_blocks == 0);
+  CHECK(m.group_stats(kState)->cached_host_blocks == 0);
   admit(m, 4, concat(run(100, 8), run(200, 4)));
   CHECK(*m.match_prefix(4) == 0);
   require_valid(m);

@@ -117,9 +117,9 @@ void add_cached_hashes(const pagedkv::BlockPool& pool, const char* medium,
 
 bool write_prefix_index(const pagedkv::KvCacheManager& manager, const std::string& path) {
   std::set<std::string> lines;
-  add_cached_hashes(manager.device_pool(), "GPU", &lines);
+  add_cached_hashes(**manager.device_pool(), "GPU", &lines);
   // The host pool's cached blocks are the host tier (swapped sequences' blocks hold no hash).
-  add_cached_hashes(manager.host_pool(), "CPU", &lines);
+  add_cached_hashes(**manager.host_pool(), "CPU", &lines);
   std::ofstream out(path);
   for (const std::string& line : lines) out << line << "\n";
   return static_cast<bool>(out);

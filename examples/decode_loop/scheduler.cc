@@ -153,7 +153,7 @@ PreemptionMode Engine::mode_for(SeqId victim) {
                                              : pagedkv::num_blocks_for_tokens(
                                                    view->num_computed_tokens, options_.block_size) -
                                                    view->first_held_block;
-    swap_fits = swap_fits && blocks <= manager_->host_pool(g).num_free_blocks();
+    swap_fits = swap_fits && blocks <= (*manager_->host_pool(g))->num_free_blocks();
   }
   switch (options_.preemption) {
     case PreemptionPolicy::kRecompute:
@@ -220,8 +220,8 @@ void Engine::add_rows(Batch& batch, SeqId seq, int32_t first, int32_t n,
   for (int32_t g = 0; g < num_groups(); ++g) {
     // The call's last n slots: an admission's first ones may be remote loads.
     const std::span<const int64_t> slots =
-        batch_offset.has_value() ? manager_->batch_slot_mapping(g).subspan(*batch_offset, n)
-                                 : manager_->slot_mapping(g).last(static_cast<size_t>(n));
+        batch_offset.has_value() ? manager_->batch_slot_mapping(g)->subspan(*batch_offset, n)
+                                 : manager_->slot_mapping(g)->last(static_cast<size_t>(n));
     batch.slots[g].insert(batch.slots[g].end(), slots.begin(), slots.end());
   }
   batch.qo_indptr.push_back(static_cast<int32_t>(batch.tokens.size()));
@@ -286,7 +286,7 @@ absl::Status Engine::schedule_swapped() {
       absl::StatusOr<pagedkv::SequenceView> group_view = manager_->sequence(seq, g);
       if (!group_view.ok()) return group_view.status();
       const auto needed = static_cast<int32_t>(group_view->host_blocks.size()) + new_blocks;
-      room = needed <= manager_->device_pool(g).num_free_blocks();
+      room = needed <= (*manager_->device_pool(g))->num_free_blocks();
     }
     if (!room) break;
     absl::Status status = manager_->swap_in(seq);
@@ -641,7 +641,7 @@ void Engine::record_utilization() {
   int64_t real = 0;
   absl::flat_hash_map<int64_t, int32_t> filled;  // block_key -> real tokens in it
   for (int32_t g = 0; g < num_groups(); ++g) {
-    const pagedkv::KvCacheManager::GroupStats s = manager_->group_stats(g);
+    const pagedkv::KvCacheManager::GroupStats s = *manager_->group_stats(g);
     stats_.peak_group_blocks[g] = std::max(stats_.peak_group_blocks[g], s.used_blocks);
     used_bytes += int64_t{s.used_blocks} * options_.cache.groups[g].page_bytes();
     // A state slot holds no token slots.
@@ -780,7 +780,7 @@ absl::Status Engine::run(const std::vector<Request>& requests) {
   stats_.wall_seconds = static_cast<double>(now_ns() - start) * 1e-9;
   stats_.manager = manager_->stats();
   for (int32_t g = 0; g < num_groups(); ++g)
-    stats_.manager_groups.push_back(manager_->group_stats(g));
+    stats_.manager_groups.push_back(*manager_->group_stats(g));
   if (options_.on_step) options_.on_step(stats_.manager);
   absl::flat_hash_map<int64_t, bool> complete;
   for (const auto& [seq, rec] : records_) {

@@ -255,7 +255,7 @@ bool write_index(const pagedkv::KvCacheManager& manager, const std::string& path
   for (int32_t g = 0; g < manager.num_groups(); ++g) {
     for (const bool host : {false, true}) {
       // The host pool's cached blocks are the host tier (swapped blocks hold no hash).
-      const pagedkv::BlockPool& pool = host ? manager.host_pool(g) : manager.device_pool(g);
+      const pagedkv::BlockPool& pool = host ? **manager.host_pool(g) : **manager.device_pool(g);
       for (pagedkv::BlockId b = 0; b < pool.num_blocks(); ++b) {
         const absl::StatusOr<pagedkv::BlockHash> h = pool.cached_hash(b);
         if (!h.ok()) continue;  // NotFound: the block holds no hash

@@ -121,9 +121,9 @@ absl::StatusOr<HitReplayResult> replay_manager_hits(const Trace& trace,
   if (!created.ok()) return created.status();
   KvCacheManager& m = *created;
   int32_t anchor = 0;
-  while (anchor < m.num_groups() && m.layer_group(anchor).kind != AttentionKind::kFull) ++anchor;
+  while (anchor < m.num_groups() && m.layer_group(anchor)->kind != AttentionKind::kFull) ++anchor;
   if (anchor == m.num_groups()) return absl::InvalidArgumentError("no full-attention group");
-  const BlockPool& anchor_pool = m.device_pool(anchor);
+  const BlockPool& anchor_pool = **m.device_pool(anchor);
   HitReplayResult result;
   std::vector<BlockHash> hashes;
   for (size_t r = 0; r < trace.requests.size(); ++r) {
@@ -167,7 +167,7 @@ absl::StatusOr<HitReplayResult> replay_manager_hits(const Trace& trace,
   }
   result.requests = static_cast<int64_t>(trace.requests.size());
   for (int32_t g = 0; g < m.num_groups(); ++g)
-    result.evictions.push_back(m.group_stats(g).evictions);
+    result.evictions.push_back(m.group_stats(g)->evictions);
   return result;
 }
 

@@ -279,8 +279,8 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
     // Every group must hold the most blocks the sequence ever holds there at once, beside
     // the group's watermark.
     for (int32_t g = 0; g < manager_->num_groups(); ++g) {
-      const LayerGroup& group = manager_->layer_group(g);
-      const int64_t first = manager_->layer_group(0).num_blocks;
+      const LayerGroup group = *manager_->layer_group(g);
+      const int64_t first = manager_->layer_group(0)->num_blocks;
       const int64_t watermark =
           (int64_t{manager_->options().watermark_blocks} * group.num_blocks + first - 1) / first;
       const int64_t admissible =
@@ -420,7 +420,7 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
   std::string describe() const override {
     std::string pools;
     for (int32_t g = 0; g < manager_->num_groups(); ++g) {
-      const KvCacheManager::GroupStats s = manager_->group_stats(g);
+      const KvCacheManager::GroupStats s = *manager_->group_stats(g);
       absl::StrAppend(&pools, g == 0 ? "" : ", ", s.used_blocks, " of ", s.num_blocks);
     }
     return absl::StrCat(manager_->num_sequences(), " sequences (",
@@ -453,7 +453,7 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
   AllocatorUsage hybrid_usage(std::span<const SeqId> running) const {
     AllocatorUsage u;
     for (int32_t g = 0; g < manager_->num_groups(); ++g) {
-      u.reserved_slots += int64_t{manager_->group_stats(g).used_blocks} * page_bytes_[g];
+      u.reserved_slots += int64_t{manager_->group_stats(g)->used_blocks} * page_bytes_[g];
     }
     auto account = [&](SeqId id) {
       absl::StatusOr<SequenceView> v = manager_->sequence(id);

@@ -349,8 +349,8 @@ class KvCacheManager {
   // allocate_slots() or allocate_slots_or_preempt() call that succeeded: each group's K/V
   // goes into its own pool, so each has its own slots; group 0's is what the call
   // returned. A state group has no slots: its entries are -1. Valid until the next
-  // non-const call.
-  std::span<const int64_t> slot_mapping(int32_t group) const;
+  // non-const call. Errors: InvalidArgument for a group out of range.
+  [[nodiscard]] absl::StatusOr<std::span<const int64_t>> slot_mapping(int32_t group) const;
 
   // KvCacheManager::allocate_slots_or_preempt()
   //
@@ -440,7 +440,8 @@ class KvCacheManager {
   //
   // The slots of layer group `group` from the last allocate_slots_batch() call, laid out as
   // its SlotBatch::slots (which are group 0's). Valid until the next non-const call.
-  std::span<const int64_t> batch_slot_mapping(int32_t group) const;
+  // Errors: InvalidArgument for a group out of range.
+  [[nodiscard]] absl::StatusOr<std::span<const int64_t>> batch_slot_mapping(int32_t group) const;
 
   // KvCacheManager::append_tokens_batch()
   //
@@ -520,13 +521,13 @@ class KvCacheManager {
   std::vector<SequenceInfo> running_sequences() const;
   Stats stats() const;
   const Options& options() const;
-  // The layer groups (one full-attention group for a model without them) and their pools;
-  // `group` must be in [0, num_groups()).
+  // The layer groups and their pools and figures. Errors: InvalidArgument for a group
+  // outside [0, num_groups()). The pools stay valid while the manager lives.
   int32_t num_groups() const;
-  const LayerGroup& layer_group(int32_t group) const;
-  GroupStats group_stats(int32_t group) const;
-  const BlockPool& device_pool(int32_t group = 0) const;
-  const BlockPool& host_pool(int32_t group = 0) const;
+  [[nodiscard]] absl::StatusOr<LayerGroup> layer_group(int32_t group) const;
+  [[nodiscard]] absl::StatusOr<GroupStats> group_stats(int32_t group) const;
+  [[nodiscard]] absl::StatusOr<const BlockPool*> device_pool(int32_t group = 0) const;
+  [[nodiscard]] absl::StatusOr<const BlockPool*> host_pool(int32_t group = 0) const;
 
   // Checks every invariant of DESIGN.md and of both pools, clause by clause: ref counts
   // equal table entries per block, table lengths cover computed tokens, hashed blocks hold

@@ -262,6 +262,10 @@ BatchStatus batch_status(std::span<const SeqId> seqs, std::span<const absl::Stat
   return result;
 }
 
+NumpyArray<int64_t> slots_array(absl::StatusOr<std::span<const int64_t>> slots) {
+  return to_numpy(value_or_raise(std::move(slots)));
+}
+
 SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
                                                  const IntValues<int32_t, true>& num_new_tokens,
                                                  int32_t num_lookahead, bool preempt,
@@ -298,7 +302,7 @@ SlotBatch PyKvCacheManager::allocate_slots_batch(const IntValues<SeqId>& seqs,
   const KvCacheManager& m = get();
   batch.group_slots.append(batch.slots.array);
   for (int32_t g = 1; g < m.num_groups(); ++g) {
-    batch.group_slots.append(to_numpy(m.batch_slot_mapping(g)).array);
+    batch.group_slots.append(slots_array(m.batch_slot_mapping(g)).array);
   }
   return batch;
 }
@@ -319,19 +323,6 @@ BatchStatus PyKvCacheManager::append_tokens_batch(const IntValues<SeqId>& seqs,
   const std::span<const absl::Status> statuses = value_or_raise(
       mutate([&](KvCacheManager& m) { return m.append_tokens_batch(ids, token_ids, offsets); }));
   return batch_status(ids, statuses);
-}
-
-// Raises ValueError unless `group` names a layer group of `m` (the C++ calls that return
-// spans index without checking).
-void check_group(const KvCacheManager& m, int32_t group, const char* caller) {
-  if (group < 0 || group >= m.num_groups()) {
-    raise_status(absl::InvalidArgumentError(
-        absl::StrCat(caller, ": layer group ", group, " outside [0, ", m.num_groups(), ")")));
-  }
-}
-
-NumpyArray<int64_t> slots_array(absl::StatusOr<std::span<const int64_t>> slots) {
-  return to_numpy(value_or_raise(std::move(slots)));
 }
 
 // --- binding ----------------------------------------------------------------------------
@@ -645,10 +636,7 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
           "Writes the CSR tables of layer group `group` into caller arrays (int32).")
       .def(
           "slot_mapping",
-          [](const M& self, int32_t group) {
-            check_group(self.get(), group, "slot_mapping");
-            return to_numpy(self.get().slot_mapping(group));
-          },
+          [](const M& self, int32_t group) { return slots_array(self.get().slot_mapping(group)); },
           "group"_a,
           "The slots of layer group `group` from the last allocate_slots() (or\n"
           "allocate_slots_or_preempt()) call that succeeded, a new int64 array: each group's\n"
@@ -656,8 +644,7 @@ void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
       .def(
           "batch_slot_mapping",
           [](const M& self, int32_t group) {
-            check_group(self.get(), group, "batch_slot_mapping");
-            return to_numpy(self.get().batch_slot_mapping(group));
+            return slots_array(self.get().batch_slot_mapping(group));
           },
           "group"_a,
           "The slots of layer group `group` from the last allocate_slots_batch() call, laid\n"
@@ -702,15 +689,13 @@ void bind_lookups(nb::class_<PyKvCacheManager>& cls) {
       .def(
           "layer_group",
           [](const M& self, int32_t group) {
-            check_group(self.get(), group, "layer_group");
-            return self.get().layer_group(group);
+            return value_or_raise(self.get().layer_group(group));
           },
           "group"_a, "Layer group `group` (a LayerGroup) with its pools' sizes.")
       .def(
           "group_stats",
           [](const M& self, int32_t group) {
-            check_group(self.get(), group, "group_stats");
-            return self.get().group_stats(group);
+            return value_or_raise(self.get().group_stats(group));
           },
           "group"_a,
           "One layer group's pools and cache traffic: blocks, evictions, blocks claimed by\n"

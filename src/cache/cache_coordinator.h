@@ -95,8 +95,6 @@ class CacheCoordinator {
   absl::StatusOr<const BlockPool*> device_pool(int32_t group) const;
   absl::StatusOr<const BlockPool*> host_pool(int32_t group) const;
   absl::Status check_invariants() const;
-  // Group `group`, in [0, num_groups()).
-  const GroupCache& group(int32_t group) const { return *groups_[group]; }
 
  private:
   Sequence* find(SeqId seq) const {

@@ -37,8 +37,8 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots(SeqId se
   return core_->allocate_slots(seq, num_new_tokens, num_lookahead);
 }
 
-std::span<const int64_t> KvCacheManager::slot_mapping(int32_t group) const {
-  return *core_->slot_mapping(group);
+absl::StatusOr<std::span<const int64_t>> KvCacheManager::slot_mapping(int32_t group) const {
+  return core_->slot_mapping(group);
 }
 
 absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preempt(
@@ -64,8 +64,8 @@ absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_slots_batch(
   return core_->allocate_slots_batch(seqs, num_new_tokens, num_lookahead, preempt);
 }
 
-std::span<const int64_t> KvCacheManager::batch_slot_mapping(int32_t group) const {
-  return *core_->batch_slot_mapping(group);
+absl::StatusOr<std::span<const int64_t>> KvCacheManager::batch_slot_mapping(int32_t group) const {
+  return core_->batch_slot_mapping(group);
 }
 
 absl::StatusOr<std::span<const absl::Status>> KvCacheManager::append_tokens_batch(
@@ -118,20 +118,20 @@ KvCacheManager::Stats KvCacheManager::stats() const { return core_->stats(); }
 const KvCacheManager::Options& KvCacheManager::options() const { return core_->options(); }
 int32_t KvCacheManager::num_groups() const { return core_->num_groups(); }
 
-const LayerGroup& KvCacheManager::layer_group(int32_t group) const {
-  return core_->group(group).spec();
+absl::StatusOr<LayerGroup> KvCacheManager::layer_group(int32_t group) const {
+  return core_->layer_group(group);
 }
 
-KvCacheManager::GroupStats KvCacheManager::group_stats(int32_t group) const {
-  return *core_->group_stats(group);
+absl::StatusOr<KvCacheManager::GroupStats> KvCacheManager::group_stats(int32_t group) const {
+  return core_->group_stats(group);
 }
 
-const BlockPool& KvCacheManager::device_pool(int32_t group) const {
-  return core_->group(group).device_pool();
+absl::StatusOr<const BlockPool*> KvCacheManager::device_pool(int32_t group) const {
+  return core_->device_pool(group);
 }
 
-const BlockPool& KvCacheManager::host_pool(int32_t group) const {
-  return core_->group(group).host_pool();
+absl::StatusOr<const BlockPool*> KvCacheManager::host_pool(int32_t group) const {
+  return core_->host_pool(group);
 }
 
 absl::Status KvCacheManager::check_invariants() const { return core_->check_invariants(); }

@@ -361,8 +361,8 @@ void KvCacheMetrics::update(const KvCacheManager::Stats& s) {
 void KvCacheMetrics::update(const KvCacheManager& manager) {
   update(manager.stats());
   for (int32_t g = 0; g < manager.num_groups(); ++g) {
-    const KvCacheManager::GroupStats s = manager.group_stats(g);
-    internal::GroupSeries& m = state_->group_series(g, manager.layer_group(g).kind);
+    const KvCacheManager::GroupStats s = *manager.group_stats(g);
+    internal::GroupSeries& m = state_->group_series(g, manager.layer_group(g)->kind);
     m.usage->Set(s.num_blocks > 0 ? static_cast<double>(s.used_blocks) / s.num_blocks : 0.0);
     m.num_blocks->Set(s.num_blocks);
     m.used_blocks->Set(s.used_blocks);

@@ -57,8 +57,8 @@ absl::Status RemoteTier::start_lookup(SeqId seq, std::span<const TokenId> prompt
         absl::StrCat("start_lookup: sequence ", seq, " has no prompt"));
   }
   if (lookups_.contains(seq)) return absl::OkStatus();
-  const BlockPool& device = manager.device_pool();
-  const BlockPool* host = manager.host_pool().num_blocks() > 0 ? &manager.host_pool() : nullptr;
+  const BlockPool& device = **manager.device_pool();
+  const BlockPool* host = (*manager.host_pool())->num_blocks() > 0 ? *manager.host_pool() : nullptr;
   const int32_t bs = device.block_size();
   // The last token is always computed: its block is never a hit.
   const int32_t max_blocks = static_cast<int32_t>((prompt.size() - 1) / bs);
@@ -280,7 +280,7 @@ void RemoteTier::choose_for_writing(const BlockInfo& block) {
 absl::Status RemoteTier::write_computed(const KvCacheManager& manager,
                                         const ReadBlock& read_block) {
   if (to_write_.empty()) return absl::OkStatus();
-  const BlockPool& device = manager.device_pool();
+  const BlockPool& device = **manager.device_pool();
   std::vector<std::string> keys;
   std::vector<std::string> values;
   Put put;

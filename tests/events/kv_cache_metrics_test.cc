@@ -99,7 +99,7 @@ TEST_CASE("per layer group: usage, cached blocks, hits, window releases and part
   (void)m.take_step_ops();
   REQUIRE(m.check_invariants().ok());
 
-  const KvCacheManager::GroupStats full = m.group_stats(0), window = m.group_stats(1);
+  const KvCacheManager::GroupStats full = *m.group_stats(0), window = *m.group_stats(1);
   REQUIRE(full.used_blocks == 4);         // blocks 0..2 and the partial copy
   REQUIRE(full.cached_free_blocks == 1);  // block 3, the copy's source
   REQUIRE(full.hit_blocks == 3);
@@ -168,7 +168,7 @@ TEST_CASE("per-group host-tier and eviction counters follow group_stats(), never
   const std::string labels[] = {"group=\"0\",kind=\"full_attention\"",
                                 "group=\"1\",kind=\"chunked_local_attention\""};
   for (int32_t g = 0; g < 2; ++g) {
-    const KvCacheManager::GroupStats s = m.group_stats(g);
+    const KvCacheManager::GroupStats s = *m.group_stats(g);
     INFO("group " << g);
     REQUIRE(s.blocks_demoted > 0);
     REQUIRE(s.blocks_promoted > 0);
@@ -191,7 +191,7 @@ TEST_CASE("per-group host-tier and eviction counters follow group_stats(), never
   (*metrics)->update(*fresh);
   REQUIRE_THAT((*metrics)->text(),
                Catch::Contains(sample("kv_cache_group_blocks_demoted_total", labels[0],
-                                      std::to_string(m.group_stats(0).blocks_demoted))));
+                                      std::to_string(m.group_stats(0)->blocks_demoted))));
 }
 
 TEST_CASE("the remote tier's counters by outcome, and the store's latency as a histogram") {

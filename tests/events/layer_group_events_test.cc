@@ -206,7 +206,7 @@ std::set<Held> manager_index(const KvCacheManager& m) {
   std::set<Held> held;
   for (int32_t g = 0; g < m.num_groups(); ++g) {
     for (const Medium medium : {Medium::kDevice, Medium::kHost}) {
-      const BlockPool& pool = medium == Medium::kDevice ? m.device_pool(g) : m.host_pool(g);
+      const BlockPool& pool = medium == Medium::kDevice ? **m.device_pool(g) : **m.host_pool(g);
       for (BlockId b = 0; b < pool.num_blocks(); ++b) {
         const absl::StatusOr<BlockHash> h = pool.cached_hash(b);
         if (h.ok()) held.emplace(h->lo, h->hi, m.num_groups() > 1 ? g : -1, medium);
@@ -304,7 +304,7 @@ TEST_CASE("a hybrid manager's events name each group and rebuild every group's i
     REQUIRE(per_group[g][0] > 0);  // stored
     REQUIRE(per_group[g][1] > 0);  // and evicted
   }
-  const KvCacheManager::GroupStats window = manager->group_stats(1);
+  const KvCacheManager::GroupStats window = *manager->group_stats(1);
   REQUIRE(window.released_blocks > 0);
   REQUIRE(window.hit_blocks > 0);
   if (host_blocks > 0) REQUIRE(window.blocks_demoted > 0);

@@ -225,7 +225,7 @@ class ManagerOpRunner {
   std::vector<GroupTotals> group_totals() const {
     std::vector<GroupTotals> out;
     for (int32_t g = 0; impl_.has_value() && g < impl_->num_groups(); ++g) {
-      out.push_back({impl_->layer_group(g), impl_->group_stats(g)});
+      out.push_back({*impl_->layer_group(g), *impl_->group_stats(g)});
     }
     return out;
   }
@@ -860,7 +860,7 @@ class ManagerOpRunner {
     }
     const std::vector<std::vector<int64_t>> expected = model_slots();
     for (int32_t g = 0; g < num_groups_; ++g) {
-      const std::span<const int64_t> mine = impl_->slot_mapping(g);
+      const std::span<const int64_t> mine = *impl_->slot_mapping(g);
       if (std::vector<int64_t>(mine.begin(), mine.end()) != expected[g]) {
         fail(name, "(", id, "): slot_mapping(", g, ") ", list(mine), ", model expects ",
              list(expected[g]));
@@ -1027,7 +1027,7 @@ class ManagerOpRunner {
       return;
     }
     for (int32_t g = 0; g < num_groups_; ++g) {
-      const std::span<const int64_t> mine = impl_->batch_slot_mapping(g);
+      const std::span<const int64_t> mine = *impl_->batch_slot_mapping(g);
       if (std::vector<int64_t>(mine.begin(), mine.end()) != expected_slots[g]) {
         fail("allocate_slots_batch: batch_slot_mapping(", g, ") ", list(mine), ", model expects ",
              list(expected_slots[g]));
@@ -1282,14 +1282,14 @@ class ManagerOpRunner {
     }
     for (int32_t g = 0; g < num_groups_; ++g) {
       const std::string suffix = num_groups_ > 1 ? " group " + std::to_string(g) : "";
-      const BlockPool& dev = impl_->device_pool(g);
+      const BlockPool& dev = **impl_->device_pool(g);
       if (!same_blocks(("device" + suffix).c_str(), dev, m.device_blocks(g))) return;
       if (dev.free_queue_order() != m.device_queue(g)) {
         fail("device", suffix, " free queue ", list(dev.free_queue_order()), ", model expects ",
              list(m.device_queue(g)));
         return;
       }
-      const BlockPool& host = impl_->host_pool(g);
+      const BlockPool& host = **impl_->host_pool(g);
       if (!same_blocks(("host" + suffix).c_str(), host, m.host_blocks(g))) return;
       if (host.free_queue_order() != m.host_queue(g)) {
         fail("host", suffix, " free queue ", list(host.free_queue_order()), ", model expects ",
@@ -1361,7 +1361,7 @@ class ManagerOpRunner {
       }
     }
     for (int32_t g = 0; g < num_groups_; ++g) {
-      const KvCacheManager::GroupStats a = impl_->group_stats(g);
+      const KvCacheManager::GroupStats a = *impl_->group_stats(g);
       const KvCacheManager::GroupStats b = m.group_stats(g);
       const std::pair<const char*, std::pair<int64_t, int64_t>> group_fields[] = {
           {"num_blocks", {a.num_blocks, b.num_blocks}},

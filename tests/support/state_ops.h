@@ -118,10 +118,10 @@ class StateOpRunner {
     if (!m.ok()) return fail("create: ", m.status().ToString());
     manager_.emplace(*std::move(m));
     for (int32_t g = 0; g < manager_->num_groups(); ++g) {
-      if (manager_->layer_group(g).kind != AttentionKind::kState) continue;
+      if (manager_->layer_group(g)->kind != AttentionKind::kState) continue;
       state_groups_.push_back(g);
-      slots_[g].assign(manager_->layer_group(g).num_blocks, kUnknown);
-      host_slots_[g].assign(manager_->layer_group(g).num_host_blocks, kUnknown);
+      slots_[g].assign(manager_->layer_group(g)->num_blocks, kUnknown);
+      host_slots_[g].assign(manager_->layer_group(g)->num_host_blocks, kUnknown);
     }
     return true;
   }
