@@ -28,17 +28,16 @@ KvCacheManager make_manager(KvCacheManager::Options options) {
 }
 
 KvCacheManager make_manager(int32_t num_blocks) {
-  return make_manager({.num_blocks = num_blocks, .block_size = 16});
+  return make_manager({.block_size = 16, .layer_groups = full_attention(num_blocks)});
 }
 
 // A manager with a host tier of `host_blocks` blocks.
 KvCacheManager make_tiered_manager(int32_t num_blocks, int32_t host_blocks,
                                    HostAdmission admission = HostAdmission::kAll) {
-  return make_manager({.num_blocks = num_blocks,
-                       .block_size = 16,
-                       .num_host_blocks = host_blocks,
+  return make_manager({.block_size = 16,
                        .enable_host_cache = true,
-                       .host_admission = admission});
+                       .host_admission = admission,
+                       .layer_groups = full_attention(num_blocks, host_blocks)});
 }
 
 // A benchmark counter of nanoseconds per `count` events over the whole run.
@@ -249,17 +248,18 @@ BENCHMARK(BM_AdmitEvicting);
 // The same under EvictionPolicy::kAdaptive: every eviction also files a ghost (and trims
 // the ghost lists as blocks are cached), against BM_AdmitEvicting's plain LRU.
 void BM_AdmitEvictingAdaptive(benchmark::State& state) {
-  KvCacheManager m = make_manager(
-      {.num_blocks = 1024, .block_size = 16, .eviction_policy = EvictionPolicy::kAdaptive});
+  KvCacheManager m = make_manager({.block_size = 16,
+                                   .eviction_policy = EvictionPolicy::kAdaptive,
+                                   .layer_groups = full_attention(1024)});
   run_evicting_admissions(state, m);
 }
 BENCHMARK(BM_AdmitEvictingAdaptive);
 
 // BM_DecodeStep under EvictionPolicy::kAdaptive.
 void BM_DecodeStepAdaptive(benchmark::State& state) {
-  KvCacheManager m = make_manager({.num_blocks = kDecodeBlocks,
-                                   .block_size = 16,
-                                   .eviction_policy = EvictionPolicy::kAdaptive});
+  KvCacheManager m = make_manager({.block_size = 16,
+                                   .eviction_policy = EvictionPolicy::kAdaptive,
+                                   .layer_groups = full_attention(kDecodeBlocks)});
   run_decode_steps(state, m, {});
 }
 BENCHMARK(BM_DecodeStepAdaptive);

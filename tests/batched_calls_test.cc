@@ -28,7 +28,7 @@ TEST_CASE("allocate_slots_batch gives each sequence the slots allocate_slots wou
   // Block size 4, 8 blocks. Sequence 1 (6 tokens) gets blocks 0-1, sequence 2 (3 tokens)
   // block 2; one decode step then adds token 7 of seq 1 (block 1, offset 2) and token 4 of
   // seq 2 (block 2, offset 3).
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(6));
   admit(m, 2, iota_tokens(3, 500));
   const SeqId seqs[] = {1, 2};
@@ -56,7 +56,7 @@ TEST_CASE("allocate_slots_batch gives each sequence the slots allocate_slots wou
 TEST_CASE("allocate_slots_batch reports failures per sequence and fills their slots with -1") {
   // 2 blocks of 4: seq 1 takes both with 8 tokens; seq 2 (4 tokens) finds none free; seq 3
   // is unknown; seq 4 (2 tokens) is asked for a negative count.
-  KvCacheManager m = make_manager({.num_blocks = 2, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(2)});
   admit(m, 1, iota_tokens(8));
   admit(m, 2, iota_tokens(4, 300));
   admit(m, 4, iota_tokens(2, 400));
@@ -80,7 +80,7 @@ TEST_CASE(
   // waits. In one batch, seq 3 needs 2 blocks: 1 free, so the default policy preempts the
   // latest arrival among the others, seq 2 (recompute), freeing block 1. Seq 2 is next in
   // the batch: it fails with FailedPrecondition instead of taking blocks back.
-  KvCacheManager m = make_manager({.num_blocks = 3, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(3)});
   admit(m, 1, iota_tokens(4));
   admit(m, 2, iota_tokens(4, 200));
   const SeqId first[] = {1, 2};
@@ -113,7 +113,7 @@ TEST_CASE(
 }
 
 TEST_CASE("batched calls refuse mismatched sizes and change nothing") {
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(4));
   admit(m, 2, iota_tokens(4, 200));
   const SeqId seqs[] = {1, 2};
@@ -143,7 +143,8 @@ TEST_CASE("batched calls refuse mismatched sizes and change nothing") {
 }
 
 TEST_CASE("append_tokens_batch appends ranges given by indptr, each sequence on its own") {
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4, .max_model_len = 6});
+  KvCacheManager m =
+      make_manager({.block_size = 4, .max_model_len = 6, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(4));
   admit(m, 2, iota_tokens(4, 200));
   const SeqId seqs[] = {1, 2, 9};

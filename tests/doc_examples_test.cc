@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@
 #include "pagedkv/kv_cache_config.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_cache_metrics.h"
+#include "pagedkv/kv_cache_plan.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "pagedkv/kv_cache_view.h"
 #include "pagedkv/kv_event_publisher.h"
@@ -61,7 +63,7 @@ absl::Status example_block_pool(){
 std::vector<KvEvent> example_kv_events() {
   std::vector<KvEvent> forwarded;
   auto forward_to_router = [&](const KvEvent& e) { forwarded.push_back(e); };
-  KvCacheManager::Options options{.num_blocks = 8, .block_size = 2};
+  KvCacheManager::Options options{.block_size = 2, .layer_groups = full_attention(8)};
 #include "doc_examples/kv_events.inc"
   // The example's manager calls, with the sink it set up: two full blocks are stored, in
   // one event.
@@ -262,6 +264,15 @@ absl::StatusOr<int32_t> example_kv_cache_spec() {
   return n;
 }
 
+// Returns the manager and storage it made, for the test to check.
+absl::Status example_kv_cache_plan(std::optional<KvCacheManager>& made,
+                                   std::vector<KvStorage>& made_storage) {
+#include "doc_examples/kv_cache_plan.inc"
+  made.emplace(*std::move(manager));
+  made_storage = std::move(storage);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PoolSplit> example_kv_cache_config() {
 #include "doc_examples/kv_cache_config.inc"
   return split;
@@ -322,6 +333,24 @@ TEST_CASE("the small-value header examples compute what their comments say", "[d
   CHECK(example_merge_state(part, part_o, 2) == std::vector<float>{2, 3, 4, 5});
 }
 
+TEST_CASE("the KvCachePlan header example sizes a manager and its storage alike", "[docs]") {
+  std::optional<KvCacheManager> manager;
+  std::vector<KvStorage> storage;
+  const absl::Status status = example_kv_cache_plan(manager, storage);
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+  REQUIRE(manager->num_groups() == 2);
+  REQUIRE(storage.size() == 2);
+  for (int32_t g = 0; g < 2; ++g) {
+    const absl::StatusOr<LayerGroup> group = manager->layer_group(g);
+    REQUIRE(group.ok());
+    CHECK(storage[g].num_blocks() == group->num_blocks);
+    CHECK(storage[g].layer_group() == g);
+    CHECK(storage[g].spec().block_size == manager->options().block_size);
+    CHECK(group->num_host_blocks > 0);
+  }
+}
+
 #if PAGEDKV_HAVE_PLANNER
 TEST_CASE("the config.json reader's header example reads two groups", "[docs]") {
   const absl::StatusOr<HfModelConfig> model = example_hf_model_config();
@@ -342,7 +371,7 @@ TEST_CASE("every header and README example is compiled", "[docs]") {
   ++examples;
 #include "doc_examples/list.inc"
 #undef PAGEDKV_DOC_EXAMPLE
-  CHECK(examples == 22);
+  CHECK(examples == 23);
 }
 
 }  // namespace pagedkv::doc_examples

@@ -90,7 +90,7 @@ TEST_CASE("allocate_slots rejects a lookahead whose block count overflows int32"
   // int32: with block_size 1 and lookahead INT32_MAX it wraps to INT32_MIN, passes the
   // "more blocks than the pool" check, allocates nothing and builds the slot mapping from a
   // block that is not in the table (heap-buffer-overflow under ASan).
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 1});
+  KvCacheManager m = make_manager({.block_size = 1, .layer_groups = full_attention(4)});
   const TokenId prompt[] = {7};
   REQUIRE(m.add_sequence(1, prompt).ok());
   const auto slots = m.allocate_slots(1, 1, /*num_lookahead=*/INT32_MAX);
@@ -114,7 +114,7 @@ bool intersects(const std::vector<BlockCopy>& readers, const std::vector<BlockCo
 // Puts sequence 1 (3 tokens, block_size 2) on the host, runs that step, then swaps it back in
 // without running the step: its device blocks' swap-in copies are pending.
 KvCacheManager swapped_back_in() {
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .num_host_blocks = 4});
+  KvCacheManager m = make_manager({.block_size = 2, .layer_groups = full_attention(4, 4)});
   const TokenId prompt[] = {1, 2, 3};
   REQUIRE(m.add_sequence(1, prompt).ok());
   REQUIRE(m.allocate_slots(1, 3).ok());
@@ -160,7 +160,7 @@ TEST_CASE("swap-out in the same step as a copy-on-write never reads the copy's d
   // block) and is then preempted by swap in the same scheduling pass, e.g. as the victim of
   // allocate_slots_or_preempt for another sequence: the swap-out of the new block runs
   // before the CoW copy fills it, so the host copy lacks tokens computed in earlier steps.
-  KvCacheManager m = make_manager({.num_blocks = 6, .block_size = 2, .num_host_blocks = 4});
+  KvCacheManager m = make_manager({.block_size = 2, .layer_groups = full_attention(6, 4)});
   const TokenId prompt[] = {1, 2, 3};
   REQUIRE(m.add_sequence(1, prompt).ok());
   REQUIRE(m.allocate_slots(1, 3).ok());
@@ -183,7 +183,7 @@ TEST_CASE("swap-out never reads a prefix-hit block that this step is still writi
   // (no new tokens, so it does not count as scheduled) and is preempted by swap: the
   // swap-out reads blocks 0 and 1 before this step's writes, so sequence 2 resumes with
   // garbage K/V. The same holds for allocate_slots_or_preempt choosing it as a victim.
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4, .num_host_blocks = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8, 4)});
   const TokenId first[] = {1, 2, 3, 4, 5, 6, 7, 8};
   const TokenId second[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   REQUIRE(m.add_sequence(1, first).ok());

@@ -32,11 +32,10 @@ using Ops = std::vector<BlockCopy>;
 constexpr int32_t kBlockSize = 4;
 
 KvCacheManager make_tiered(int32_t device_blocks, int32_t host_blocks, KvEventBuffer* events) {
-  return make_manager({.num_blocks = device_blocks,
-                       .block_size = kBlockSize,
-                       .num_host_blocks = host_blocks,
+  return make_manager({.block_size = kBlockSize,
                        .enable_host_cache = true,
-                       .event_sink = events});
+                       .event_sink = events,
+                       .layer_groups = full_attention(device_blocks, host_blocks)});
 }
 
 // The chained hashes of a prompt's full blocks, as the manager computes them.
@@ -288,7 +287,7 @@ TEST_CASE("host-tier copies never reuse a block a pending copy names", "[host_ti
   SECTION("a host block an exchange writes is not exchanged again in the same step") {
     // Block size 1: a token is a block.
     KvCacheManager m = make_manager(
-        {.num_blocks = 4, .block_size = 1, .num_host_blocks = 4, .enable_host_cache = true});
+        {.block_size = 1, .enable_host_cache = true, .layer_groups = full_attention(4, 4)});
     prefill(m, 1, {10, 11});  // blocks 0 (10) and 1 (11)
     prefill(m, 2, {30});      // block 2 (30)
     REQUIRE(m.free(1).ok());
@@ -369,17 +368,18 @@ TEST_CASE("reset_prefix_cache empties both tiers with one event", "[host_tier]")
 
 TEST_CASE("host tier and retention options are validated", "[host_tier]") {
   auto no_host = KvCacheManager::create(
-      {.num_blocks = 4, .block_size = 4, .num_host_blocks = 0, .enable_host_cache = true});
-  require_error(no_host.status(), absl::StatusCode::kInvalidArgument, "num_host_blocks > 0 (0)");
-  auto no_caching = KvCacheManager::create({.num_blocks = 4,
-                                            .block_size = 4,
-                                            .num_host_blocks = 2,
+      {.block_size = 4, .enable_host_cache = true, .layer_groups = full_attention(4)});
+  require_error(
+      no_host.status(), absl::StatusCode::kInvalidArgument,
+      "layer_groups[0] (full): enable_host_cache needs num_host_blocks > 0 in every group");
+  auto no_caching = KvCacheManager::create({.block_size = 4,
                                             .enable_host_cache = true,
-                                            .enable_prefix_caching = false});
+                                            .enable_prefix_caching = false,
+                                            .layer_groups = full_attention(4, 2)});
   require_error(no_caching.status(), absl::StatusCode::kInvalidArgument,
-                "needs enable_prefix_caching (false)");
+                "enable_host_cache needs enable_prefix_caching");
 
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(4)});
   const std::vector<TokenId> p = iota_tokens(5);
   require_error(m.add_sequence(1, p, {.retention = {{.priority = 101}}}),
                 absl::StatusCode::kInvalidArgument, "priority 101");
@@ -389,22 +389,20 @@ TEST_CASE("host tier and retention options are validated", "[host_tier]") {
                 absl::StatusCode::kInvalidArgument, "duration_ms -1");
   CHECK(m.num_sequences() == 0);
 
-  auto bad_admission = KvCacheManager::create({.num_blocks = 4,
-                                               .block_size = 4,
-                                               .num_host_blocks = 2,
+  auto bad_admission = KvCacheManager::create({.block_size = 4,
                                                .enable_host_cache = true,
-                                               .host_admission = static_cast<HostAdmission>(2)});
+                                               .host_admission = static_cast<HostAdmission>(2),
+                                               .layer_groups = full_attention(4, 2)});
   require_error(bad_admission.status(), absl::StatusCode::kInvalidArgument, "host_admission 2");
 }
 
 // --- host admission ---------------------------------------------------------------------------
 
 KvCacheManager make_admitting(int32_t device_blocks, int32_t host_blocks) {
-  return make_manager({.num_blocks = device_blocks,
-                       .block_size = kBlockSize,
-                       .num_host_blocks = host_blocks,
+  return make_manager({.block_size = kBlockSize,
                        .enable_host_cache = true,
-                       .host_admission = HostAdmission::kReused});
+                       .host_admission = HostAdmission::kReused,
+                       .layer_groups = full_attention(device_blocks, host_blocks)});
 }
 
 TEST_CASE("admission kReused drops blocks never reused and demotes them once they come back",
@@ -482,7 +480,7 @@ TEST_CASE("admission kReused demotes device hits and promoted host hits",
 
 TEST_CASE("a higher retention priority outlives LRU order, and equal priorities stay LRU",
           "[retention]") {
-  KvCacheManager m = make_manager({.num_blocks = 3, .block_size = kBlockSize});
+  KvCacheManager m = make_manager({.block_size = kBlockSize, .layer_groups = full_attention(3)});
   // A system prompt (block A0) kept at priority 90, then two other prompts.
   admit(m, 1, iota_tokens(5, 100), {.retention = {{.begin = 0, .end = 4, .priority = 90}}});
   allocate(m, 1, 5);  // blocks 0 (A0, full) and 1

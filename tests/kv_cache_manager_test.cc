@@ -56,22 +56,26 @@ struct RecordingHooks : PreemptionHooks {
 };
 
 TEST_CASE("create rejects invalid options, naming the value") {
-  require_error(KvCacheManager::create({.num_blocks = 0}).status(),
+  require_error(KvCacheManager::create({.layer_groups = full_attention(0)}).status(),
                 absl::StatusCode::kInvalidArgument, "num_blocks 0");
-  require_error(KvCacheManager::create({.num_blocks = 4, .block_size = -2}).status(),
-                absl::StatusCode::kInvalidArgument, "block_size -2");
-  require_error(KvCacheManager::create({.num_blocks = 4, .num_host_blocks = -1}).status(),
+  require_error(
+      KvCacheManager::create({.block_size = -2, .layer_groups = full_attention(4)}).status(),
+      absl::StatusCode::kInvalidArgument, "block_size -2");
+  require_error(KvCacheManager::create({.layer_groups = full_attention(4, -1)}).status(),
                 absl::StatusCode::kInvalidArgument, "num_host_blocks -1");
-  require_error(KvCacheManager::create({.num_blocks = 4, .watermark_blocks = 4}).status(),
-                absl::StatusCode::kInvalidArgument, "watermark_blocks 4");
-  require_error(KvCacheManager::create({.num_blocks = 4, .max_model_len = 0}).status(),
-                absl::StatusCode::kInvalidArgument, "max_model_len 0");
-  require_error(KvCacheManager::create({.num_blocks = 4, .hash_fn = nullptr}).status(),
-                absl::StatusCode::kInvalidArgument, "hash_fn");
+  require_error(
+      KvCacheManager::create({.watermark_blocks = 4, .layer_groups = full_attention(4)}).status(),
+      absl::StatusCode::kInvalidArgument, "watermark_blocks 4");
+  require_error(
+      KvCacheManager::create({.max_model_len = 0, .layer_groups = full_attention(4)}).status(),
+      absl::StatusCode::kInvalidArgument, "max_model_len 0");
+  require_error(
+      KvCacheManager::create({.hash_fn = nullptr, .layer_groups = full_attention(4)}).status(),
+      absl::StatusCode::kInvalidArgument, "hash_fn");
 }
 
 TEST_CASE("prefill returns the slot mapping and fills blocks in order") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(6));
   REQUIRE(*m.match_prefix(1) == 0);
   REQUIRE(allocate(m, 1, 6) == Slots{0, 1, 2, 3, 4, 5});
@@ -90,7 +94,7 @@ TEST_CASE("prefill returns the slot mapping and fills blocks in order") {
 // allocate_slots() reuses the sequence the last append_tokens() found: a free, a re-added id
 // and other sequences in between must not leave it pointing at the wrong one.
 TEST_CASE("allocate_slots after append_tokens finds the right sequence") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(2));
   admit(m, 2, iota_tokens(3));
   REQUIRE(allocate(m, 1, 2) == Slots{0, 1});
@@ -112,7 +116,7 @@ TEST_CASE("allocate_slots after append_tokens finds the right sequence") {
 }
 
 TEST_CASE("lookahead reserves spare slots without computing them") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(3));
   REQUIRE(allocate(m, 1, 3, /*lookahead=*/6) == Slots{0, 1, 2});
   REQUIRE(table(m, 1) == Blocks{0, 1, 2});
@@ -123,7 +127,7 @@ TEST_CASE("lookahead reserves spare slots without computing them") {
 }
 
 TEST_CASE("a freed prompt's full blocks hit the prefix cache, never the last token") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   const std::vector<TokenId> prompt = iota_tokens(10);
   admit(m, 1, prompt);
   allocate(m, 1, 10);
@@ -150,7 +154,7 @@ TEST_CASE("a freed prompt's full blocks hit the prefix cache, never the last tok
 }
 
 TEST_CASE("eviction under pressure takes the least recently freed, tail blocks first") {
-  KvCacheManager m = make_manager({.num_blocks = 6, .block_size = 2});
+  KvCacheManager m = make_manager({.block_size = 2, .layer_groups = full_attention(6)});
   admit(m, 1, iota_tokens(6, 0));
   allocate(m, 1, 6);  // blocks 0 1 2, all full and cached
   admit(m, 2, iota_tokens(4, 50));
@@ -172,7 +176,7 @@ TEST_CASE("eviction under pressure takes the least recently freed, tail blocks f
 }
 
 TEST_CASE("the same tokens with a different cache salt share nothing") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   const std::vector<TokenId> prompt = iota_tokens(9);
   admit(m, 1, prompt, {.extra_keys = {1111}});
   allocate(m, 1, 9);
@@ -184,7 +188,8 @@ TEST_CASE("the same tokens with a different cache salt share nothing") {
 }
 
 TEST_CASE("a forced hash collision is never shared") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4, .hash_fn = constant_hash});
+  KvCacheManager m =
+      make_manager({.block_size = 4, .hash_fn = constant_hash, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(9, 0));
   allocate(m, 1, 9);
   admit(m, 2, iota_tokens(9, 1000));  // every block hashes the same, contents differ
@@ -198,7 +203,7 @@ TEST_CASE("a forced hash collision is never shared") {
 }
 
 TEST_CASE("fork shares blocks, and appending to a shared partial block copies it once") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(6));
   allocate(m, 1, 6);  // blocks 0 (full) 1 (2 tokens)
   end_step(m);
@@ -232,7 +237,7 @@ TEST_CASE("fork shares blocks, and appending to a shared partial block copies it
 // decode_in_place() skips the ref count of a block it found unshared while the pool's
 // share epoch holds; a fork moves the epoch.
 TEST_CASE("a block written in place is copied once a fork shares it") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(5));
   allocate(m, 1, 5);  // blocks 0 (full) 1 (1 token)
   end_step(m);
@@ -257,7 +262,7 @@ TEST_CASE("a block written in place is copied once a fork shares it") {
 }
 
 TEST_CASE("full blocks are never copied") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(8));
   allocate(m, 1, 8);
   REQUIRE(m.fork(1, 2).ok());
@@ -269,7 +274,7 @@ TEST_CASE("full blocks are never copied") {
 }
 
 TEST_CASE("a block named by a pending copy is released only after the copies are taken") {
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(2));
   allocate(m, 1, 2);  // block 0, partial
   end_step(m);
@@ -286,7 +291,8 @@ TEST_CASE("a block named by a pending copy is released only after the copies are
 
 TEST_CASE("recompute preemption frees the victim's blocks and calls the hooks") {
   RecordingHooks hooks;
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .preemption_hooks = &hooks});
+  KvCacheManager m = make_manager(
+      {.block_size = 2, .preemption_hooks = &hooks, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(4, 0), {.priority = 1});
   allocate(m, 1, 4);
   admit(m, 2, iota_tokens(3, 50), {.priority = 0});
@@ -312,7 +318,8 @@ TEST_CASE("recompute preemption frees the victim's blocks and calls the hooks") 
 
 TEST_CASE("the default victim is the lowest priority, then the latest arrival") {
   RecordingHooks hooks;
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 1, .preemption_hooks = &hooks});
+  KvCacheManager m = make_manager(
+      {.block_size = 1, .preemption_hooks = &hooks, .layer_groups = full_attention(4)});
   admit(m, 10, iota_tokens(1), {.priority = 5});
   admit(m, 11, iota_tokens(1), {.priority = 0});
   admit(m, 12, iota_tokens(1), {.priority = 0});
@@ -330,14 +337,14 @@ TEST_CASE("the default victim is the lowest priority, then the latest arrival") 
 
 TEST_CASE("a custom victim policy decides, and giving up leaves ResourceExhausted") {
   std::vector<SeqId> offered;
-  KvCacheManager m = make_manager({.num_blocks = 2,
-                                   .block_size = 1,
+  KvCacheManager m = make_manager({.block_size = 1,
                                    .victim_policy = [&](std::span<const SequenceInfo> running,
                                                         SeqId) -> std::optional<Preemption> {
                                      for (const SequenceInfo& info : running)
                                        offered.push_back(info.id);
                                      return std::nullopt;
-                                   }});
+                                   },
+                                   .layer_groups = full_attention(2)});
   admit(m, 1, iota_tokens(1));
   admit(m, 2, iota_tokens(1));
   allocate(m, 1, 1);
@@ -353,11 +360,10 @@ TEST_CASE("a custom victim policy decides, and giving up leaves ResourceExhauste
 
 TEST_CASE("swap preemption moves blocks to the host pool and swap_in restores them") {
   RecordingHooks hooks;
-  KvCacheManager m = make_manager({.num_blocks = 6,
-                                   .block_size = 2,
-                                   .num_host_blocks = 4,
+  KvCacheManager m = make_manager({.block_size = 2,
                                    .preemption_mode = PreemptionMode::kSwap,
-                                   .preemption_hooks = &hooks});
+                                   .preemption_hooks = &hooks,
+                                   .layer_groups = full_attention(6, 4)});
   admit(m, 1, iota_tokens(5, 0));
   allocate(m, 1, 5);  // blocks 0 1 2 (last holds 1 token)
   admit(m, 2, iota_tokens(6, 50));
@@ -408,11 +414,10 @@ TEST_CASE("swap preemption moves blocks to the host pool and swap_in restores th
 
 TEST_CASE("swap mode falls back to recompute when the host pool is too small") {
   RecordingHooks hooks;
-  KvCacheManager m = make_manager({.num_blocks = 4,
-                                   .block_size = 2,
-                                   .num_host_blocks = 1,
+  KvCacheManager m = make_manager({.block_size = 2,
                                    .preemption_mode = PreemptionMode::kSwap,
-                                   .preemption_hooks = &hooks});
+                                   .preemption_hooks = &hooks,
+                                   .layer_groups = full_attention(4, 1)});
   admit(m, 1, iota_tokens(4));
   allocate(m, 1, 4);
   admit(m, 2, iota_tokens(4, 9));
@@ -430,11 +435,10 @@ TEST_CASE("swap mode falls back to recompute when the host pool is too small") {
 
 TEST_CASE("a sequence scheduled in this step is not preempted before its K/V is written") {
   RecordingHooks hooks;
-  KvCacheManager m = make_manager({.num_blocks = 4,
-                                   .block_size = 2,
-                                   .num_host_blocks = 4,
+  KvCacheManager m = make_manager({.block_size = 2,
                                    .preemption_mode = PreemptionMode::kSwap,
-                                   .preemption_hooks = &hooks});
+                                   .preemption_hooks = &hooks,
+                                   .layer_groups = full_attention(4, 4)});
   admit(m, 1, iota_tokens(4));
   allocate(m, 1, 4);
   admit(m, 2, iota_tokens(4, 50));
@@ -462,7 +466,7 @@ TEST_CASE("a sequence scheduled in this step is not preempted before its K/V is 
 }
 
 TEST_CASE("a prefix hit on blocks filled in this step counts as scheduled in this step") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4, .num_host_blocks = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8, 4)});
   admit(m, 1, iota_tokens(8));
   allocate(m, 1, 8);  // blocks 0 and 1, indexed at once, written by this step's kernels
   admit(m, 2, iota_tokens(9));
@@ -477,7 +481,7 @@ TEST_CASE("a prefix hit on blocks filled in this step counts as scheduled in thi
 }
 
 TEST_CASE("copy-on-write never copies tokens this step has not written") {
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(6));
   allocate(m, 1, 6);
   REQUIRE(m.fork(1, 2).ok());  // the child shares the parent's unwritten tokens
@@ -493,7 +497,8 @@ TEST_CASE("copy-on-write never copies tokens this step has not written") {
 
 TEST_CASE("freeing a sequence in the step that filled its blocks keeps them out of the cache") {
   KvEventBuffer events;
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 2, .event_sink = &events});
+  KvCacheManager m =
+      make_manager({.block_size = 2, .event_sink = &events, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(4));
   allocate(m, 1, 2);
   end_step(m);                                // block 0 is written
@@ -509,7 +514,7 @@ TEST_CASE("freeing a sequence in the step that filled its blocks keeps them out 
 }
 
 TEST_CASE("a lookahead whose block count overflows int32 is refused") {
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 1});
+  KvCacheManager m = make_manager({.block_size = 1, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(1));
   const Snapshot before = snapshot(m, {1});
   require_error(m.allocate_slots(1, 1, std::numeric_limits<int32_t>::max()).status(),
@@ -519,7 +524,7 @@ TEST_CASE("a lookahead whose block count overflows int32 is refused") {
 }
 
 TEST_CASE("block tables and CSR for a batch") {
-  KvCacheManager m = make_manager({.num_blocks = 16, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(16)});
   admit(m, 1, iota_tokens(9, 0));
   allocate(m, 1, 9);  // 0 1 2
   admit(m, 2, iota_tokens(4, 50));
@@ -563,7 +568,8 @@ TEST_CASE("block tables and CSR for a batch") {
 }
 
 TEST_CASE("the watermark holds back admissions but not running sequences") {
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .watermark_blocks = 1});
+  KvCacheManager m =
+      make_manager({.block_size = 2, .watermark_blocks = 1, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(4));
   allocate(m, 1, 4);  // 2 blocks, 2 free
   admit(m, 2, iota_tokens(3));
@@ -576,7 +582,7 @@ TEST_CASE("the watermark holds back admissions but not running sequences") {
 
 TEST_CASE("bad input names the problem and changes nothing") {
   KvCacheManager m =
-      make_manager({.num_blocks = 4, .block_size = 4, .num_host_blocks = 2, .max_model_len = 12});
+      make_manager({.block_size = 4, .max_model_len = 12, .layer_groups = full_attention(4, 2)});
   admit(m, 1, iota_tokens(5));
   allocate(m, 1, 5);
   admit(m, 2, iota_tokens(2));
@@ -588,7 +594,7 @@ TEST_CASE("bad input names the problem and changes nothing") {
   require_error(m.add_sequence(3, iota_tokens(13)), absl::StatusCode::kInvalidArgument,
                 "13 tokens exceeds max_model_len 12");
   {
-    KvCacheManager small = make_manager({.num_blocks = 2, .block_size = 4});
+    KvCacheManager small = make_manager({.block_size = 4, .layer_groups = full_attention(2)});
     require_error(small.add_sequence(3, iota_tokens(9)), absl::StatusCode::kInvalidArgument,
                   "needs 3 blocks of 4 tokens; the pool has 2");
   }
@@ -629,7 +635,7 @@ TEST_CASE("bad input names the problem and changes nothing") {
 }
 
 TEST_CASE("a failed allocation changes nothing") {
-  KvCacheManager m = make_manager({.num_blocks = 3, .block_size = 2});
+  KvCacheManager m = make_manager({.block_size = 2, .layer_groups = full_attention(3)});
   admit(m, 1, iota_tokens(4));
   allocate(m, 1, 4);
   REQUIRE(m.fork(1, 2).ok());
@@ -643,7 +649,8 @@ TEST_CASE("a failed allocation changes nothing") {
 
 TEST_CASE("one call's newly filled blocks emit one BlockStored, the next one names its parent") {
   KvEventBuffer events;
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .event_sink = &events});
+  KvCacheManager m =
+      make_manager({.block_size = 2, .event_sink = &events, .layer_groups = full_attention(4)});
   admit(m, 1, std::vector<TokenId>{1, 2, 3, 4, 5, 6, 7}, {.extra_keys = {77}});
   allocate(m, 1, 5);
   std::vector<KvEvent> seen = events.take();
@@ -669,8 +676,8 @@ TEST_CASE("one call's newly filled blocks emit one BlockStored, the next one nam
 }
 
 TEST_CASE("prefix caching off never matches and never hashes") {
-  KvCacheManager m =
-      make_manager({.num_blocks = 8, .block_size = 2, .enable_prefix_caching = false});
+  KvCacheManager m = make_manager(
+      {.block_size = 2, .enable_prefix_caching = false, .layer_groups = full_attention(8)});
   admit(m, 1, iota_tokens(6));
   allocate(m, 1, 6);
   REQUIRE(m.free(1).ok());
@@ -685,7 +692,8 @@ TEST_CASE("prefix caching off never matches and never hashes") {
 TEST_CASE("a sequence preempted after growing past the watermark comes back alone") {
   // Issue 11 item 1: the re-admission was refused forever ("need 1 blocks + watermark 1,
   // 1 free of 4"), by allocate_slots and allocate_slots_or_preempt alike.
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4, .watermark_blocks = 1});
+  KvCacheManager m =
+      make_manager({.block_size = 4, .watermark_blocks = 1, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(8));
   allocate(m, 1, 8);  // blocks 0 1
   end_step(m);
@@ -701,8 +709,10 @@ TEST_CASE("a sequence preempted after growing past the watermark comes back alon
   // With another sequence running, the watermark holds the admission back again, and
   // allocate_slots_or_preempt makes room by preempting it.
   RecordingHooks hooks;
-  KvCacheManager n = make_manager(
-      {.num_blocks = 4, .block_size = 4, .watermark_blocks = 1, .preemption_hooks = &hooks});
+  KvCacheManager n = make_manager({.block_size = 4,
+                                   .watermark_blocks = 1,
+                                   .preemption_hooks = &hooks,
+                                   .layer_groups = full_attention(4)});
   admit(n, 1, iota_tokens(4));
   allocate(n, 1, 4);  // block 0
   admit(n, 2, iota_tokens(12, 500));
@@ -717,7 +727,8 @@ TEST_CASE("a sequence preempted after growing past the watermark comes back alon
 }
 
 TEST_CASE("add_sequence accepts a prompt as large as the pool, whatever the watermark") {
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4, .watermark_blocks = 2});
+  KvCacheManager m =
+      make_manager({.block_size = 4, .watermark_blocks = 2, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(16));
   REQUIRE(allocate(m, 1, 16).size() == 16);  // alone: the whole pool
   require_error(m.add_sequence(2, iota_tokens(17)), absl::StatusCode::kInvalidArgument,
@@ -728,7 +739,8 @@ TEST_CASE("add_sequence accepts a prompt as large as the pool, whatever the wate
 TEST_CASE("no K/V computed before reset_prefix_cache() is shared after it") {
   // Issue 11 item 2, as reported: a half-filled block indexed when it fills later.
   KvEventBuffer events;
-  KvCacheManager m = make_manager({.num_blocks = 8, .block_size = 4, .event_sink = &events});
+  KvCacheManager m =
+      make_manager({.block_size = 4, .event_sink = &events, .layer_groups = full_attention(8)});
   admit(m, 1, std::vector<TokenId>{100, 101});
   allocate(m, 1, 2);
   end_step(m);
@@ -760,7 +772,7 @@ TEST_CASE("no K/V computed before reset_prefix_cache() is shared after it") {
 TEST_CASE("a sequence swapped out before a reset is not re-indexed by swap_in") {
   KvEventBuffer events;
   KvCacheManager m =
-      make_manager({.num_blocks = 4, .block_size = 2, .num_host_blocks = 4, .event_sink = &events});
+      make_manager({.block_size = 2, .event_sink = &events, .layer_groups = full_attention(4, 4)});
   admit(m, 1, iota_tokens(4));
   allocate(m, 1, 4);
   end_step(m);
@@ -782,18 +794,19 @@ TEST_CASE("a sequence swapped out before a reset is not re-indexed by swap_in") 
 }
 
 TEST_CASE("KvCacheManager::create rejects pools beyond BlockPool's limits") {
-  require_error(KvCacheManager::create({.num_blocks = INT32_MAX}).status(),
+  require_error(KvCacheManager::create({.layer_groups = full_attention(INT32_MAX)}).status(),
                 absl::StatusCode::kInvalidArgument,
                 "num_blocks 2147483647 must be in [0, 16777216]");
-  require_error(KvCacheManager::create({.num_blocks = 4, .block_size = INT32_MAX}).status(),
-                absl::StatusCode::kInvalidArgument, "block_size 2147483647 must be in [1, 65536]");
-  require_error(KvCacheManager::create({.num_blocks = 4, .num_host_blocks = INT32_MAX}).status(),
+  require_error(
+      KvCacheManager::create({.block_size = INT32_MAX, .layer_groups = full_attention(4)}).status(),
+      absl::StatusCode::kInvalidArgument, "block_size 2147483647 must be in [1, 65536]");
+  require_error(KvCacheManager::create({.layer_groups = full_attention(4, INT32_MAX)}).status(),
                 absl::StatusCode::kInvalidArgument,
                 "num_blocks 2147483647 must be in [0, 16777216]");
 }
 
 TEST_CASE("build_block_tables refuses a null output") {
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4});
+  KvCacheManager m = make_manager({.block_size = 4, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(2));
   allocate(m, 1, 2);
   require_error(m.build_block_tables(std::vector<SeqId>{1}, nullptr),
@@ -804,7 +817,8 @@ TEST_CASE("a waiting sequence's claim is released before a running sequence is p
   // Issue 11 item 8: the claim pinned the blocks the running sequence needed, and waiting
   // sequences are no preemption candidates, so allocate_slots_or_preempt failed.
   RecordingHooks hooks;
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2, .preemption_hooks = &hooks});
+  KvCacheManager m = make_manager(
+      {.block_size = 2, .preemption_hooks = &hooks, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(6));
   allocate(m, 1, 6);  // blocks 0 1 2, full and cached
   end_step(m);
@@ -832,7 +846,7 @@ TEST_CASE("a waiting sequence's claim is released before a running sequence is p
 }
 
 TEST_CASE("release_claim gives a waiting sequence's prefix back") {
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 2});
+  KvCacheManager m = make_manager({.block_size = 2, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(5));
   allocate(m, 1, 5);  // blocks 0 1 2
   end_step(m);
@@ -858,7 +872,8 @@ TEST_CASE("a recomputed duplicate keeps a block-aligned prompt cached when the o
   // Issue 11 item 9: the prompt's last block is recomputed (its last token must be), into a
   // copy of a cached block that was never indexed; evicting the original lost the content.
   KvEventBuffer events;
-  KvCacheManager m = make_manager({.num_blocks = 4, .block_size = 4, .event_sink = &events});
+  KvCacheManager m =
+      make_manager({.block_size = 4, .event_sink = &events, .layer_groups = full_attention(4)});
   admit(m, 1, iota_tokens(8));
   allocate(m, 1, 8);  // blocks 0 1
   end_step(m);

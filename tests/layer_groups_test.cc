@@ -59,8 +59,13 @@ BlockHash first_token_hash(const BlockHash*, std::span<const TokenId> tokens,
 TEST_CASE("layer groups are validated, naming the group and the value", "[layer_groups]") {
   const LayerGroup full{.kind = AttentionKind::kFull, .num_blocks = 8};
   const LayerGroup window{.kind = AttentionKind::kSlidingWindow, .window = 16, .num_blocks = 8};
-  require_error(KvCacheManager::create({.num_blocks = 8, .layer_groups = {full, window}}).status(),
-                absl::StatusCode::kInvalidArgument, "must be 0 with layer_groups");
+  require_error(KvCacheManager::create({}).status(), absl::StatusCode::kInvalidArgument,
+                "no layer_groups; a model of full-attention layers has one: "
+                "full_attention(num_blocks)");
+  LayerGroup no_kind = full;
+  no_kind.kind = static_cast<AttentionKind>(7);
+  require_error(KvCacheManager::create({.layer_groups = {no_kind}}).status(),
+                absl::StatusCode::kInvalidArgument, "kind 7 is not an AttentionKind (0 to 3)");
   LayerGroup no_window = window;
   no_window.window = 0;
   require_error(KvCacheManager::create({.layer_groups = {full, no_window}}).status(),
@@ -249,8 +254,7 @@ TEST_CASE("a windowed block cached after another prefix is never a hit, even whe
 }
 
 TEST_CASE("forks, copy-on-write and swapping hold in every group", "[layer_groups]") {
-  KvCacheManager m =
-      hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 16, 8, {.num_host_blocks = 0});
+  KvCacheManager m = hybrid(AttentionKind::kSlidingWindow, /*window=*/6, 16, 8);
   SECTION("a fork shares every held entry; appending copies the shared partial block per group") {
     admit(m, 1, iota_tokens(10));
     allocate(m, 1, 10);
@@ -385,8 +389,8 @@ TEST_CASE("each group's host tier demotes its evicted blocks and promotes the hi
 
 TEST_CASE("partial-block reuse copies the first tokens of a cached block that continues the prompt",
           "[layer_groups][partial_reuse]") {
-  KvCacheManager m =
-      make_manager({.num_blocks = 16, .block_size = 4, .enable_partial_block_reuse = true});
+  KvCacheManager m = make_manager(
+      {.block_size = 4, .enable_partial_block_reuse = true, .layer_groups = full_attention(16)});
   admit(m, 1, iota_tokens(12));  // blocks [100-103] [104-107] [108-111]
   allocate(m, 1, 12);
   SECTION("a block written this step is not copied before its K/V exists") {

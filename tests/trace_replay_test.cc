@@ -104,10 +104,9 @@ void trace_tokens(const TraceRequest& r, std::vector<TokenId>& out) {
 // `host_blocks` when that is > 0.
 int64_t replay_hit_tokens(const std::vector<TraceRequest>& requests, int32_t num_blocks,
                           int32_t host_blocks = 0) {
-  auto created = KvCacheManager::create({.num_blocks = num_blocks,
-                                         .block_size = 16,
-                                         .num_host_blocks = host_blocks,
-                                         .enable_host_cache = host_blocks > 0});
+  auto created = KvCacheManager::create({.block_size = 16,
+                                         .enable_host_cache = host_blocks > 0,
+                                         .layer_groups = full_attention(num_blocks, host_blocks)});
   REQUIRE(created.ok());
   KvCacheManager& m = *created;
   std::vector<TokenId> prompt;

@@ -29,7 +29,8 @@ void check(const absl::Status& status) {
 
 int main() {
   using namespace pagedkv;
-  auto created = KvCacheManager::create({.num_blocks = 128, .block_size = kBlockSize});
+  auto created =
+      KvCacheManager::create({.block_size = kBlockSize, .layer_groups = full_attention(128)});
   check(created.status());
   KvCacheManager& manager = *created;
 

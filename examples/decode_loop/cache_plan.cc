@@ -59,6 +59,17 @@ int64_t CachePlan::bytes_per_block_all_groups() const {
   return bytes;
 }
 
+absl::StatusOr<pagedkv::KvCachePlan> CachePlan::kv_plan() const {
+  std::vector<pagedkv::LayerGroup> pools;
+  for (const CacheGroup& g : groups) {
+    pools.push_back({.kind = g.kind,
+                     .window = g.window,
+                     .num_blocks = g.num_blocks,
+                     .num_host_blocks = g.num_host_blocks});
+  }
+  return pagedkv::KvCachePlan::create(config, std::move(pools));
+}
+
 absl::StatusOr<CachePlan> plan_cache(const ModelConfig& model, pagedkv::DType dtype,
                                      int32_t block_size, bool treat_as_full) {
   CachePlan plan;

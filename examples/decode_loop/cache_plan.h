@@ -32,6 +32,7 @@
 #include "model.h"
 #include "pagedkv/dtype.h"
 #include "pagedkv/kv_cache_config.h"
+#include "pagedkv/kv_cache_plan.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "pagedkv/layer_group.h"
 
@@ -72,6 +73,9 @@ struct CachePlan {
   // Device bytes of one block in every attention group: the bytes a token costs, times
   // block_size (a state group's slot costs the same at any length).
   int64_t bytes_per_block_all_groups() const;
+  // The library's plan of these groups and pools: the manager's options and every group's
+  // storage come from it (KvCachePlan::create()'s errors).
+  absl::StatusOr<pagedkv::KvCachePlan> kv_plan() const;
 };
 
 // Groups the layers of `model` (see above). InvalidArgument for a configuration the

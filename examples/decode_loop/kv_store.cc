@@ -554,19 +554,15 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::create(Device device, const Mo
                      " V scales for plan dtype ", pagedkv::dtype_name(plan.config.dtype), " and ",
                      num_layers, " layers (fp8 needs one scale per layer, other dtypes none)"));
   }
+  absl::StatusOr<pagedkv::KvCachePlan> kv_plan = plan.kv_plan();
+  if (!kv_plan.ok()) return kv_plan.status();
   std::vector<pagedkv::KvStorage> storages;
   for (int32_t g = 0; g < plan.num_groups(); ++g) {
-    const CacheGroup& group = plan.groups[g];
-    const pagedkv::KvStorageOptions options = {
-        .device = device, .num_host_blocks = group.num_host_blocks, .layer_group = g};
-    if (group.kind == pagedkv::AttentionKind::kState && device != Device::kCpu) {
+    if (plan.groups[g].kind == pagedkv::AttentionKind::kState && device != Device::kCpu) {
       return absl::FailedPreconditionError(
           "KvStore: the example's state-space scan runs on the host: use --device cpu");
     }
-    absl::StatusOr<pagedkv::KvStorage> storage =
-        group.kind == pagedkv::AttentionKind::kState
-            ? pagedkv::KvStorage::create_state(group.state, group.num_blocks, options)
-            : pagedkv::KvStorage::create(group.spec, group.num_blocks, options);
+    absl::StatusOr<pagedkv::KvStorage> storage = kv_plan->create_storage(g, device);
     if (!storage.ok()) return storage.status();
     storages.push_back(*std::move(storage));
   }

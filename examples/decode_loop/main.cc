@@ -91,7 +91,7 @@ ABSL_FLAG(std::string, host_admission, "all",
 ABSL_FLAG(std::string, eviction_policy, "lru",
           "the order the prefix cache evicts cached blocks in: lru|adaptive (adaptive: recency "
           "against frequency, steered by ghost lists; docs/results.md)");
-ABSL_FLAG(int32_t, block_size, decode_loop::EngineOptions{}.block_size, "tokens per block");
+ABSL_FLAG(int32_t, block_size, pagedkv::KvCacheConfig{}.block_size, "tokens per block");
 ABSL_FLAG(std::string, kv_dtype, "fp32",
           "KV cache element type: fp32|bf16|fp16|fp8 (fp8: e4m3 with per-layer K and V scales "
           "calibrated on the first prompt, attention in bf16)");
@@ -421,7 +421,7 @@ CapacityFigures capacity_figures(const ModelConfig& config, const EngineOptions&
       f.held_bytes_as_full = f.held_bytes;
       break;
     }
-    absl::StatusOr<CachePlan> p = plan_cache(config, dtype, engine.block_size, as_full);
+    absl::StatusOr<CachePlan> p = plan_cache(config, dtype, plan.config.block_size, as_full);
     if (!p.ok()) fail(std::string(p.status().message()));
     absl::StatusOr<pagedkv::PoolSplit> split =
         p->config.split_budget(plan.budget_bytes, plan.split_tokens);
@@ -494,7 +494,6 @@ int run(int argc, char** argv) {
 
   EngineOptions engine;
   engine.device = device;
-  engine.block_size = absl::GetFlag(FLAGS_block_size);
   engine.seed = absl::GetFlag(FLAGS_seed);
   engine.max_running = absl::GetFlag(FLAGS_max_running);
   engine.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
@@ -537,7 +536,8 @@ int run(int argc, char** argv) {
   if (absl::Status s = validate(config); !s.ok()) fail(std::string(s.message()));
 
   const bool treat_as_full = absl::GetFlag(FLAGS_treat_as_full);
-  absl::StatusOr<CachePlan> plan = plan_cache(config, kv_dtype, engine.block_size, treat_as_full);
+  absl::StatusOr<CachePlan> plan =
+      plan_cache(config, kv_dtype, absl::GetFlag(FLAGS_block_size), treat_as_full);
   if (!plan.ok()) fail(std::string(plan.status().message()));
   engine.cache = *std::move(plan);
 

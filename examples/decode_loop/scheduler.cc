@@ -85,32 +85,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
       KvStore::create(options.device, model, plan, options.kv_format);
   if (!store.ok()) return store.status();
   engine->store_ = *std::move(store);
-  // Each layer group gets its own pools; the manager's group g is the plan's group g and
-  // the store's storage g.
-  std::vector<pagedkv::LayerGroup> groups;
-  for (const CacheGroup& g : plan.groups) {
-    groups.push_back({.kind = g.kind,
-                      .window = g.window,
-                      .num_blocks = g.num_blocks,
-                      .num_host_blocks = g.num_host_blocks});
-  }
+  // Each layer group gets its own pools, from the plan that also sized the store: the
+  // manager's group g is the plan's group g and the store's storage g.
+  absl::StatusOr<pagedkv::KvCachePlan> kv_plan = plan.kv_plan();
+  if (!kv_plan.ok()) return kv_plan.status();
   if (options.remote_store != nullptr) {
     absl::Status status = engine->create_remote_tier();
     if (!status.ok()) return status;
   }
   Engine* self = engine.get();
-  absl::StatusOr<pagedkv::KvCacheManager> manager = pagedkv::KvCacheManager::create(
-      {.block_size = options.block_size,
-       .enable_host_cache = options.enable_host_cache,
+  absl::StatusOr<pagedkv::KvCacheManager::Options> manager_options = kv_plan->manager_options(
+      {.enable_host_cache = options.enable_host_cache,
        .host_admission = options.host_admission,
        .eviction_policy = options.eviction_policy,
        .watermark_blocks = options.watermark_blocks,
        // The tier learns of computed blocks from the events, and forwards them.
        .event_sink = engine->remote_ != nullptr ? engine->remote_.get() : options.event_sink,
        .preemption_hooks = self,
-       .victim_policy = [self](std::span<const pagedkv::SequenceInfo> running,
-                               SeqId requester) { return self->choose_victim(running, requester); },
-       .layer_groups = std::move(groups)});
+       .victim_policy = [self](std::span<const pagedkv::SequenceInfo> running, SeqId requester) {
+         return self->choose_victim(running, requester);
+       }});
+  if (!manager_options.ok()) return manager_options.status();
+  absl::StatusOr<pagedkv::KvCacheManager> manager =
+      pagedkv::KvCacheManager::create(*std::move(manager_options));
   if (!manager.ok()) return manager.status();
   engine->manager_ = std::make_unique<pagedkv::KvCacheManager>(*std::move(manager));
   engine->tables_.resize(plan.num_groups());
@@ -149,10 +146,11 @@ PreemptionMode Engine::mode_for(SeqId victim) {
   for (int32_t g = 0; g < num_groups(); ++g) {
     absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(victim, g);
     if (!view.ok()) return PreemptionMode::kRecompute;
-    const int32_t blocks = is_state_group(g) ? static_cast<int32_t>(view->block_table.size())
-                                             : pagedkv::num_blocks_for_tokens(
-                                                   view->num_computed_tokens, options_.block_size) -
-                                                   view->first_held_block;
+    const int32_t blocks = is_state_group(g)
+                               ? static_cast<int32_t>(view->block_table.size())
+                               : pagedkv::num_blocks_for_tokens(view->num_computed_tokens,
+                                                                options_.cache.config.block_size) -
+                                     view->first_held_block;
     swap_fits = swap_fits && blocks <= (*manager_->host_pool(g))->num_free_blocks();
   }
   switch (options_.preemption) {
@@ -280,7 +278,8 @@ absl::Status Engine::schedule_swapped() {
     const int32_t computed = view->num_computed_tokens;
     const int32_t n = next_tokens(rec, computed);
     // Room in every group for its blocks and those of its next tokens.
-    const int32_t new_blocks = (n + options_.block_size - 1) / options_.block_size + 1;
+    const int32_t new_blocks =
+        (n + options_.cache.config.block_size - 1) / options_.cache.config.block_size + 1;
     bool room = true;
     for (int32_t g = 0; g < num_groups() && room; ++g) {
       absl::StatusOr<pagedkv::SequenceView> group_view = manager_->sequence(seq, g);
@@ -635,7 +634,7 @@ void Engine::record_utilization() {
   stats_.peak_running = std::max(stats_.peak_running, static_cast<int32_t>(running_.size()));
   stats_.peak_decoding =
       std::max(stats_.peak_decoding, static_cast<int32_t>(running_.size()) - partial_prefills_);
-  const int32_t bs = options_.block_size;
+  const int32_t bs = options_.cache.config.block_size;
   int64_t used_slots = 0;
   int64_t used_bytes = 0;
   int64_t real = 0;

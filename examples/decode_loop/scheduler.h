@@ -84,9 +84,9 @@ struct SequenceRecord;
 struct EngineOptions {
   pagedkv::Device device = pagedkv::Device::kCpu;
   KvFormat kv_format;  // cache dtype and fp8 scales
-  int32_t block_size = 16;
-  // The layer groups and their pools (device blocks from --kv-budget-mb; host blocks,
-  // shared by swapping and the host tier, from --swap-space-mb and --host-cache-mb).
+  // The layer groups, their block size and their pools (device blocks from --kv-budget-mb;
+  // host blocks, shared by swapping and the host tier, from --swap-space-mb and
+  // --host-cache-mb): the manager and the store both take them from here (kv_plan()).
   CachePlan cache;
   // The prefix cache's host tier (KvCacheManager::Options::enable_host_cache).
   bool enable_host_cache = false;

@@ -245,15 +245,15 @@ std::string format_text(const Report& r) {
     line(fmt::format(
         "  KV cache     {} blocks x {} tokens ({} KV{}, {:.2f} MiB budget, {} KiB/block), {} host "
         "blocks ({}){}",
-        group0.num_blocks, r.engine.block_size, r.kv_dtype, group0.spec.latent ? " latents" : "",
-        static_cast<double>(r.kv_budget_bytes) / (1 << 20), r.bytes_per_block / 1024,
-        group0.num_host_blocks, host_note(r, group0),
+        group0.num_blocks, r.engine.cache.config.block_size, r.kv_dtype,
+        group0.spec.latent ? " latents" : "", static_cast<double>(r.kv_budget_bytes) / (1 << 20),
+        r.bytes_per_block / 1024, group0.num_host_blocks, host_note(r, group0),
         plan.treat_as_full ? ", every layer treated as full attention" : ""));
   } else {
     line(fmt::format(
         "  KV cache     {} layer groups of {}-token blocks ({} KV, {:.2f} MiB budget split for "
         "sequences of {} tokens)",
-        plan.num_groups(), r.engine.block_size, r.kv_dtype,
+        plan.num_groups(), r.engine.cache.config.block_size, r.kv_dtype,
         static_cast<double>(r.kv_budget_bytes) / (1 << 20), plan.split_tokens));
     for (int32_t g = 0; g < plan.num_groups(); ++g) {
       const CacheGroup& group = plan.groups[g];
@@ -426,7 +426,7 @@ std::string format_json(const Report& r) {
       // model of one group); layer_groups: each group's.
       {"kv_cache",
        {{"num_blocks", r.engine.cache.groups.front().num_blocks},
-        {"block_size", r.engine.block_size},
+        {"block_size", r.engine.cache.config.block_size},
         {"dtype", r.kv_dtype},
         {"budget_bytes", r.kv_budget_bytes},
         {"pool_bytes", r.engine.cache.pool_bytes()},

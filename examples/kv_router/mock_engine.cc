@@ -319,14 +319,11 @@ int run(const Flags& flags) {
   decode_loop::warn_if_exposed("pagedkv-mock-engine", (*publisher)->endpoint(), curve);
   decode_loop::warn_if_exposed("pagedkv-mock-engine", (*publisher)->replay_endpoint(), curve);
   std::vector<pagedkv::LayerGroup> groups = layer_groups(flags);
-  const bool grouped = !groups.empty();
-  auto manager =
-      pagedkv::KvCacheManager::create({.num_blocks = grouped ? 0 : flags.num_blocks,
-                                       .block_size = flags.block_size,
-                                       .num_host_blocks = grouped ? 0 : flags.host_blocks,
-                                       .enable_host_cache = flags.host_blocks > 0,
-                                       .event_sink = publisher->get(),
-                                       .layer_groups = std::move(groups)});
+  if (groups.empty()) groups = pagedkv::full_attention(flags.num_blocks, flags.host_blocks);
+  auto manager = pagedkv::KvCacheManager::create({.block_size = flags.block_size,
+                                                  .enable_host_cache = flags.host_blocks > 0,
+                                                  .event_sink = publisher->get(),
+                                                  .layer_groups = std::move(groups)});
   if (!manager.ok()) {
     std::cerr << manager.status() << "\n";
     return 2;

@@ -370,11 +370,11 @@ absl::StatusOr<TieredReplayResult> replay_tiered_manager(const BlockStreams& str
                                                    device_blocks, " and host_blocks ", host_blocks,
                                                    " must be >= 1"));
   }
-  absl::StatusOr<KvCacheManager> m = KvCacheManager::create({.num_blocks = device_blocks,
-                                                             .block_size = 1,
-                                                             .num_host_blocks = host_blocks,
-                                                             .enable_host_cache = true,
-                                                             .host_admission = admission});
+  absl::StatusOr<KvCacheManager> m =
+      KvCacheManager::create({.block_size = 1,
+                              .enable_host_cache = true,
+                              .host_admission = admission,
+                              .layer_groups = full_attention(device_blocks, host_blocks)});
   if (!m.ok()) return m.status();
   TieredReplayResult result{.device_capacity = device_blocks, .host_capacity = host_blocks};
   std::vector<TokenId> tokens;

@@ -250,16 +250,16 @@ class PagedAllocator final : public SimAllocator, public PreemptionHooks {
                                                        " tokens gives ", blocks, " blocks of ", bs,
                                                        "; need 2 to 2^31-1"));
       }
-      o.num_blocks = static_cast<int32_t>(blocks);
       // One host budget: swap space first, the host tier caches in the rest.
       const int64_t swap_blocks =
           setup.preemption_mode == PreemptionMode::kSwap ? setup.host_budget_tokens / bs : 0;
       const int64_t host_cache_blocks = o.enable_prefix_caching ? setup.host_cache_tokens / bs : 0;
-      o.num_host_blocks =
-          static_cast<int32_t>(std::min<int64_t>(swap_blocks + host_cache_blocks, INT32_MAX));
+      o.layer_groups = full_attention(
+          static_cast<int32_t>(blocks),
+          static_cast<int32_t>(std::min<int64_t>(swap_blocks + host_cache_blocks, INT32_MAX)));
       o.enable_host_cache = host_cache_blocks > 0;
       o.host_admission = setup.host_admission;
-      o.watermark_blocks = watermark(setup, o.num_blocks);
+      o.watermark_blocks = watermark(setup, static_cast<int32_t>(blocks));
       o.preemption_mode = swap_blocks > 0 ? setup.preemption_mode : PreemptionMode::kRecompute;
     }
     absl::StatusOr<KvCacheManager> manager = KvCacheManager::create(std::move(o));

@@ -22,7 +22,7 @@
 //
 // Example (one request, prefill then one decode step, in a function returning a Status):
 //   absl::StatusOr<KvCacheManager> manager =
-//       KvCacheManager::create({.num_blocks = 4096, .block_size = 16});
+//       KvCacheManager::create({.block_size = 16, .layer_groups = full_attention(4096)});
 //   if (!manager.ok()) return manager.status();
 //   if (absl::Status s = manager->add_sequence(/*seq=*/7, prompt); !s.ok()) return s;
 //   const int32_t cached = *manager->match_prefix(7);  // tokens reused from cache
@@ -148,16 +148,17 @@ struct SequenceOptions {
 
 class KvCacheManager {
  public:
+  // The pools' sizes come only from `layer_groups` (full_attention() for a model of
+  // full-attention layers), and with block_size from one KvCachePlan (kv_cache_plan.h) when
+  // the engine also sizes its KV storage, so that the two cannot disagree.
   struct Options {
-    int32_t num_blocks = 0;   // device blocks, > 0
-    int32_t block_size = 16;  // tokens per block, > 0
-    // Host blocks, shared by swapped sequences and the host tier: swap first, the tier
-    // caches in the rest (see kv_storage.h). 0 disables both.
-    int32_t num_host_blocks = 0;
+    int32_t block_size = 16;  // tokens per block, > 0, in every group
     // Host tier of the prefix cache: a cached device block that eviction takes is demoted
     // to a host block (StepOps::demote) instead of being lost; match_prefix() continues
     // from device hits into host hits and promotes them (StepOps::promote). Needs prefix
-    // caching and num_host_blocks > 0.
+    // caching and host blocks in every group (LayerGroup::num_host_blocks, which swapped
+    // sequences and the tier share: swap first, the tier caches in the rest; see
+    // kv_storage.h).
     bool enable_host_cache = false;
     HostAdmission host_admission = HostAdmission::kAll;  // which evictions the tier takes
     // The order in which the full-attention groups' device pools evict cached free blocks
@@ -194,16 +195,15 @@ class KvCacheManager {
     // Milliseconds for retention durations; empty: std::chrono::steady_clock. Called only
     // while a block with a retention duration is free.
     std::function<int64_t()> clock = nullptr;
-    // The layer groups of a hybrid model (layer_group.h), each with device and host pools
-    // of its own sizes (KvCacheConfig splits a byte budget into them); num_blocks and
-    // num_host_blocks must then be 0. A state group's pools hold state slots: one per
-    // sequence that has started, the rest checkpoints; its host pool serves swapping and
-    // the host tier (demoted checkpoints), it has no slot mapping, and partial-block reuse
-    // is refused with it. Empty: one full-attention group of num_blocks device
-    // and num_host_blocks host blocks. watermark_blocks applies to the first group and,
-    // scaled to its size (rounded up), to each other group. A windowed group with prefix
-    // caching needs a full-attention group beside it: hits are verified along the first
-    // full group's chain.
+    // The layer groups (layer_group.h), at least one, each with device and host pools of
+    // its own sizes (KvCachePlan and KvCacheConfig split byte budgets into them; a model of
+    // full-attention layers only is full_attention(num_blocks, num_host_blocks)). A state
+    // group's pools hold state slots: one per sequence that has started, the rest
+    // checkpoints; its host pool serves swapping and the host tier (demoted checkpoints),
+    // it has no slot mapping, and partial-block reuse is refused with it.
+    // watermark_blocks applies to the first group and, scaled to its size (rounded up), to
+    // each other group. A windowed or state group with prefix caching needs a
+    // full-attention group beside it: hits are verified along the first full group's chain.
     std::vector<LayerGroup> layer_groups = {};
   };
 
@@ -266,13 +266,13 @@ class KvCacheManager {
     int64_t checkpoints_restored = 0;
   };
 
-  // Returns InvalidArgument for num_blocks (of every group) or block_size outside
+  // Returns InvalidArgument for no layer groups, a group's num_blocks or block_size outside
   // BlockPool's limits ([1, BlockPool::kMaxBlocks], [1, BlockPool::kMaxBlockSize], at most
   // BlockPool::kMaxTokenSlots slots), a negative num_host_blocks or watermark, a
   // watermark that leaves no block to allocate, enable_host_cache without prefix caching
-  // or host blocks, layer groups beside num_blocks, a windowed group without a window, or
-  // windowed groups with prefix caching but no full-attention group; ResourceExhausted
-  // when the host memory for the bookkeeping cannot be allocated.
+  // or host blocks, a windowed group without a window, or windowed or state groups with
+  // prefix caching but no full-attention group; ResourceExhausted when the host memory for
+  // the bookkeeping cannot be allocated.
   [[nodiscard]] static absl::StatusOr<KvCacheManager> create(Options options);
 
   KvCacheManager(KvCacheManager&&) noexcept;

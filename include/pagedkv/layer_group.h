@@ -21,11 +21,13 @@
 // Blocks wholly before the first position any future token of a sequence attends to are
 // released by the manager (hashed ones stay cached); kernels never read them.
 //
-// No Abseil or CUDA dependency: kernels include it for first_attended().
+// No Abseil or CUDA dependency: kernels include it for first_attended() (full_attention() is
+// host code).
 #ifndef PAGEDKV_LAYER_GROUP_H_
 #define PAGEDKV_LAYER_GROUP_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "pagedkv/host_device.h"
 
@@ -62,6 +64,14 @@ struct LayerGroup {
   int32_t num_blocks = 0;       // device blocks (kState: state slots) of the group's pool, > 0
   int32_t num_host_blocks = 0;  // host blocks (swap and host tier) of the group, >= 0
 };
+
+// The layer groups of a model whose layers all attend to every earlier token: one
+// full-attention group of `num_blocks` device and `num_host_blocks` host blocks. E.g.
+//   KvCacheManager::create({.block_size = 16, .layer_groups = full_attention(4096)});
+inline std::vector<LayerGroup> full_attention(int32_t num_blocks, int32_t num_host_blocks = 0) {
+  return {
+      {.kind = AttentionKind::kFull, .num_blocks = num_blocks, .num_host_blocks = num_host_blocks}};
+}
 
 inline const char* attention_kind_name(AttentionKind kind) {
   switch (kind) {

@@ -37,8 +37,8 @@
 //       RemoteTier::create(store.get(), {.namespace_digest = digest,
 //                                        .payload_bytes = spec.bytes_per_block()}));
 //   PAGEDKV_ASSIGN_OR_RETURN(KvCacheManager manager,
-//       KvCacheManager::create({.num_blocks = storage.num_blocks(),
-//                               .block_size = spec.block_size, .event_sink = tier.get()}));
+//       KvCacheManager::create({.block_size = spec.block_size, .event_sink = tier.get(),
+//                               .layer_groups = full_attention(storage.num_blocks())}));
 //   PAGEDKV_RETURN_IF_ERROR(manager.add_sequence(seq, prompt));
 //   PAGEDKV_RETURN_IF_ERROR(tier->start_lookup(seq, prompt, {}, manager));
 //   tier->poll();  // every step; admit the sequence once tier->ready(seq):

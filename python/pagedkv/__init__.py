@@ -58,6 +58,7 @@ from ._pagedkv import (
     decode_workspace_bytes,
     default_device,
     first_attended,
+    full_attention,
     hash_block,
     mla_decode_workspace_bytes,
     paged_decode_attention,
@@ -102,7 +103,7 @@ __all__ = [
     "RetentionRange", "SequenceInfo", "SequenceState", "SequenceView", "SlotBatch",
     "StateSave", "StateShape", "StatusCode", "StepOps", "bytes_per_element", "cuda_device_available",
     "cuda_unavailable_reason", "decode_workspace_bytes", "default_device", "first_attended",
-    "hash_block", "mla_decode_workspace_bytes", "paged_decode_attention",
+    "full_attention", "hash_block", "mla_decode_workspace_bytes", "paged_decode_attention",
     "paged_extend_attention", "paged_mla_decode", "write_kv",
 ]
 if "plan_capacity" in globals():

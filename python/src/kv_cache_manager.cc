@@ -444,9 +444,7 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
 
   using Options = KvCacheManager::Options;
   nb::class_<Options>(cls, "Options", "The options the manager was created with.")
-      .def_ro("num_blocks", &Options::num_blocks)
       .def_ro("block_size", &Options::block_size)
-      .def_ro("num_host_blocks", &Options::num_host_blocks)
       .def_ro("enable_host_cache", &Options::enable_host_cache)
       .def_ro("host_admission", &Options::host_admission)
       .def_ro("eviction_policy", &Options::eviction_policy)
@@ -455,8 +453,7 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("enable_prefix_caching", &Options::enable_prefix_caching)
       .def_ro("enable_partial_block_reuse", &Options::enable_partial_block_reuse)
       .def_ro("preemption_mode", &Options::preemption_mode)
-      .def_ro("layer_groups", &Options::layer_groups,
-              "the layer groups given (empty: one full group of num_blocks)");
+      .def_ro("layer_groups", &Options::layer_groups, "the layer groups and their pools");
 }
 
 void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
@@ -733,17 +730,14 @@ void bind_kv_cache_manager(nb::module_& m) {
   bind_value_types(cls, m);
   cls.def(
       "__init__",
-      [](PyKvCacheManager* self, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
+      [](PyKvCacheManager* self, std::vector<LayerGroup> layer_groups, int32_t block_size,
          bool enable_host_cache, int32_t max_model_len, int32_t watermark_blocks,
          bool enable_prefix_caching, PreemptionMode preemption_mode, nb::object event_sink,
          nb::object preemption_hooks, nb::object victim_policy, nb::object clock,
-         std::vector<LayerGroup> layer_groups, bool enable_partial_block_reuse,
-         int32_t state_checkpoint_interval_blocks, HostAdmission host_admission,
-         EvictionPolicy eviction_policy) {
+         bool enable_partial_block_reuse, int32_t state_checkpoint_interval_blocks,
+         HostAdmission host_admission, EvictionPolicy eviction_policy) {
         KvCacheManager::Options options;
-        options.num_blocks = num_blocks;
         options.block_size = block_size;
-        options.num_host_blocks = num_host_blocks;
         options.enable_host_cache = enable_host_cache;
         options.max_model_len = max_model_len;
         options.watermark_blocks = watermark_blocks;
@@ -758,29 +752,28 @@ void bind_kv_cache_manager(nb::module_& m) {
             PyKvCacheManager(std::move(options), std::move(event_sink), std::move(preemption_hooks),
                              std::move(victim_policy), std::move(clock));
       },
-      nb::kw_only(), "num_blocks"_a = 0, "block_size"_a = 16, "num_host_blocks"_a = 0,
-      "enable_host_cache"_a = false, "max_model_len"_a = 1 << 20, "watermark_blocks"_a = 0,
-      "enable_prefix_caching"_a = true, "preemption_mode"_a = PreemptionMode::kRecompute,
-      "event_sink"_a = nb::none(), "preemption_hooks"_a = nb::none(),
-      "victim_policy"_a = nb::none(), "clock"_a = nb::none(),
-      "layer_groups"_a = std::vector<LayerGroup>{}, "enable_partial_block_reuse"_a = false,
-      "state_checkpoint_interval_blocks"_a = 0, "host_admission"_a = HostAdmission::kAll,
-      "eviction_policy"_a = EvictionPolicy::kLru,
-      "num_blocks: device blocks (> 0), or 0 with layer_groups.\n"
-      "layer_groups: a hybrid model's LayerGroups (full, sliding window, chunked local), each\n"
-      "with device and host pools of its own sizes (num_blocks and num_host_blocks must then\n"
-      "be 0); empty: one full group of num_blocks. A windowed group with prefix caching needs\n"
-      "a full group beside it. A STATE group's pool holds state slots and checkpoints\n"
+      nb::kw_only(), "layer_groups"_a, "block_size"_a = 16, "enable_host_cache"_a = false,
+      "max_model_len"_a = 1 << 20, "watermark_blocks"_a = 0, "enable_prefix_caching"_a = true,
+      "preemption_mode"_a = PreemptionMode::kRecompute, "event_sink"_a = nb::none(),
+      "preemption_hooks"_a = nb::none(), "victim_policy"_a = nb::none(), "clock"_a = nb::none(),
+      "enable_partial_block_reuse"_a = false, "state_checkpoint_interval_blocks"_a = 0,
+      "host_admission"_a = HostAdmission::kAll, "eviction_policy"_a = EvictionPolicy::kLru,
+      "layer_groups: the LayerGroups (full, sliding window, chunked local, state), each with\n"
+      "device and host pools of its own sizes: full_attention(num_blocks, num_host_blocks)\n"
+      "for a model of full-attention layers, KvCachePlan.layer_groups or\n"
+      "KvCacheConfig.split_budget().groups for the others. A windowed or state group with\n"
+      "prefix caching needs a full group beside it. A STATE group's pool holds state slots\n"
+      "and checkpoints\n"
       "(docs/allocator.md, \"State groups\"); the first group must be an attention group.\n"
       "state_checkpoint_interval_blocks: state groups also save a checkpoint every this many\n"
       "blocks (0: only at prompt ends and branch points).\n"
       "enable_partial_block_reuse: match_prefix() also reuses the first tokens of a cached\n"
       "block that continues the prompt past its full-block hit (a copy-on-write copy).\n"
-      "num_host_blocks: host blocks, shared by swapped sequences and the host tier (swap\n"
-      "first, the tier caches in the rest).\n"
       "enable_host_cache: the host tier of the prefix cache: an evicted cached device block is\n"
       "demoted to a host block (StepOps.demote), and match_prefix() continues into host hits\n"
-      "(StepOps.promote). Needs enable_prefix_caching and num_host_blocks > 0.\n"
+      "(StepOps.promote). Needs enable_prefix_caching and host blocks in every group\n"
+      "(LayerGroup.num_host_blocks, shared by swapped sequences and the tier: swap first, the\n"
+      "tier caches in the rest).\n"
       "host_admission: HostAdmission.ALL demotes every evicted cached block; REUSED only those\n"
       "hit, or computed again while their hash was a ghost (docs/results.md).\n"
       "eviction_policy: EvictionPolicy.LRU or ADAPTIVE, the order the full groups' device\n"

@@ -325,6 +325,15 @@ void bind_values(nb::module_& m) {
                ", num_blocks=" + std::to_string(g.num_blocks) +
                ", num_host_blocks=" + std::to_string(g.num_host_blocks) + ")";
       });
+  m.def(
+      "full_attention",
+      [](int32_t num_blocks, int32_t num_host_blocks) {
+        return full_attention(num_blocks, num_host_blocks);
+      },
+      "num_blocks"_a, "num_host_blocks"_a = 0,
+      "The layer groups of a model whose layers all attend to every earlier token: one FULL\n"
+      "LayerGroup of num_blocks device and num_host_blocks host blocks, e.g.\n"
+      "KvCacheManager(layer_groups=full_attention(4096)).");
   m.attr("NO_BLOCK") = kNoBlock;            // a released table entry (SequenceView)
   m.attr("PADDING_BLOCK") = kPaddingBlock;  // what block tables hold where nothing is read
   m.attr("MIN_RETENTION_PRIORITY") = kMinRetentionPriority;

@@ -36,8 +36,7 @@ def test_hooks_and_policy_decide_the_victim():
         seen.append(([s.id for s in running], requester))
         return max(running, key=lambda s: s.id).id  # a plain id: the manager's mode
 
-    m = pk.KvCacheManager(num_blocks=6, block_size=4, preemption_hooks=hooks,
-                          victim_policy=policy)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(6), block_size=4, preemption_hooks=hooks, victim_policy=policy)
     fill(m, [1, 2, 3])
     m.add_sequence(4, list(range(8)))
     m.allocate_slots_or_preempt(4, 8)
@@ -48,8 +47,7 @@ def test_hooks_and_policy_decide_the_victim():
 
 def test_policy_can_choose_swap_or_give_up():
     choices = iter([pk.Preemption(victim=1, mode=pk.PreemptionMode.SWAP), None])
-    m = pk.KvCacheManager(num_blocks=4, block_size=4, num_host_blocks=4,
-                          victim_policy=lambda running, requester: next(choices))
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(4, 4), block_size=4, victim_policy=lambda running, requester: next(choices))
     fill(m, [1, 2])
     m.add_sequence(3, list(range(8)))
     m.allocate_slots_or_preempt(3, 8)
@@ -62,7 +60,7 @@ def test_policy_can_choose_swap_or_give_up():
 
 def test_event_sink_in_python_sees_stored_removed_and_cleared():
     sink = Sink()
-    m = pk.KvCacheManager(num_blocks=2, block_size=4, event_sink=sink)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, event_sink=sink)
     fill(m, [1])
     m.free(1)
     fill(m, [2])  # evicts sequence 1's cached blocks
@@ -85,7 +83,7 @@ def test_exceptions_in_callbacks_surface_after_the_call_and_state_stays_valid():
         def on_event(self, event):
             raise Boom("sink")
 
-    m = pk.KvCacheManager(num_blocks=8, block_size=4, event_sink=BadSink())
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(8), block_size=4, event_sink=BadSink())
     m.add_sequence(1, list(range(8)))
     with pytest.raises(Boom, match="sink"):
         m.allocate_slots(1, 8)
@@ -99,14 +97,14 @@ def test_exceptions_in_callbacks_surface_after_the_call_and_state_stays_valid():
         def on_preempt(self, victim, mode):
             raise Boom("hooks")
 
-    m = pk.KvCacheManager(num_blocks=2, block_size=4, victim_policy=bad_policy)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, victim_policy=bad_policy)
     fill(m, [1])
     m.add_sequence(2, list(range(8)))
     with pytest.raises(Boom, match="policy"):
         m.allocate_slots_or_preempt(2, 8)
     assert m.sequence(1).state == pk.SequenceState.RUNNING  # a raising policy gives up
 
-    m = pk.KvCacheManager(num_blocks=2, block_size=4, preemption_hooks=BadHooks())
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, preemption_hooks=BadHooks())
     fill(m, [1])
     with pytest.raises(Boom, match="hooks"):
         m.preempt(1, pk.PreemptionMode.RECOMPUTE)
@@ -124,7 +122,7 @@ def test_exceptions_in_callbacks_surface_after_the_call_and_state_stays_valid():
             "sequence id or None"),
 ])
 def test_a_policy_returning_a_wrong_type_raises_type_error(result, message):
-    m = pk.KvCacheManager(num_blocks=2, block_size=4, victim_policy=lambda r, q: result)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, victim_policy=lambda r, q: result)
     fill(m, [1])
     m.add_sequence(2, list(range(8)))
     with pytest.raises(TypeError, match=f"^{message}$"):
@@ -135,7 +133,7 @@ def test_a_policy_returning_a_wrong_type_raises_type_error(result, message):
 
 def test_a_policy_may_return_a_numpy_integer_id():
     np = pytest.importorskip("numpy")
-    m = pk.KvCacheManager(num_blocks=2, block_size=4, victim_policy=lambda r, q: np.int64(1))
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, victim_policy=lambda r, q: np.int64(1))
     fill(m, [1])
     m.add_sequence(2, list(range(8)))
     m.allocate_slots_or_preempt(2, 8)
@@ -147,7 +145,7 @@ def test_a_callback_calling_back_into_its_manager_is_refused():
         def on_preempt(self, victim, mode):
             m.free(victim)  # the C++ API forbids this: the manager is mid-call
 
-    m = pk.KvCacheManager(num_blocks=2, block_size=4, preemption_hooks=Reentrant())
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, preemption_hooks=Reentrant())
     fill(m, [1])
     with pytest.raises(pk.FailedPrecondition, match="a callback called a mutating method"):
         m.preempt(1, pk.PreemptionMode.RECOMPUTE)
@@ -172,8 +170,7 @@ def test_callbacks_referring_to_their_manager_are_garbage_collected():
             collected.append(True)
 
     hooks = Hooks()
-    hooks.manager = pk.KvCacheManager(num_blocks=2, preemption_hooks=hooks,
-                                      victim_policy=lambda r, q: hooks.manager and None)
+    hooks.manager = pk.KvCacheManager(layer_groups=pk.full_attention(2), preemption_hooks=hooks, victim_policy=lambda r, q: hooks.manager and None)
     class PoolSink(Sink):
         pool = None
 

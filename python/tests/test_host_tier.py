@@ -23,9 +23,7 @@ def chain(prompt):
 
 
 def tiered(device_blocks, host_blocks, events=None):
-    return pk.KvCacheManager(num_blocks=device_blocks, block_size=BLOCK_SIZE,
-                             num_host_blocks=host_blocks, enable_host_cache=True,
-                             event_sink=events)
+    return pk.KvCacheManager(layer_groups=pk.full_attention(device_blocks, host_blocks), block_size=BLOCK_SIZE, enable_host_cache=True, event_sink=events)
 
 
 def prefill(m, seq, prompt, **options):
@@ -174,14 +172,13 @@ def test_storage_runs_the_step_copies_in_order_and_a_promotion_restores_the_kv()
 
 def test_host_tier_and_retention_options_are_validated():
     with pytest.raises(ValueError, match=r"num_host_blocks > 0 \(0\)"):
-        pk.KvCacheManager(num_blocks=4, block_size=4, enable_host_cache=True)
+        pk.KvCacheManager(layer_groups=pk.full_attention(4), block_size=4, enable_host_cache=True)
     with pytest.raises(ValueError, match=r"needs enable_prefix_caching \(false\)"):
-        pk.KvCacheManager(num_blocks=4, block_size=4, num_host_blocks=2, enable_host_cache=True,
-                          enable_prefix_caching=False)
+        pk.KvCacheManager(layer_groups=pk.full_attention(4, 2), block_size=4, enable_host_cache=True, enable_prefix_caching=False)
     assert tiered(4, 2).options.enable_host_cache
-    assert not pk.KvCacheManager(num_blocks=4).options.enable_host_cache
+    assert not pk.KvCacheManager(layer_groups=pk.full_attention(4)).options.enable_host_cache
 
-    m = pk.KvCacheManager(num_blocks=4, block_size=4)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(4), block_size=4)
     p = tokens(5, 0)
     R = pk.RetentionRange
     for ranges, message in (([R(priority=101)], "priority 101"),
@@ -212,7 +209,7 @@ def retention_scenario(priority, duration_ms=0, clock=None, before_eviction=None
     90 the device queue ends [1, 2 | 0]: A0 after the default priority's list although it
     is the least recently used. Returns the manager and whether A0 survives a two-block
     allocation."""
-    m = pk.KvCacheManager(num_blocks=3, block_size=BLOCK_SIZE, clock=clock)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(3), block_size=BLOCK_SIZE, clock=clock)
     retention = [pk.RetentionRange(begin=0, end=4, priority=priority, duration_ms=duration_ms)]
     prefill(m, 1, tokens(5, 100), retention=retention)  # blocks 0 (A0, full) and 1
     m.free(1)
@@ -327,7 +324,7 @@ def test_stats_asdict_has_the_host_tier_counters():
 
 def freed_with_duration(clock):
     """A manager whose free() reads the clock: sequence 1's first block has a duration."""
-    m = pk.KvCacheManager(num_blocks=4, block_size=BLOCK_SIZE, clock=clock)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(4), block_size=BLOCK_SIZE, clock=clock)
     m.add_sequence(1, tokens(5, 0),
                    retention=[pk.RetentionRange(priority=90, duration_ms=5)])
     m.allocate_slots(1, 5)
@@ -404,7 +401,7 @@ def test_a_clock_referring_to_its_manager_is_garbage_collected():
             return 0
 
     clock = Clock()
-    clock.manager = pk.KvCacheManager(num_blocks=2, clock=clock)
+    clock.manager = pk.KvCacheManager(layer_groups=pk.full_attention(2), clock=clock)
     pool_clock = Clock()
     pool_clock.manager = pk.BlockPool(num_blocks=2, clock=pool_clock)
     refs = [weakref.ref(clock), weakref.ref(pool_clock)]
@@ -414,8 +411,7 @@ def test_a_clock_referring_to_its_manager_is_garbage_collected():
 
 
 def test_admission_reused_drops_blocks_never_reused_and_demotes_them_once_they_come_back():
-    m = pk.KvCacheManager(num_blocks=3, block_size=BLOCK_SIZE, num_host_blocks=4,
-                          enable_host_cache=True, host_admission=pk.HostAdmission.REUSED)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(3, 4), block_size=BLOCK_SIZE, enable_host_cache=True, host_admission=pk.HostAdmission.REUSED)
     assert m.options.host_admission == pk.HostAdmission.REUSED
     a = tokens(8, 100)
     prefill(m, 1, a)
@@ -444,7 +440,7 @@ def test_adaptive_eviction_keeps_a_reused_prompt_through_one_off_prompts():
     # 5-block pool. LRU evicts it every time; the adaptive policy keeps it (frequent).
     hits = {}
     for policy in (pk.EvictionPolicy.LRU, pk.EvictionPolicy.ADAPTIVE):
-        m = pk.KvCacheManager(num_blocks=5, block_size=BLOCK_SIZE, eviction_policy=policy)
+        m = pk.KvCacheManager(layer_groups=pk.full_attention(5), block_size=BLOCK_SIZE, eviction_policy=policy)
         assert m.options.eviction_policy == policy
         reused = tokens(8, 100)
         prompts = [reused, reused]

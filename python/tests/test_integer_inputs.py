@@ -18,7 +18,7 @@ RANGES = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1), "uint64": 
 
 
 def manager():
-    return pk.KvCacheManager(num_blocks=8, block_size=2)
+    return pk.KvCacheManager(layer_groups=pk.full_attention(8), block_size=2)
 
 
 def running_manager():
@@ -197,7 +197,7 @@ def test_hash_block_of_int64_tokens_beyond_int32_is_refused():
 
 
 def test_no_false_prefix_hit_from_truncated_tokens():
-    m = pk.KvCacheManager(num_blocks=16, block_size=4)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(16), block_size=4)
     with pytest.raises(ValueError):
         m.add_sequence(1, np.array([2**32 + 7] * 9, np.int64))
     m.add_sequence(3, [2**31 - 1] * 9)  # the largest token id is kept as it is

@@ -82,7 +82,7 @@ def test_write_kv_then_extend_with_the_manager_and_storage():
                           dtype=pk.DType.FLOAT32, block_size=BLOCK)
     storage = pk.KvStorage(spec, 16, device=pk.Device.CPU)
     k_cache, v_cache = storage.k_cache(0), storage.v_cache(0)
-    m = pk.KvCacheManager(num_blocks=16, block_size=BLOCK)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(16), block_size=BLOCK)
     prompts = {1: 6, 2: 9}
     for seq, n in prompts.items():
         m.add_sequence(seq, list(range(n)))

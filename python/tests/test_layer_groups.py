@@ -33,9 +33,11 @@ def test_groups_and_their_options():
     assert repr(m.layer_group(1)) == ("LayerGroup(kind=AttentionKind.SLIDING_WINDOW, window=4, "
                                       "num_blocks=5, num_host_blocks=0)")
     assert [g.kind for g in m.options.layer_groups] == [FULL, SWA]
-    assert m.options.num_blocks == 0 and not m.options.enable_partial_block_reuse
+    assert not m.options.enable_partial_block_reuse
     assert m.stats().num_blocks == 8  # group 0's pool
-    assert pk.KvCacheManager(num_blocks=4).num_groups() == 1
+    single = pk.KvCacheManager(layer_groups=pk.full_attention(4, 2))
+    assert single.num_groups() == 1
+    assert single.layer_group(0) == pk.LayerGroup(kind=FULL, num_blocks=4, num_host_blocks=2)
     with pytest.raises(ValueError, match=r"layer_group: layer group 2 outside \[0, 2\)"):
         m.layer_group(2)
     with pytest.raises(ValueError, match=r"group_stats: layer group -1 outside \[0, 2\)"):
@@ -43,11 +45,13 @@ def test_groups_and_their_options():
 
 
 def test_bad_layer_groups_are_refused_naming_the_value():
-    with pytest.raises(ValueError, match="num_blocks 4 and num_host_blocks 0 must be 0 with "
-                                         "layer_groups"):
-        pk.KvCacheManager(num_blocks=4, layer_groups=[pk.LayerGroup(num_blocks=4)])
-    with pytest.raises(ValueError, match="num_blocks 0 must be > 0"):
+    with pytest.raises(ValueError, match="no layer_groups; a model of full-attention layers has "
+                                         r"one: full_attention\(num_blocks\)"):
+        pk.KvCacheManager(layer_groups=[])
+    with pytest.raises(TypeError):  # layer_groups is required
         pk.KvCacheManager()
+    with pytest.raises(ValueError, match="num_blocks 0 must be > 0"):
+        pk.KvCacheManager(layer_groups=pk.full_attention(0))
     with pytest.raises(ValueError, match=r"layer_groups\[1\] \(sliding_window\)"):
         pk.KvCacheManager(layer_groups=[pk.LayerGroup(num_blocks=4),
                                         pk.LayerGroup(kind=SWA, num_blocks=4)])
@@ -161,7 +165,7 @@ def test_batched_slots_per_group():
     with pytest.raises(ValueError, match=r"batch_slot_mapping: layer group 2 outside"):
         m.batch_slot_mapping(2)
     # One group: group_slots holds slots alone.
-    single = pk.KvCacheManager(num_blocks=4, block_size=2)
+    single = pk.KvCacheManager(layer_groups=pk.full_attention(4), block_size=2)
     single.add_sequence(1, [1, 2])
     b = single.allocate_slots_batch([1], [2])
     assert len(b.group_slots) == 1 and b.group_slots[0].tolist() == [0, 1]
@@ -195,7 +199,7 @@ def test_events_name_the_group_of_a_hybrid_manager_only():
     assert repr(stored[1].group) == "EventGroup(index=1, kind=AttentionKind.SLIDING_WINDOW, window=4)"
     assert stored[0].block_hashes == stored[1].block_hashes  # one chain, cached in each group
     plain = pk.KvEventBuffer()
-    single = pk.KvCacheManager(num_blocks=4, block_size=2, event_sink=plain)
+    single = pk.KvCacheManager(layer_groups=pk.full_attention(4), block_size=2, event_sink=plain)
     single.add_sequence(1, [1, 2, 3])
     single.allocate_slots(1, 3)
     assert [e.group for e in plain.take()] == [None]

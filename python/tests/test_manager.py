@@ -7,7 +7,7 @@ import pagedkv as pk
 
 
 def make(num_blocks=16, block_size=4, **kw):
-    return pk.KvCacheManager(num_blocks=num_blocks, block_size=block_size, **kw)
+    return pk.KvCacheManager(layer_groups=pk.full_attention(num_blocks), block_size=block_size, **kw)
 
 
 def prefill(m, seq, prompt):
@@ -177,9 +177,9 @@ def test_resource_exhausted_is_a_runtime_error_and_changes_nothing():
 
 def test_invalid_options_raise_value_error():
     with pytest.raises(ValueError, match="num_blocks"):
-        pk.KvCacheManager(num_blocks=0)
+        pk.KvCacheManager(layer_groups=pk.full_attention(0))
     with pytest.raises(ValueError):
-        pk.KvCacheManager(num_blocks=4, watermark_blocks=4)
+        pk.KvCacheManager(layer_groups=pk.full_attention(4), watermark_blocks=4)
 
 
 def test_block_tables_into_caller_arrays():

@@ -8,7 +8,7 @@ import pagedkv as pk
 
 
 def running_manager():
-    m = pk.KvCacheManager(num_blocks=32, block_size=4)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(32), block_size=4)
     for seq, n in ((1, 9), (2, 3)):
         m.add_sequence(seq, list(range(seq * 100, seq * 100 + n)))
         m.allocate_slots(seq, n)

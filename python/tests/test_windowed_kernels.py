@@ -111,7 +111,7 @@ RANK, ROPE, HEADS = 16, 8, 4
 def test_mla_decode_over_a_latent_cache_written_k_only():
     rng = np.random.default_rng(10)
     latent = np.zeros((8, 1, BLOCK, RANK + ROPE), np.float32)
-    m = pk.KvCacheManager(num_blocks=8, block_size=BLOCK)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(8), block_size=BLOCK)
     for seq, n in ((1, 6), (2, 11)):
         m.add_sequence(seq, list(range(n)))
     batch = m.allocate_slots_batch([1, 2], [6, 11])

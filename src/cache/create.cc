@@ -25,6 +25,10 @@ absl::Status check_groups(const Options& options, std::span<const LayerGroup> gr
     const LayerGroup& g = groups[i];
     const std::string name =
         absl::StrCat("KvCacheManager: layer_groups[", i, "] (", attention_kind_name(g.kind), ")");
+    if (g.kind > AttentionKind::kState) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": kind ", static_cast<int>(g.kind),
+                                                     " is not an AttentionKind (0 to 3)"));
+    }
     if (g.num_blocks <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": num_blocks ", g.num_blocks, " must be > 0"));
@@ -130,19 +134,10 @@ absl::StatusOr<GroupPools> make_pools(const Options& options, const LayerGroup& 
 // --- construct -----------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<CacheCoordinator>> CacheCoordinator::create(Options options) {
-  const bool grouped = !options.layer_groups.empty();
-  if (grouped && (options.num_blocks != 0 || options.num_host_blocks != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KvCacheManager: num_blocks ", options.num_blocks, " and num_host_blocks ",
-        options.num_host_blocks, " must be 0 with layer_groups (each group has its own)"));
-  }
-  if (!grouped && options.num_blocks <= 0) {
+  if (options.layer_groups.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: num_blocks ", options.num_blocks, " must be > 0"));
-  }
-  if (options.num_host_blocks < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: num_host_blocks ", options.num_host_blocks, " must be >= 0"));
+        "KvCacheManager: no layer_groups; a model of full-attention layers has one: "
+        "full_attention(num_blocks)");
   }
   if (options.max_model_len <= 0) {
     return absl::InvalidArgumentError(
@@ -163,12 +158,9 @@ absl::StatusOr<std::unique_ptr<CacheCoordinator>> CacheCoordinator::create(Optio
                      " must be >= 0 and window_checkpoint_levels ",
                      options.window_checkpoint_levels, " in [0, ", kMaxCheckpointLevels, "]"));
   }
-  if (options.enable_host_cache &&
-      (!options.enable_prefix_caching || (!grouped && options.num_host_blocks == 0))) {
+  if (options.enable_host_cache && !options.enable_prefix_caching) {
     return absl::InvalidArgumentError(
-        absl::StrCat("KvCacheManager: enable_host_cache needs enable_prefix_caching (",
-                     options.enable_prefix_caching ? "true" : "false",
-                     ") and num_host_blocks > 0 (", options.num_host_blocks, ")"));
+        "KvCacheManager: enable_host_cache needs enable_prefix_caching");
   }
   if (options.host_admission != HostAdmission::kAll &&
       options.host_admission != HostAdmission::kReused) {
@@ -182,12 +174,8 @@ absl::StatusOr<std::unique_ptr<CacheCoordinator>> CacheCoordinator::create(Optio
                                                    static_cast<int>(options.eviction_policy),
                                                    " is neither kLru (0) nor kAdaptive (1)"));
   }
-  std::vector<LayerGroup> layer_groups =
-      grouped ? options.layer_groups
-              : std::vector<LayerGroup>{{.kind = AttentionKind::kFull,
-                                         .num_blocks = options.num_blocks,
-                                         .num_host_blocks = options.num_host_blocks}};
-  if (grouped) PAGEDKV_RETURN_IF_ERROR(check_groups(options, layer_groups));
+  const std::vector<LayerGroup> layer_groups = options.layer_groups;
+  PAGEDKV_RETURN_IF_ERROR(check_groups(options, layer_groups));
   const int32_t first_blocks = layer_groups[0].num_blocks;
   if (options.watermark_blocks < 0 || options.watermark_blocks >= first_blocks) {
     return absl::InvalidArgumentError(

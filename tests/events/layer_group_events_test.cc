@@ -318,11 +318,10 @@ TEST_CASE("a hybrid manager's events name each group and rebuild every group's i
 
 TEST_CASE("a manager with one layer group sends no group on its events") {
   KvEventBuffer events;
-  auto manager = KvCacheManager::create({.num_blocks = 24,
-                                         .block_size = 2,
-                                         .num_host_blocks = 6,
+  auto manager = KvCacheManager::create({.block_size = 2,
                                          .enable_host_cache = true,
-                                         .event_sink = &events});
+                                         .event_sink = &events,
+                                         .layer_groups = full_attention(24, 6)});
   REQUIRE(manager.ok());
   CacheMirror mirror;
   std::vector<KvEvent> all;

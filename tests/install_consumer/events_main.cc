@@ -8,8 +8,9 @@ int main() {
   auto publisher = pagedkv::KvEventPublisher::create({.endpoint = "tcp://127.0.0.1:*"});
   auto metrics = pagedkv::KvCacheMetrics::create({});
   if (!publisher.ok() || !metrics.ok()) return 1;
-  auto manager = pagedkv::KvCacheManager::create(
-      {.num_blocks = 8, .block_size = 2, .event_sink = publisher->get()});
+  auto manager = pagedkv::KvCacheManager::create({.block_size = 2,
+                                                  .event_sink = publisher->get(),
+                                                  .layer_groups = pagedkv::full_attention(8)});
   if (!manager.ok()) return 1;
   const int32_t prompt[] = {1, 2, 3, 4, 5};
   if (!manager->add_sequence(1, prompt).ok() || !manager->allocate_slots(1, 5).ok()) return 1;

@@ -4,7 +4,8 @@
 #include "pagedkv/kv_cache_manager.h"
 
 int main() {
-  auto manager = pagedkv::KvCacheManager::create({.num_blocks = 8, .block_size = 4});
+  auto manager = pagedkv::KvCacheManager::create(
+      {.block_size = 4, .layer_groups = pagedkv::full_attention(8)});
   if (!manager.ok()) return 1;
   const int32_t prompt[] = {1, 2, 3, 4, 5};
   if (!manager->add_sequence(1, prompt).ok()) return 1;

@@ -55,7 +55,7 @@ struct Engine {
     REQUIRE(t.ok());
     tier = *std::move(t);
     auto m = KvCacheManager::create(
-        {.num_blocks = 32, .block_size = kBlockSize, .event_sink = tier.get()});
+        {.block_size = kBlockSize, .event_sink = tier.get(), .layer_groups = full_attention(32)});
     REQUIRE(m.ok());
     manager = std::make_unique<KvCacheManager>(*std::move(m));
   }

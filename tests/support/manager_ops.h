@@ -303,18 +303,20 @@ class ManagerOpRunner {
     const uint8_t first = in_.u8();
     grouped_ = first == kGroupsMarker;
     const uint8_t nb = grouped_ ? in_.u8() : first;
-    opts_.num_blocks = nb < 248 ? 1 + nb % 24 : std::array{0, -1, 48, 64, 1, 2, 3, 5}[nb % 8];
+    // Without groups: one full-attention group of these pools (from full_attention()).
+    const int32_t num_blocks =
+        nb < 248 ? 1 + nb % 24 : std::array{0, -1, 48, 64, 1, 2, 3, 5}[nb % 8];
     const uint8_t b = in_.u8();
     opts_.block_size = b < 248 ? std::array{1, 2, 3, 4, 5, 7, 8, 16}[b % 8]
                                : std::array{0, -1, 32, 1, 2, 1, 3, 6}[b % 8];
     if (profile_ == OpProfile::kHash && b < 248) opts_.block_size = 1 + b % 4;
     const uint8_t h = in_.u8();
-    opts_.num_host_blocks = h < 250 ? h % 20 : -1;
+    const int32_t num_host_blocks = h < 250 ? h % 20 : -1;
     const uint8_t m = in_.u8();
     opts_.max_model_len = m < 248 ? (m % 16 < 12 ? 1 << 20 : std::array{1, 7, 40, 100}[m % 4])
                                   : std::array{0, -1, INT32_MAX, 1 << 20, 3, 1 << 20, 64, 5}[m % 8];
     const uint8_t w = in_.u8();
-    opts_.watermark_blocks = w < 160 ? 0 : w < 250 ? 1 + w % 3 : w < 253 ? -1 : opts_.num_blocks;
+    opts_.watermark_blocks = w < 160 ? 0 : w < 250 ? 1 + w % 3 : w < 253 ? -1 : num_blocks;
     const uint8_t f = in_.u8();
     opts_.enable_prefix_caching = (f & 7) != 0;
     opts_.preemption_mode = (f & 8) ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
@@ -334,8 +336,8 @@ class ManagerOpRunner {
     // The host tier: off, on where valid (twice as likely), or on regardless (create must
     // refuse it then).
     const int host_mode = h < 250 ? (h / 20) % 4 : 0;
-    opts_.enable_host_cache = host_mode == 3 || (host_mode != 0 && opts_.num_host_blocks > 0 &&
-                                                 opts_.enable_prefix_caching);
+    opts_.enable_host_cache =
+        host_mode == 3 || (host_mode != 0 && num_host_blocks > 0 && opts_.enable_prefix_caching);
     // Half of the runs demote only reused blocks (the base text's seed picks: no byte of
     // the saved inputs changes meaning).
     opts_.host_admission = seed % 2 == 1 ? HostAdmission::kReused : HostAdmission::kAll;
@@ -344,15 +346,19 @@ class ManagerOpRunner {
     opts_.event_sink = &events_;
     opts_.preemption_hooks = &hooks_;
     opts_.clock = [this] { return now_ms_; };
-    if (grouped_) decode_groups(nb, h, w, host_mode);
+    if (grouped_) {
+      decode_groups(w, host_mode);
+    } else {
+      opts_.layer_groups = full_attention(num_blocks, num_host_blocks);
+    }
   }
 
   // Layer groups: 1 to 3 of them, full, sliding window or chunked local, with windows and
   // chunks below, at and above the block size (multiples of it and not), pools of their own
   // sizes (host pools too), and now and then an invalid group or options create() must
   // refuse: a window of 0 or below, a full group with a window, pools of 0 or -1 blocks,
-  // num_blocks or num_host_blocks set beside the groups, no full group with prefix caching.
-  void decode_groups(uint8_t nb, uint8_t h, uint8_t w, int host_mode) {
+  // no full group with prefix caching.
+  void decode_groups(uint8_t w, int host_mode) {
     const int32_t bs = opts_.block_size;
     const uint8_t c = in_.u8();
     const int n = 1 + c % 3;
@@ -385,10 +391,6 @@ class ManagerOpRunner {
       g.kind = AttentionKind::kFull;
       g.window = 0;
     }
-    // Pools come from the groups: num_blocks and num_host_blocks must be 0 (their extreme
-    // values test that create() refuses them otherwise).
-    opts_.num_blocks = nb < 248 ? 0 : std::array{0, -1, 48, 64, 1, 0, 0, 0}[nb % 8];
-    opts_.num_host_blocks = h < 250 ? 0 : -1;
     const int32_t first_blocks = opts_.layer_groups[0].num_blocks;
     opts_.watermark_blocks = w < 160 ? 0 : w < 250 ? 1 + w % 3 : w < 253 ? -1 : first_blocks;
     const bool every_host = std::all_of(opts_.layer_groups.begin(), opts_.layer_groups.end(),
@@ -448,8 +450,7 @@ class ManagerOpRunner {
 
   std::string describe_options() const {
     std::ostringstream out;
-    out << "num_blocks=" << opts_.num_blocks << " block_size=" << opts_.block_size
-        << " host=" << opts_.num_host_blocks << " max_model_len=" << opts_.max_model_len
+    out << "block_size=" << opts_.block_size << " max_model_len=" << opts_.max_model_len
         << " watermark=" << opts_.watermark_blocks << " caching=" << opts_.enable_prefix_caching
         << " mode=" << (opts_.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute")
         << " hash=" << weak_hash::kNames[hash_index_] << " policy=" << policy_

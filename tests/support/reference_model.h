@@ -9,9 +9,8 @@
 //
 // What it models, per call: the status code, the returned value (hit length, slot mapping
 // of every layer group, copies), and the state afterwards:
-//   - the layer groups (layer_group.h): one full-attention group of num_blocks device and
-//     num_host_blocks host blocks without Options::layer_groups, else the groups given,
-//     each with a device pool and a host pool of its own, its own host tier and counters;
+//   - the layer groups (layer_group.h): Options::layer_groups, each with a device pool and a
+//     host pool of its own, its own host tier and counters;
 //   - each sequence: state, priority, arrival, tokens, computed count, one table per group
 //     (device blocks, with kNoBlock before first_held in a windowed group: entries released
 //     behind the window), host blocks while swapped, how many of its full blocks were
@@ -195,20 +194,9 @@ class ReferenceModel {
     int64_t ghost_hits = 0;
   };
 
-  // The groups a manager of these options has: Options::layer_groups, or one full group.
-  static std::vector<LayerGroup> layer_groups_of(const KvCacheManager::Options& o) {
-    if (!o.layer_groups.empty()) return o.layer_groups;
-    return {{.kind = AttentionKind::kFull,
-             .window = 0,
-             .num_blocks = o.num_blocks,
-             .num_host_blocks = o.num_host_blocks}};
-  }
-
   // Mirrors KvCacheManager::create(): InvalidArgument for any bad option.
   static Code validate(const KvCacheManager::Options& o) {
-    const bool grouped = !o.layer_groups.empty();
-    if (grouped && (o.num_blocks != 0 || o.num_host_blocks != 0)) return Code::kInvalidArgument;
-    if (o.block_size <= 0 || o.num_host_blocks < 0 || o.max_model_len <= 0 ||
+    if (o.layer_groups.empty() || o.block_size <= 0 || o.max_model_len <= 0 ||
         o.hash_fn == nullptr) {
       return Code::kInvalidArgument;
     }
@@ -226,7 +214,7 @@ class ReferenceModel {
       return Code::kInvalidArgument;
     }
     bool has_full = false;
-    for (const LayerGroup& g : layer_groups_of(o)) {
+    for (const LayerGroup& g : o.layer_groups) {
       if (g.num_blocks <= 0 || g.num_host_blocks < 0) return Code::kInvalidArgument;
       if (o.enable_host_cache && g.num_host_blocks == 0) return Code::kInvalidArgument;
       const bool windowed = g.kind != AttentionKind::kFull;
@@ -234,7 +222,7 @@ class ReferenceModel {
       has_full |= !windowed;
     }
     if (!has_full && o.enable_prefix_caching) return Code::kInvalidArgument;
-    const int32_t first_blocks = layer_groups_of(o)[0].num_blocks;
+    const int32_t first_blocks = o.layer_groups[0].num_blocks;
     if (o.watermark_blocks < 0 || o.watermark_blocks >= first_blocks) {
       return Code::kInvalidArgument;
     }
@@ -243,7 +231,7 @@ class ReferenceModel {
 
   // NOTE (contract): host content keys start at 2^63, apart from the device's (from 1).
   explicit ReferenceModel(const KvCacheManager::Options& o) : opts_(o) {
-    const std::vector<LayerGroup> specs = layer_groups_of(o);
+    const std::vector<LayerGroup> specs = o.layer_groups;
     const int64_t first_blocks = specs[0].num_blocks;
     for (const LayerGroup& spec : specs) {
       // The watermark scaled to the group's pool, rounded up, leaving one block.
