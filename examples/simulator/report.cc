@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -126,17 +127,19 @@ std::string format_eviction_table(const std::vector<EvictionRow>& rows) {
 
 std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostModel& costs) {
   constexpr double kGB = 1e9;
-  std::string out = fmt::format("{:>7} {:>7} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>11}\n",
-                                "device", "host", "retain", "dev hit", "host hit", "combined",
-                                "LRU(D+H)", "diff", "promo GB/s", "demo GB/s");
+  std::string out =
+      fmt::format("{:>7} {:>7} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>11} {:>9}\n",
+                  "device", "host", "retain", "dev hit", "host hit", "combined", "LRU(D+H)", "diff",
+                  "promo GB/s", "demo GB/s", "dropped");
   for (const TierRow& row : rows) {
     const TieredReplayResult& t = row.tiered;
     out += fmt::format(
-        "{:>7} {:>7} {:>6} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.4f} {:>8.4f} {:>11.3f} {:>11.3f}\n",
-        t.device_capacity, t.host_capacity, t.retained_head_blocks, t.device_hit_rate(),
+        "{:>7} {:>7} {:>6} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.4f} {:>8.4f} {:>11.3f} {:>11.3f} "
+        "{:>9}\n",
+        t.size.device_blocks, t.size.host_blocks, t.size.retained_head_blocks, t.device_hit_rate(),
         t.host_hit_rate(), t.hit_rate(), row.single.hit_rate(),
-        t.hit_rate() - row.single.hit_rate(), costs.bytes_per_s(t.promotions()) / kGB,
-        costs.bytes_per_s(t.demotions) / kGB);
+        t.hit_rate() - row.single.hit_rate(), costs.bytes_per_s(t.promotions) / kGB,
+        costs.bytes_per_s(t.demotions) / kGB, t.dropped);
   }
   out += fmt::format(
       "Per {}-token block ({:.1f} MiB of KV): recompute {:.2f} ms at {:.0f} prefill tokens/s",
@@ -148,6 +151,36 @@ std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostMo
                        costs.recompute_s() / costs.copy_s(link));
   }
   return out + "\n";
+}
+
+std::string format_policy_table(const std::vector<PolicyRow>& rows) {
+  std::string out =
+      fmt::format("{:>11} {:>8} {:>8} {:>8} {:>10} {:>11} {:>9} {:>9}\n", "pool blocks", "LRU",
+                  "adaptive", "Belady", "x LRU", "gap closed", "B1 hits", "B2 hits");
+  for (const PolicyRow& row : rows) {
+    const double lru = row.lru.hit_rate();
+    out += fmt::format("{:>11} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.3f} {:>11.3f} {:>9} {:>9}\n",
+                       row.capacity, lru, row.adaptive.hit_rate(), row.belady.hit_rate(),
+                       lru > 0 ? row.adaptive.hit_rate() / lru : 0.0, row.gap_closed(),
+                       row.adaptive.recent_ghost_hits, row.adaptive.frequent_ghost_hits);
+  }
+  return out;
+}
+
+std::string format_admission_table(const AdmissionRow& row) {
+  std::string out = fmt::format("{:>14} {:>8} {:>8} {:>8} {:>9} {:>12} {:>9} {:>10}\n",
+                                "host admission", "dev hit", "host hit", "combined", "demoted",
+                                "not admitted", "promoted", "host drops");
+  for (auto [name, t] : {std::pair{"kAll", &row.all}, std::pair{"kReused", &row.reused}}) {
+    out += fmt::format("{:>14} {:>8.4f} {:>8.4f} {:>8.4f} {:>9} {:>12} {:>9} {:>10}\n", name,
+                       t->device_hit_rate(), t->host_hit_rate(), t->hit_rate(), t->demotions,
+                       t->not_admitted, t->promotions, t->dropped);
+  }
+  const double all = row.all.hit_rate();
+  out += fmt::format("demotions saved {:.1f} %; combined hit rate {:+.2f} % of demote-all's\n",
+                     100 * row.demotions_saved(),
+                     all > 0 ? 100 * (row.reused.hit_rate() - all) / all : 0.0);
+  return out;
 }
 
 namespace {
@@ -234,18 +267,18 @@ OrderedJson tiers_json(const SimReport& report) {
   OrderedJson rows = OrderedJson::array();
   for (const TierRow& row : report.tiers) {
     const TieredReplayResult& t = row.tiered;
-    rows.push_back({{"device_blocks", t.device_capacity},
-                    {"host_blocks", t.host_capacity},
-                    {"retained_head_blocks", t.retained_head_blocks},
+    rows.push_back({{"device_blocks", t.size.device_blocks},
+                    {"host_blocks", t.size.host_blocks},
+                    {"retained_head_blocks", t.size.retained_head_blocks},
                     {"total_blocks", t.total_blocks},
                     {"device_hit_blocks", t.device_hit_blocks},
                     {"host_hit_blocks", t.host_hit_blocks},
                     {"hit_rate", figure(t.hit_rate())},
                     {"single_pool_hit_rate", figure(row.single.hit_rate())},
-                    {"promotions", t.promotions()},
+                    {"promotions", t.promotions},
                     {"demotions", t.demotions},
-                    {"host_evictions", t.host_evictions},
-                    {"promoted_bytes_per_s", figure(c.bytes_per_s(t.promotions()))},
+                    {"dropped", t.dropped},
+                    {"promoted_bytes_per_s", figure(c.bytes_per_s(t.promotions))},
                     {"demoted_bytes_per_s", figure(c.bytes_per_s(t.demotions))}});
   }
   return {{"trace", report.eviction_trace},
