@@ -117,12 +117,11 @@ ABSL_FLAG(std::vector<std::string>, hybrid_fractions,
 ABSL_FLAG(int32_t, hybrid_chunk, kDefaults.hybrid_options.chunk_tokens,
           "hybrid study: prefill chunk in tokens (the engine's prefill tokens per step)");
 ABSL_FLAG(int32_t, hybrid_checkpoint, kDefaults.hybrid_options.checkpoint_tokens,
-          "the proposed windowed eviction rule: its coarsest checkpoints, every this many tokens "
-          "(0: branch points only)");
+          "hit study: the windowed groups' coarsest checkpoints, every this many tokens (0: "
+          "branch points only; KvCacheManager::Options::window_checkpoint_tokens)");
 ABSL_FLAG(int32_t, hybrid_checkpoint_levels, kDefaults.hybrid_options.checkpoint_levels,
-          "the proposed rule's checkpoint levels, each at half the spacing of the one before");
-ABSL_FLAG(bool, hybrid_models_only, false,
-          "hit study: the block-level models only, without replaying the KvCacheManager");
+          "hit study: the windowed groups' checkpoint levels, each at half the spacing of the "
+          "one before");
 ABSL_FLAG(bool, state, false,
           "also run the state-layer study: prefix hits of hybrid models with state layers "
           "(Mamba2, Gated DeltaNet), pagedkv's checkpoints against vLLM's rule, on the Mooncake "
@@ -286,7 +285,6 @@ SimOptions options_from_flags() {
   options.hybrid_options.chunk_tokens = GetFlag(FLAGS_hybrid_chunk);
   options.hybrid_options.checkpoint_tokens = GetFlag(FLAGS_hybrid_checkpoint);
   options.hybrid_options.checkpoint_levels = GetFlag(FLAGS_hybrid_checkpoint_levels);
-  options.hybrid_options.manager = !GetFlag(FLAGS_hybrid_models_only);
   options.state = GetFlag(FLAGS_state);
   options.state_only = GetFlag(FLAGS_state_only);
   options.state_models = GetFlag(FLAGS_state_models);

@@ -301,35 +301,17 @@ OrderedJson groups_json(std::span<const LayerGroup> groups) {
   return out;
 }
 
-OrderedJson hit_json(const HitReplayResult& r) {
+OrderedJson hit_json(const PrefixHits& r) {
   return {{"prompt_tokens", r.prompt_tokens},
           {"hit_tokens", r.hit_tokens},
+          {"hit_rate", figure(r.hit_rate())},
+          {"recomputed_tokens", r.recomputed_tokens()},
           {"full_hold_tokens", r.full_hold_tokens},
           {"of_full_hold", figure(r.of_full_hold())},
+          {"hits", r.hits},
           {"cut_hits", r.cut_hits},
-          {"evictions", r.evictions},
-          {"refused", r.refused}};
-}
-
-OrderedJson cut_json(const CutAnalysis& a) {
-  auto by_point = [](const int64_t(&v)[4]) {
-    return OrderedJson{{"prompt_end", v[1]}, {"known_branch", v[2]}, {"new_branch", v[3]}};
-  };
-  return {{"cut_hits", a.cut_hits},
-          {"lost_tokens", a.lost_tokens},
-          {"distinct_points", a.distinct_points},
-          {"hits_by_point", by_point(a.hits_by_point)},
-          {"hold_tokens_by_point", by_point(a.hold_tokens_by_point)},
-          {"cuts_by_point", by_point(a.cuts_by_point)},
-          {"lost_tokens_by_point", by_point(a.lost_tokens_by_point)},
-          {"missing_released_mid", a.missing_released_mid},
-          {"missing_released_at_free", a.missing_released_at_free},
-          {"missing_never_cached", a.missing_never_cached},
-          {"median_requests_since_eviction", a.median_requests_since_eviction},
-          {"window_evictions_mid", a.window_evictions_mid},
-          {"window_evictions_at_free", a.window_evictions_at_free},
-          {"window_mean_age_requests", figure(a.window_mean_age_requests)},
-          {"full_mean_age_requests", figure(a.full_mean_age_requests)}};
+          {"checkpoints_saved", r.checkpoints_saved},
+          {"evictions", r.evictions}};
 }
 
 OrderedJson hybrid_json(const SimReport& report) {
@@ -355,25 +337,10 @@ OrderedJson hybrid_json(const SimReport& report) {
                        {"budget_bytes", row.budget_bytes},
                        {"groups", groups_json(row.groups)},
                        {"vllm_blocks", row.vllm_blocks}};
-      if (row.has_manager) {
-        r["manager"] = hit_json(row.manager);
-        r["manager_full_group_first"] = hit_json(row.manager_fixed);
-        r["cache_split_manager"] = hit_json(row.cache_manager);
-      }
-      r["cache_split_groups"] = groups_json(row.cache_groups);
-      r["cache_split_model"] = hit_json(row.cache_proposed);
-      r["lru_model"] = hit_json(row.lru);
-      r["anchor_first_model"] = hit_json(row.fixed);
-      r["proposed_model"] = hit_json(row.proposed);
+      r["manager"] = hit_json(row.manager);
       r["vllm_model"] = hit_json(row.vllm);
-      OrderedJson ablation = OrderedJson::array();
-      for (const HybridVariant& v : row.ablation) {
-        ablation.push_back({{"name", v.name}, {"result", hit_json(v.result)}});
-      }
-      r["ablation"] = std::move(ablation);
-      r["lru_analysis"] = cut_json(row.analysis);
-      r["anchor_first_analysis"] = cut_json(row.fixed_analysis);
-      r["proposed_analysis"] = cut_json(row.proposed_analysis);
+      r["cache_split_groups"] = groups_json(row.cache_groups);
+      r["cache_split_manager"] = hit_json(row.cache_manager);
       rows.push_back(std::move(r));
     }
     hits.push_back({{"model", study.model},
@@ -392,18 +359,6 @@ OrderedJson hybrid_json(const SimReport& report) {
   return {{"utilization", util}, {"hits", hits}};
 }
 
-OrderedJson state_result_json(const StateReplayResult& r) {
-  return {{"prompt_tokens", r.prompt_tokens},
-          {"hit_tokens", r.hit_tokens},
-          {"hit_rate", r.hit_rate()},
-          {"recomputed_tokens", r.recomputed_tokens()},
-          {"attention_tokens", r.attention_tokens},
-          {"hits", r.hits},
-          {"checkpoints_saved", r.checkpoints_saved},
-          {"checkpoints_evicted", r.checkpoints_evicted},
-          {"hit_class_peak", r.hit_class_peak}};
-}
-
 OrderedJson state_json(const SimReport& report) {
   OrderedJson studies = OrderedJson::array();
   for (const StateStudy& s : report.state_hits) {
@@ -412,18 +367,17 @@ OrderedJson state_json(const SimReport& report) {
       if (!row.fits) continue;
       OrderedJson policies = OrderedJson::object();
       for (size_t i = 0; i < row.policies.size(); ++i)
-        policies[s.policy_names[i]] = state_result_json(row.policies[i]);
-      rows.push_back({{"fraction", row.fraction},
+        policies[s.policy_names[i]] = hit_json(row.policies[i]);
+      rows.push_back({{"fraction", figure(row.fraction)},
                       {"budget_bytes", row.budget_bytes},
                       {"attention_blocks", row.split.attention_blocks},
                       {"state_slots", row.split.state_slots},
                       {"policies", policies},
-                      {"vllm_rule", state_result_json(row.vllm)}});
+                      {"vllm_rule", hit_json(row.vllm)}});
     }
     OrderedJson sensitivity = OrderedJson::array();
     for (const auto& [share, r] : s.sensitivity)
-      sensitivity.push_back(
-          {{"checkpoints_per_sequence", share}, {"pagedkv", state_result_json(r)}});
+      sensitivity.push_back({{"checkpoints_per_sequence", share}, {"pagedkv", hit_json(r)}});
     studies.push_back({{"model", s.model},
                        {"workload", s.workload},
                        {"requests", s.requests},
@@ -433,7 +387,7 @@ OrderedJson state_json(const SimReport& report) {
                        {"footprint_checkpoints", s.footprint_checkpoints},
                        {"footprint_bytes", s.footprint_bytes},
                        {"vllm_block_tokens", s.vllm_block_tokens},
-                       {"unbounded", state_result_json(s.unbounded)},
+                       {"unbounded", hit_json(s.unbounded)},
                        {"rows", rows},
                        {"sensitivity", sensitivity}});
   }

@@ -15,7 +15,7 @@
 #include "engine.h"
 #include "eviction.h"
 #include "hybrid.h"
-#include "state_cache.h"
+#include "state_study.h"
 #include "trace.h"
 
 namespace pagedkv::sim {
@@ -44,7 +44,7 @@ struct SimReport {
   TierCostModel tier_costs;
   std::vector<HybridUtilRun> hybrid_util;  // the hybrid-model study (hybrid.h)
   std::vector<HybridHitStudy> hybrid_hits;
-  std::vector<StateStudy> state_hits;   // the state-layer study (state_cache.h)
+  std::vector<StateStudy> state_hits;   // the state-layer study (state_study.h)
   std::vector<ClusterResult> clusters;  // cluster mode (cluster.h): one per trace
 };
 
