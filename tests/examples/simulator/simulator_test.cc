@@ -11,13 +11,13 @@
 #include <string>
 
 #include "cluster.h"
-#include "contiguous_arena.h"
 #include "engine.h"
 #include "eviction.h"
 #include "report.h"
 #include "shared_tier.h"
 #include "simulate.h"
 #include "studies/belady.h"
+#include "studies/contiguous_arena.h"
 #include "support/skip.h"
 #include "synthetic.h"
 #include "tokens.h"
