@@ -37,6 +37,44 @@ absl::StatusOr<int32_t> chain_blocks(const BlockPool& pool, std::span<const Toke
   return max_blocks;
 }
 
+// The first full-attention group of `m`, or -1.
+int32_t first_full_group(const KvCacheManager& m) {
+  for (int32_t g = 0; g < m.num_groups(); ++g) {
+    if (m.layer_group(g).kind == AttentionKind::kFull) return g;
+  }
+  return -1;
+}
+
+// What one request hit, and what the full groups held at its match, in tokens.
+struct RequestHits {
+  int32_t hit = 0;
+  int32_t hold = 0;
+};
+
+// One request of the replay as sequence `seq`: added, its full hold read on `anchor` (the
+// first full group's pool), matched, computed in chunks of `chunk_tokens`, freed.
+absl::StatusOr<RequestHits> replay_request(KvCacheManager& m, const BlockPool& anchor, SeqId seq,
+                                           std::span<const TokenId> prompt, int32_t chunk_tokens,
+                                           std::vector<BlockHash>& hashes) {
+  const auto length = static_cast<int32_t>(prompt.size());
+  if (absl::Status s = m.add_sequence(seq, prompt); !s.ok()) return s;
+  // A hit never covers the prompt's last token.
+  const int32_t b = anchor.block_size();
+  absl::StatusOr<int32_t> hold = chain_blocks(anchor, prompt, (length - 1) / b, hashes);
+  if (!hold.ok()) return hold.status();
+  absl::StatusOr<int32_t> hit = m.match_prefix(seq);
+  if (!hit.ok()) return hit.status();
+  for (int32_t computed = *hit; computed < length;) {
+    const int32_t n =
+        chunk_tokens > 0 ? std::min(chunk_tokens, length - computed) : length - computed;
+    if (auto slots = m.allocate_slots(seq, n); !slots.ok()) return slots.status();
+    (void)m.take_step_ops();  // no engine: the copies need not run
+    computed += n;
+  }
+  if (absl::Status s = m.free(seq); !s.ok()) return s;
+  return RequestHits{.hit = *hit, .hold = *hold * b};
+}
+
 }  // namespace
 
 int32_t Prompts::longest() const {
@@ -79,46 +117,27 @@ absl::StatusOr<PrefixHits> replay_prefix_hits(const Prompts& prompts,
     return absl::InvalidArgumentError(
         absl::StrCat("prefix replay: chunk_tokens ", chunk_tokens, " must be >= 0"));
   }
-  absl::StatusOr<KvCacheManager> created = KvCacheManager::create(options);
-  if (!created.ok()) return created.status();
-  KvCacheManager& m = *created;
-  int32_t anchor = 0;
-  while (anchor < m.num_groups() && m.layer_group(anchor).kind != AttentionKind::kFull) ++anchor;
-  if (anchor == m.num_groups()) {
-    return absl::InvalidArgumentError("prefix replay: no full-attention group");
-  }
-  const BlockPool& anchor_pool = m.device_pool(anchor);
-  const int32_t b = options.block_size;
+  absl::StatusOr<KvCacheManager> m = KvCacheManager::create(options);
+  if (!m.ok()) return m.status();
+  const int32_t anchor = first_full_group(*m);
+  if (anchor < 0) return absl::InvalidArgumentError("prefix replay: no full-attention group");
   PrefixHits result;
   std::vector<TokenId> prompt;
   std::vector<BlockHash> hashes;
   for (int64_t r = 0; r < prompts.size(); ++r) {
     prompts.tokens(r, prompt);
-    const auto length = static_cast<int32_t>(prompt.size());
-    const auto seq = static_cast<SeqId>(r);
-    if (absl::Status s = m.add_sequence(seq, prompt); !s.ok()) return at_request(s, r);
-    // A hit never covers the prompt's last token.
-    absl::StatusOr<int32_t> hold = chain_blocks(anchor_pool, prompt, (length - 1) / b, hashes);
-    if (!hold.ok()) return at_request(hold.status(), r);
-    absl::StatusOr<int32_t> hit = m.match_prefix(seq);
-    if (!hit.ok()) return at_request(hit.status(), r);
-    for (int32_t computed = *hit; computed < length;) {
-      const int32_t n =
-          chunk_tokens > 0 ? std::min(chunk_tokens, length - computed) : length - computed;
-      if (auto slots = m.allocate_slots(seq, n); !slots.ok()) return at_request(slots.status(), r);
-      (void)m.take_step_ops();  // no engine: the copies need not run
-      computed += n;
-    }
-    if (absl::Status s = m.free(seq); !s.ok()) return at_request(s, r);
+    absl::StatusOr<RequestHits> request = replay_request(
+        *m, m->device_pool(anchor), static_cast<SeqId>(r), prompt, chunk_tokens, hashes);
+    if (!request.ok()) return at_request(request.status(), r);
     ++result.requests;
-    result.prompt_tokens += length;
-    result.hit_tokens += *hit;
-    result.full_hold_tokens += int64_t{*hold} * b;
-    result.hits += *hit > 0 ? 1 : 0;
-    result.cut_hits += *hit < *hold * b ? 1 : 0;
+    result.prompt_tokens += std::ssize(prompt);
+    result.hit_tokens += request->hit;
+    result.full_hold_tokens += request->hold;
+    result.hits += request->hit > 0 ? 1 : 0;
+    result.cut_hits += request->hit < request->hold ? 1 : 0;
   }
-  for (int32_t g = 0; g < m.num_groups(); ++g) {
-    const KvCacheManager::GroupStats stats = m.group_stats(g);
+  for (int32_t g = 0; g < m->num_groups(); ++g) {
+    const KvCacheManager::GroupStats stats = m->group_stats(g);
     result.evictions.push_back(stats.evictions);
     result.checkpoints_saved += stats.checkpoints_saved;
   }
