@@ -108,8 +108,8 @@ struct CheckpointPolicy {
 };
 
 // The workload through a KvCacheManager with `split` (a full-attention group, then a state
-// group), saving checkpoints by `policy`. Errors: the manager's (InvalidArgument for a
-// pool too small for a prompt, or fewer than two state slots), naming the request.
+// group), saving checkpoints by `policy`. Errors: the manager's, naming the request
+// (InvalidArgument for a pool too small for a prompt).
 [[nodiscard]] absl::StatusOr<PrefixHits> replay_state_manager(const StateWorkload& workload,
                                                               const StateSplit& split,
                                                               const CheckpointPolicy& policy,
