@@ -1,27 +1,25 @@
 // File: examples/simulator/eviction.h
 //
-// The eviction study: block-level prefix hit rate of a single pool of C blocks under the
-// replay rule of shared/traces/README.md, for LRU (the library's BlockPool, whose free
-// queue is the LRU order) and for the offline optimum (Belady's MIN).
+// The eviction studies (docs/results.md "Eviction study" to "Host-tier admission"): the
+// block-level prefix hit rate of the Mooncake trace's 512-token blocks under the replay rule
+// of shared/traces/README.md. Requests are replayed one by one in file order. A request's
+// hits are the longest prefix of its blocks already cached. Then all of its blocks are
+// inserted or touched from tail to head, so head blocks end up most recent. No concurrency,
+// no decode blocks. Every pagedkv figure is the library's:
 //
-// Replay rule: requests are replayed one by one in file order. A request's hits are the
-// longest prefix of its blocks already in the pool. Then all of its blocks are inserted
-// or touched from tail to head, so head blocks end up most recent. No concurrency, no
-// pinning across requests, no decode blocks.
+//   - One pool: a BlockPool of block_size 1 (one pool block stands for one trace block,
+//     whose single token is derived from its hash id), evicting by LRU or
+//     EvictionPolicy::kAdaptive. find_cached() along the chain finds the hit prefix and
+//     touch() pins it; allocate() takes the misses (evicting cached blocks in the policy's
+//     order) and cache_full_block() indexes them; free() returns the request's blocks tail
+//     to head, so the head lands at the free queue's most recent end.
+//   - Two tiers: a KvCacheManager of one-token blocks with a host tier
+//     (Options::enable_host_cache) behind the device pool. Each request is added, matched
+//     (device hits, then host hits, which are promoted), computed in one step and freed
+//     (tail first); the tier's admission rule and retention priorities on each request's
+//     head blocks are the manager's own.
 //
-// LRU with BlockPool (block_size 1: one pool block stands for one 512-token trace block,
-// whose single token is derived from its hash id): the hit prefix is found with
-// find_cached() along the chain, hit blocks are touched, the missing ones allocated (which
-// evicts from the head of the free queue, the least recently used) and cached, and the
-// request's blocks are then freed tail to head, so the head ends up at the queue's tail.
-//
-// The tiered replay (below) adds a host tier behind the device pool.
-//
-// Belady: the cached block whose next use (in the flattened reference stream) is farthest
-// in the future is evicted; a missing block whose own next use is farther than every
-// cached block's is not inserted (bypass), which is what makes MIN optimal. Parents are
-// always used no later than their children, so both pools stay prefix-closed and "longest
-// cached prefix" equals "blocks present".
+// Beside them, the offline optimum: Belady's MIN (studies/belady.h).
 #ifndef PAGEDKV_EXAMPLES_SIMULATOR_EVICTION_H_
 #define PAGEDKV_EXAMPLES_SIMULATOR_EVICTION_H_
 
@@ -39,34 +37,29 @@ using BlockStreams = std::vector<std::vector<int64_t>>;
 
 BlockStreams block_streams(const Trace& trace);
 
-// The same streams over dense ids (0, 1, ... in first-use order); *num_ids is the number of
-// distinct ids.
-std::vector<std::vector<int32_t>> dense_streams(const BlockStreams& streams, int32_t* num_ids);
+// Number of distinct block ids: the pool size at which nothing is ever evicted.
+int64_t distinct_blocks(const BlockStreams& streams);
 
 struct ReplayResult {
   int64_t capacity = 0;      // blocks in the pool
   int64_t total_blocks = 0;  // block references replayed
   int64_t hit_blocks = 0;    // references inside a request's cached prefix
   int64_t evictions = 0;     // cached blocks dropped to make room
-  int64_t unregistered = 0;  // LRU only: missing blocks whose hash was already indexed
+  int64_t unregistered = 0;  // BlockPool only: missing blocks whose hash was already indexed
                              // (a prefix-closure violation; 0 on well-formed traces)
+  // EvictionPolicy::kAdaptive: blocks cached while their hash was a ghost of a block
+  // evicted once-used (the policy then favours recency) or reused (frequency).
+  int64_t recent_ghost_hits = 0;
+  int64_t frequent_ghost_hits = 0;
   double hit_rate() const {
     return total_blocks == 0 ? 0.0 : static_cast<double>(hit_blocks) / total_blocks;
   }
 };
 
-// Number of distinct block ids: the pool size at which nothing is ever evicted.
-int64_t distinct_blocks(const BlockStreams& streams);
-
-// Replay on a pagedkv BlockPool of `capacity` blocks evicting by `policy` (LRU: the
-// eviction study's reference). Errors: InvalidArgument when capacity < 1 or a request has
-// more blocks than the pool.
+// Replay on a BlockPool of `capacity` blocks evicting by `policy`. Errors: InvalidArgument
+// when capacity < 1 or a request has more blocks than the pool.
 [[nodiscard]] absl::StatusOr<ReplayResult> replay_block_pool(
     const BlockStreams& streams, int32_t capacity, EvictionPolicy policy = EvictionPolicy::kLru);
-
-// Belady (MIN) replay with `capacity` blocks. Errors: InvalidArgument when capacity < 1.
-[[nodiscard]] absl::StatusOr<ReplayResult> replay_belady(const BlockStreams& streams,
-                                                         int64_t capacity);
 
 struct EvictionRow {
   int64_t capacity = 0;
@@ -75,38 +68,31 @@ struct EvictionRow {
   ReplayResult belady;
 };
 
-// Both replays at each capacity, then at the infinite size.
+// LRU (BlockPool) and Belady at each capacity, then at the infinite size.
 [[nodiscard]] absl::StatusOr<std::vector<EvictionRow>> eviction_study(
     const BlockStreams& streams, const std::vector<int32_t>& capacities);
 
 // --- Two tiers: device and host ----------------------------------------------------------
-//
-// The tiered replay models the host tier of issue 13: a device tier of D blocks and a host
-// tier of H blocks, each an LRU list, exclusive (a block lives in one tier at a time).
-//   - A request's hits are the longest prefix of its blocks present in either tier; the
-//     device hits and the host hits are counted apart.
-//   - Hits are pinned first (as the single-pool replay touches them), then every host hit
-//     is promoted (host -> device) and every miss inserted, each taking a device slot.
-//     A full device demotes its least recently used unpinned block to the host tier's
-//     most recent end (device -> host); a full host tier drops its least recently used
-//     block (with H = 0 a demotion is a plain eviction).
-//   - The request's blocks then become the device's most recent, tail to head, as in the
-//     single-pool replay.
-// Every host block is older than every unpinned device block, so the two tiers together
-// hold the D + H most recent blocks: the combined hit rate equals single-pool LRU at
-// D + H, and the device hits equal single-pool LRU at D. The study measures both.
-struct TieredReplayResult {
-  int64_t device_capacity = 0;
-  int64_t host_capacity = 0;
+
+// A device pool, the host tier behind it (0: none) and the retention of each request's
+// first `retained_head_blocks` blocks: a priority above the default, so that the device
+// evicts a request's tail before its head (0: plain LRU).
+struct TierSize {
+  int32_t device_blocks = 0;
+  int32_t host_blocks = 0;
   int32_t retained_head_blocks = 0;
+};
+
+struct TieredReplayResult {
+  TierSize size;
   int64_t total_blocks = 0;       // block references replayed
-  int64_t device_hit_blocks = 0;  // hits found in the device tier
+  int64_t device_hit_blocks = 0;  // hits found on the device
   int64_t host_hit_blocks = 0;    // hits found in the host tier (each one promoted)
-  int64_t demotions = 0;          // device -> host copies (0 when there is no host tier)
-  int64_t host_evictions = 0;     // blocks dropped from the host tier (or the device, H = 0)
-  int64_t undemoted = 0;          // device evictions the admission rule dropped (kReused)
+  int64_t demotions = 0;          // device -> host copies (Stats::blocks_demoted)
+  int64_t promotions = 0;         // host -> device copies (Stats::blocks_promoted)
+  int64_t dropped = 0;            // blocks dropped from the host tier (the device: none)
+  int64_t not_admitted = 0;       // device evictions the admission rule dropped (kReused)
   int64_t hit_blocks() const { return device_hit_blocks + host_hit_blocks; }
-  int64_t promotions() const { return host_hit_blocks; }
   double rate(int64_t blocks) const {
     return total_blocks == 0 ? 0.0 : static_cast<double>(blocks) / total_blocks;
   }
@@ -115,52 +101,22 @@ struct TieredReplayResult {
   double host_hit_rate() const { return rate(host_hit_blocks); }
 };
 
-// Tiered LRU replay with `device_blocks` and `host_blocks`.
-//
-// Retention priorities (issue 13 asks the allocator for them): the first
-// `retained_head_blocks` blocks of every request get priority 1, the rest 0, and the
-// device demotes the least recently used block of the lowest priority present, so a
-// request's head (where shared prefixes live) outlasts its tail. 0 is plain LRU. A
-// block's priority is set each time a request touches it; the host tier stays LRU.
-//
-// Errors: InvalidArgument when device_blocks < 1, host_blocks < 0,
-// retained_head_blocks < 0, or a request has more blocks than the device tier.
-//
-// `admission` is the library's rule (pagedkv::HostAdmission), restated over ids: kReused
-// demotes only blocks hit since they were last computed (on the device or in the host
-// tier), or computed again while their id was a ghost (one of the device_blocks +
-// host_blocks ids most recently dropped from both tiers). Issue 24 also names branch
-// points (two or more distinct children cached under a block): in this
-// one-request-at-a-time replay a second child comes only with a request that hits the
-// block, so hits cover them.
-[[nodiscard]] absl::StatusOr<TieredReplayResult> replay_tiered_lru(
-    const BlockStreams& streams, int32_t device_blocks, int32_t host_blocks,
-    int32_t retained_head_blocks = 0, HostAdmission admission = HostAdmission::kAll);
-
-// The same replay through a KvCacheManager with a host tier (Options::enable_host_cache,
-// `admission`): one-token blocks, one per id, each request added, matched (device hits,
-// then promoted host hits), its misses computed in one step, then freed (tail first). It
-// checks that the library does what the model above does. Errors: those of
-// replay_tiered_lru() and of the manager's calls.
-[[nodiscard]] absl::StatusOr<TieredReplayResult> replay_tiered_manager(const BlockStreams& streams,
-                                                                       int32_t device_blocks,
-                                                                       int32_t host_blocks,
-                                                                       HostAdmission admission);
-
-struct TierSize {
-  int32_t device_blocks = 0;
-  int32_t host_blocks = 0;
-  int32_t retained_head_blocks = 0;  // see replay_tiered_lru()
-};
+// The replay through a KvCacheManager of `size` with the host tier's `admission` rule. Each
+// request's sequence holds one token more than its blocks, never computed (a hit never
+// covers a prompt's last token), so that all of its blocks can hit.
+// Errors: InvalidArgument when device_blocks < 1, host_blocks or retained_head_blocks < 0,
+// or a request's blocks and that token need more than the device; the manager's.
+[[nodiscard]] absl::StatusOr<TieredReplayResult> replay_tiers(
+    const BlockStreams& streams, const TierSize& size,
+    HostAdmission admission = HostAdmission::kAll);
 
 struct TierRow {
   TieredReplayResult tiered;
   ReplayResult single;  // LRU on one BlockPool of device_blocks + host_blocks
 };
 
-// The tiered replay at each size, next to single-pool LRU (BlockPool) of the same total.
-// Errors: as replay_tiered_lru() and replay_block_pool(); InvalidArgument when a total exceeds
-// int32.
+// replay_tiers() at each size, next to single-pool LRU (BlockPool) of the same total.
+// Errors: those of both replays; InvalidArgument when a total exceeds int32.
 [[nodiscard]] absl::StatusOr<std::vector<TierRow>> tier_study(const BlockStreams& streams,
                                                               const std::vector<TierSize>& sizes);
 
@@ -189,6 +145,32 @@ struct TierCostModel {
 
 // The first-to-last arrival span of a trace, in seconds (0 for fewer than two requests).
 double trace_seconds(const Trace& trace);
+
+// --- Eviction beyond LRU (issue 24) --------------------------------------------------------
+
+struct PolicyRow {
+  int64_t capacity = 0;
+  ReplayResult lru;       // BlockPool, EvictionPolicy::kLru
+  ReplayResult adaptive;  // BlockPool, EvictionPolicy::kAdaptive
+  ReplayResult belady;
+  // The share of the LRU-to-Belady gap the adaptive policy closes (0 when there is none).
+  double gap_closed() const;
+};
+
+// LRU, the adaptive policy and Belady at each capacity.
+[[nodiscard]] absl::StatusOr<std::vector<PolicyRow>> policy_study(
+    const BlockStreams& streams, const std::vector<int32_t>& capacities);
+
+// The host tier's admission rule at one size: HostAdmission::kAll against kReused.
+struct AdmissionRow {
+  TieredReplayResult all;
+  TieredReplayResult reused;
+  // Demotions kReused saves, as a share of kAll's.
+  double demotions_saved() const;
+};
+
+[[nodiscard]] absl::StatusOr<AdmissionRow> admission_study(const BlockStreams& streams,
+                                                           const TierSize& size);
 
 }  // namespace pagedkv::sim
 

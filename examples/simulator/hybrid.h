@@ -8,11 +8,11 @@
 //     trace with the hybrid pools and with every layer treated as full attention (one pool
 //     of all layers) at the same byte budget: KV bytes held against the model's analytic
 //     need (KvCacheConfig::min_bytes_per_sequence()), running sequences.
-//   - Prefix hits (Mooncake trace): the replay rule of docs/results.md at 16-token blocks
-//     through the KvCacheManager, at pool sizes given as fractions of the trace's footprint,
-//     against a model of vLLM's hybrid rule at the same memory (hybrid_eviction.h) and
-//     against what the full-attention groups alone hold at each match; the manager's rule
-//     modelled block for block (and checked equal), and the proposed windowed eviction rule.
+//   - Prefix hits (Mooncake trace): the replay rule of prefix_replay.h at 16-token blocks
+//     through the KvCacheManager (its windowed eviction rule), at pool sizes given as
+//     fractions of the trace's footprint, against what the full-attention groups alone hold
+//     at each match and against a model of vLLM's hybrid rule at the same memory
+//     (studies/vllm_hybrid_rule.h).
 #ifndef PAGEDKV_EXAMPLES_SIMULATOR_HYBRID_H_
 #define PAGEDKV_EXAMPLES_SIMULATOR_HYBRID_H_
 
@@ -24,8 +24,9 @@
 
 #include "absl/status/statusor.h"
 #include "engine.h"
-#include "hybrid_eviction.h"
 #include "pagedkv/kv_cache_config.h"
+#include "pagedkv/kv_cache_manager.h"
+#include "prefix_replay.h"
 #include "trace.h"
 
 namespace pagedkv::sim {
@@ -50,41 +51,27 @@ HybridModel gpt_oss_120b();
 // Errors: InvalidArgument when the groups' per-layer KV shapes differ.
 [[nodiscard]] absl::StatusOr<KvCacheConfig> full_treatment(const KvCacheConfig& config);
 
-// The nearest-rank median of prompt + output tokens, as pagedkv-plan --trace takes it.
-int64_t median_request_tokens(const Trace& trace);
-
-// The replay rule through a KvCacheManager with `groups` (prefix caching on): per request
-// add_sequence, the full-attention groups' verified chain (what they hold, read through
-// BlockPool::find_cached on the first full group's pool), match_prefix, allocate_slots in
-// chunks of chunk_tokens (0: the whole prompt) each ended by take_step_ops, free. The
-// windowed groups' checkpoints are the manager's Options::window_checkpoint_tokens and
-// window_checkpoint_levels. Errors: the manager's, with the request.
-[[nodiscard]] absl::StatusOr<HitReplayResult> replay_manager_hits(
-    const Trace& trace, std::span<const LayerGroup> groups, int32_t block_size,
-    int32_t chunk_tokens, int32_t checkpoint_tokens = 16384, int32_t checkpoint_levels = 5);
-
 struct HybridStudyOptions {
   std::vector<std::string> models = {"gemma-3-27b", "gpt-oss-120b"};
   // Pool sizes for the hit study: fractions of the trace's footprint (every distinct full
   // block cached in every group).
   std::vector<double> fractions = {1, 0.5, 0.25, 0.125, 0.0625};
   int32_t block_size = 16;
-  int32_t chunk_tokens = 8192;        // prefill chunk, both studies
-  int32_t checkpoint_tokens = 16384;  // the proposed rule's coarsest checkpoints (0: none)
-  int32_t checkpoint_levels = 5;      // and its levels, each at half the spacing
-  // The hit study also replays the KvCacheManager itself, with the groups as the planner
-  // lists them (windowed first) and with the full group listed first (else models only).
-  bool manager = true;
+  int32_t chunk_tokens = 8192;  // prefill chunk, both studies
+  // The windowed groups' eviction rule: its coarsest checkpoints (0: none) and their levels,
+  // each at half the spacing (KvCacheManager::Options::window_checkpoint_tokens, _levels).
+  int32_t checkpoint_tokens = 16384;
+  int32_t checkpoint_levels = 5;
   // Utilization: the budget holds this many tokens with every layer full (Azure, Mooncake).
   int64_t azure_budget_tokens = 65536;
   int64_t mooncake_budget_tokens = 524288;
 };
 
-// A named variant of the pagedkv model (the ablation of the proposed rule).
-struct HybridVariant {
-  std::string name;
-  HitReplayResult result;
-};
+// The KvCacheManager options of the hit study: `groups` (in their order), prefix caching
+// on, the windowed groups' checkpoints of `options`, prompts of up to `longest` tokens.
+KvCacheManager::Options hit_study_manager_options(std::span<const LayerGroup> groups,
+                                                  const HybridStudyOptions& options,
+                                                  int32_t longest);
 
 // One pool size of the hit study.
 struct HybridHitRow {
@@ -92,23 +79,12 @@ struct HybridHitRow {
   int64_t budget_bytes = 0;
   std::vector<LayerGroup> groups;  // pagedkv's pools, in the planner's order
   int64_t vllm_blocks = 0;         // vLLM's usable blocks (its pool less the null block)
-  bool has_manager = false;
-  HitReplayResult manager;        // the KvCacheManager, groups as the planner lists them
-  HitReplayResult manager_fixed;  // the KvCacheManager, the full group listed first
-  HitReplayResult lru;            // the model of plain LRU pools (the manager before its rule)
-  HitReplayResult fixed;          // plain LRU, the anchor cached first
-  HitReplayResult proposed;       // HybridReplayOptions::proposed(): the manager's rule
-  HitReplayResult vllm;           // the model of vLLM's rule
+  PrefixHits manager;              // the KvCacheManager on `groups`
+  PrefixHits vllm;                 // the model of vLLM's rule
   // The split that counts the prefix cache (KvCacheConfig::split_budget() with the
-  // footprint as cached_tokens): its pools, the manager's rule on them (model and, with
-  // HybridStudyOptions::manager, the KvCacheManager in the planner's group order).
+  // footprint as cached_tokens): its pools, and the KvCacheManager on them.
   std::vector<LayerGroup> cache_groups;
-  HitReplayResult cache_proposed;
-  HitReplayResult cache_manager;
-  std::vector<HybridVariant> ablation;  // the proposed rule built up step by step
-  CutAnalysis analysis;                 // where plain LRU loses hits (its model)
-  CutAnalysis fixed_analysis;
-  CutAnalysis proposed_analysis;
+  PrefixHits cache_manager;
 };
 
 struct HybridHitStudy {

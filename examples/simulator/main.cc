@@ -17,8 +17,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "adaptive_eviction.h"
 #include "command_line.h"
+#include "eviction.h"
 #include "fmt/format.h"
 #include "simulate.h"
 
@@ -72,8 +72,8 @@ ABSL_FLAG(uint64_t, gen_seed, pagedkv::sim::SyntheticOptions{}.seed,
 ABSL_FLAG(bool, no_eviction, false, "skip the eviction and tier studies");
 ABSL_FLAG(bool, eviction_policies, false,
           "run only the eviction-policy study (issue 24) on each trace with hash ids: LRU, the "
-          "adaptive prefix-aware policy and Belady at 1,024 to 65,536 blocks, and the host "
-          "tier's admission rule at 1,024 + 3,072 blocks");
+          "library's adaptive policy and Belady at 1,024 to 65,536 blocks, and the host tier's "
+          "admission rule at 1,024 + 3,072 blocks");
 ABSL_FLAG(bool, quick, false, "first 400 requests of each trace, for tests");
 ABSL_FLAG(std::optional<int64_t>, max_requests, std::nullopt,
           "first N requests of each trace; default all");
@@ -117,12 +117,11 @@ ABSL_FLAG(std::vector<std::string>, hybrid_fractions,
 ABSL_FLAG(int32_t, hybrid_chunk, kDefaults.hybrid_options.chunk_tokens,
           "hybrid study: prefill chunk in tokens (the engine's prefill tokens per step)");
 ABSL_FLAG(int32_t, hybrid_checkpoint, kDefaults.hybrid_options.checkpoint_tokens,
-          "the proposed windowed eviction rule: its coarsest checkpoints, every this many tokens "
-          "(0: branch points only)");
+          "hit study: the windowed groups' coarsest checkpoints, every this many tokens (0: "
+          "branch points only; KvCacheManager::Options::window_checkpoint_tokens)");
 ABSL_FLAG(int32_t, hybrid_checkpoint_levels, kDefaults.hybrid_options.checkpoint_levels,
-          "the proposed rule's checkpoint levels, each at half the spacing of the one before");
-ABSL_FLAG(bool, hybrid_models_only, false,
-          "hit study: the block-level models only, without replaying the KvCacheManager");
+          "hit study: the windowed groups' checkpoint levels, each at half the spacing of the "
+          "one before");
 ABSL_FLAG(bool, state, false,
           "also run the state-layer study: prefix hits of hybrid models with state layers "
           "(Mamba2, Gated DeltaNet), pagedkv's checkpoints against vLLM's rule, on the Mooncake "
@@ -157,7 +156,7 @@ Replays traces in simulated time with an engine model and compares allocators:
 contiguous-max (reserve max_model_len per request, first fit), contiguous-oracle
 (reserve prompt + output), paged and paged+prefix (pagedkv's KvCacheManager) at each
 block size. Runs the eviction study (LRU on BlockPool vs Belady) and the tier study
-(device + host LRU tiers) on the Mooncake trace. With --engines N, cluster mode runs
+(KvCacheManager with a host tier) on the Mooncake trace. With --engines N, cluster mode runs
 instead: N engines behind a router, optionally sharing a prefix store (--shared_tier_gib).
 Flags take --flag=value or --flag value; dashes may stand for the underscores
 (--traces-dir).)";
@@ -286,7 +285,6 @@ SimOptions options_from_flags() {
   options.hybrid_options.chunk_tokens = GetFlag(FLAGS_hybrid_chunk);
   options.hybrid_options.checkpoint_tokens = GetFlag(FLAGS_hybrid_checkpoint);
   options.hybrid_options.checkpoint_levels = GetFlag(FLAGS_hybrid_checkpoint_levels);
-  options.hybrid_options.manager = !GetFlag(FLAGS_hybrid_models_only);
   options.state = GetFlag(FLAGS_state);
   options.state_only = GetFlag(FLAGS_state_only);
   options.state_models = GetFlag(FLAGS_state_models);
@@ -304,10 +302,10 @@ SimOptions options_from_flags() {
   return options;
 }
 
-// --eviction_policies: the study of adaptive_eviction.h on each trace that has hash ids,
-// and the admission rule at issue 24's size (the tier study's first: 64 + 192 GiB).
+// --eviction_policies: the policy and admission studies of eviction.h on each trace that
+// has hash ids, the admission rule at issue 24's size (the tier study's first: 64 + 192 GiB).
 int run_eviction_policies(const SimOptions& options) {
-  constexpr int32_t kAdmissionDevice = 1024, kAdmissionHost = 3072;
+  constexpr pagedkv::sim::TierSize kAdmissionSize{.device_blocks = 1024, .host_blocks = 3072};
   for (const std::string& name : options.traces) {
     absl::StatusOr<pagedkv::sim::Trace> trace =
         pagedkv::sim::read_trace(pagedkv::sim::resolve_trace_path(options, name));
@@ -327,10 +325,10 @@ int run_eviction_policies(const SimOptions& options) {
         "rate):\n{}\n",
         trace->name, trace->requests.size(), pagedkv::sim::format_policy_table(*rows));
     absl::StatusOr<pagedkv::sim::AdmissionRow> admission =
-        pagedkv::sim::admission_study(streams, kAdmissionDevice, kAdmissionHost);
+        pagedkv::sim::admission_study(streams, kAdmissionSize);
     if (!admission.ok()) return fail(std::string(admission.status().ToString()));
-    fmt::print("Host-tier admission on {} ({} device + {} host blocks, LRU tiers):\n{}\n",
-               trace->name, kAdmissionDevice, kAdmissionHost,
+    fmt::print("Host-tier admission on {} ({} device + {} host blocks, KvCacheManager):\n{}\n",
+               trace->name, kAdmissionSize.device_blocks, kAdmissionSize.host_blocks,
                pagedkv::sim::format_admission_table(*admission));
   }
   return 0;
@@ -381,7 +379,8 @@ int main(int argc, char** argv) {
   }
   if (!report->tiers.empty()) {
     fmt::print(
-        "Tier study on {} (device + host LRU tiers against one LRU pool of the same total):\n{}\n",
+        "Tier study on {} (KvCacheManager with a host tier against one LRU pool of the same "
+        "total):\n{}\n",
         report->eviction_trace, pagedkv::sim::format_tier_table(report->tiers, report->tier_costs));
   }
   if (!report->hybrid_util.empty()) {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -126,17 +127,19 @@ std::string format_eviction_table(const std::vector<EvictionRow>& rows) {
 
 std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostModel& costs) {
   constexpr double kGB = 1e9;
-  std::string out = fmt::format("{:>7} {:>7} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>11}\n",
-                                "device", "host", "retain", "dev hit", "host hit", "combined",
-                                "LRU(D+H)", "diff", "promo GB/s", "demo GB/s");
+  std::string out =
+      fmt::format("{:>7} {:>7} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>11} {:>9}\n",
+                  "device", "host", "retain", "dev hit", "host hit", "combined", "LRU(D+H)", "diff",
+                  "promo GB/s", "demo GB/s", "dropped");
   for (const TierRow& row : rows) {
     const TieredReplayResult& t = row.tiered;
     out += fmt::format(
-        "{:>7} {:>7} {:>6} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.4f} {:>8.4f} {:>11.3f} {:>11.3f}\n",
-        t.device_capacity, t.host_capacity, t.retained_head_blocks, t.device_hit_rate(),
+        "{:>7} {:>7} {:>6} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.4f} {:>8.4f} {:>11.3f} {:>11.3f} "
+        "{:>9}\n",
+        t.size.device_blocks, t.size.host_blocks, t.size.retained_head_blocks, t.device_hit_rate(),
         t.host_hit_rate(), t.hit_rate(), row.single.hit_rate(),
-        t.hit_rate() - row.single.hit_rate(), costs.bytes_per_s(t.promotions()) / kGB,
-        costs.bytes_per_s(t.demotions) / kGB);
+        t.hit_rate() - row.single.hit_rate(), costs.bytes_per_s(t.promotions) / kGB,
+        costs.bytes_per_s(t.demotions) / kGB, t.dropped);
   }
   out += fmt::format(
       "Per {}-token block ({:.1f} MiB of KV): recompute {:.2f} ms at {:.0f} prefill tokens/s",
@@ -148,6 +151,36 @@ std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostMo
                        costs.recompute_s() / costs.copy_s(link));
   }
   return out + "\n";
+}
+
+std::string format_policy_table(const std::vector<PolicyRow>& rows) {
+  std::string out =
+      fmt::format("{:>11} {:>8} {:>8} {:>8} {:>10} {:>11} {:>9} {:>9}\n", "pool blocks", "LRU",
+                  "adaptive", "Belady", "x LRU", "gap closed", "B1 hits", "B2 hits");
+  for (const PolicyRow& row : rows) {
+    const double lru = row.lru.hit_rate();
+    out += fmt::format("{:>11} {:>8.4f} {:>8.4f} {:>8.4f} {:>10.3f} {:>11.3f} {:>9} {:>9}\n",
+                       row.capacity, lru, row.adaptive.hit_rate(), row.belady.hit_rate(),
+                       lru > 0 ? row.adaptive.hit_rate() / lru : 0.0, row.gap_closed(),
+                       row.adaptive.recent_ghost_hits, row.adaptive.frequent_ghost_hits);
+  }
+  return out;
+}
+
+std::string format_admission_table(const AdmissionRow& row) {
+  std::string out = fmt::format("{:>14} {:>8} {:>8} {:>8} {:>9} {:>12} {:>9} {:>10}\n",
+                                "host admission", "dev hit", "host hit", "combined", "demoted",
+                                "not admitted", "promoted", "host drops");
+  for (auto [name, t] : {std::pair{"kAll", &row.all}, std::pair{"kReused", &row.reused}}) {
+    out += fmt::format("{:>14} {:>8.4f} {:>8.4f} {:>8.4f} {:>9} {:>12} {:>9} {:>10}\n", name,
+                       t->device_hit_rate(), t->host_hit_rate(), t->hit_rate(), t->demotions,
+                       t->not_admitted, t->promotions, t->dropped);
+  }
+  const double all = row.all.hit_rate();
+  out += fmt::format("demotions saved {:.1f} %; combined hit rate {:+.2f} % of demote-all's\n",
+                     100 * row.demotions_saved(),
+                     all > 0 ? 100 * (row.reused.hit_rate() - all) / all : 0.0);
+  return out;
 }
 
 namespace {
@@ -234,18 +267,18 @@ OrderedJson tiers_json(const SimReport& report) {
   OrderedJson rows = OrderedJson::array();
   for (const TierRow& row : report.tiers) {
     const TieredReplayResult& t = row.tiered;
-    rows.push_back({{"device_blocks", t.device_capacity},
-                    {"host_blocks", t.host_capacity},
-                    {"retained_head_blocks", t.retained_head_blocks},
+    rows.push_back({{"device_blocks", t.size.device_blocks},
+                    {"host_blocks", t.size.host_blocks},
+                    {"retained_head_blocks", t.size.retained_head_blocks},
                     {"total_blocks", t.total_blocks},
                     {"device_hit_blocks", t.device_hit_blocks},
                     {"host_hit_blocks", t.host_hit_blocks},
                     {"hit_rate", figure(t.hit_rate())},
                     {"single_pool_hit_rate", figure(row.single.hit_rate())},
-                    {"promotions", t.promotions()},
+                    {"promotions", t.promotions},
                     {"demotions", t.demotions},
-                    {"host_evictions", t.host_evictions},
-                    {"promoted_bytes_per_s", figure(c.bytes_per_s(t.promotions()))},
+                    {"dropped", t.dropped},
+                    {"promoted_bytes_per_s", figure(c.bytes_per_s(t.promotions))},
                     {"demoted_bytes_per_s", figure(c.bytes_per_s(t.demotions))}});
   }
   return {{"trace", report.eviction_trace},
@@ -268,35 +301,17 @@ OrderedJson groups_json(std::span<const LayerGroup> groups) {
   return out;
 }
 
-OrderedJson hit_json(const HitReplayResult& r) {
+OrderedJson hit_json(const PrefixHits& r) {
   return {{"prompt_tokens", r.prompt_tokens},
           {"hit_tokens", r.hit_tokens},
+          {"hit_rate", figure(r.hit_rate())},
+          {"recomputed_tokens", r.recomputed_tokens()},
           {"full_hold_tokens", r.full_hold_tokens},
           {"of_full_hold", figure(r.of_full_hold())},
+          {"hits", r.hits},
           {"cut_hits", r.cut_hits},
-          {"evictions", r.evictions},
-          {"refused", r.refused}};
-}
-
-OrderedJson cut_json(const CutAnalysis& a) {
-  auto by_point = [](const int64_t(&v)[4]) {
-    return OrderedJson{{"prompt_end", v[1]}, {"known_branch", v[2]}, {"new_branch", v[3]}};
-  };
-  return {{"cut_hits", a.cut_hits},
-          {"lost_tokens", a.lost_tokens},
-          {"distinct_points", a.distinct_points},
-          {"hits_by_point", by_point(a.hits_by_point)},
-          {"hold_tokens_by_point", by_point(a.hold_tokens_by_point)},
-          {"cuts_by_point", by_point(a.cuts_by_point)},
-          {"lost_tokens_by_point", by_point(a.lost_tokens_by_point)},
-          {"missing_released_mid", a.missing_released_mid},
-          {"missing_released_at_free", a.missing_released_at_free},
-          {"missing_never_cached", a.missing_never_cached},
-          {"median_requests_since_eviction", a.median_requests_since_eviction},
-          {"window_evictions_mid", a.window_evictions_mid},
-          {"window_evictions_at_free", a.window_evictions_at_free},
-          {"window_mean_age_requests", figure(a.window_mean_age_requests)},
-          {"full_mean_age_requests", figure(a.full_mean_age_requests)}};
+          {"checkpoints_saved", r.checkpoints_saved},
+          {"evictions", r.evictions}};
 }
 
 OrderedJson hybrid_json(const SimReport& report) {
@@ -322,25 +337,10 @@ OrderedJson hybrid_json(const SimReport& report) {
                        {"budget_bytes", row.budget_bytes},
                        {"groups", groups_json(row.groups)},
                        {"vllm_blocks", row.vllm_blocks}};
-      if (row.has_manager) {
-        r["manager"] = hit_json(row.manager);
-        r["manager_full_group_first"] = hit_json(row.manager_fixed);
-        r["cache_split_manager"] = hit_json(row.cache_manager);
-      }
-      r["cache_split_groups"] = groups_json(row.cache_groups);
-      r["cache_split_model"] = hit_json(row.cache_proposed);
-      r["lru_model"] = hit_json(row.lru);
-      r["anchor_first_model"] = hit_json(row.fixed);
-      r["proposed_model"] = hit_json(row.proposed);
+      r["manager"] = hit_json(row.manager);
       r["vllm_model"] = hit_json(row.vllm);
-      OrderedJson ablation = OrderedJson::array();
-      for (const HybridVariant& v : row.ablation) {
-        ablation.push_back({{"name", v.name}, {"result", hit_json(v.result)}});
-      }
-      r["ablation"] = std::move(ablation);
-      r["lru_analysis"] = cut_json(row.analysis);
-      r["anchor_first_analysis"] = cut_json(row.fixed_analysis);
-      r["proposed_analysis"] = cut_json(row.proposed_analysis);
+      r["cache_split_groups"] = groups_json(row.cache_groups);
+      r["cache_split_manager"] = hit_json(row.cache_manager);
       rows.push_back(std::move(r));
     }
     hits.push_back({{"model", study.model},
@@ -359,18 +359,6 @@ OrderedJson hybrid_json(const SimReport& report) {
   return {{"utilization", util}, {"hits", hits}};
 }
 
-OrderedJson state_result_json(const StateReplayResult& r) {
-  return {{"prompt_tokens", r.prompt_tokens},
-          {"hit_tokens", r.hit_tokens},
-          {"hit_rate", r.hit_rate()},
-          {"recomputed_tokens", r.recomputed_tokens()},
-          {"attention_tokens", r.attention_tokens},
-          {"hits", r.hits},
-          {"checkpoints_saved", r.checkpoints_saved},
-          {"checkpoints_evicted", r.checkpoints_evicted},
-          {"hit_class_peak", r.hit_class_peak}};
-}
-
 OrderedJson state_json(const SimReport& report) {
   OrderedJson studies = OrderedJson::array();
   for (const StateStudy& s : report.state_hits) {
@@ -379,18 +367,17 @@ OrderedJson state_json(const SimReport& report) {
       if (!row.fits) continue;
       OrderedJson policies = OrderedJson::object();
       for (size_t i = 0; i < row.policies.size(); ++i)
-        policies[s.policy_names[i]] = state_result_json(row.policies[i]);
-      rows.push_back({{"fraction", row.fraction},
+        policies[s.policy_names[i]] = hit_json(row.policies[i]);
+      rows.push_back({{"fraction", figure(row.fraction)},
                       {"budget_bytes", row.budget_bytes},
                       {"attention_blocks", row.split.attention_blocks},
                       {"state_slots", row.split.state_slots},
                       {"policies", policies},
-                      {"vllm_rule", state_result_json(row.vllm)}});
+                      {"vllm_rule", hit_json(row.vllm)}});
     }
     OrderedJson sensitivity = OrderedJson::array();
     for (const auto& [share, r] : s.sensitivity)
-      sensitivity.push_back(
-          {{"checkpoints_per_sequence", share}, {"pagedkv", state_result_json(r)}});
+      sensitivity.push_back({{"checkpoints_per_sequence", share}, {"pagedkv", hit_json(r)}});
     studies.push_back({{"model", s.model},
                        {"workload", s.workload},
                        {"requests", s.requests},
@@ -400,7 +387,7 @@ OrderedJson state_json(const SimReport& report) {
                        {"footprint_checkpoints", s.footprint_checkpoints},
                        {"footprint_bytes", s.footprint_bytes},
                        {"vllm_block_tokens", s.vllm_block_tokens},
-                       {"unbounded", state_result_json(s.unbounded)},
+                       {"unbounded", hit_json(s.unbounded)},
                        {"rows", rows},
                        {"sensitivity", sensitivity}});
   }

@@ -15,7 +15,7 @@
 #include "engine.h"
 #include "eviction.h"
 #include "hybrid.h"
-#include "state_cache.h"
+#include "state_study.h"
 #include "trace.h"
 
 namespace pagedkv::sim {
@@ -44,7 +44,7 @@ struct SimReport {
   TierCostModel tier_costs;
   std::vector<HybridUtilRun> hybrid_util;  // the hybrid-model study (hybrid.h)
   std::vector<HybridHitStudy> hybrid_hits;
-  std::vector<StateStudy> state_hits;   // the state-layer study (state_cache.h)
+  std::vector<StateStudy> state_hits;   // the state-layer study (state_study.h)
   std::vector<ClusterResult> clusters;  // cluster mode (cluster.h): one per trace
 };
 
@@ -58,9 +58,14 @@ std::string format_run_table(const TraceRun& run);
 std::string format_eviction_table(const std::vector<EvictionRow>& rows);
 
 // The tier study as a text table (hit rate by tier, the single-pool LRU of the same
-// total, bytes promoted and demoted per second of trace), then promotion against
-// recompute per block at each link of `costs`.
+// total, bytes promoted and demoted per second of trace, blocks dropped), then promotion
+// against recompute per block at each link of `costs`.
 std::string format_tier_table(const std::vector<TierRow>& rows, const TierCostModel& costs);
+
+// The eviction-policy study (LRU, the adaptive policy, Belady, ghost hits) and the host
+// tier's admission rule, as text tables.
+std::string format_policy_table(const std::vector<PolicyRow>& rows);
+std::string format_admission_table(const AdmissionRow& row);
 
 std::string to_json(const SimReport& report);
 

@@ -10,8 +10,8 @@
 //   paged+prefix       KvCacheManager with prefix caching, optionally with a host tier
 //                      (below).
 // The paged allocators are the library itself; this file only adapts its calls to the
-// engine model's vocabulary. Contiguous sequences never grow past their reservation, so
-// they are never preempted.
+// engine model's vocabulary. The contiguous baselines are studies of their own
+// (studies/contiguous_allocator.h).
 //
 // Hybrid models (AllocatorSetup::hybrid): the manager gets one pool per layer group
 // (KvCacheManager::Options::layer_groups), and usage() counts KV bytes.

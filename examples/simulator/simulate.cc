@@ -198,7 +198,7 @@ absl::StatusOr<TraceRun> run_trace(Trace trace, TraceKind kind, const SimOptions
   return run;
 }
 
-// The state-layer study (state_cache.h) on one workload, for each of options.state_models.
+// The state-layer study (state_study.h) on one workload, for each of options.state_models.
 absl::Status run_state(const StateWorkload& workload, const SimOptions& options,
                        SimReport& report) {
   for (const std::string& name : options.state_models) {

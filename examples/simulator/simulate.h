@@ -20,7 +20,7 @@
 #include "hybrid.h"
 #include "pagedkv/kv_cache_spec.h"
 #include "report.h"
-#include "state_cache.h"
+#include "state_study.h"
 #include "synthetic.h"
 
 namespace pagedkv::sim {
@@ -71,7 +71,7 @@ struct SimOptions {
   bool hybrid = false;
   bool hybrid_only = false;
   HybridStudyOptions hybrid_options;
-  // The state-layer study (state_cache.h): prefix hits of hybrid models with state layers,
+  // The state-layer study (state_study.h): prefix hits of hybrid models with state layers,
   // pagedkv's checkpoint policy against the vLLM rule, on the Mooncake traces and the
   // generated shared-prompt workload. state_only skips everything else.
   bool state = false;

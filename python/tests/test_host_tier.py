@@ -435,9 +435,9 @@ def test_admission_reused_drops_blocks_never_reused_and_demotes_them_once_they_c
 
 
 def test_adaptive_eviction_keeps_a_reused_prompt_through_one_off_prompts():
-    # The scan of examples/simulator/simulator_test.cc through the manager: a 2-block prompt
-    # used twice, then three one-off 2-block prompts before each of its next 5 uses, in a
-    # 5-block pool. LRU evicts it every time; the adaptive policy keeps it (frequent).
+    # The scan of tests/examples/simulator/simulator_test.cc through the manager: a
+    # 2-block prompt used twice, then three one-off 2-block prompts before each of its next
+    # 5 uses, in a 5-block pool. LRU evicts it every time; the adaptive policy keeps it (frequent).
     hits = {}
     for policy in (pk.EvictionPolicy.LRU, pk.EvictionPolicy.ADAPTIVE):
         m = pk.KvCacheManager(layer_groups=pk.full_attention(5), block_size=BLOCK_SIZE, eviction_policy=policy)

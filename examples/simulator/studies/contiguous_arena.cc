@@ -1,4 +1,4 @@
-#include "contiguous_arena.h"
+#include "studies/contiguous_arena.h"
 
 #include <algorithm>
 #include <iterator>

@@ -1,8 +1,9 @@
-// Tests of the simulator's hybrid-model study (hybrid.h, hybrid_eviction.h): the block-level
-// models against the KvCacheManager they model, the vLLM-rule model against vLLM's measured
-// replay, and quick runs on the shipped traces (simulator_test.cc tests chunked prefill and
-// hybrid pools in the engine). Trace-based tests report themselves skipped when ../shared/traces is
-// absent (PAGEDKV_TRACES_DIR overrides it). Nothing here is timed.
+// Tests of the simulator's hybrid-model study (hybrid.h): the prefix replay through the
+// KvCacheManager (prefix_replay.h), the vLLM-rule model (studies/vllm_hybrid_rule.h) against
+// the manager and against vLLM's measured replay, and quick runs on the shipped traces
+// (simulator_test.cc tests chunked prefill and hybrid pools in the engine). Trace-based tests
+// report themselves skipped when ../shared/traces is absent (PAGEDKV_TRACES_DIR overrides it).
+// Nothing here is timed.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -13,7 +14,8 @@
 
 #include "engine.h"
 #include "hybrid.h"
-#include "hybrid_eviction.h"
+#include "prefix_replay.h"
+#include "studies/vllm_hybrid_rule.h"
 #include "support/sanitizers.h"
 #include "support/skip.h"
 #include "trace.h"
@@ -109,52 +111,50 @@ TEST_CASE("hybrid: the built-in models are the planner's reading of the fixtures
 #endif
 }
 
-TEST_CASE("hybrid: the pagedkv model hits what KvCacheManager hits, block for block",
+// The manager's options for the small tests: checkpoints small enough for these prompts.
+KvCacheManager::Options small_options(const std::vector<LayerGroup>& groups) {
+  HybridStudyOptions options;
+  options.checkpoint_tokens = 2048;
+  options.checkpoint_levels = 3;
+  return hit_study_manager_options(groups, options, 1 << 16);
+}
+
+TEST_CASE("hybrid: the manager hits alike in both group orders, at most its full hold",
           "[simulator][hybrid]") {
   // Small pools force evictions in both groups; 100-token chunks release blocks behind the
-  // window mid-prompt. The manager's windowed eviction rule is the model's proposed rule,
-  // with checkpoints small enough for these prompts; the manager caches the anchor's blocks
-  // first whatever the order of the groups, so both orders hit the same. A third of the
-  // requests under the sanitizers (over a minute there with 300).
+  // window mid-prompt. The manager caches the anchor's blocks first whatever the order of
+  // the groups, so both orders hit the same. A third of the requests under the sanitizers.
   const Trace trace = small_trace(pagedkv::testing::kSanitized ? 100 : 300, 7);
-  absl::StatusOr<HitStreams> streams = hit_streams(trace, 16);
-  REQUIRE(streams.ok());
+  const Prompts prompts = trace_prompts(trace);
   for (const auto& [window_blocks, full_blocks, chunk] :
        {std::tuple{60, 600, 100}, std::tuple{150, 1500, 100}, std::tuple{300, 2000, 0}}) {
     const std::vector<LayerGroup> groups = small_groups(window_blocks, full_blocks);
     INFO("pools " << window_blocks << " + " << full_blocks << ", chunk " << chunk);
-    absl::StatusOr<HitReplayResult> manager =
-        replay_manager_hits(trace, groups, 16, chunk, 2048, 3);
-    absl::StatusOr<HitReplayResult> model =
-        replay_pagedkv_model(*streams, groups, HybridReplayOptions::proposed(chunk, 2048, 3));
+    absl::StatusOr<PrefixHits> manager = replay_prefix_hits(prompts, small_options(groups), chunk);
     REQUIRE(manager.ok());
-    REQUIRE(model.ok());
-    CHECK(model->hit_tokens == manager->hit_tokens);
-    CHECK(model->full_hold_tokens == manager->full_hold_tokens);
-    CHECK(model->evictions == manager->evictions);
+    CHECK(manager->requests == std::ssize(trace.requests));
     CHECK(manager->hit_tokens > 0);
-    absl::StatusOr<HitReplayResult> reordered =
-        replay_manager_hits(trace, full_first(groups), 16, chunk, 2048, 3);
+    CHECK(manager->hit_tokens <= manager->full_hold_tokens);
+    CHECK(manager->evictions.size() == 2);
+    absl::StatusOr<PrefixHits> reordered =
+        replay_prefix_hits(prompts, small_options(full_first(groups)), chunk);
     REQUIRE(reordered.ok());
     CHECK(reordered->hit_tokens == manager->hit_tokens);
     CHECK(reordered->full_hold_tokens == manager->full_hold_tokens);
-    // The rule before it (plain LRU, the anchor cached first) hits less.
-    absl::StatusOr<HitReplayResult> lru = replay_pagedkv_model(
-        *streams, groups, {.chunk_tokens = chunk, .anchor_cached_first = true});
-    REQUIRE(lru.ok());
-    CHECK(lru->hit_tokens <= manager->hit_tokens);
   }
+  CHECK(absl::IsInvalidArgument(
+      replay_prefix_hits(prompts, small_options(small_groups(60, 600)), -1).status()));
 }
 
 TEST_CASE("hybrid: the vLLM-rule model", "[simulator][hybrid]") {
   const Trace trace = small_trace(200, 11);
   absl::StatusOr<HitStreams> streams = hit_streams(trace, 16);
   REQUIRE(streams.ok());
-  SECTION("one full group: the pagedkv model's hits (clean blocks reused first)") {
+  SECTION("one full group: the manager's hits (clean blocks reused first)") {
     const std::vector<LayerGroup> full = {{.kind = AttentionKind::kFull, .num_blocks = 700}};
-    absl::StatusOr<HitReplayResult> vllm = replay_vllm_model(*streams, 700, full, 0);
-    absl::StatusOr<HitReplayResult> paged =
-        replay_pagedkv_model(*streams, full, {.chunk_tokens = 0});
+    absl::StatusOr<PrefixHits> vllm = replay_vllm_hybrid_rule(*streams, 700, full, 0);
+    absl::StatusOr<PrefixHits> paged =
+        replay_prefix_hits(trace_prompts(trace), small_options(full), 0);
     REQUIRE(vllm.ok());
     REQUIRE(paged.ok());
     CHECK(vllm->hit_tokens == paged->hit_tokens);
@@ -162,17 +162,17 @@ TEST_CASE("hybrid: the vLLM-rule model", "[simulator][hybrid]") {
   }
   SECTION("a pool that holds everything cuts no hit; a window group is looked up right to left") {
     const std::vector<LayerGroup> groups = small_groups(0, 0);
-    absl::StatusOr<HitReplayResult> big = replay_vllm_model(*streams, 1 << 20, groups, 100);
+    absl::StatusOr<PrefixHits> big = replay_vllm_hybrid_rule(*streams, 1 << 20, groups, 100);
     REQUIRE(big.ok());
     CHECK(big->hit_tokens == big->full_hold_tokens);
     CHECK(big->hit_tokens > 0);
-    absl::StatusOr<HitReplayResult> small = replay_vllm_model(*streams, 1500, groups, 100);
+    absl::StatusOr<PrefixHits> small = replay_vllm_hybrid_rule(*streams, 1500, groups, 100);
     REQUIRE(small.ok());
     CHECK(small->hit_tokens <= small->full_hold_tokens);
     CHECK(small->hit_tokens < big->hit_tokens);
   }
   CHECK(absl::IsInvalidArgument(
-      replay_vllm_model(
+      replay_vllm_hybrid_rule(
           *streams, 10,
           std::vector<LayerGroup>{{.kind = AttentionKind::kSlidingWindow, .window = 64}}, 0)
           .status()));
@@ -203,37 +203,28 @@ TEST_CASE("quick hybrid study on the Mooncake trace", "[simulator][hybrid]") {
   REQUIRE(trace.ok());
   truncate_trace(*trace, 400);
   HybridStudyOptions options;
-  options.fractions = {0.5, 0.25};
-  options.manager = !pagedkv::testing::kSanitized;
+  // The manager replays each prompt: one pool size under the sanitizers.
+  options.fractions =
+      pagedkv::testing::kSanitized ? std::vector<double>{0.25} : std::vector<double>{0.5, 0.25};
   for (const HybridModel& model : {gemma3_27b(), gpt_oss_120b()}) {
     absl::StatusOr<HybridHitStudy> study = hybrid_hit_study(*trace, model, options);
     REQUIRE(study.ok());
     CHECK(study->target_tokens == 5632);
     for (const HybridHitRow& row : study->rows) {
       INFO(model.name << " at " << row.fraction << " of the footprint");
-      if (row.has_manager) {
-        // The proposed rule's model replays the manager exactly, in both group orders.
-        CHECK(row.proposed.hit_tokens == row.manager.hit_tokens);
-        CHECK(row.proposed.full_hold_tokens == row.manager.full_hold_tokens);
-        CHECK(row.proposed.hit_tokens == row.manager_fixed.hit_tokens);
-        CHECK(row.cache_proposed.hit_tokens == row.cache_manager.hit_tokens);
-      }
       // Hits never exceed what the full groups hold; vLLM's model rarely cuts one.
-      CHECK(row.lru.hit_tokens <= row.lru.full_hold_tokens);
+      CHECK(row.manager.hit_tokens <= row.manager.full_hold_tokens);
       CHECK(row.vllm.of_full_hold() > 0.99);
-      // Plain LRU pools lose hits that the full groups hold (0.15 to 0.68 of them on these
-      // 400 requests); the manager's rule keeps at least 0.9 of them and hits at least as
-      // much as the vLLM-rule model at the same memory.
-      CHECK(row.lru.of_full_hold() < 0.9);
-      CHECK(row.proposed.hit_tokens > row.fixed.hit_tokens);
-      CHECK(row.proposed.of_full_hold() >= 0.9);
-      CHECK(row.proposed.hit_tokens >= row.vllm.hit_tokens);
+      // The manager's windowed eviction rule keeps at least 0.9 of what the full groups
+      // hold, and hits at least as much as the vLLM-rule model at the same memory.
+      CHECK(row.manager.of_full_hold() >= 0.9);
+      CHECK(row.manager.hit_tokens >= row.vllm.hit_tokens);
       // The split that counts the footprint never gives the full pool more than all of it
       // cached, and hits at least what the sequence-only split hits.
       CHECK(row.cache_groups.back().num_blocks <= study->cached_tokens / 16 + 5632 / 16 + 1);
-      CHECK(row.cache_proposed.hit_tokens >= row.proposed.hit_tokens);
+      CHECK(row.cache_manager.hit_tokens >= row.manager.hit_tokens);
     }
-    CHECK(format_hybrid_hit_study(*study).find("model = manager") != std::string::npos);
+    CHECK(format_hybrid_hit_study(*study).find("manager/vLLM") != std::string::npos);
   }
 }
 
@@ -277,10 +268,10 @@ TEST_CASE("vLLM-rule model: one full group hits what vLLM v1 measured on the rep
   if (!pagedkv::testing::kSanitized) cases.emplace_back(131071, 15619888, 15597792);
   for (const auto& [blocks, hits, tail_hits] : cases) {
     const std::vector<LayerGroup> full = {{.kind = AttentionKind::kFull, .num_blocks = blocks}};
-    absl::StatusOr<HitReplayResult> vllm = replay_vllm_model(*streams, blocks, full, 0);
+    absl::StatusOr<PrefixHits> vllm = replay_vllm_hybrid_rule(*streams, blocks, full, 0);
     REQUIRE(vllm.ok());
     CHECK(vllm->hit_tokens == hits);
-    vllm = replay_vllm_model(*streams, blocks, full, 0, /*clean_first=*/false);
+    vllm = replay_vllm_hybrid_rule(*streams, blocks, full, 0, /*clean_first=*/false);
     REQUIRE(vllm.ok());
     CHECK(vllm->hit_tokens == tail_hits);
   }

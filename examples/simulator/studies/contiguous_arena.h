@@ -1,4 +1,4 @@
-// File: examples/simulator/contiguous_arena.h
+// File: examples/simulator/studies/contiguous_arena.h
 //
 // The pre-paging baseline's memory: one contiguous range of token slots from which each
 // request reserves a contiguous extent, placed first-fit (lowest address that fits), and
@@ -6,8 +6,8 @@
 //   internal fragmentation: reserved slots that never hold a token (the reservation is
 //                           the maximum length, the request is shorter);
 //   external fragmentation: free slots split into holes too small for a reservation.
-#ifndef PAGEDKV_EXAMPLES_SIMULATOR_CONTIGUOUS_ARENA_H_
-#define PAGEDKV_EXAMPLES_SIMULATOR_CONTIGUOUS_ARENA_H_
+#ifndef PAGEDKV_EXAMPLES_SIMULATOR_STUDIES_CONTIGUOUS_ARENA_H_
+#define PAGEDKV_EXAMPLES_SIMULATOR_STUDIES_CONTIGUOUS_ARENA_H_
 
 #include <cstdint>
 #include <map>
@@ -45,4 +45,4 @@ class ContiguousArena {
 
 }  // namespace pagedkv::sim
 
-#endif  // PAGEDKV_EXAMPLES_SIMULATOR_CONTIGUOUS_ARENA_H_
+#endif  // PAGEDKV_EXAMPLES_SIMULATOR_STUDIES_CONTIGUOUS_ARENA_H_
