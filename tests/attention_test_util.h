@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -56,6 +57,19 @@ inline void store_elem(uint8_t* base, DType dtype, int64_t i, float x) {
       reinterpret_cast<Fp8E4M3*>(base)[i] = from_float<Fp8E4M3>(x);
       return;
   }
+}
+
+// `count` elements of `dtype`, each NaN: one element's bytes, copied in doubling runs (the
+// pools of the largest cases hold tens of MB).
+inline std::vector<uint8_t> nan_pool(DType dtype, int64_t count) {
+  const int64_t elem = bytes_per_element(dtype);
+  std::vector<uint8_t> pool(count * elem);
+  if (count == 0) return pool;
+  store_elem(pool.data(), dtype, 0, NAN);
+  for (int64_t done = elem; done < count * elem; done *= 2) {
+    std::memcpy(pool.data() + done, pool.data(), std::min(done, count * elem - done));
+  }
+  return pool;
 }
 
 struct AttentionCase {
@@ -195,13 +209,8 @@ inline AttentionFixture make_fixture(const AttentionCase& c) {
     f.v_scale = 0.02f;
   }
   const int64_t pool = int64_t{f.num_blocks} * c.num_kv_heads * c.block_size * c.head_dim;
-  const int64_t elem = bytes_per_element(c.kv_dtype);
-  f.k_pool.assign(pool * elem, 0);
-  f.v_pool.assign(pool * elem, 0);
-  // NaN everywhere first: one element's bytes, replicated.
-  uint8_t nan_bytes[4];
-  store_elem(nan_bytes, c.kv_dtype, 0, NAN);
-  for (int64_t i = 0; i < pool * elem; ++i) f.k_pool[i] = nan_bytes[i % elem];
+  // NaN everywhere first.
+  f.k_pool = nan_pool(c.kv_dtype, pool);
   f.v_pool = f.k_pool;
   for (int32_t s = 0; s < n; ++s) {
     for (int32_t t = c.first_read(s); t < c.lens[s]; ++t) {
@@ -521,11 +530,7 @@ inline MlaFixture make_mla_fixture(const MlaCase& c) {
   if (f.fp8()) f.kv_scale = 0.01f;
   f.sm_scale = 1.0f / std::sqrt(static_cast<float>(c.dim() / 3));  // DeepSeek: 1 / sqrt(192)
   const int64_t elems = int64_t{f.num_blocks} * c.block_size * c.dim();
-  const int64_t elem = bytes_per_element(c.kv_dtype);
-  f.pool.resize(elems * elem);
-  uint8_t nan_bytes[4];
-  store_elem(nan_bytes, c.kv_dtype, 0, NAN);
-  for (int64_t i = 0; i < elems * elem; ++i) f.pool[i] = nan_bytes[i % elem];
+  f.pool = nan_pool(c.kv_dtype, elems);
   for (int32_t s = 0; s < n; ++s) {
     for (int32_t t = 0; t < c.lens[s]; ++t) {
       for (int32_t d = 0; d < c.dim(); ++d) {
