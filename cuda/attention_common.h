@@ -1,17 +1,19 @@
 // Pieces the CUDA attention kernels share (attention_kernels.cu: GQA decode and extend;
-// mla_kernels.cu: MLA decode): the XOR swizzle of shared-memory tiles, the opt-in to large
-// shared memory, and the split-K combine kernel with its launch. No Abseil; device code
-// and launch helpers only. Everything sits in an anonymous namespace: each .cu file
-// instantiates its own copies.
+// mla_kernels.cu: MLA decode): the paged byte offsets of a tile's tokens, the XOR swizzle
+// of shared-memory tiles, the opt-in to large shared memory, and the split-K combine kernel
+// with its launch. No Abseil; device code and launch helpers only. Everything sits in an
+// anonymous namespace: each .cu file instantiates its own copies.
 #ifndef PAGEDKV_CUDA_ATTENTION_COMMON_H_
 #define PAGEDKV_CUDA_ATTENTION_COMMON_H_
 
 #include <cuda_runtime.h>
 
+#include <cassert>
 #include <cstdint>
 
 #include "kernels/launch.h"
 #include "pagedkv/attention_params.h"
+#include "pagedkv/kv_cache_view.h"
 #include "pagedkv/merge_state.h"
 #include "pagedkv/numeric.h"
 
@@ -19,6 +21,73 @@ namespace pagedkv::internal {
 namespace {
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// The byte offsets, in a K or V pool, of the tokens of a work item's tiles of kTile tokens,
+// written to the shared array `offsets` [stages][kTile] that a tile's cp.async copies read.
+// Thread `tid` < kTile owns token `tid` of every tile: it reads that token's block id one
+// tile ahead, so the table load of tile i + 1 overlaps the copies of tile i, and writes -1
+// for a token at or past the item's end (the copies zero-fill it; its table entry is never
+// read). The address is elem_offset() (kv_cache_view.h), the CPU reference's; a
+// power-of-two block_size divides by a shift.
+// NOTE: block_size_ is a copy and write() indexes the stage itself, so that both kernels
+// compile to the PTX of their inline lambdas before this helper (compared with -DNDEBUG).
+template <typename KVT, int kTile>
+class TileOffsets {
+ public:
+  // `kv_head`: the KV head whose tokens the CTA copies (MLA: 0, its one latent).
+  __device__ __forceinline__ TileOffsets(const AttentionParams& p, int32_t seq, int32_t kv_head,
+                                         const WorkItem& w, int tid, int64_t* offsets)
+      : kv_(p.kv),
+        table_row_(p.table.block_table + int64_t{seq} * p.table.max_blocks),
+        kv_head_(kv_head),
+        begin_(w.begin),
+        end_(w.end),
+        tid_(tid),
+        block_size_(kv_.block_size),
+        offsets_(offsets) {
+    pow2_ = (block_size_ & (block_size_ - 1)) == 0;
+    shift_ = __ffs(block_size_) - 1;
+    next_block_ = tid < kTile ? block_of(w.begin + tid) : -1;
+  }
+
+  // Writes the offsets of tile `tile` to stage `stage` of the shared array and reads the
+  // block ids of the next tile.
+  __device__ __forceinline__ void write(int tile, int stage) {
+    if (tid_ >= kTile) return;
+    const int32_t t = begin_ + tile * kTile + tid_;
+    int64_t off = -1;
+    if (t < end_) {
+#ifndef NDEBUG
+      assert(next_block_ >= 0 && next_block_ < kv_.num_blocks);
+#endif
+      const int32_t in_block = t - entry_of(t) * block_size_;
+      off =
+          static_cast<int64_t>(sizeof(KVT)) * elem_offset(kv_, next_block_, kv_head_, in_block, 0);
+    }
+    offsets_[stage * kTile + tid_] = off;
+    next_block_ = block_of(t + kTile);
+  }
+
+ private:
+  __device__ __forceinline__ int32_t entry_of(int32_t t) const {
+    return pow2_ ? t >> shift_ : t / block_size_;
+  }
+  __device__ __forceinline__ int32_t block_of(int32_t t) const {
+    return t < end_ ? table_row_[entry_of(t)] : -1;
+  }
+
+  const KvCacheView& kv_;
+  const int32_t* table_row_;
+  int32_t kv_head_;
+  int32_t begin_;  // the work item's tokens: [begin_, end_)
+  int32_t end_;
+  int tid_;
+  int32_t block_size_;
+  int64_t* offsets_;
+  bool pow2_;
+  int shift_;
+  int32_t next_block_;  // block id of this thread's token of the next tile written
+};
 
 // 16-byte chunk `chunk` of row `row`, XOR-swizzled so that the 8 rows an ldmatrix (or a
 // quarter of the scalar loads) touches fall into 8 distinct bank groups. Rows of 128 bytes

@@ -17,11 +17,12 @@
 //   wait K(i); S = Q K(i)^T (mma m16n8k16, fp32 accumulate); online softmax in registers;
 //   refill K with tile i + kStages; wait V(i); O += P V(i); refill V with tile i + kStages.
 // A tile's byte offsets are computed once into shared memory from block ids read one tile
-// ahead (a shift, not a division, when block_size is a power of two); tokens at or beyond
-// the item's end are zero-filled by cp.async and their scores selected to -inf, so nothing
-// past ceil(len / block_size) table entries is read and garbage there never reaches the
-// output. K/V rows are XOR-swizzled in 16-byte chunks so ldmatrix and the scalar fragment
-// loads are bank-conflict free.
+// ahead (TileOffsets in attention_common.h, shared with the MLA kernel: elem_offset()'s
+// address math, a shift instead of a division when block_size is a power of two); tokens
+// at or beyond the item's end are zero-filled by cp.async and their scores selected to
+// -inf, so nothing past ceil(len / block_size) table entries is read and garbage there
+// never reaches the output. K/V rows are XOR-swizzled in 16-byte chunks so ldmatrix and the
+// scalar fragment loads are bank-conflict free.
 //
 // Windowed layer groups (sliding window, chunked local) run the same template with
 // WINDOWED set: a work item starts at its first query's window start (describe_work), so
@@ -314,29 +315,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
-  // Byte offsets of a tile's tokens, from block ids read one tile ahead.
-  const int32_t* table_row = p.table.block_table + int64_t{seq} * p.table.max_blocks;
-  const int32_t block_size = kv.block_size;
-  const bool pow2 = (block_size & (block_size - 1)) == 0;
-  const int shift = __ffs(block_size) - 1;
-  auto entry_of = [&](int32_t t) { return pow2 ? t >> shift : t / block_size; };
-  auto block_of = [&](int32_t t) { return t < w.end ? table_row[entry_of(t)] : -1; };
-  int32_t next_block = tid < kTile ? block_of(w.begin + tid) : -1;
-  auto write_offsets = [&](int tile, int stage) {
-    if (tid >= kTile) return;
-    const int32_t t = w.begin + tile * kTile + tid;
-    int64_t off = -1;
-    if (t < w.end) {
-#ifndef NDEBUG
-      assert(next_block >= 0 && next_block < kv.num_blocks);
-#endif
-      const int32_t in_block = t - entry_of(t) * block_size;
-      off = static_cast<int64_t>(sizeof(KVT)) *
-            (next_block * kv.block_stride + kvh * kv.head_stride + in_block * kv.token_stride);
-    }
-    off_s[stage * kTile + tid] = off;
-    next_block = block_of(t + kTile);
-  };
+  TileOffsets<KVT, kTile> offsets(p, seq, kvh, w, tid, off_s);
   auto issue = [&](char* dst, const void* pool, int stage) {
     constexpr int kRowChunks = C::kRowBytes / 16;
     constexpr int kRowsPerPass = kThreads / kRowChunks;
@@ -351,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int num_tiles = w.end > w.begin ? ceil_div(w.end - w.begin, kTile) : 0;
 #pragma unroll
   for (int s = 0; s < C::kStages; ++s) {
-    if (s < num_tiles) write_offsets(s, s);
+    if (s < num_tiles) offsets.write(s, s);
   }
   __syncthreads();
 #pragma unroll
@@ -385,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool refill = i + C::kStages < num_tiles;
     cp_async_wait<2 * C::kStages - 1>();  // K(i) landed
     __syncthreads();
-    if (refill) write_offsets(i + C::kStages, stage);
+    if (refill) offsets.write(i + C::kStages, stage);
 
     uint32_t pa[C::kChunksPerWarp][C::kQTerms][4];  // P as A fragments
     if (active) {

@@ -188,29 +188,7 @@ __global__ void __launch_bounds__(MlaConfig<QT, KVT, RT>::kThreads, 1)
     }
   }
 
-  // Byte offsets of a tile's tokens, from block ids read one tile ahead.
-  const int32_t* table_row = p.table.block_table + int64_t{seq} * p.table.max_blocks;
-  const int32_t block_size = kv.block_size;
-  const bool pow2 = (block_size & (block_size - 1)) == 0;
-  const int shift = __ffs(block_size) - 1;
-  auto entry_of = [&](int32_t t) { return pow2 ? t >> shift : t / block_size; };
-  auto block_of = [&](int32_t t) { return t < w.end ? table_row[entry_of(t)] : -1; };
-  int32_t next_block = tid < kMlaTile ? block_of(w.begin + tid) : -1;
-  auto write_offsets = [&](int tile, int stage) {
-    if (tid >= kMlaTile) return;
-    const int32_t t = w.begin + tile * kMlaTile + tid;
-    int64_t off = -1;
-    if (t < w.end) {
-#ifndef NDEBUG
-      assert(next_block >= 0 && next_block < kv.num_blocks);
-#endif
-      const int32_t in_block = t - entry_of(t) * block_size;
-      off = static_cast<int64_t>(sizeof(KVT)) *
-            (next_block * kv.block_stride + in_block * kv.token_stride);
-    }
-    off_s[stage * kMlaTile + tid] = off;
-    next_block = block_of(t + kMlaTile);
-  };
+  TileOffsets<KVT, kMlaTile> offsets(p, seq, /*kv_head=*/0, w, tid, off_s);
   // 16-bit stages are swizzled for ldmatrix; fp8 stages are plain rows, converted below.
   auto issue = [&](int stage) {
     constexpr int kChunks = C::kStageRowBytes / 16;
@@ -250,7 +228,7 @@ __global__ void __launch_bounds__(MlaConfig<QT, KVT, RT>::kThreads, 1)
   const int num_tiles = w.end > w.begin ? ceil_div(w.end - w.begin, kMlaTile) : 0;
 #pragma unroll
   for (int s = 0; s < kMlaStages; ++s) {
-    if (s < num_tiles) write_offsets(s, s);
+    if (s < num_tiles) offsets.write(s, s);
   }
   __syncthreads();
 #pragma unroll
@@ -275,7 +253,7 @@ __global__ void __launch_bounds__(MlaConfig<QT, KVT, RT>::kThreads, 1)
     const bool refill = i + kMlaStages < num_tiles;
     cp_async_wait<kMlaStages - 1>();  // tile i landed
     __syncthreads();                  // and tile i - 1 is consumed by every warp
-    if (refill) write_offsets(i + kMlaStages, stage);
+    if (refill) offsets.write(i + kMlaStages, stage);
     uint32_t tile = smem_address(stage_s) + stage * C::kStageBytes;
     if constexpr (C::kFp8) {
       convert(stage);

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check, run on a machine with a GPU over a bundle from scripts/gpu-bundle.sh
 # (one run, about 8 minutes on an H200), from the repository root:
-#   1. the [gpu] tests (CUDA kernels against the CPU and fp64 references: GQA decode and
-#      extend, windowed (sliding window, chunked local), sinks, MLA decode, storage);
-#   2. compute-sanitizer memcheck, racecheck and initcheck on the [sanitize] tests (every
-#      kernel variant on small shapes, the windowed, sink and MLA ones included);
+#   1. the [gpu] tests: the CUDA half of every backend test case (kernels against the CPU
+#      and fp64 references: write_kv, GQA decode and extend, windowed (sliding window,
+#      chunked local), sinks, MLA decode, argument errors; storage copies), and the
+#      CUDA-only ones (caller workspace, graphs);
+#   2. compute-sanitizer memcheck, racecheck and initcheck on the [sanitize][gpu] tests
+#      (every kernel variant on small shapes, the windowed, sink and MLA ones included);
 #   3. PyTorch SDPA on contiguous KV (bench/sdpa_contiguous.py: GQA, and MLA as a
 #      single-KV-head MQA over the latent), then the kernel benchmark (gqa, window and mla
 #      grids) with that baseline beside every figure;
@@ -45,7 +47,7 @@ if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck initcheck; do
     step "compute-sanitizer $tool"
     timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-      "$bin/pagedkv_tests" "[sanitize]" > "$out/sanitizer-$tool.log" 2>&1
+      "$bin/pagedkv_tests" "[sanitize][gpu]" > "$out/sanitizer-$tool.log" 2>&1
     rc=$?
     tail -3 "$out/sanitizer-$tool.log"
     [ $rc -eq 0 ] || sanitizers_rc=1

@@ -5,7 +5,10 @@
 // sequence's first query on: the entries before point at NaN blocks or at kPaddingBlock
 // (released, as the allocator leaves them), and the slots before the window start in the
 // first held block are NaN too. Sinks: one random logit per query head.
-// Shared by attention_test.cc (CPU) and kernels_cuda_test.cc (CUDA vs CPU).
+// run_attention() / run_mla() run a fixture on either backend; check_attention() /
+// check_mla() check a backend against the fp64 reference and, on CUDA, against the CPU
+// reference run too. Shared by attention_test.cc, attention_mla_test.cc and
+// kernels_cuda_test.cc.
 #ifndef PAGEDKV_TESTS_ATTENTION_TEST_UTIL_H_
 #define PAGEDKV_TESTS_ATTENTION_TEST_UTIL_H_
 
@@ -13,6 +16,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -24,6 +28,7 @@
 #include "pagedkv/kv_cache_view.h"
 #include "pagedkv/layer_group.h"
 #include "pagedkv/numeric.h"
+#include "support/backends.h"
 
 namespace pagedkv::testing {
 
@@ -56,6 +61,19 @@ inline void store_elem(uint8_t* base, DType dtype, int64_t i, float x) {
       reinterpret_cast<Fp8E4M3*>(base)[i] = from_float<Fp8E4M3>(x);
       return;
   }
+}
+
+// `count` elements of `dtype`, each NaN: one element's bytes, copied in doubling runs (the
+// pools of the largest cases hold tens of MB).
+inline std::vector<uint8_t> nan_pool(DType dtype, int64_t count) {
+  const int64_t elem = bytes_per_element(dtype);
+  std::vector<uint8_t> pool(count * elem);
+  if (count == 0) return pool;
+  store_elem(pool.data(), dtype, 0, NAN);
+  for (int64_t done = elem; done < count * elem; done *= 2) {
+    std::memcpy(pool.data() + done, pool.data(), std::min(done, count * elem - done));
+  }
+  return pool;
 }
 
 struct AttentionCase {
@@ -195,13 +213,8 @@ inline AttentionFixture make_fixture(const AttentionCase& c) {
     f.v_scale = 0.02f;
   }
   const int64_t pool = int64_t{f.num_blocks} * c.num_kv_heads * c.block_size * c.head_dim;
-  const int64_t elem = bytes_per_element(c.kv_dtype);
-  f.k_pool.assign(pool * elem, 0);
-  f.v_pool.assign(pool * elem, 0);
-  // NaN everywhere first: one element's bytes, replicated.
-  uint8_t nan_bytes[4];
-  store_elem(nan_bytes, c.kv_dtype, 0, NAN);
-  for (int64_t i = 0; i < pool * elem; ++i) f.k_pool[i] = nan_bytes[i % elem];
+  // NaN everywhere first.
+  f.k_pool = nan_pool(c.kv_dtype, pool);
   f.v_pool = f.k_pool;
   for (int32_t s = 0; s < n; ++s) {
     for (int32_t t = c.first_read(s); t < c.lens[s]; ++t) {
@@ -428,6 +441,92 @@ inline double naive_error(const AttentionFixture& f, const Outputs& ref) {
   return testing::max_abs_error(testing::naive_bf16(f), ref.out);
 }
 
+// The paged cache and block table of a fixture where a backend reads them.
+struct BackendCache {
+  KvCacheView cache;
+  BlockTableView table;
+};
+inline BackendCache place_cache(BackendMemory& mem, AttentionFixture& f) {
+  BackendCache placed{f.view(), f.table_view()};
+  placed.cache.k = mem.place(f.k_pool);
+  placed.cache.v = mem.place(f.v_pool);
+  placed.table.block_table = mem.place(f.table);
+  placed.table.context_lens = mem.place(f.lens);
+  return placed;
+}
+
+// Decode of `f` on `device` (by default unsplit), or extend for a case with new tokens
+// (`options` and `total_context_len` are decode's). Outputs start as 0xff bytes and lse as
+// 12345, so an element the kernel leaves unwritten shows.
+inline Run run_attention(Device device, AttentionFixture& f,
+                         const DecodeOptions& options = {.num_splits = 1},
+                         int64_t total_context_len = 0) {
+  const AttentionCase& c = f.c;
+  BackendMemory mem(device);
+  const auto [view, table] = place_cache(mem, f);
+  const float* scales = f.fp8() ? mem.place(std::vector<float>{f.k_scale, f.v_scale}) : nullptr;
+  const float* sinks = f.sinks.empty() ? nullptr : mem.place(f.sinks);
+  uint8_t* out = mem.filled<uint8_t>(f.q.size(), 0xff);
+  const size_t lse_count = static_cast<size_t>(f.num_q_rows) * c.num_q_heads;
+  float* lse = mem.filled(lse_count, 12345.0f);
+  absl::Status status;
+  if (c.extend()) {
+    status = paged_extend_attention(
+        device, view, table,
+        {.q = mem.place(f.q),
+         .out = out,
+         .maybe_lse = lse,
+         .dtype = c.q_dtype,
+         .num_q_heads = c.num_q_heads,
+         .maybe_k_scale = scales,
+         .maybe_v_scale = scales == nullptr ? nullptr : scales + 1,
+         .qo_indptr = mem.place(f.qo_indptr),
+         .max_query_len = *std::max_element(c.new_tokens.begin(), c.new_tokens.end()),
+         .kind = c.kind,
+         .window = c.window,
+         .maybe_sinks = sinks});
+  } else {
+    status = paged_decode_attention(device, view, table,
+                                    {.q = mem.place(f.q),
+                                     .out = out,
+                                     .maybe_lse = lse,
+                                     .dtype = c.q_dtype,
+                                     .num_q_heads = c.num_q_heads,
+                                     .maybe_k_scale = scales,
+                                     .maybe_v_scale = scales == nullptr ? nullptr : scales + 1,
+                                     .max_context_len = f.max_len(),
+                                     .total_context_len = total_context_len,
+                                     .kind = c.kind,
+                                     .window = c.window,
+                                     .maybe_sinks = sinks},
+                                    options);
+  }
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+  return {to_doubles(mem.read(out, f.q.size()), c.q_dtype), mem.read(lse, lse_count)};
+}
+
+// Runs `c` on `device` with each split count (decode's; 0: the automatic plan) and checks
+// the outputs against the fp64 reference; on CUDA also against the CPU reference run, within
+// the dtype's tolerance (bf16: twice the naive bf16 error, at least 2e-3).
+inline void check_attention(Device device, const AttentionCase& c,
+                            const std::vector<int32_t>& splits, int64_t total_context_len = 0) {
+  AttentionFixture f = make_fixture(c);
+  const Outputs ref = reference(f);
+  const double naive = naive_error(f, ref);
+  for (int32_t s : splits) {
+    INFO("num_splits " << s);
+    const Run run = run_attention(device, f, {.num_splits = s}, total_context_len);
+    check_run(f, run, ref, naive);
+    if (device == Device::kCuda) {
+      const Run cpu = run_attention(Device::kCpu, f, {.num_splits = s});
+      INFO("CUDA vs CPU");
+      const double tol = c.q_dtype == DType::kBFloat16 ? 2.0 * std::max(naive, 1e-3) : tolerance(c);
+      CHECK(max_abs_error(run.out, cpu.out) <= tol);
+    }
+  }
+}
+
 // --- MLA ---------------------------------------------------------------------------------
 
 // A paged latent cache [num_blocks][block_size][kv_lora_rank + rope] (one latent per token,
@@ -521,11 +620,7 @@ inline MlaFixture make_mla_fixture(const MlaCase& c) {
   if (f.fp8()) f.kv_scale = 0.01f;
   f.sm_scale = 1.0f / std::sqrt(static_cast<float>(c.dim() / 3));  // DeepSeek: 1 / sqrt(192)
   const int64_t elems = int64_t{f.num_blocks} * c.block_size * c.dim();
-  const int64_t elem = bytes_per_element(c.kv_dtype);
-  f.pool.resize(elems * elem);
-  uint8_t nan_bytes[4];
-  store_elem(nan_bytes, c.kv_dtype, 0, NAN);
-  for (int64_t i = 0; i < elems * elem; ++i) f.pool[i] = nan_bytes[i % elem];
+  f.pool = nan_pool(c.kv_dtype, elems);
   for (int32_t s = 0; s < n; ++s) {
     for (int32_t t = 0; t < c.lens[s]; ++t) {
       for (int32_t d = 0; d < c.dim(); ++d) {
@@ -604,6 +699,73 @@ inline void check_mla_run(const MlaFixture& f, const Run& run, const Outputs& re
       REQUIRE((std::isinf(run.lse[i]) && run.lse[i] < 0));
     } else {
       REQUIRE(std::abs(run.lse[i] - ref.lse[i]) <= 1e-4 * (1.0 + std::abs(ref.lse[i])));
+    }
+  }
+}
+
+// The latent cache and block table of a fixture where a backend reads them.
+inline BackendCache place_cache(BackendMemory& mem, MlaFixture& f) {
+  BackendCache placed{f.view(), f.table_view()};
+  placed.cache.k = mem.place(f.pool);
+  placed.table.block_table = mem.place(f.table);
+  placed.table.context_lens = mem.place(f.lens);
+  return placed;
+}
+
+// The MLA arguments of `f` with the pointers left to the caller.
+inline MlaDecodeArgs mla_args(const MlaFixture& f) {
+  return {.dtype = f.c.q_dtype,
+          .num_heads = f.c.num_heads,
+          .kv_lora_rank = f.c.kv_lora_rank,
+          .qk_rope_head_dim = f.c.rope_dim,
+          .sm_scale = f.sm_scale,
+          .max_context_len = f.max_len()};
+}
+
+// MLA decode of `f` on `device`: the status, and the outputs when it is OK (outputs start
+// as 0xff bytes and lse as 12345).
+inline absl::Status try_mla(Device device, MlaFixture& f, int32_t num_splits, Run* run) {
+  const MlaCase& c = f.c;
+  BackendMemory mem(device);
+  const auto [view, table] = place_cache(mem, f);
+  const size_t out_bytes = static_cast<size_t>(f.num_seqs()) * c.num_heads * c.kv_lora_rank *
+                           bytes_per_element(c.q_dtype);
+  const size_t lse_count = static_cast<size_t>(f.num_seqs()) * c.num_heads;
+  MlaDecodeArgs args = mla_args(f);
+  args.q = mem.place(f.q);
+  args.out = mem.filled<uint8_t>(out_bytes, 0xff);
+  args.maybe_lse = mem.filled(lse_count, 12345.0f);
+  args.maybe_kv_scale = f.fp8() ? mem.place(std::vector<float>{f.kv_scale}) : nullptr;
+  const absl::Status status =
+      paged_mla_decode(device, view, table, args, {.num_splits = num_splits});
+  if (status.ok()) {
+    *run = {to_doubles(mem.read(static_cast<const uint8_t*>(args.out), out_bytes), c.q_dtype),
+            mem.read(args.maybe_lse, lse_count)};
+  }
+  return status;
+}
+
+inline Run run_mla(Device device, MlaFixture& f, int32_t num_splits) {
+  Run run;
+  const absl::Status status = try_mla(device, f, num_splits, &run);
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+  return run;
+}
+
+// Runs `c` on `device` with each split count (0: the automatic plan) and checks the
+// outputs against the fp64 dense reference; on CUDA also against the CPU reference run.
+inline void check_mla(Device device, const MlaCase& c, const std::vector<int32_t>& splits) {
+  MlaFixture f = make_mla_fixture(c);
+  const Outputs ref = mla_reference(f);
+  const double tol = mla_tolerance(f, ref);
+  for (int32_t s : splits) {
+    INFO("num_splits " << s);
+    const Run run = run_mla(device, f, s);
+    check_mla_run(f, run, ref, tol);
+    if (device == Device::kCuda) {
+      INFO("CUDA vs CPU");
+      CHECK(max_abs_error(run.out, run_mla(Device::kCpu, f, s).out) <= tol);
     }
   }
 }

@@ -1,6 +1,8 @@
-// KvStorage (pagedkv/kv_storage.h) on the CPU backend: sizing, views, and byte-exact
-// copy-on-write and swap round trips. The CUDA backend runs the same checks in
-// kernels_cuda_test.cc when a device is usable.
+// KvStorage (pagedkv/kv_storage.h) on each backend (support/backends.h): sizing, views,
+// and byte-exact copy-on-write, swap, host-tier and state-slot copies, every case on the
+// CPU and, where a device is usable, on CUDA (device pools, the pinned host pool, one
+// kernel launch per batch). The pools are filled and read through copies from and to the
+// host, so each case checks the same bytes on both.
 #include "pagedkv/kv_storage.h"
 
 #include <catch2/catch.hpp>
@@ -10,29 +12,50 @@
 #include <string>
 #include <vector>
 
+#include "support/backends.h"
+
 namespace pagedkv {
 namespace {
+
+using testing::copy_from_backend;
+using testing::copy_to_backend;
 
 const KvCacheSpec kSpec{
     .num_layers = 3, .num_kv_heads = 2, .head_dim = 64, .dtype = DType::kBFloat16, .block_size = 8};
 
+// Pool bytes are copied through the storage's device: on CUDA cudaMemcpy reads and writes
+// device pools and the pinned host pool alike (and waits for the queued copies first).
+
+// `bytes` bytes at `at`, memory of a storage on `device`.
+std::vector<uint8_t> read_bytes(Device device, const void* at, int64_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  copy_from_backend(device, out.data(), at, out.size());
+  return out;
+}
+
+// Sets `bytes` bytes at `at`, memory of a storage on `device`, to `value`.
+void set_bytes(Device device, void* at, uint8_t value, int64_t bytes) {
+  const std::vector<uint8_t> fill(bytes, value);
+  copy_to_backend(device, at, fill.data(), fill.size());
+}
+
 // Bytes of one token row (head_dim elements) of (layer, K or V, block, head, token).
-std::vector<uint8_t> row(const KvCacheView& view, bool is_v, int32_t block, int32_t head,
-                         int32_t token) {
+std::vector<uint8_t> row(Device device, const KvCacheView& view, bool is_v, int32_t block,
+                         int32_t head, int32_t token) {
   const int64_t elem = bytes_per_element(view.dtype);
   const uint8_t* base = static_cast<const uint8_t*>(is_v ? view.v : view.k);
-  const uint8_t* at = base + elem_offset(view, block, head, token, 0) * elem;
-  return std::vector<uint8_t>(at, at + view.head_dim * elem);
+  return read_bytes(device, base + elem_offset(view, block, head, token, 0) * elem,
+                    view.head_dim * elem);
 }
 
 void fill_random(const KvStorage& s, uint32_t seed) {
   std::mt19937 rng(seed);
   for (int32_t layer = 0; layer < s.spec().num_layers; ++layer) {
     for (const KvCacheView& v : {s.view(layer), s.host_view(layer)}) {
-      const int64_t bytes = pool_elements(v) * bytes_per_element(v.dtype);
+      std::vector<uint8_t> bytes(pool_elements(v) * bytes_per_element(v.dtype));
       for (void* pool : {v.k, v.v}) {
-        uint8_t* p = static_cast<uint8_t*>(pool);
-        for (int64_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(rng());
+        for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+        copy_to_backend(s.device(), pool, bytes.data(), bytes.size());
       }
     }
   }
@@ -44,23 +67,22 @@ std::vector<uint8_t> snapshot(const KvStorage& s, bool host) {
     const KvCacheView v = host ? s.host_view(layer) : s.view(layer);
     const int64_t bytes = pool_elements(v) * bytes_per_element(v.dtype);
     for (const void* pool : {v.k, v.v}) {
-      const uint8_t* p = static_cast<const uint8_t*>(pool);
-      out.insert(out.end(), p, p + bytes);
+      const std::vector<uint8_t> p = read_bytes(s.device(), pool, bytes);
+      out.insert(out.end(), p.begin(), p.end());
     }
   }
   return out;
 }
 
-KvStorage make(KvLayout layout, int32_t num_blocks = 10, int32_t host_blocks = 6) {
-  absl::StatusOr<KvStorage> s =
-      KvStorage::create(kSpec, num_blocks,
-                        {.device = Device::kCpu, .layout = layout, .num_host_blocks = host_blocks});
+KvStorage make(Device device, KvLayout layout, int32_t num_blocks = 10, int32_t host_blocks = 6) {
+  absl::StatusOr<KvStorage> s = KvStorage::create(
+      kSpec, num_blocks, {.device = device, .layout = layout, .num_host_blocks = host_blocks});
   REQUIRE(s.ok());
   return std::move(*s);
 }
 
-TEST_CASE("storage holds every layer's K and V pools, zero-filled", "[kv_storage]") {
-  KvStorage s = make(KvLayout::kHND);
+BACKEND_TEST_CASE("storage holds every layer's K and V pools, zero-filled", "[kv_storage]") {
+  KvStorage s = make(device, KvLayout::kHND);
   CHECK(s.bytes() == kSpec.bytes_per_block() * 10);
   CHECK(s.host_bytes() == kSpec.bytes_per_block() * 6);
   const std::vector<uint8_t> all = snapshot(s, false);
@@ -74,42 +96,47 @@ TEST_CASE("storage holds every layer's K and V pools, zero-filled", "[kv_storage
   CHECK(l0.block_stride == 2 * 8 * 64);
   CHECK(l0.head_stride == 8 * 64);
   CHECK(l0.token_stride == 64);
-  KvStorage nhd = make(KvLayout::kNHD);
+  KvStorage nhd = make(device, KvLayout::kNHD);
   CHECK(nhd.view(2).head_stride == 64);
   CHECK(nhd.view(2).token_stride == 2 * 64);
   CHECK(nhd.host_view(0).num_blocks == 6);
 }
 
-TEST_CASE("storage sized from a byte budget holds whole blocks", "[kv_storage]") {
+BACKEND_TEST_CASE("storage sized from a byte budget holds whole blocks", "[kv_storage]") {
   const int64_t budget = kSpec.bytes_per_block() * 7 + 100;
-  absl::StatusOr<KvStorage> s =
-      KvStorage::create_for_budget(kSpec, budget, {.device = Device::kCpu});
+  absl::StatusOr<KvStorage> s = KvStorage::create_for_budget(kSpec, budget, {.device = device});
   REQUIRE(s.ok());
   CHECK(s->num_blocks() == 7);
-  absl::StatusOr<KvStorage> tiny =
-      KvStorage::create_for_budget(kSpec, 100, {.device = Device::kCpu});
+  absl::StatusOr<KvStorage> tiny = KvStorage::create_for_budget(kSpec, 100, {.device = device});
   CHECK(tiny.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(tiny.status().message().find("does not hold one block") != std::string::npos);
-  absl::StatusOr<int64_t> free_budget = KvStorage::free_memory_budget(Device::kCpu, 0.5);
+  // A thousandth of the free memory (available physical memory on the CPU, cudaMemGetInfo
+  // on CUDA) holds whole blocks of kSpec.
+  absl::StatusOr<int64_t> free_budget = KvStorage::free_memory_budget(device, 0.001);
   REQUIRE(free_budget.ok());
-  CHECK(*free_budget > 0);
-  CHECK(KvStorage::free_memory_budget(Device::kCpu, 0.0).status().code() ==
+  REQUIRE(*free_budget >= kSpec.bytes_per_block());
+  absl::StatusOr<KvStorage> from_free =
+      KvStorage::create_for_budget(kSpec, *free_budget, {.device = device});
+  REQUIRE(from_free.ok());
+  CHECK(from_free->num_blocks() == *kSpec.num_blocks_for_budget(*free_budget));
+  CHECK(from_free->bytes() <= *free_budget);
+  CHECK(KvStorage::free_memory_budget(device, 0.0).status().code() ==
         absl::StatusCode::kInvalidArgument);
-  if (!cuda_device_available()) {
+  if (device == Device::kCpu && !cuda_device_available()) {
     CHECK(KvStorage::create(kSpec, 4, {.device = Device::kCuda}).status().code() ==
           absl::StatusCode::kFailedPrecondition);
   }
 }
 
-TEST_CASE("a latent (MLA) spec has one pool per layer, the latents, and no V", "[kv_storage]") {
+BACKEND_TEST_CASE("a latent (MLA) spec has one pool per layer, the latents, and no V",
+                  "[kv_storage]") {
   const KvCacheSpec mla{.num_layers = 2,
                         .num_kv_heads = 1,
                         .head_dim = 40,  // e.g. kv_lora_rank 32 + rope 8
                         .dtype = DType::kBFloat16,
                         .block_size = 16,
                         .latent = true};
-  absl::StatusOr<KvStorage> s =
-      KvStorage::create(mla, 5, {.device = Device::kCpu, .num_host_blocks = 3});
+  absl::StatusOr<KvStorage> s = KvStorage::create(mla, 5, {.device = device, .num_host_blocks = 3});
   REQUIRE(s.ok());
   // 40 x 2 bytes per token and layer: 1,280 bytes per layer's block, 2,560 per block.
   CHECK(mla.bytes_per_block() == 2560);
@@ -126,20 +153,21 @@ TEST_CASE("a latent (MLA) spec has one pool per layer, the latents, and no V", "
 
   // Copies move the latents of every layer, and nothing past them.
   std::mt19937 rng(31);
+  std::vector<uint8_t> random(5 * 1280);
   for (int32_t layer = 0; layer < 2; ++layer) {
-    uint8_t* p = static_cast<uint8_t*>(s->view(layer).k);
-    for (int64_t i = 0; i < 5 * 1280; ++i) p[i] = static_cast<uint8_t>(rng());
+    for (uint8_t& b : random) b = static_cast<uint8_t>(rng());
+    copy_to_backend(device, s->view(layer).k, random.data(), random.size());
   }
   auto latents = [&](bool host) {
     std::vector<uint8_t> all;
     for (int32_t layer = 0; layer < 2; ++layer) {
       const KvCacheView v = host ? s->host_view(layer) : s->view(layer);
-      const uint8_t* p = static_cast<const uint8_t*>(v.k);
-      all.insert(all.end(), p, p + v.num_blocks * 1280);
+      const std::vector<uint8_t> pool = read_bytes(device, v.k, v.num_blocks * 1280);
+      all.insert(all.end(), pool.begin(), pool.end());
     }
     return all;
   };
-  const std::vector<uint8_t> device = latents(false);
+  const std::vector<uint8_t> before = latents(false);
   REQUIRE(s->copy_blocks(std::vector<BlockCopy>{{.src = 1, .dst = 4, .num_tokens = 5}}).ok());
   REQUIRE(s->swap_out(std::vector<BlockCopy>{{.src = 2, .dst = 0, .num_tokens = 16},
                                              {.src = 4, .dst = 2, .num_tokens = 16}})
@@ -151,11 +179,11 @@ TEST_CASE("a latent (MLA) spec has one pool per layer, the latents, and no V", "
       const int64_t src = base + (t < 5 ? 1 : 4) * 1280 + t * 80;
       const int64_t dst = base + 4 * 1280 + t * 80;
       REQUIRE(
-          std::equal(after_cow.begin() + dst, after_cow.begin() + dst + 80, device.begin() + src));
+          std::equal(after_cow.begin() + dst, after_cow.begin() + dst + 80, before.begin() + src));
     }
   }
-  std::memset(s->view(0).k, 0x5a, 5 * 1280);
-  std::memset(s->view(1).k, 0xa5, 5 * 1280);
+  set_bytes(device, s->view(0).k, 0x5a, 5 * 1280);
+  set_bytes(device, s->view(1).k, 0xa5, 5 * 1280);
   REQUIRE(s->swap_in(std::vector<BlockCopy>{{.src = 0, .dst = 2, .num_tokens = 16},
                                             {.src = 2, .dst = 4, .num_tokens = 16}})
               .ok());
@@ -171,30 +199,36 @@ TEST_CASE("a latent (MLA) spec has one pool per layer, the latents, and no V", "
 // Two storages of one hybrid model: group 0 (2 layers of 2 KV heads) and group 1 (1 layer
 // of 1 KV head), pools of their own sizes.
 struct Groups {
-  KvStorage full = make_group({.num_layers = 2,
-                               .num_kv_heads = 2,
-                               .head_dim = 64,
-                               .dtype = DType::kFloat32,
-                               .block_size = 4},
-                              6, 4, 0);
-  KvStorage window = make_group({.num_layers = 1,
-                                 .num_kv_heads = 1,
-                                 .head_dim = 64,
-                                 .dtype = DType::kFloat32,
-                                 .block_size = 4},
-                                3, 2, 1);
+  explicit Groups(Device device)
+      : full(make_group(device,
+                        {.num_layers = 2,
+                         .num_kv_heads = 2,
+                         .head_dim = 64,
+                         .dtype = DType::kFloat32,
+                         .block_size = 4},
+                        6, 4, 0)),
+        window(make_group(device,
+                          {.num_layers = 1,
+                           .num_kv_heads = 1,
+                           .head_dim = 64,
+                           .dtype = DType::kFloat32,
+                           .block_size = 4},
+                          3, 2, 1)) {}
+  KvStorage full;
+  KvStorage window;
 
-  static KvStorage make_group(const KvCacheSpec& spec, int32_t blocks, int32_t host, int32_t g) {
+  static KvStorage make_group(Device device, const KvCacheSpec& spec, int32_t blocks, int32_t host,
+                              int32_t g) {
     absl::StatusOr<KvStorage> s = KvStorage::create(
-        spec, blocks, {.device = Device::kCpu, .num_host_blocks = host, .layer_group = g});
+        spec, blocks, {.device = device, .num_host_blocks = host, .layer_group = g});
     REQUIRE(s.ok());
     return std::move(*s);
   }
 };
 
-TEST_CASE("a storage per layer group: exact sizes, and each runs its own group's step ops",
-          "[kv_storage]") {
-  Groups g;
+BACKEND_TEST_CASE("a storage per layer group: exact sizes, and each runs its own group's step ops",
+                  "[kv_storage]") {
+  Groups g(device);
   CHECK(g.full.layer_group() == 0);
   CHECK(g.window.layer_group() == 1);
   // 2 layers x (K, V) x 2 heads x 4 tokens x 64 x 4 bytes = 8 KiB per block; 1 x 2 x 1 x
@@ -231,9 +265,9 @@ TEST_CASE("a storage per layer group: exact sizes, and each runs its own group's
             const int64_t at = pool + elem_offset(d, block, head, t, 0) * 4;
             return std::vector<uint8_t>(full_device.begin() + at, full_device.begin() + at + 256);
           };
-          REQUIRE(row(h, is_v, 3, head, t) == original(5));
-          REQUIRE(row(d, is_v, 5, head, t) == original(t < 3 ? 4 : 5));
-          REQUIRE(row(d, is_v, 2, head, t) == row(h, is_v, 0, head, t));
+          REQUIRE(row(device, h, is_v, 3, head, t) == original(5));
+          REQUIRE(row(device, d, is_v, 5, head, t) == original(t < 3 ? 4 : 5));
+          REQUIRE(row(device, d, is_v, 2, head, t) == row(device, h, is_v, 0, head, t));
         }
       }
     }
@@ -246,10 +280,10 @@ TEST_CASE("a storage per layer group: exact sizes, and each runs its own group's
         const int64_t at = pool + elem_offset(w, block, 0, t, 0) * 4;
         return std::vector<uint8_t>(window_device.begin() + at, window_device.begin() + at + 256);
       };
-      REQUIRE(row(wh, is_v, 1, 0, t) == original(2));
-      REQUIRE(row(w, is_v, 1, 0, t) == original(t < 2 ? 0 : 1));
-      REQUIRE(row(w, is_v, 0, 0, t) == original(0));
-      REQUIRE(row(w, is_v, 2, 0, t) == original(2));  // group 0's promotion is not its own
+      REQUIRE(row(device, wh, is_v, 1, 0, t) == original(2));
+      REQUIRE(row(device, w, is_v, 1, 0, t) == original(t < 2 ? 0 : 1));
+      REQUIRE(row(device, w, is_v, 0, 0, t) == original(0));
+      REQUIRE(row(device, w, is_v, 2, 0, t) == original(2));  // group 0's promotion is not its own
     }
   }
   // Host block 0 of group 1 was not touched (group 0 promoted from its own host block 0).
@@ -260,15 +294,17 @@ TEST_CASE("a storage per layer group: exact sizes, and each runs its own group's
   }
 }
 
-TEST_CASE("a storage refuses another layer group's copies, naming the group", "[kv_storage]") {
-  Groups g;
+BACKEND_TEST_CASE("a storage refuses another layer group's copies, naming the group",
+                  "[kv_storage]") {
+  Groups g(device);
   fill_random(g.window, 47);
-  const std::vector<uint8_t> device = snapshot(g.window, false), host = snapshot(g.window, true);
+  const std::vector<uint8_t> device_bytes = snapshot(g.window, false),
+                             host = snapshot(g.window, true);
   auto expect = [&](const absl::Status& st, const std::string& fragment) {
     INFO(st.ToString());
     CHECK(st.code() == absl::StatusCode::kInvalidArgument);
     CHECK(st.message().find(fragment) != std::string::npos);
-    CHECK(snapshot(g.window, false) == device);  // the valid first op did not run either
+    CHECK(snapshot(g.window, false) == device_bytes);  // the valid first op did not run either
     CHECK(snapshot(g.window, true) == host);
   };
   const BlockCopy own{.src = 0, .dst = 1, .num_tokens = 4, .group = 1};
@@ -286,15 +322,15 @@ TEST_CASE("a storage refuses another layer group's copies, naming the group", "[
             .find("copy_blocks: op 0: layer group 1 is not this storage's (0)") !=
         std::string::npos);
   absl::StatusOr<KvStorage> negative =
-      KvStorage::create(kSpec, 2, {.device = Device::kCpu, .layer_group = -1});
+      KvStorage::create(kSpec, 2, {.device = device, .layer_group = -1});
   CHECK(negative.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(negative.status().message().find("layer_group -1 must be >= 0") != std::string::npos);
 }
 
-TEST_CASE("copy-on-write copies the first num_tokens tokens of every layer exactly",
-          "[kv_storage]") {
+BACKEND_TEST_CASE("copy-on-write copies the first num_tokens tokens of every layer exactly",
+                  "[kv_storage]") {
   for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
-    KvStorage s = make(layout);
+    KvStorage s = make(device, layout);
     fill_random(s, 7);
     const std::vector<uint8_t> before = snapshot(s, false);
     const std::vector<BlockCopy> ops = {{.src = 1, .dst = 4, .num_tokens = 3},
@@ -308,7 +344,7 @@ TEST_CASE("copy-on-write copies the first num_tokens tokens of every layer exact
           for (int32_t h = 0; h < 2; ++h) {
             for (int32_t t = 0; t < 8; ++t) {
               expected.push_back(
-                  row(s.view(layer), is_v, t < op.num_tokens ? op.src : op.dst, h, t));
+                  row(device, s.view(layer), is_v, t < op.num_tokens ? op.src : op.dst, h, t));
             }
           }
         }
@@ -321,7 +357,7 @@ TEST_CASE("copy-on-write copies the first num_tokens tokens of every layer exact
         for (const BlockCopy& op : ops) {
           for (int32_t h = 0; h < 2; ++h) {
             for (int32_t t = 0; t < 8; ++t) {
-              REQUIRE(row(s.view(layer), is_v, op.dst, h, t) == expected[i++]);
+              REQUIRE(row(device, s.view(layer), is_v, op.dst, h, t) == expected[i++]);
             }
           }
         }
@@ -339,9 +375,9 @@ TEST_CASE("copy-on-write copies the first num_tokens tokens of every layer exact
   }
 }
 
-TEST_CASE("swap out then swap in restores the blocks bit for bit", "[kv_storage]") {
+BACKEND_TEST_CASE("swap out then swap in restores the blocks bit for bit", "[kv_storage]") {
   for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
-    KvStorage s = make(layout);
+    KvStorage s = make(device, layout);
     fill_random(s, 11);
     const std::vector<uint8_t> original = snapshot(s, false);
     const std::vector<BlockCopy> out = {{.src = 3, .dst = 0, .num_tokens = 8},
@@ -352,8 +388,8 @@ TEST_CASE("swap out then swap in restores the blocks bit for bit", "[kv_storage]
       for (int32_t b : {3, 9, 0}) {
         KvCacheView v = s.view(layer);
         const int64_t bytes = v.block_stride * 2;
-        std::memset(static_cast<char*>(v.k) + b * bytes, 0x5a, bytes);
-        std::memset(static_cast<char*>(v.v) + b * bytes, 0xa5, bytes);
+        set_bytes(device, static_cast<char*>(v.k) + b * bytes, 0x5a, bytes);
+        set_bytes(device, static_cast<char*>(v.v) + b * bytes, 0xa5, bytes);
       }
     }
     CHECK(snapshot(s, false) != original);
@@ -365,10 +401,11 @@ TEST_CASE("swap out then swap in restores the blocks bit for bit", "[kv_storage]
   }
 }
 
-TEST_CASE("read_block then write_block into another block copies it bit for bit, all layers",
-          "[kv_storage]") {
+BACKEND_TEST_CASE(
+    "read_block then write_block into another block copies it bit for bit, all layers",
+    "[kv_storage]") {
   for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
-    KvStorage s = make(layout);
+    KvStorage s = make(device, layout);
     fill_random(s, 23);
     std::vector<std::byte> payload(static_cast<size_t>(kSpec.bytes_per_block()));
     REQUIRE(s.read_block(4, payload).ok());
@@ -377,22 +414,24 @@ TEST_CASE("read_block then write_block into another block copies it bit for bit,
       for (const bool is_v : {false, true}) {
         for (int32_t head = 0; head < kSpec.num_kv_heads; ++head) {
           for (int32_t token = 0; token < kSpec.block_size; ++token) {
-            CHECK(row(s.view(layer), is_v, 7, head, token) ==
-                  row(s.view(layer), is_v, 4, head, token));
+            CHECK(row(device, s.view(layer), is_v, 7, head, token) ==
+                  row(device, s.view(layer), is_v, 4, head, token));
           }
         }
       }
     }
     // The payload is the pools' bytes in order: layer 0's K block first.
     const KvCacheView v0 = s.view(0);
-    CHECK(std::memcmp(payload.data(), static_cast<const char*>(v0.k) + 4 * v0.block_stride * 2,
-                      static_cast<size_t>(kSpec.bytes_per_block() / 6)) == 0);
+    const std::vector<uint8_t> k_block =
+        read_bytes(device, static_cast<const char*>(v0.k) + 4 * v0.block_stride * 2,
+                   kSpec.bytes_per_block() / 6);
+    CHECK(std::memcmp(payload.data(), k_block.data(), k_block.size()) == 0);
   }
 }
 
-TEST_CASE("read_block and write_block refuse a bad block or size, copying nothing",
-          "[kv_storage]") {
-  KvStorage s = make(KvLayout::kHND);
+BACKEND_TEST_CASE("read_block and write_block refuse a bad block or size, copying nothing",
+                  "[kv_storage]") {
+  KvStorage s = make(device, KvLayout::kHND);
   fill_random(s, 29);
   const std::vector<uint8_t> before = snapshot(s, false);
   std::vector<std::byte> payload(static_cast<size_t>(kSpec.bytes_per_block()));
@@ -418,24 +457,24 @@ constexpr StateShape kState{.num_layers = 2,
 void fill_slots(const KvStorage& s) {
   for (int32_t layer = 0; layer < s.spec().num_layers; ++layer) {
     for (int32_t slot = 0; slot < s.num_blocks(); ++slot) {
-      std::memset(s.state(layer, slot), 16 * layer + slot + 1, 32);
+      set_bytes(s.device(), s.state(layer, slot), static_cast<uint8_t>(16 * layer + slot + 1), 32);
     }
   }
 }
 
 // The byte every position of (layer, slot) holds, or -1 when they differ.
 int slot_byte(const KvStorage& s, int32_t layer, int32_t slot) {
-  const auto* p = reinterpret_cast<const uint8_t*>(s.state(layer, slot));
+  const std::vector<uint8_t> p = read_bytes(s.device(), s.state(layer, slot), 32);
   for (int i = 1; i < 32; ++i) {
     if (p[i] != p[0]) return -1;
   }
   return p[0];
 }
 
-TEST_CASE("a state storage holds slots per layer and runs its group's state copies",
-          "[kv_storage]") {
+BACKEND_TEST_CASE("a state storage holds slots per layer and runs its group's state copies",
+                  "[kv_storage]") {
   absl::StatusOr<KvStorage> created = KvStorage::create_state(
-      kState, 5, {.device = Device::kCpu, .num_host_blocks = 2, .layer_group = 1});
+      kState, 5, {.device = device, .num_host_blocks = 2, .layer_group = 1});
   REQUIRE(created.ok());
   KvStorage& s = *created;
   CHECK(s.holds_state());
@@ -473,10 +512,10 @@ TEST_CASE("a state storage holds slots per layer and runs its group's state copi
   }
 }
 
-TEST_CASE("a state storage demotes checkpoints to host slots and restores them from there",
-          "[kv_storage]") {
+BACKEND_TEST_CASE("a state storage demotes checkpoints to host slots and restores them from there",
+                  "[kv_storage]") {
   absl::StatusOr<KvStorage> created = KvStorage::create_state(
-      kState, 5, {.device = Device::kCpu, .num_host_blocks = 2, .layer_group = 1});
+      kState, 5, {.device = device, .num_host_blocks = 2, .layer_group = 1});
   REQUIRE(created.ok());
   KvStorage& s = *created;
   fill_slots(s);
@@ -496,9 +535,10 @@ TEST_CASE("a state storage demotes checkpoints to host slots and restores them f
   }
 }
 
-TEST_CASE("a state storage refuses bad shapes and bad slot ids, copying nothing", "[kv_storage]") {
-  auto refused = [](const StateShape& shape, int32_t slots, const std::string& fragment) {
-    absl::StatusOr<KvStorage> s = KvStorage::create_state(shape, slots);
+BACKEND_TEST_CASE("a state storage refuses bad shapes and bad slot ids, copying nothing",
+                  "[kv_storage]") {
+  auto refused = [&](const StateShape& shape, int32_t slots, const std::string& fragment) {
+    absl::StatusOr<KvStorage> s = KvStorage::create_state(shape, slots, {.device = device});
     INFO(s.status().ToString());
     CHECK(s.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(s.status().message().find(fragment) != std::string::npos);
@@ -508,7 +548,8 @@ TEST_CASE("a state storage refuses bad shapes and bad slot ids, copying nothing"
   refused({.num_layers = 1, .conv_elements = int64_t{1} << 40}, 2, "at most 68719476736");
   refused(kState, -1, "num_slots -1");
   refused({.num_layers = 1, .recurrent_elements = int64_t{1} << 36}, 1 << 30, "bytes per pool");
-  absl::StatusOr<KvStorage> s = KvStorage::create_state(kState, 3, {.num_host_blocks = 1});
+  absl::StatusOr<KvStorage> s =
+      KvStorage::create_state(kState, 3, {.device = device, .num_host_blocks = 1});
   REQUIRE(s.ok());
   fill_slots(*s);
   const std::vector<BlockCopy> out_of_range = {{0, 1, 16}, {3, 2, 16}};
@@ -520,8 +561,8 @@ TEST_CASE("a state storage refuses bad shapes and bad slot ids, copying nothing"
   for (int32_t slot = 0; slot < 3; ++slot) CHECK(slot_byte(*s, 0, slot) == slot + 1);
 }
 
-TEST_CASE("invalid copy batches are refused whole, naming the op", "[kv_storage]") {
-  KvStorage s = make(KvLayout::kHND);
+BACKEND_TEST_CASE("invalid copy batches are refused whole, naming the op", "[kv_storage]") {
+  KvStorage s = make(device, KvLayout::kHND);
   fill_random(s, 3);
   const std::vector<uint8_t> main = snapshot(s, false), host = snapshot(s, true);
   auto expect = [&](const absl::Status& st, const std::string& fragment) {
@@ -543,11 +584,11 @@ TEST_CASE("invalid copy batches are refused whole, naming the op", "[kv_storage]
   expect(s.swap_in(tokens), "num_tokens 9 outside [0, block_size 8]");
 }
 
-TEST_CASE("demote then promote brings cached blocks back bit for bit", "[kv_storage]") {
+BACKEND_TEST_CASE("demote then promote brings cached blocks back bit for bit", "[kv_storage]") {
   for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
-    KvStorage s = make(layout);
+    KvStorage s = make(device, layout);
     fill_random(s, 13);
-    const std::vector<uint8_t> device = snapshot(s, false);
+    const std::vector<uint8_t> device_bytes = snapshot(s, false);
     // Evicted cached blocks 2, 7 and 4 go to host blocks 5, 1 and 3.
     const std::vector<BlockCopy> down = {{.src = 2, .dst = 5, .num_tokens = 8},
                                          {.src = 7, .dst = 1, .num_tokens = 8},
@@ -558,22 +599,22 @@ TEST_CASE("demote then promote brings cached blocks back bit for bit", "[kv_stor
         for (const BlockCopy& op : down) {
           for (int32_t h = 0; h < 2; ++h) {
             for (int32_t t = 0; t < 8; ++t) {
-              REQUIRE(row(s.host_view(layer), is_v, op.dst, h, t) ==
-                      row(s.view(layer), is_v, op.src, h, t));
+              REQUIRE(row(device, s.host_view(layer), is_v, op.dst, h, t) ==
+                      row(device, s.view(layer), is_v, op.src, h, t));
             }
           }
         }
       }
     }
-    CHECK(snapshot(s, false) == device);  // demotion only reads the device pool
+    CHECK(snapshot(s, false) == device_bytes);  // demotion only reads the device pool
     // The device blocks are reused; later prefix hits promote them into other blocks.
     const std::vector<uint8_t> host = snapshot(s, true);
     fill_random(s, 99);  // clobbers both pools
     for (int32_t layer = 0; layer < 3; ++layer) {
       const KvCacheView v = s.host_view(layer);
       const int64_t bytes = pool_elements(v) * bytes_per_element(v.dtype);
-      std::memcpy(v.k, host.data() + 2 * layer * bytes, bytes);
-      std::memcpy(v.v, host.data() + (2 * layer + 1) * bytes, bytes);
+      copy_to_backend(device, v.k, host.data() + 2 * layer * bytes, bytes);
+      copy_to_backend(device, v.v, host.data() + (2 * layer + 1) * bytes, bytes);
     }
     const std::vector<BlockCopy> up = {{.src = 5, .dst = 0, .num_tokens = 8},
                                        {.src = 1, .dst = 9, .num_tokens = 8},
@@ -590,9 +631,9 @@ TEST_CASE("demote then promote brings cached blocks back bit for bit", "[kv_stor
               const int64_t pool_bytes = pool_elements(now) * elem;
               const int64_t at = (2 * layer + (is_v ? 1 : 0)) * pool_bytes +
                                  elem_offset(now, down[i].src, h, t, 0) * elem;
-              const std::vector<uint8_t> original(device.begin() + at,
-                                                  device.begin() + at + now.head_dim * elem);
-              REQUIRE(row(now, is_v, up[i].dst, h, t) == original);
+              const std::vector<uint8_t> original(device_bytes.begin() + at,
+                                                  device_bytes.begin() + at + now.head_dim * elem);
+              REQUIRE(row(device, now, is_v, up[i].dst, h, t) == original);
             }
           }
         }
@@ -602,11 +643,11 @@ TEST_CASE("demote then promote brings cached blocks back bit for bit", "[kv_stor
   }
 }
 
-TEST_CASE("swapped blocks and the host tier share one host pool", "[kv_storage]") {
+BACKEND_TEST_CASE("swapped blocks and the host tier share one host pool", "[kv_storage]") {
   // The same host block serves a swap, then (once swapped back in) the tier.
-  KvStorage s = make(KvLayout::kHND, 10, 2);
+  KvStorage s = make(device, KvLayout::kHND, 10, 2);
   fill_random(s, 5);
-  const std::vector<uint8_t> device = snapshot(s, false);
+  const std::vector<uint8_t> device_bytes = snapshot(s, false);
   const std::vector<BlockCopy> swap = {{.src = 3, .dst = 0, .num_tokens = 8}};
   const std::vector<BlockCopy> tier = {{.src = 8, .dst = 1, .num_tokens = 8}};
   REQUIRE(s.swap_out(swap).ok());
@@ -629,16 +670,17 @@ TEST_CASE("swapped blocks and the host tier share one host pool", "[kv_storage]"
     const int64_t pool = static_cast<int64_t>(b) / (10 * block);
     const int64_t id = static_cast<int64_t>(b) / block % 10;
     const int64_t in_block = static_cast<int64_t>(b) % block;
-    if (now[b] != device[(pool * 10 + from[id]) * block + in_block]) ++wrong;
+    if (now[b] != device_bytes[(pool * 10 + from[id]) * block + in_block]) ++wrong;
   }
   CHECK(wrong == 0);
 }
 
-TEST_CASE("exchange swaps device and host blocks, and twice restores both", "[kv_storage]") {
+BACKEND_TEST_CASE("exchange swaps device and host blocks, and twice restores both",
+                  "[kv_storage]") {
   for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
-    KvStorage s = make(layout);
+    KvStorage s = make(device, layout);
     fill_random(s, 23);
-    const std::vector<uint8_t> device = snapshot(s, false), host = snapshot(s, true);
+    const std::vector<uint8_t> device_bytes = snapshot(s, false), host = snapshot(s, true);
     const std::vector<BlockCopy> ops = {{.src = 4, .dst = 2, .num_tokens = 8},
                                         {.src = 9, .dst = 0, .num_tokens = 8}};
     REQUIRE(s.exchange(ops).ok());
@@ -654,24 +696,24 @@ TEST_CASE("exchange swaps device and host blocks, and twice restores both", "[kv
               const int64_t at_d = pool * device_pool + elem_offset(d, op.src, head, t, 0) * elem;
               const int64_t at_h = pool * host_pool + elem_offset(h, op.dst, head, t, 0) * elem;
               const int64_t row_bytes = d.head_dim * elem;
-              REQUIRE(row(d, is_v, op.src, head, t) ==
+              REQUIRE(row(device, d, is_v, op.src, head, t) ==
                       std::vector<uint8_t>(host.begin() + at_h, host.begin() + at_h + row_bytes));
-              REQUIRE(
-                  row(h, is_v, op.dst, head, t) ==
-                  std::vector<uint8_t>(device.begin() + at_d, device.begin() + at_d + row_bytes));
+              REQUIRE(row(device, h, is_v, op.dst, head, t) ==
+                      std::vector<uint8_t>(device_bytes.begin() + at_d,
+                                           device_bytes.begin() + at_d + row_bytes));
             }
           }
         }
       }
     }
     REQUIRE(s.exchange(ops).ok());
-    CHECK(snapshot(s, false) == device);
+    CHECK(snapshot(s, false) == device_bytes);
     CHECK(snapshot(s, true) == host);
   }
 }
 
-TEST_CASE("invalid demote and promote batches are refused whole", "[kv_storage]") {
-  KvStorage s = make(KvLayout::kNHD);
+BACKEND_TEST_CASE("invalid demote and promote batches are refused whole", "[kv_storage]") {
+  KvStorage s = make(device, KvLayout::kNHD);
   fill_random(s, 17);
   const std::vector<uint8_t> main = snapshot(s, false), host = snapshot(s, true);
   auto expect = [&](const absl::Status& st, const std::string& fragment) {
@@ -708,7 +750,7 @@ TEST_CASE("invalid demote and promote batches are refused whole", "[kv_storage]"
   expect(s.exchange(std::vector<BlockCopy>{{1, 3, 8}, {2, 6, 8}}),
          "exchange: op 1: dst block 6 outside [0, 6) of the host pool");
   // Without a host pool there is no tier to copy into.
-  KvStorage none = make(KvLayout::kHND, 4, 0);
+  KvStorage none = make(device, KvLayout::kHND, 4, 0);
   CHECK(none.demote(std::vector<BlockCopy>{{0, 0, 8}}).code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(none.demote({}).ok());  // an empty batch is fine
