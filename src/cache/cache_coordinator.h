@@ -103,9 +103,7 @@ class CacheCoordinator {
   }
   absl::StatusOr<Sequence*> find_or_error(SeqId seq, const char* caller) const;
   absl::Status check_group(int32_t group, const char* caller) const;
-  // create.cc
-  absl::Status add_groups(std::span<const LayerGroup> layer_groups);
-  absl::Status add_group(std::span<const LayerGroup> layer_groups, size_t i);
+  absl::Status add_groups(std::span<const LayerGroup> layer_groups);  // create.cc
   // Slots.
   absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(Sequence& seq,
                                                                int32_t num_new_tokens,

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/cache_coordinator.h"
-#include "cache/windowed_group.h"
+#include "cache/group_factory.h"
 #include "common/arithmetic.h"
 #include "common/status_macros.h"
 
@@ -71,62 +71,6 @@ absl::Status check_groups(const Options& options, std::span<const LayerGroup> gr
         "add the group)");
   }
   return absl::OkStatus();
-}
-
-// A group's pools: its layers' blocks on the device and on the host, and the roles the
-// group's kind and place give them.
-// `anchored_caching`: the model caches and has groups that verify along the anchor's chain
-// (windowed and state groups): the anchor then reports contents it loses, and the others
-// drop the blocks cached after them (docs/allocator.md).
-absl::StatusOr<GroupPools> make_pools(const Options& options, const LayerGroup& spec, int32_t index,
-                                      size_t num_groups, bool anchored_caching, bool is_anchor) {
-  const bool full = spec.kind == AttentionKind::kFull;
-  const bool host_tier = options.enable_host_cache;
-  // The events of a hybrid model name their group (docs/events.md, "Layer groups"); those
-  // of one group are as they were without groups.
-  const std::optional<EventGroup> event_group =
-      num_groups > 1 ? std::optional<EventGroup>(EventGroup{index, spec.kind, spec.window})
-                     : std::nullopt;
-  // A state group's checkpoints are its cached blocks: BlockStored names the block a
-  // checkpoint ends (docs/events.md, "State groups"); its slots are never hashed.
-  auto device = BlockPoolCore::create(
-      {.num_blocks = spec.num_blocks,
-       .block_size = options.block_size,
-       .enable_caching = options.enable_prefix_caching,
-       .event_sink = options.event_sink,
-       .event_group = event_group,
-       .clock = options.clock,
-       .eviction_policy = full ? options.eviction_policy : EvictionPolicy::kLru},
-      {.log_evictions = host_tier,
-       .index_partial_prefixes = options.enable_partial_block_reuse,
-       .log_dead_contents = is_anchor && anchored_caching,
-       .index_children = anchored_caching && !full});
-  if (!device.ok()) return device.status();
-  // A state group's tier holds checkpoints (demoted when evicted, restored from the host):
-  // its host pool serves swapping and the tier, as an attention group's does.
-  auto host = BlockPoolCore::create(
-      {.num_blocks = spec.num_host_blocks,
-       .block_size = options.block_size,
-       .enable_caching = host_tier,
-       .event_sink =
-           spec.kind == AttentionKind::kState && !host_tier ? nullptr : options.event_sink,
-       .medium = Medium::kHost,
-       .event_group = event_group,
-       .clock = options.clock},
-      // Its evictions become ghosts (HostTier). Host blocks take the content keys of the
-      // device blocks they copy: the host's own keys (blocks renewed for swapping) are
-      // drawn apart from the device's.
-      {.log_evictions = host_tier && options.host_admission == HostAdmission::kReused,
-       .first_content_key = uint64_t{1} << 63,
-       .log_dead_contents = is_anchor && anchored_caching,
-       .index_children = anchored_caching && !full});
-  if (!host.ok()) return host.status();
-  BlockPoolCore* device_core = device->get();
-  BlockPoolCore* host_core = host->get();
-  return GroupPools{.device = BlockPool(*std::move(device)),
-                    .host = BlockPool(*std::move(host)),
-                    .device_core = device_core,
-                    .host_core = host_core};
 }
 
 }  // namespace
@@ -202,9 +146,14 @@ absl::Status CacheCoordinator::add_groups(std::span<const LayerGroup> layer_grou
   const auto anchor = static_cast<size_t>(
       std::find_if(layer_groups.begin(), layer_groups.end(), is_full) - layer_groups.begin());
   groups_.resize(layer_groups.size());
-  if (anchor < layer_groups.size()) PAGEDKV_RETURN_IF_ERROR(add_group(layer_groups, anchor));
+  if (anchor < layer_groups.size()) {
+    PAGEDKV_ASSIGN_OR_RETURN(groups_[anchor],
+                             make_group_cache(layer_groups, anchor, shared_, nullptr));
+    anchor_ = static_cast<FullAttentionGroup*>(groups_[anchor].get());
+  }
   for (size_t i = 0; i < layer_groups.size(); ++i) {
-    if (i != anchor) PAGEDKV_RETURN_IF_ERROR(add_group(layer_groups, i));
+    if (i == anchor) continue;
+    PAGEDKV_ASSIGN_OR_RETURN(groups_[i], make_group_cache(layer_groups, i, shared_, anchor_));
   }
   for (const auto& g : groups_) {
     switch (g->kind()) {
@@ -235,47 +184,6 @@ absl::Status CacheCoordinator::add_groups(std::span<const LayerGroup> layer_grou
   buries_ = !followers_.empty() && anchor_ != nullptr;
   plans_.resize(groups_.size());
   shared_.ledger = StepLedger(layer_groups);
-  return absl::OkStatus();
-}
-
-// Builds group `i` of `layer_groups`: its pools, host tier, watermark and kind.
-absl::Status CacheCoordinator::add_group(std::span<const LayerGroup> layer_groups, size_t i) {
-  const Options& options = shared_.options;
-  const LayerGroup& spec = layer_groups[i];
-  const auto index = static_cast<int32_t>(i);
-  const bool anchored_caching =
-      options.enable_prefix_caching &&
-      std::any_of(layer_groups.begin(), layer_groups.end(),
-                  [](const LayerGroup& g) { return g.kind != AttentionKind::kFull; });
-  const bool is_anchor = spec.kind == AttentionKind::kFull && anchor_ == nullptr;
-  PAGEDKV_ASSIGN_OR_RETURN(GroupPools pools, make_pools(options, spec, index, layer_groups.size(),
-                                                        anchored_caching, is_anchor));
-  auto tier = options.enable_host_cache
-                  ? std::make_unique<HostTier>(options.host_admission, spec.num_blocks,
-                                               spec.num_host_blocks)
-                  : nullptr;
-  // The watermark scaled to the group's pool, rounded up: the same headroom share.
-  const int64_t scaled =
-      div_ceil(int64_t{options.watermark_blocks} * spec.num_blocks, layer_groups[0].num_blocks);
-  const auto watermark = static_cast<int32_t>(std::min<int64_t>(scaled, spec.num_blocks - 1));
-  switch (spec.kind) {
-    case AttentionKind::kFull: {
-      auto group = std::make_unique<FullAttentionGroup>(spec, index, watermark, std::move(pools),
-                                                        std::move(tier), shared_);
-      if (is_anchor) anchor_ = group.get();
-      groups_[i] = std::move(group);
-      break;
-    }
-    case AttentionKind::kSlidingWindow:
-    case AttentionKind::kChunkedLocal:
-      groups_[i] = std::make_unique<WindowedGroup>(spec, index, watermark, std::move(pools),
-                                                   std::move(tier), shared_, anchor_);
-      break;
-    case AttentionKind::kState:
-      groups_[i] = std::make_unique<StateGroup>(spec, index, watermark, std::move(pools),
-                                                std::move(tier), shared_, anchor_);
-      break;
-  }
   return absl::OkStatus();
 }
 
