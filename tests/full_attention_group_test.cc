@@ -16,6 +16,7 @@ using internal::FullAttentionGroup;
 using internal::GroupPlan;
 using internal::Sequence;
 using internal::StepRequest;
+using testing::first_token_hash;
 using testing::GroupFixture;
 using testing::tokens_from;
 
@@ -92,12 +93,6 @@ TEST_CASE("a full group's plan refuses what its pool cannot hold, naming the fig
   CHECK(std::string(too_long.message()) ==
         "allocate_slots(seq 3): 40 slots need 10 blocks; the pool has 8");
   CHECK(g.device_pool().num_free_blocks() == 6);  // plans change nothing
-}
-
-// Hashes by a block's first token alone: blocks that start alike collide.
-BlockHash first_token_hash(const BlockHash*, std::span<const TokenId> tokens,
-                           std::span<const uint64_t>) {
-  return {static_cast<uint64_t>(tokens[0]), 0};
 }
 
 TEST_CASE("a full group's hit is the verified chain from block 0", "[full_attention_group]") {

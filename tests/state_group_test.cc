@@ -17,6 +17,7 @@ using internal::GroupPlan;
 using internal::Sequence;
 using internal::StateGroup;
 using internal::StepRequest;
+using testing::first_token_hash;
 using testing::GroupFixture;
 using testing::tokens_from;
 
@@ -68,12 +69,6 @@ TEST_CASE("checkpoints are due at the prompt's end, the branch point and every i
   }
   CHECK(due == std::vector<int32_t>{2, 3, 5, 6, 9});
   CHECK_FALSE(StateGroup::checkpoint_due(s, 3, {.block_size = 4}));  // no interval
-}
-
-// Hashes by a block's first token alone: blocks that start alike collide.
-BlockHash first_token_hash(const BlockHash*, std::span<const TokenId> tokens,
-                           std::span<const uint64_t>) {
-  return {static_cast<uint64_t>(tokens[0]), 0};
 }
 
 TEST_CASE("a checkpoint is a hit at exactly its position, verified after the anchor's chain",

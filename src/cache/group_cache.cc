@@ -9,14 +9,13 @@
 
 namespace pagedkv::internal {
 
-GroupCache::GroupCache(const LayerGroup& spec, int32_t index, int32_t watermark_blocks,
-                       GroupPools pools, std::unique_ptr<HostTier> host_tier, SharedState& shared)
+GroupCache::GroupCache(GroupParts parts, SharedState& shared)
     : shared_(shared),
-      spec_(spec),
-      index_(index),
-      watermark_blocks_(watermark_blocks),
-      pools_(std::move(pools)),
-      host_tier_(std::move(host_tier)) {}
+      spec_(parts.spec),
+      index_(parts.index),
+      watermark_blocks_(parts.watermark_blocks),
+      pools_(std::move(parts.pools)),
+      host_tier_(std::move(parts.host_tier)) {}
 
 GroupCache::~GroupCache() = default;
 

@@ -85,10 +85,18 @@ struct GroupPools {
   BlockPoolCore* host_core = nullptr;
 };
 
+// What a group is built from (make_group_cache(), group_factory.h).
+struct GroupParts {
+  LayerGroup spec;
+  int32_t index = 0;             // its place in the manager's groups
+  int32_t watermark_blocks = 0;  // Options::watermark_blocks, scaled to the group's pool
+  GroupPools pools;
+  std::unique_ptr<HostTier> host_tier;  // null without Options::enable_host_cache
+};
+
 class GroupCache {
  public:
-  GroupCache(const LayerGroup& spec, int32_t index, int32_t watermark_blocks, GroupPools pools,
-             std::unique_ptr<HostTier> host_tier, SharedState& shared);
+  GroupCache(GroupParts parts, SharedState& shared);
   GroupCache(const GroupCache&) = delete;
   GroupCache& operator=(const GroupCache&) = delete;
   virtual ~GroupCache();
@@ -187,9 +195,9 @@ class GroupCache {
  private:
   const LayerGroup spec_;
   const int32_t index_;
-  const int32_t watermark_blocks_;  // Options::watermark_blocks, scaled to the group's pool
+  const int32_t watermark_blocks_;
   GroupPools pools_;
-  std::unique_ptr<HostTier> host_tier_;  // null without Options::enable_host_cache
+  std::unique_ptr<HostTier> host_tier_;
 };
 
 }  // namespace pagedkv::internal

@@ -87,25 +87,26 @@ absl::StatusOr<std::unique_ptr<GroupCache>> make_group_cache(std::span<const Lay
   const bool is_anchor = spec.kind == AttentionKind::kFull && anchor == nullptr;
   PAGEDKV_ASSIGN_OR_RETURN(GroupPools pools, make_pools(options, spec, index, groups.size(),
                                                         anchored_caching, is_anchor));
-  auto tier = options.enable_host_cache
-                  ? std::make_unique<HostTier>(options.host_admission, spec.num_blocks,
-                                               spec.num_host_blocks)
-                  : nullptr;
   // The watermark scaled to the group's pool, rounded up: the same headroom share.
-  const int64_t scaled =
+  const int64_t watermark =
       div_ceil(int64_t{options.watermark_blocks} * spec.num_blocks, groups[0].num_blocks);
-  const auto watermark = static_cast<int32_t>(std::min<int64_t>(scaled, spec.num_blocks - 1));
+  GroupParts parts{
+      .spec = spec,
+      .index = index,
+      .watermark_blocks = static_cast<int32_t>(std::min<int64_t>(watermark, spec.num_blocks - 1)),
+      .pools = std::move(pools),
+      .host_tier = options.enable_host_cache
+                       ? std::make_unique<HostTier>(options.host_admission, spec.num_blocks,
+                                                    spec.num_host_blocks)
+                       : nullptr};
   switch (spec.kind) {
     case AttentionKind::kFull:
-      return std::make_unique<FullAttentionGroup>(spec, index, watermark, std::move(pools),
-                                                  std::move(tier), shared);
+      return std::make_unique<FullAttentionGroup>(std::move(parts), shared);
     case AttentionKind::kSlidingWindow:
     case AttentionKind::kChunkedLocal:
-      return std::make_unique<WindowedGroup>(spec, index, watermark, std::move(pools),
-                                             std::move(tier), shared, anchor);
+      return std::make_unique<WindowedGroup>(std::move(parts), shared, anchor);
     case AttentionKind::kState:
-      return std::make_unique<StateGroup>(spec, index, watermark, std::move(pools), std::move(tier),
-                                          shared, anchor);
+      return std::make_unique<StateGroup>(std::move(parts), shared, anchor);
   }
   return absl::InvalidArgumentError("make_group_cache: not an AttentionKind");
 }

@@ -32,11 +32,8 @@ namespace pagedkv::internal {
 class StateGroup final : public GroupCache {
  public:
   // `anchor`: the model's first full-attention group, or null without prefix caching.
-  StateGroup(const LayerGroup& spec, int32_t index, int32_t watermark_blocks, GroupPools pools,
-             std::unique_ptr<HostTier> host_tier, SharedState& shared,
-             const FullAttentionGroup* anchor)
-      : GroupCache(spec, index, watermark_blocks, std::move(pools), std::move(host_tier), shared),
-        anchor_(anchor) {}
+  StateGroup(GroupParts parts, SharedState& shared, const FullAttentionGroup* anchor)
+      : GroupCache(std::move(parts), shared), anchor_(anchor) {}
 
   int64_t blocks_to_run(int64_t prompt_tokens) const override;
   int32_t begin_match(const Sequence& seq, int32_t max_blocks) override;

@@ -125,6 +125,13 @@ class GroupFixture {
   std::vector<std::unique_ptr<internal::Sequence>> sequences_;
 };
 
+// Hashes by a block's first token alone: blocks that start alike collide, and only the
+// verification of a hit's tokens tells them apart.
+inline BlockHash first_token_hash(const BlockHash*, std::span<const TokenId> tokens,
+                                  std::span<const uint64_t>) {
+  return {static_cast<uint64_t>(tokens[0]), 0};
+}
+
 inline std::vector<TokenId> tokens_from(TokenId first, int n) {
   std::vector<TokenId> t(n);
   std::iota(t.begin(), t.end(), first);
