@@ -20,6 +20,13 @@ absl::StatusOr<Sequence*> CacheCoordinator::find_or_error(SeqId seq, const char*
   return s;
 }
 
+// append_tokens()'s error, out of line: the decode step's call stays small enough to inline.
+absl::Status CacheCoordinator::too_long_to_append(const Sequence& seq, size_t num_tokens) const {
+  return absl::InvalidArgumentError(
+      absl::StrCat("append_tokens(seq ", seq.id, "): ", seq.tokens.size(), " + ", num_tokens,
+                   " tokens exceeds max_model_len ", shared_.options.max_model_len));
+}
+
 absl::Status CacheCoordinator::check_group(int32_t group, const char* caller) const {
   if (group < 0 || group >= num_groups()) {
     return absl::InvalidArgumentError(
@@ -99,7 +106,7 @@ absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_slots_impl(
                      num_new_tokens, " new tokens exceeds the sequence's ", seq.tokens.size(),
                      " tokens; append_tokens() first"));
   }
-  if (sole_full_ != nullptr && num_new_tokens == 1 && num_lookahead == 0) {
+  if (sole_full_pool_ != nullptr && num_new_tokens == 1 && num_lookahead == 0) {
     if (const int64_t slot = decode_in_place(seq); slot >= 0) [[likely]] {
       slot_mapping_.assign(1, slot);
       return std::span<const int64_t>(slot_mapping_);
@@ -154,7 +161,7 @@ int64_t CacheCoordinator::decode_in_place(Sequence& seq) {
     return -1;
   }
   const BlockId block = t.blocks[write_block];
-  const BlockPoolCore& pool = sole_full_->device();
+  const BlockPoolCore& pool = *sole_full_pool_;
   if (block != seq.exclusive_block || seq.exclusive_epoch != pool.share_epoch()) {
     if (pool.ref_count_unchecked(block) != 1) return -1;  // copy-on-write
     seq.exclusive_block = block;

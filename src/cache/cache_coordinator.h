@@ -102,6 +102,7 @@ class CacheCoordinator {
     return it == sequences_.end() ? nullptr : it->second.get();
   }
   absl::StatusOr<Sequence*> find_or_error(SeqId seq, const char* caller) const;
+  absl::Status too_long_to_append(const Sequence& seq, size_t num_tokens) const;
   absl::Status check_group(int32_t group, const char* caller) const;
   absl::Status add_groups(std::span<const LayerGroup> layer_groups);  // create.cc
   // Slots.
@@ -145,8 +146,8 @@ class CacheCoordinator {
   FullAttentionGroup* anchor_ = nullptr;      // the first full group, or null
   std::vector<GroupCache*> followers_;        // groups that verify along the anchor's chain
   std::vector<StateGroup*> state_;
-  // A one-group full-attention model: the decode step's fast path serves it.
-  FullAttentionGroup* sole_full_ = nullptr;
+  // A one-group full-attention model's device pool: the decode step's fast path serves it.
+  const BlockPoolCore* sole_full_pool_ = nullptr;
   bool windowed_ = false;  // some group is windowed
   // Windowed blocks or checkpoints verify after the anchor's: bury_dead_contents() after
   // each change.
@@ -179,9 +180,7 @@ inline absl::Status CacheCoordinator::append_tokens(SeqId seq, std::span<const T
   last_appended_ = s;
   if (static_cast<int64_t>(s->tokens.size()) + static_cast<int64_t>(tokens.size()) >
       shared_.options.max_model_len) [[unlikely]] {
-    return absl::InvalidArgumentError(
-        absl::StrCat("append_tokens(seq ", seq, "): ", s->tokens.size(), " + ", tokens.size(),
-                     " tokens exceeds max_model_len ", shared_.options.max_model_len));
+    return too_long_to_append(*s, tokens.size());
   }
   // push_back, not a range insert: a decode step appends one token, and a range insert
   // of one element costs a memmove call.

@@ -180,7 +180,9 @@ absl::Status CacheCoordinator::add_groups(std::span<const LayerGroup> layer_grou
   for (AttentionGroup* g : attention_) {
     if (g->kind() != AttentionKind::kFull) offer_order_.push_back(g);
   }
-  if (groups_.size() == 1 && groups_[0]->kind() == AttentionKind::kFull) sole_full_ = anchor_;
+  if (groups_.size() == 1 && groups_[0]->kind() == AttentionKind::kFull) {
+    sole_full_pool_ = &anchor_->device();
+  }
   buries_ = !followers_.empty() && anchor_ != nullptr;
   plans_.resize(groups_.size());
   shared_.ledger = StepLedger(layer_groups);
