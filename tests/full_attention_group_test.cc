@@ -36,8 +36,9 @@ TEST_CASE("a full group needs every block of a prompt to run", "[full_attention_
   CHECK(g.blocks_to_run(32) == 8);
 }
 
-TEST_CASE("a step takes the blocks its slots need; a write into a shared partial block copies it",
-          "[full_attention_group]") {
+TEST_CASE(
+    "a step takes the blocks its slots need, and a write into a shared partial block copies it",
+    "[full_attention_group]") {
   GroupFixture f(one_group());
   FullAttentionGroup& g = f.group<FullAttentionGroup>(0);
   Sequence& a = f.add(1, tokens_from(100, 10));

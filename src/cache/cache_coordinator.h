@@ -25,7 +25,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "cache/attention_group.h"
 #include "cache/full_attention_group.h"
 #include "cache/group_cache.h"

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "cache/cache_coordinator.h"
 #include "cache/group_factory.h"
-#include "common/arithmetic.h"
 #include "common/status_macros.h"
 
 namespace pagedkv::internal {
