@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The tests that run pagedkv inside real models and engines (Hugging Face transformers,
+# vLLM's scheduler: python/tests/integrations). They need torch and the engines, which
+# scripts/ml-venv.sh installs once per machine (about 3.5 GB, so not in the README's test
+# command, where these tests report skipped); the package is built into that environment,
+# then pytest runs them there.
+# Usage: bash scripts/test-integrations.sh [pytest arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! venv=$(bash scripts/ml-venv.sh | tail -1); then
+  echo "test-integrations.sh: the ML environment could not be installed (offline?);" \
+    "the integration tests report skipped in the README's test command" >&2
+  exit 0
+fi
+for extra in scripts/ml-venv.d/*.sh; do
+  [ -f "$extra" ] && bash "$extra" "$venv"
+done
+CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" install -q . \
+  -Ccmake.define.PAGEDKV_ENABLE_CUDA=OFF
+HF_HUB_OFFLINE=1 "$venv/bin/python" -m pytest -q -rs python/tests/integrations "$@"
