@@ -25,7 +25,8 @@ NUM_SEQS, PROMPT, BLOCK, MAX_LEN = 256, 64, 16, 4096
 
 
 def admitted_manager():
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(NUM_SEQS * MAX_LEN // BLOCK + 64), block_size=BLOCK)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(NUM_SEQS * MAX_LEN // BLOCK + 64),
+                          block_size=BLOCK)
     for s in range(NUM_SEQS):
         m.add_sequence(s, np.arange(s * PROMPT, (s + 1) * PROMPT, dtype=np.int32))
         m.allocate_slots(s, PROMPT)

@@ -94,7 +94,9 @@ class Engine:
         self.xp = Backend(device)
         self.model = ToyModel(np.random.default_rng(0))
         self.hooks = Preempted()
-        self.manager = pk.KvCacheManager(layer_groups=pk.full_attention(num_blocks, host_blocks), block_size=BLOCK, enable_host_cache=host_blocks > 0, preemption_hooks=self.hooks)
+        self.manager = pk.KvCacheManager(layer_groups=pk.full_attention(num_blocks, host_blocks),
+                                         block_size=BLOCK, enable_host_cache=host_blocks > 0,
+                                         preemption_hooks=self.hooks)
         spec = pk.KvCacheSpec(num_layers=1, num_kv_heads=HEADS, head_dim=HEAD_DIM,
                               dtype=pk.DType.FLOAT32, block_size=BLOCK)
         self.storage = pk.KvStorage(spec, num_blocks, device=device,

@@ -21,7 +21,9 @@ class Victims:
 
 def make(mode=pk.PreemptionMode.RECOMPUTE, host_cache=False):
     hooks = Victims()
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(24, 8), block_size=BLOCK, enable_host_cache=host_cache, preemption_mode=mode, preemption_hooks=hooks)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(24, 8), block_size=BLOCK,
+                          enable_host_cache=host_cache, preemption_mode=mode,
+                          preemption_hooks=hooks)
     return m, hooks
 
 
@@ -186,7 +188,8 @@ def test_a_hook_that_raises_in_a_batch_surfaces_after_the_call():
         def on_preempt(self, victim, mode):
             raise Boom(victim)
 
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(4), block_size=BLOCK, preemption_hooks=Hooks())
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(4), block_size=BLOCK,
+                          preemption_hooks=Hooks())
     for seq in (1, 2):
         m.add_sequence(seq, list(range(10 * seq, 10 * seq + 8)))
     assert m.allocate_slots_batch([1, 2], 8).ok

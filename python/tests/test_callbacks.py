@@ -36,7 +36,8 @@ def test_hooks_and_policy_decide_the_victim():
         seen.append(([s.id for s in running], requester))
         return max(running, key=lambda s: s.id).id  # a plain id: the manager's mode
 
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(6), block_size=4, preemption_hooks=hooks, victim_policy=policy)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(6), block_size=4, preemption_hooks=hooks,
+                          victim_policy=policy)
     fill(m, [1, 2, 3])
     m.add_sequence(4, list(range(8)))
     m.allocate_slots_or_preempt(4, 8)
@@ -47,7 +48,8 @@ def test_hooks_and_policy_decide_the_victim():
 
 def test_policy_can_choose_swap_or_give_up():
     choices = iter([pk.Preemption(victim=1, mode=pk.PreemptionMode.SWAP), None])
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(4, 4), block_size=4, victim_policy=lambda running, requester: next(choices))
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(4, 4), block_size=4,
+                          victim_policy=lambda running, requester: next(choices))
     fill(m, [1, 2])
     m.add_sequence(3, list(range(8)))
     m.allocate_slots_or_preempt(3, 8)
@@ -104,7 +106,8 @@ def test_exceptions_in_callbacks_surface_after_the_call_and_state_stays_valid():
         m.allocate_slots_or_preempt(2, 8)
     assert m.sequence(1).state == pk.SequenceState.RUNNING  # a raising policy gives up
 
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, preemption_hooks=BadHooks())
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4,
+                          preemption_hooks=BadHooks())
     fill(m, [1])
     with pytest.raises(Boom, match="hooks"):
         m.preempt(1, pk.PreemptionMode.RECOMPUTE)
@@ -122,7 +125,8 @@ def test_exceptions_in_callbacks_surface_after_the_call_and_state_stays_valid():
             "sequence id or None"),
 ])
 def test_a_policy_returning_a_wrong_type_raises_type_error(result, message):
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, victim_policy=lambda r, q: result)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, victim_policy=lambda r,
+                          q: result)
     fill(m, [1])
     m.add_sequence(2, list(range(8)))
     with pytest.raises(TypeError, match=f"^{message}$"):
@@ -133,7 +137,8 @@ def test_a_policy_returning_a_wrong_type_raises_type_error(result, message):
 
 def test_a_policy_may_return_a_numpy_integer_id():
     np = pytest.importorskip("numpy")
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, victim_policy=lambda r, q: np.int64(1))
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, victim_policy=lambda r,
+                          q: np.int64(1))
     fill(m, [1])
     m.add_sequence(2, list(range(8)))
     m.allocate_slots_or_preempt(2, 8)
@@ -145,7 +150,8 @@ def test_a_callback_calling_back_into_its_manager_is_refused():
         def on_preempt(self, victim, mode):
             m.free(victim)  # the C++ API forbids this: the manager is mid-call
 
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4, preemption_hooks=Reentrant())
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(2), block_size=4,
+                          preemption_hooks=Reentrant())
     fill(m, [1])
     with pytest.raises(pk.FailedPrecondition, match="a callback called a mutating method"):
         m.preempt(1, pk.PreemptionMode.RECOMPUTE)
@@ -170,7 +176,8 @@ def test_callbacks_referring_to_their_manager_are_garbage_collected():
             collected.append(True)
 
     hooks = Hooks()
-    hooks.manager = pk.KvCacheManager(layer_groups=pk.full_attention(2), preemption_hooks=hooks, victim_policy=lambda r, q: hooks.manager and None)
+    hooks.manager = pk.KvCacheManager(layer_groups=pk.full_attention(2), preemption_hooks=hooks,
+                                      victim_policy=lambda r, q: hooks.manager and None)
     class PoolSink(Sink):
         pool = None
 

@@ -23,7 +23,8 @@ def chain(prompt):
 
 
 def tiered(device_blocks, host_blocks, events=None):
-    return pk.KvCacheManager(layer_groups=pk.full_attention(device_blocks, host_blocks), block_size=BLOCK_SIZE, enable_host_cache=True, event_sink=events)
+    return pk.KvCacheManager(layer_groups=pk.full_attention(device_blocks, host_blocks),
+                             block_size=BLOCK_SIZE, enable_host_cache=True, event_sink=events)
 
 
 def prefill(m, seq, prompt, **options):
@@ -171,10 +172,12 @@ def test_storage_runs_the_step_copies_in_order_and_a_promotion_restores_the_kv()
 
 
 def test_host_tier_and_retention_options_are_validated():
-    with pytest.raises(ValueError, match=r"num_host_blocks > 0 \(0\)"):
+    with pytest.raises(ValueError, match=r"enable_host_cache needs num_host_blocks > 0 in every "
+                                         "group"):
         pk.KvCacheManager(layer_groups=pk.full_attention(4), block_size=4, enable_host_cache=True)
-    with pytest.raises(ValueError, match=r"needs enable_prefix_caching \(false\)"):
-        pk.KvCacheManager(layer_groups=pk.full_attention(4, 2), block_size=4, enable_host_cache=True, enable_prefix_caching=False)
+    with pytest.raises(ValueError, match="enable_host_cache needs enable_prefix_caching"):
+        pk.KvCacheManager(layer_groups=pk.full_attention(4, 2), block_size=4,
+                          enable_host_cache=True, enable_prefix_caching=False)
     assert tiered(4, 2).options.enable_host_cache
     assert not pk.KvCacheManager(layer_groups=pk.full_attention(4)).options.enable_host_cache
 
@@ -411,7 +414,8 @@ def test_a_clock_referring_to_its_manager_is_garbage_collected():
 
 
 def test_admission_reused_drops_blocks_never_reused_and_demotes_them_once_they_come_back():
-    m = pk.KvCacheManager(layer_groups=pk.full_attention(3, 4), block_size=BLOCK_SIZE, enable_host_cache=True, host_admission=pk.HostAdmission.REUSED)
+    m = pk.KvCacheManager(layer_groups=pk.full_attention(3, 4), block_size=BLOCK_SIZE,
+                          enable_host_cache=True, host_admission=pk.HostAdmission.REUSED)
     assert m.options.host_admission == pk.HostAdmission.REUSED
     a = tokens(8, 100)
     prefill(m, 1, a)
@@ -440,7 +444,8 @@ def test_adaptive_eviction_keeps_a_reused_prompt_through_one_off_prompts():
     # 5 uses, in a 5-block pool. LRU evicts it every time; the adaptive policy keeps it (frequent).
     hits = {}
     for policy in (pk.EvictionPolicy.LRU, pk.EvictionPolicy.ADAPTIVE):
-        m = pk.KvCacheManager(layer_groups=pk.full_attention(5), block_size=BLOCK_SIZE, eviction_policy=policy)
+        m = pk.KvCacheManager(layer_groups=pk.full_attention(5), block_size=BLOCK_SIZE,
+                              eviction_policy=policy)
         assert m.options.eviction_policy == policy
         reused = tokens(8, 100)
         prompts = [reused, reused]

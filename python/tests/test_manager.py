@@ -6,8 +6,9 @@ import pytest
 import pagedkv as pk
 
 
-def make(num_blocks=16, block_size=4, **kw):
-    return pk.KvCacheManager(layer_groups=pk.full_attention(num_blocks), block_size=block_size, **kw)
+def make(num_blocks=16, block_size=4, num_host_blocks=0, **kw):
+    return pk.KvCacheManager(layer_groups=pk.full_attention(num_blocks, num_host_blocks),
+                             block_size=block_size, **kw)
 
 
 def prefill(m, seq, prompt):
@@ -130,7 +131,8 @@ def test_running_sequences_and_options():
     prefill(m, 6, [3, 4])
     assert [s.id for s in m.running_sequences()] == [5, 6]
     o = m.options
-    assert (o.num_blocks, o.block_size, o.watermark_blocks, o.num_host_blocks) == (16, 4, 1, 2)
+    assert (o.block_size, o.watermark_blocks) == (4, 1)
+    assert o.layer_groups == pk.full_attention(16, 2)
     assert o.preemption_mode == pk.PreemptionMode.SWAP and o.enable_prefix_caching
 
 
