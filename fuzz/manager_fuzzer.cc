@@ -2,8 +2,10 @@
 // invalid KvCacheManager operations (tests/support/manager_ops.h), checked after every
 // operation against check_invariants(), the reference model and the KV data-flow simulation.
 // An input whose first byte is ManagerOpRunner::kGroupsMarker (252) runs a manager of 1 to 3
-// layer groups (full, sliding window, chunked local), checked group by group. Uses the real
-// XXH3-128 block hash. A failed check prints the report and aborts.
+// layer groups (full, sliding window, chunked local), checked group by group; one whose first
+// byte is ManagerOpRunner::kSpeculativeMarker (254) adds speculative decoding: draft slots and
+// their verdicts (fuzz/corpus/manager/speculative-* seed it). Uses the real XXH3-128 block
+// hash. A failed check prints the report and aborts.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

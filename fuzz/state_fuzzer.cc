@@ -3,8 +3,9 @@
 // checkpoints) and a run of operations and steps
 // (tests/support/state_ops.h), checked after every operation by check_invariants() and,
 // every step, by a simulated engine whose states are fingerprints of the tokens they
-// cover: a sequence that starts a step with another prefix's state fails. A failed check
-// prints the report and aborts.
+// cover: a sequence that starts a step with another prefix's state fails. A first byte of
+// 254 adds draft steps (a state per draft, the accepted one kept). A failed check prints the
+// report and aborts.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -56,9 +56,11 @@ struct Totals {
 };
 
 // Runs `runs` random byte strings (200..3200 bytes each, about 400 operations) through the
-// decoder, with layer groups when `groups` (the first byte is then the driver's marker);
-// stops at the first failure and reports it with the seed and run index.
-Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs, bool groups) {
+// decoder, with layer groups when `groups` and speculative decoding when `speculative` (the
+// first bytes are then the driver's markers); stops at the first failure and reports it
+// with the seed and run index.
+Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs, bool groups,
+                  bool speculative = false) {
   const uint64_t seed = env_or("PAGEDKV_PROPERTY_SEED", default_seed);
   const int runs = static_cast<int>(
       env_or("PAGEDKV_PROPERTY_RUNS", std::max(1, default_runs / kSanitizerDivisor)));
@@ -71,7 +73,8 @@ Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs, bo
     std::mt19937_64 rng((seed * 1000003 + run) ^ (groups ? 0x5bd1e995u : 0u));
     std::vector<uint8_t> bytes(200 + rng() % 3000);
     for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
-    if (groups) bytes[0] = ManagerOpRunner::kGroupsMarker;
+    if (speculative) bytes.insert(bytes.begin(), ManagerOpRunner::kSpeculativeMarker);
+    if (groups) bytes[speculative ? 1 : 0] = ManagerOpRunner::kGroupsMarker;
     ManagerOpRunner runner(bytes, profile);
     const std::string error = runner.run();
     INFO("seed " << seed << " run " << run << " (" << bytes.size() << " bytes"
@@ -107,6 +110,8 @@ Totals run_random(OpProfile profile, uint64_t default_seed, int default_runs, bo
     totals.stats.ghost_hits += s.ghost_hits;
     totals.stats.recent_ghost_hits += s.recent_ghost_hits;
     totals.stats.frequent_ghost_hits += s.frequent_ghost_hits;
+    totals.stats.draft_tokens += s.draft_tokens;
+    totals.stats.accepted_draft_tokens += s.accepted_draft_tokens;
   }
   std::printf(
       "property test: %lld operations; prefix hit tokens %lld, evictions %lld, CoW copies %lld, "
@@ -216,6 +221,20 @@ TEST_CASE("random operation sequences on layer groups agree with the reference m
 TEST_CASE("with layer groups and weak injected hashes no group ever shares a collision",
           "[property]") {
   require_reached_groups(run_random(OpProfile::kHash, /*default_seed=*/21, 600, /*groups=*/true));
+}
+
+// Speculative decoding's drafts and verdicts on one group and on several: drafts given
+// slots, accepted, and rolled back (fewer accepted than drafted).
+TEST_CASE("drafts, their verdicts and rollbacks agree with the reference model", "[property]") {
+  for (const bool groups : {false, true}) {
+    const Totals totals = run_random(OpProfile::kManager, /*default_seed=*/20261206, 300, groups,
+                                     /*speculative=*/true);
+    std::printf("property test (speculative%s): %lld draft tokens, %lld accepted\n",
+                groups ? ", layer groups" : "", static_cast<long long>(totals.stats.draft_tokens),
+                static_cast<long long>(totals.stats.accepted_draft_tokens));
+    CHECK(totals.stats.accepted_draft_tokens > 0);
+    CHECK(totals.stats.accepted_draft_tokens < totals.stats.draft_tokens);
+  }
 }
 
 TEST_CASE("an empty or truncated input decodes to a valid, checked run", "[property]") {

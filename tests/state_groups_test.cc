@@ -504,6 +504,7 @@ TEST_CASE("state groups: random runs keep every sequence's state its own", "[pro
   for (int run = 0; run < runs; ++run) {
     std::vector<uint8_t> bytes(600);
     for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+    if (run % 4 == 3) bytes.insert(bytes.begin(), 254);  // with draft steps
     const std::string error = run_state_ops(bytes, &totals);
     INFO("seed " << seed << " run " << run);
     REQUIRE(error == "");
@@ -511,13 +512,16 @@ TEST_CASE("state groups: random runs keep every sequence's state its own", "[pro
   std::printf(
       "property test (state groups): seed %llu, %lld operations in %lld steps: %lld "
       "checkpoints saved, %lld restored (%lld tokens, %lld from the host tier), %lld "
-      "demoted, %lld forks, %lld swaps\n",
+      "demoted, %lld forks, %lld swaps; %lld drafts, %lld accepted\n",
       static_cast<unsigned long long>(seed), static_cast<long long>(totals.operations),
       static_cast<long long>(totals.steps), static_cast<long long>(totals.saves),
       static_cast<long long>(totals.restores), static_cast<long long>(totals.restored_tokens),
       static_cast<long long>(totals.host_restores), static_cast<long long>(totals.demotes),
-      static_cast<long long>(totals.forks), static_cast<long long>(totals.swaps));
+      static_cast<long long>(totals.forks), static_cast<long long>(totals.swaps),
+      static_cast<long long>(totals.drafts), static_cast<long long>(totals.accepted));
   CHECK(totals.restores > 0);
+  CHECK(totals.accepted > 0);
+  CHECK(totals.accepted < totals.drafts);
   CHECK(totals.saves > 0);
   CHECK(totals.demotes > 0);
   CHECK(totals.host_restores > 0);

@@ -131,6 +131,9 @@ struct SequenceView {
   std::span<const BlockId> block_table;
   std::span<const BlockId> host_blocks;  // host blocks (swapped): entries first_held_block..
   int32_t first_held_block = 0;
+  // Speculative decoding: the last num_draft_tokens of `tokens` (and of the computed ones)
+  // are drafts that accept_draft() has not judged yet.
+  int32_t num_draft_tokens = 0;
 };
 
 struct SequenceOptions {
@@ -240,6 +243,10 @@ class KvCacheManager {
     // evicted once-used (the policy then favours recency) or reused (frequency).
     int64_t recent_ghost_hits = 0;
     int64_t frequent_ghost_hits = 0;
+    // Speculative decoding: draft tokens given slots (allocate_draft_slots()) and, of those
+    // judged by accept_draft(), the accepted ones.
+    int64_t draft_tokens = 0;
+    int64_t accepted_draft_tokens = 0;
   };
 
   // One layer group's pools and cache traffic.
@@ -292,7 +299,8 @@ class KvCacheManager {
   // KvCacheManager::append_tokens()
   //
   // Appends generated tokens to a sequence (before allocate_slots() reserves their KV).
-  // Errors: NotFound; InvalidArgument beyond max_model_len.
+  // Errors: NotFound; InvalidArgument beyond max_model_len; FailedPrecondition while drafts
+  // wait for accept_draft().
   [[nodiscard]] absl::Status append_tokens(SeqId seq, std::span<const TokenId> tokens);
 
   // KvCacheManager::match_prefix()
@@ -336,8 +344,9 @@ class KvCacheManager {
   // groups") the call records a StepOps::save_state into a new checkpoint slot, if one is
   // free beyond the watermark (checkpoints are best effort; they never fail the call).
   // Errors: NotFound; InvalidArgument (negative counts, more tokens than the sequence
-  // has); FailedPrecondition (swapped: call swap_in() first; or a copy-on-write that would
-  // copy tokens whose K/V this step has not written yet); ResourceExhausted when the pool
+  // has); FailedPrecondition (swapped: call swap_in() first; drafts wait for
+  // accept_draft(); or a copy-on-write that would copy tokens whose K/V this step has not
+  // written yet); ResourceExhausted when the pool
   // lacks blocks (nothing changes; the caller may preempt and retry).
   [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_slots(SeqId seq,
                                                                         int32_t num_new_tokens,
@@ -396,6 +405,43 @@ class KvCacheManager {
   // holds a slot and was scheduled in this step (its state is not computed yet: fork
   // after the step), ResourceExhausted when a state group has no free slot.
   [[nodiscard]] absl::Status fork(SeqId parent, SeqId child);
+
+  // KvCacheManager::allocate_draft_slots()
+  //
+  // Speculative decoding (EAGLE, MTP, n-gram drafts): a step that verifies `draft`, tokens
+  // proposed after `seq`'s tokens. Reserves slots for the sequence's next `num_new_tokens`
+  // tokens (at least the last sampled one; they must be in its token list, as for
+  // allocate_slots()) and for the drafts after them, and returns the slot mapping of all of
+  // them (num_new_tokens + draft.size() entries): the engine writes K/V for every one while
+  // its target model scores them. The drafts join the token list and count as computed for
+  // the step (block tables include them), but none is verified: none is hashed, cached or
+  // announced by an event, nor saved as a state checkpoint, until accept_draft() keeps the
+  // accepted ones. State groups: each draft token gets a state slot of its own, which
+  // receives the state after that token (slot_mapping(g): the entries of the drafts; the
+  // other entries are -1: their state is updated in place in the sequence's slot), so that
+  // the accepted position's state can be kept. Until accept_draft(), the sequence takes no
+  // other call but free() and the lookups.
+  // Errors: those of allocate_slots() (ResourceExhausted: nothing changes); InvalidArgument
+  // for num_new_tokens < 1, an empty draft, or drafts beyond max_model_len;
+  // FailedPrecondition while earlier drafts wait for accept_draft().
+  [[nodiscard]] absl::StatusOr<std::span<const int64_t>> allocate_draft_slots(
+      SeqId seq, int32_t num_new_tokens, std::span<const TokenId> draft);
+
+  // KvCacheManager::accept_draft()
+  //
+  // Ends the verification of `seq`'s drafts, after the step that wrote their K/V (after
+  // take_step_ops()): the first `num_accepted` stay, verified (full blocks are offered to
+  // the prefix cache and announced), and the rest are rolled back: the token list and the
+  // computed tokens end after the accepted ones, and the blocks that held only rejected
+  // tokens are released (never cached). The K/V of rejected tokens in the last kept block is
+  // overwritten by later tokens; a block copied on write by the draft step keeps its copy.
+  // State groups: the state after the last accepted token becomes the sequence's (the
+  // slot of that draft, or its own slot when none is accepted); the other slots are
+  // released. Checkpoints are not saved at positions that were drafts.
+  // Errors: NotFound; FailedPrecondition when the sequence holds no drafts, or when the
+  // step that writes them has not ended; InvalidArgument for num_accepted outside
+  // [0, number of drafts].
+  [[nodiscard]] absl::Status accept_draft(SeqId seq, int32_t num_accepted);
 
   // KvCacheManager::release_claim()
   //

@@ -208,6 +208,19 @@ void AttentionGroup::uncache_unwritten(const Sequence& seq) {
   }
 }
 
+// The entries past the computed tokens held only rejected drafts: released, last first, as
+// clean blocks (drafts are never cached).
+void AttentionGroup::roll_back_drafts(Sequence& seq, int32_t) {
+  std::vector<BlockId>& blocks = table(seq).blocks;
+  const auto needed =
+      static_cast<size_t>(num_blocks_for_tokens(seq.num_computed, shared_.block_size));
+  BlockId last_clean = kNoBlock;
+  for (size_t i = blocks.size(); i > needed; --i) {
+    shared_.ledger.release(device(), Hold::kDevice, index(), blocks[i - 1], last_clean);
+  }
+  blocks.resize(std::min(blocks.size(), needed));
+}
+
 absl::Status AttentionGroup::check_fork(const Sequence&, const char*) const {
   return absl::OkStatus();
 }

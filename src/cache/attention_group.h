@@ -35,6 +35,7 @@ class AttentionGroup : public GroupCache {
   absl::Status check_fork(const Sequence& parent, const char* caller) const override;
   void fork(Sequence& child, int32_t context_blocks) override;
   int32_t held_entries(const Sequence& seq) const override;
+  void roll_back_drafts(Sequence& seq, int32_t num_accepted) override;
   int32_t entry_tokens(const Sequence& seq, int32_t entry) const override;
   absl::Status check_table(const Sequence& seq) const override;
 

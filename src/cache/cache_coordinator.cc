@@ -27,6 +27,11 @@ absl::Status CacheCoordinator::too_long_to_append(const Sequence& seq, size_t nu
                    " tokens exceeds max_model_len ", shared_.options.max_model_len));
 }
 
+absl::Status CacheCoordinator::drafts_wait(const Sequence& seq, const char* caller) {
+  return absl::FailedPreconditionError(absl::StrCat(caller, "(seq ", seq.id, "): ", seq.num_draft,
+                                                    " draft tokens wait for accept_draft()"));
+}
+
 absl::Status CacheCoordinator::check_group(int32_t group, const char* caller) const {
   if (group < 0 || group >= num_groups()) {
     return absl::InvalidArgumentError(
@@ -88,8 +93,9 @@ absl::Status CacheCoordinator::add_sequence(SeqId seq, std::span<const TokenId> 
 // --- slots ---------------------------------------------------------------------------------
 
 absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_slots_impl(
-    Sequence& seq, int32_t num_new_tokens, int32_t num_lookahead) {
+    Sequence& seq, int32_t num_new_tokens, int32_t num_lookahead, int32_t num_draft) {
   const int32_t bs = shared_.block_size;
+  if (seq.num_draft > 0) return drafts_wait(seq, "allocate_slots");
   if (num_new_tokens < 0 || num_lookahead < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("allocate_slots(seq ", seq.id, "): num_new_tokens ", num_new_tokens,
@@ -121,6 +127,7 @@ absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_slots_impl(
       .write_block = write_block,
       .partial = seq.num_computed - write_block * bs,
       .admission = seq.state == SequenceState::kWaiting,
+      .num_draft = num_draft,
   };
   for (const auto& g : groups_) {
     PAGEDKV_RETURN_IF_ERROR(g->plan_step(seq, step, plans_[g->index()]));
@@ -136,9 +143,11 @@ absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_slots_impl(
   if (num_new_tokens > 0) shared_.ledger.mark_scheduled(seq, seq.num_computed);
   const int32_t old_computed = seq.num_computed;
   seq.num_computed = static_cast<int32_t>(new_total);
+  seq.num_draft = num_draft;
   set_state(seq, SequenceState::kRunning);
-  if (seq.num_offered_blocks < seq.num_computed / bs) offer_computed_blocks(seq);
-  if (!state_.empty() && old_computed / bs < seq.num_computed / bs) [[unlikely]] {
+  const int32_t verified = verified_tokens(seq);
+  if (seq.num_offered_blocks < verified / bs) offer_computed_blocks(seq);
+  if (!state_.empty() && old_computed / bs < verified / bs) [[unlikely]] {
     save_checkpoints(seq, old_computed);
   }
   if (buries_) [[unlikely]] {
@@ -199,6 +208,7 @@ absl::Status CacheCoordinator::fork(SeqId parent, SeqId child) {
     return absl::FailedPreconditionError(
         absl::StrCat("fork(parent ", parent, "): parent is swapped; swap_in() first"));
   }
+  if (p->num_draft > 0) return drafts_wait(*p, "fork");
   for (const auto& g : groups_) PAGEDKV_RETURN_IF_ERROR(g->check_fork(*p, "fork"));
   auto c = std::make_unique<Sequence>(*p);
   c->id = child;
@@ -250,8 +260,8 @@ absl::StatusOr<SequenceView> CacheCoordinator::sequence(SeqId seq, int32_t group
   PAGEDKV_ASSIGN_OR_RETURN(const Sequence* s, find_or_error(seq, "sequence"));
   PAGEDKV_RETURN_IF_ERROR(check_group(group, "sequence"));
   const GroupTable& t = s->tables[group];
-  return SequenceView{s->id,     s->state, s->priority,   s->arrival,  s->num_computed,
-                      s->tokens, t.blocks, t.host_blocks, t.first_held};
+  return SequenceView{s->id,     s->state, s->priority,   s->arrival,   s->num_computed,
+                      s->tokens, t.blocks, t.host_blocks, t.first_held, s->num_draft};
 }
 
 std::vector<SequenceInfo> CacheCoordinator::running_sequences() const {

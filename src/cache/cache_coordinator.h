@@ -54,6 +54,9 @@ class CacheCoordinator {
   absl::StatusOr<std::span<const int64_t>> allocate_slots(SeqId seq, int32_t num_new_tokens,
                                                           int32_t num_lookahead);
   absl::StatusOr<std::span<const int64_t>> slot_mapping(int32_t group) const;
+  absl::StatusOr<std::span<const int64_t>> allocate_draft_slots(SeqId seq, int32_t num_new_tokens,
+                                                                std::span<const TokenId> draft);
+  absl::Status accept_draft(SeqId seq, int32_t num_accepted);
   absl::StatusOr<std::span<const int64_t>> allocate_slots_or_preempt(SeqId seq,
                                                                      int32_t num_new_tokens,
                                                                      int32_t num_lookahead);
@@ -102,12 +105,16 @@ class CacheCoordinator {
   }
   absl::StatusOr<Sequence*> find_or_error(SeqId seq, const char* caller) const;
   absl::Status too_long_to_append(const Sequence& seq, size_t num_tokens) const;
+  // FailedPrecondition for a call that `seq`'s waiting drafts forbid.
+  static absl::Status drafts_wait(const Sequence& seq, const char* caller);
   absl::Status check_group(int32_t group, const char* caller) const;
   absl::Status add_groups(std::span<const LayerGroup> layer_groups);  // create.cc
   // Slots.
+  // `num_draft`: of the new tokens, the last ones are drafts (allocate_draft_slots()).
   absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(Sequence& seq,
                                                                int32_t num_new_tokens,
-                                                               int32_t num_lookahead);
+                                                               int32_t num_lookahead,
+                                                               int32_t num_draft = 0);
   absl::StatusOr<std::span<const int64_t>> allocate_or_preempt_impl(Sequence& seq,
                                                                     int32_t num_new_tokens,
                                                                     int32_t num_lookahead);
@@ -175,6 +182,8 @@ inline absl::Status CacheCoordinator::append_tokens(SeqId seq, std::span<const T
   Sequence* s = find(seq);  // hot: one lookup, no StatusOr on the way
   if (s == nullptr) [[unlikely]]
     return find_or_error(seq, "append_tokens").status();
+  if (s->num_draft > 0) [[unlikely]]
+    return drafts_wait(*s, "append_tokens");
   last_appended_id_ = seq;
   last_appended_ = s;
   if (static_cast<int64_t>(s->tokens.size()) + static_cast<int64_t>(tokens.size()) >

@@ -69,6 +69,15 @@ void GroupCache::release(Sequence& seq) {
   }
   t.blocks.clear();
   t.first_held = 0;
+  release_draft_slots(t);
+}
+
+void GroupCache::release_draft_slots(GroupTable& t) {
+  BlockId last_clean = kNoBlock;
+  for (auto it = t.draft_slots.rbegin(); it != t.draft_slots.rend(); ++it) {
+    shared_.ledger.release(device(), Hold::kDevice, index_, *it, last_clean);
+  }
+  t.draft_slots.clear();
 }
 
 void GroupCache::release_host(Sequence& seq) {
@@ -159,10 +168,15 @@ absl::Status GroupCache::check_pool_balance(std::span<const Sequence* const> seq
   for (const Sequence* s : sequences) {
     ++visit;
     const GroupTable& t = table(*s);
-    const std::span<const BlockId> held =
-        on_host ? std::span<const BlockId>(t.host_blocks)
-                : std::span<const BlockId>(t.blocks).subspan(std::min<size_t>(
-                      static_cast<size_t>(std::max(t.first_held, 0)), t.blocks.size()));
+    std::vector<BlockId> held;
+    if (on_host) {
+      held = t.host_blocks;
+    } else {
+      const auto first =
+          std::min<size_t>(static_cast<size_t>(std::max(t.first_held, 0)), t.blocks.size());
+      held.assign(t.blocks.begin() + static_cast<int64_t>(first), t.blocks.end());
+      held.insert(held.end(), t.draft_slots.begin(), t.draft_slots.end());
+    }
     for (const BlockId b : held) {
       if (b < 0 || b >= pool.num_blocks()) {
         return broken("seq ", s->id, " holds invalid ", pool_name, " block ", b);

@@ -67,6 +67,7 @@ struct StepRequest {
   int32_t write_block = 0;   // the entry the first new token goes into
   int32_t partial = 0;       // tokens already in it
   bool admission = false;    // the sequence was waiting: the watermark applies
+  int32_t num_draft = 0;     // of the new tokens, the last ones that are drafts
 };
 
 // What allocate_slots() does in one group, decided before anything changes.
@@ -149,6 +150,8 @@ class GroupCache {
   void release(Sequence& seq);
   // Releases `seq`'s host blocks (a swapped sequence's).
   void release_host(Sequence& seq);
+  // Releases the table's draft slots (a state group's, allocate_draft_slots()).
+  void release_draft_slots(GroupTable& t);
   // The entries of `seq`'s table a swap copies to host blocks, and the valid tokens of
   // entry i in such a copy.
   virtual int32_t held_entries(const Sequence& seq) const = 0;
@@ -160,6 +163,10 @@ class GroupCache {
   void swap_in(Sequence& seq);
   // Whether releasing `seq`'s table frees a block: one it alone holds.
   bool holds_a_block_alone(const Sequence& seq) const;
+  // accept_draft(): `seq`'s drafts are judged, its computed tokens (and token list) already
+  // cut after the accepted ones (`num_accepted` of its drafts): releases what held only
+  // rejected drafts.
+  virtual void roll_back_drafts(Sequence& seq, int32_t num_accepted) = 0;
 
   // --- the anchor's chain ----------------------------------------------------------------
   // Drops the cached blocks entered after the contents `content_key` names, which left the

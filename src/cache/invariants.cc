@@ -25,9 +25,15 @@ absl::Status check_tokens(const Sequence& s, int32_t block_size, int32_t max_mod
   if (s.num_computed < 0 || s.num_computed > num_tokens) {
     return broken("seq ", s.id, ": ", s.num_computed, " computed of ", num_tokens, " tokens");
   }
-  if (s.num_offered_blocks > s.num_computed / block_size) {
+  if (s.num_draft < 0 || s.num_draft > s.num_computed ||
+      (s.num_draft > 0 && s.state != SequenceState::kRunning)) {
+    return broken("seq ", s.id, " ", state_name(s.state), ": ", s.num_draft, " drafts of ",
+                  s.num_computed, " computed tokens");
+  }
+  // Drafts are never offered: only verified full blocks are.
+  if (s.num_offered_blocks > verified_tokens(s) / block_size) {
     return broken("seq ", s.id, ": ", s.num_offered_blocks, " blocks offered to the index but ",
-                  s.num_computed / block_size, " full computed blocks");
+                  verified_tokens(s) / block_size, " full verified blocks");
   }
   return absl::OkStatus();
 }

@@ -41,6 +41,15 @@ absl::StatusOr<std::span<const int64_t>> KvCacheManager::slot_mapping(int32_t gr
   return core_->slot_mapping(group);
 }
 
+absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_draft_slots(
+    SeqId seq, int32_t num_new_tokens, std::span<const TokenId> draft) {
+  return core_->allocate_draft_slots(seq, num_new_tokens, draft);
+}
+
+absl::Status KvCacheManager::accept_draft(SeqId seq, int32_t num_accepted) {
+  return core_->accept_draft(seq, num_accepted);
+}
+
 absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preempt(
     SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
   return core_->allocate_slots_or_preempt(seq, num_new_tokens, num_lookahead);

@@ -47,7 +47,8 @@ bool CacheCoordinator::release_one_claim(SeqId requester) {
 std::optional<Preemption> CacheCoordinator::choose_victim(SeqId requester) const {
   std::vector<SequenceInfo> candidates = running_sequences();
   std::erase_if(candidates, [&](const SequenceInfo& info) {
-    return info.id == requester || shared_.ledger.scheduled(*find(info.id));
+    const Sequence& s = *find(info.id);
+    return info.id == requester || shared_.ledger.scheduled(s) || s.num_draft > 0;
   });
   // Whether every group's host pool can take the sequence's held blocks.
   auto fits_host = [this](SeqId id) {
@@ -67,6 +68,7 @@ absl::Status CacheCoordinator::preempt(SeqId seq, PreemptionMode mode) {
     return absl::FailedPreconditionError(absl::StrCat("preempt(seq ", seq, "): sequence is ",
                                                       state_name(s->state), ", not running"));
   }
+  if (s->num_draft > 0) return drafts_wait(*s, "preempt");
   if (shared_.ledger.scheduled(*s)) {
     return absl::FailedPreconditionError(
         absl::StrCat("preempt(seq ", seq,

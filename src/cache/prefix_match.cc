@@ -103,7 +103,7 @@ int32_t CacheCoordinator::reuse_partial_block(Sequence& seq, int32_t hit) {
 
 void CacheCoordinator::offer_computed_blocks(Sequence& seq) {
   const int32_t bs = shared_.block_size;
-  const int32_t full = seq.num_computed / bs;
+  const int32_t full = verified_tokens(seq) / bs;  // drafts are never offered
   // K/V computed before a reset_prefix_cache() is never shared after it, nor is anything
   // computed after it in the same sequence.
   if (!shared_.options.enable_prefix_caching || seq.kv_before_reset) {
@@ -119,11 +119,11 @@ void CacheCoordinator::offer_computed_blocks(Sequence& seq) {
 }
 
 // Records the saves of the checkpoint positions that allocate_slots() just computed past:
-// blocks (old_computed / b, num_computed / b].
+// blocks (old_computed / b, verified tokens / b] (none where drafts are).
 void CacheCoordinator::save_checkpoints(Sequence& seq, int32_t old_computed) {
   if (!shared_.options.enable_prefix_caching || seq.kv_before_reset) return;
   const int32_t bs = shared_.block_size;
-  for (int32_t b = old_computed / bs + 1; b <= seq.num_computed / bs; ++b) {
+  for (int32_t b = old_computed / bs + 1; b <= verified_tokens(seq) / bs; ++b) {
     if (!StateGroup::checkpoint_due(seq, b, shared_.options)) continue;
     for (StateGroup* g : state_) g->save_checkpoint(seq, b);
   }

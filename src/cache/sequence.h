@@ -23,12 +23,17 @@ struct GroupTable {
   std::vector<BlockId> blocks;       // device table (running; a waiting sequence's claim)
   std::vector<BlockId> host_blocks;  // while swapped: host copies of entries first_held..
   int32_t first_held = 0;            // first entry holding a block
+  // A state group's slots of the state after each draft token (allocate_draft_slots()).
+  std::vector<BlockId> draft_slots;
 };
 
 // The fields a decode step reads come first, so that a step touches two cache lines of it.
 struct Sequence {
   SequenceState state = SequenceState::kWaiting;
-  int32_t num_computed = 0;        // tokens whose KV is (being) written
+  int32_t num_computed = 0;  // tokens whose KV is (being) written
+  // Speculative decoding: the last num_draft tokens (all computed) are drafts that
+  // accept_draft() has not judged: none is hashed, offered or checkpointed.
+  int32_t num_draft = 0;
   int32_t num_offered_blocks = 0;  // leading blocks already offered to the index
   // Holds K/V computed before the last reset_prefix_cache(): offers nothing to the index.
   bool kv_before_reset = false;
@@ -74,6 +79,9 @@ inline const char* state_name(SequenceState state) {
   }
   return "unknown";
 }
+
+// Tokens whose K/V is (being) written and that are not drafts: what may be cached.
+inline int32_t verified_tokens(const Sequence& seq) { return seq.num_computed - seq.num_draft; }
 
 // Extends `seq`'s chained block hashes to its first `num_full_blocks` blocks (all full).
 inline void hash_full_blocks(Sequence& seq, int32_t num_full_blocks, int32_t block_size,

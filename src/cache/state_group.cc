@@ -106,28 +106,42 @@ void StateGroup::save_checkpoint(Sequence& seq, int32_t blocks) {
 
 // --- a step, forks, swaps ------------------------------------------------------------------
 
-// A slot from the admission on; no slots: the state is updated in place.
+// A slot from the admission on, and one per draft; no slots for the other tokens: their
+// state is updated in place.
 absl::Status StateGroup::plan_step(const Sequence& seq, const StepRequest& step,
                                    GroupPlan& plan) const {
   const int32_t reserve = step.admission && shared_.num_running > 0 ? watermark_blocks() : 0;
-  plan = {.new_blocks = table(seq).blocks.empty() ? 1 : 0};
+  plan = {.new_blocks = (table(seq).blocks.empty() ? 1 : 0) + step.num_draft};
   if (plan.new_blocks + reserve > device().num_free_blocks()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("allocate_slots(seq ", seq.id, "): need a state slot",
-                     reserve > 0 ? absl::StrCat(" + watermark ", reserve) : "", " in group ",
-                     index(), ", ", device().num_free_blocks(), " free of ", spec().num_blocks));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "allocate_slots(seq ", seq.id, "): need ",
+        step.num_draft == 0 ? "a state slot" : absl::StrCat(plan.new_blocks, " state slots"),
+        reserve > 0 ? absl::StrCat(" + watermark ", reserve) : "", " in group ", index(), ", ",
+        device().num_free_blocks(), " free of ", spec().num_blocks));
   }
   return absl::OkStatus();
 }
 
-void StateGroup::apply_step(Sequence& seq, const StepRequest&, const GroupPlan& plan,
+void StateGroup::apply_step(Sequence& seq, const StepRequest& step, const GroupPlan& plan,
                             std::span<int64_t> slots) {
-  if (plan.new_blocks > 0) {
-    std::vector<BlockId>& blocks = table(seq).blocks;
-    blocks.resize(1);
-    allocate_device_blocks(blocks);
+  GroupTable& t = table(seq);
+  if (plan.new_blocks > step.num_draft) {
+    t.blocks.resize(1);
+    allocate_device_blocks(t.blocks);
   }
-  std::fill(slots.begin(), slots.end(), int64_t{-1});
+  if (step.num_draft > 0) {
+    t.draft_slots.resize(step.num_draft);
+    allocate_device_blocks(t.draft_slots);
+  }
+  const auto verified = static_cast<int64_t>(slots.size() - t.draft_slots.size());
+  std::fill_n(slots.begin(), verified, int64_t{-1});
+  std::copy(t.draft_slots.begin(), t.draft_slots.end(), slots.begin() + verified);
+}
+
+void StateGroup::roll_back_drafts(Sequence& seq, int32_t num_accepted) {
+  GroupTable& t = table(seq);
+  if (num_accepted > 0) std::swap(t.blocks[0], t.draft_slots[num_accepted - 1]);
+  release_draft_slots(t);
 }
 
 absl::Status StateGroup::check_fork(const Sequence& parent, const char* caller) const {
@@ -172,11 +186,13 @@ absl::Status StateGroup::check_table(const Sequence& s) const {
                        : s.state == SequenceState::kWaiting ? (s.num_computed > 0 ? 1 : 0)
                                                             : 0;
   const int32_t want_host = s.state == SequenceState::kSwapped ? 1 : 0;
-  if (slots != want || host_slots != want_host || t.first_held != 0) {
+  if (slots != want || host_slots != want_host || t.first_held != 0 ||
+      std::ssize(t.draft_slots) != s.num_draft) {
     return absl::InternalError(absl::StrCat(
         "KvCacheManager invariant: seq ", s.id, " state group ", index(), " ", state_name(s.state),
         " with ", s.num_computed, " computed tokens: ", slots, " slots (want ", want, "), ",
-        host_slots, " host slots (want ", want_host, "), first held ", t.first_held));
+        host_slots, " host slots (want ", want_host, "), first held ", t.first_held, ", ",
+        t.draft_slots.size(), " draft slots for ", s.num_draft, " drafts"));
   }
   if (slots == 1 && device().is_cached(t.blocks[0]).value()) {
     return absl::InternalError(absl::StrCat("KvCacheManager invariant: seq ", s.id, " state group ",

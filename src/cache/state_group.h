@@ -53,8 +53,11 @@ class StateGroup final : public GroupCache {
   void fork(Sequence& child, int32_t context_blocks) override;
   int32_t held_entries(const Sequence& seq) const override;
   int32_t entry_tokens(const Sequence& seq, int32_t entry) const override;
+  // The slot of the last accepted draft's state becomes the sequence's (its own slot when
+  // none is accepted); the other slots are released.
+  void roll_back_drafts(Sequence& seq, int32_t num_accepted) override;
   // One slot from its admission on (a waiting sequence's claim restores one), its host
-  // copy while swapped; never a cached checkpoint.
+  // copy while swapped, a slot per draft; never a cached checkpoint.
   absl::Status check_table(const Sequence& seq) const override;
 
   // Gives `seq` a slot and restores into it the checkpoint longest_hit() found: a device

@@ -13,7 +13,10 @@
 // Options include the host tier, and sequences retention ranges with durations. An input whose
 // first byte is kGroupsMarker runs a manager of 1 to 3 layer groups (full, sliding window,
 // chunked local, each with pools of its own) and, in half of those runs, partial-block reuse;
-// every group is then checked as below. Each operation runs
+// every group is then checked as below. A first byte of kSpeculativeMarker (then the options,
+// or kGroupsMarker and the groups' options) adds speculative decoding: decode rounds give
+// every running sequence drafts (allocate_draft_slots()), run the step and judge them
+// (accept_draft()), and single draft calls with random arguments. Each operation runs
 // on a KvCacheManager and on the ReferenceModel, and after each one the driver checks:
 //   1. the same status code and returned value (hit length, slot mapping, copies, tables);
 //   2. the same state: every sequence (state, tokens, computed count, every group's table),
@@ -168,6 +171,8 @@ class ManagerOpRunner {
   static constexpr int kMaxOps = 2000;
   // A first input byte that selects a run with layer groups (decode_groups()).
   static constexpr uint8_t kGroupsMarker = 252;
+  // A first input byte that adds speculative decoding (no saved input starts with it).
+  static constexpr uint8_t kSpeculativeMarker = 254;
   static constexpr int kMaxTokensPerSeq = 4096;
 
   // invariants_every: check_invariants() after every operation (1, the tests' and fuzzers'
@@ -300,7 +305,9 @@ class ManagerOpRunner {
     // A first byte of kGroupsMarker selects a run with layer groups, decoded from the bytes
     // after the one-group options (decode_groups()); no saved input starts with it, and
     // before it meant one device block, which other values give too.
-    const uint8_t first = in_.u8();
+    uint8_t first = in_.u8();
+    speculative_ = first == kSpeculativeMarker;
+    if (speculative_) first = in_.u8();
     grouped_ = first == kGroupsMarker;
     const uint8_t nb = grouped_ ? in_.u8() : first;
     // Without groups: one full-attention group of these pools (from full_attention()).
@@ -711,8 +718,9 @@ class ManagerOpRunner {
       return;
     }
     if (op < 29) return op_tables();
-    if (op < 30) return op_decode_round();
+    if (op < 30) return speculative_ ? op_speculative_round() : op_decode_round();
     if (op < 31) return op_batched_decode_round();
+    if (speculative_ && (in_.u8() & 1) != 0) return op_draft_call();
     return op_release_claim();
   }
 
@@ -947,6 +955,81 @@ class ManagerOpRunner {
       allocate(id, n, 0, /*or_preempt=*/true);
     }
     if (error_.empty()) step();
+  }
+
+  // A speculative engine iteration: every running sequence gets its next token and 1 to 4
+  // drafts (allocate_draft_slots(), whose slots the engine writes), the step runs, then each
+  // sequence's drafts are judged (accept_draft(): usually a count in range, now and then
+  // one out of it).
+  void op_speculative_round() {
+    log("speculative round");
+    std::vector<SeqId> drafted;
+    for (const SequenceInfo& info : impl_->running_sequences()) {
+      const ReferenceModel::Seq* s = model_->find(info.id);
+      if (s == nullptr || s->state != SequenceState::kRunning || !error_.empty()) continue;
+      if (s->tokens.size() == static_cast<size_t>(s->computed) &&
+          static_cast<int32_t>(s->tokens.size()) < kMaxTokensPerSeq) {
+        const TokenId token = pick_token();
+        log("append_tokens(", info.id, ", [", token, "])");
+        const Code expected = model_->append_tokens(info.id, std::span<const TokenId>(&token, 1));
+        if (!expect_code("append_tokens", impl_->append_tokens(info.id, {&token, 1}), expected)) {
+          return;
+        }
+      }
+      const ReferenceModel::Seq* now = model_->find(info.id);
+      std::vector<TokenId> draft(1 + in_.u8() % 4);
+      for (TokenId& t : draft) t = pick_token();
+      if (draft_slots(info.id, static_cast<int32_t>(now->tokens.size()) - now->computed, draft)) {
+        drafted.push_back(info.id);
+      }
+    }
+    if (!error_.empty()) return;
+    step();
+    for (const SeqId id : drafted) {
+      const ReferenceModel::Seq* s = model_->find(id);
+      if (s == nullptr || !error_.empty()) continue;
+      const uint8_t b = in_.u8();
+      accept(id, b < 240 ? b % (s->drafts + 1) : std::array{-1, s->drafts + 1, INT32_MAX}[b % 3]);
+    }
+  }
+
+  // One draft call with random arguments: allocate_draft_slots() or accept_draft().
+  void op_draft_call() {
+    const SeqId id = pick_id();
+    if ((in_.u8() & 1) != 0) {
+      accept(id, in_.range(-1, 4));
+      return;
+    }
+    const int32_t n = pick_new_tokens(id);
+    std::vector<TokenId> draft(in_.u8() % 5);
+    for (TokenId& t : draft) t = pick_token();
+    draft_slots(id, n, draft);
+  }
+
+  // allocate_draft_slots() on both, compared as allocate() compares; true when it succeeded.
+  bool draft_slots(SeqId id, int32_t n, const std::vector<TokenId>& draft) {
+    if (!error_.empty()) return false;
+    log("allocate_draft_slots(", id, ", ", n, ", ", list(draft), ")");
+    const ReferenceModel::Seq* before = model_->find(id);
+    const ReferenceModel::Seq before_copy = before != nullptr ? *before : ReferenceModel::Seq{};
+    const int32_t computed_before = before != nullptr ? before->computed : 0;
+    const auto [code, slots] = model_->allocate_draft_slots(id, n, draft);
+    const auto got = impl_->allocate_draft_slots(id, n, draft);
+    if (!expect_code("allocate_draft_slots", got.status(), code) || !got.ok()) return false;
+    if (std::vector<int64_t>(got->begin(), got->end()) != slots) {
+      fail("allocate_draft_slots(", id, "): slot mapping ", list(*got), ", model expects ",
+           list(slots));
+      return false;
+    }
+    record_writes(id, before_copy, computed_before, model_slots());
+    return true;
+  }
+
+  void accept(SeqId id, int32_t accepted) {
+    if (!error_.empty()) return;
+    log("accept_draft(", id, ", ", accepted, ")");
+    const Code expected = model_->accept_draft(id, accepted);
+    expect_code("accept_draft", impl_->accept_draft(id, accepted), expected);
   }
 
   // op_decode_round() through append_tokens_batch() and allocate_slots_batch(): every
@@ -1232,14 +1315,16 @@ class ManagerOpRunner {
         const std::vector<BlockId> host(v.host_blocks.begin(), v.host_blocks.end());
         if (v.id != id || v.state != s.state || v.priority != s.priority ||
             v.arrival != s.arrival || v.num_computed_tokens != s.computed || tokens != s.tokens ||
-            table != t.blocks || host != t.host || v.first_held_block != t.first_held) {
+            table != t.blocks || host != t.host || v.first_held_block != t.first_held ||
+            v.num_draft_tokens != s.drafts) {
           fail("sequence ", id, " group ", g, ": got state ", static_cast<int>(v.state),
                " priority ", v.priority, " arrival ", v.arrival, " computed ",
                v.num_computed_tokens, " tokens ", v.tokens.size(), " table ", list(table), " host ",
-               list(host), " first held ", v.first_held_block, "; model expects state ",
-               static_cast<int>(s.state), " priority ", s.priority, " arrival ", s.arrival,
-               " computed ", s.computed, " tokens ", s.tokens.size(), " table ", list(t.blocks),
-               " host ", list(t.host), " first held ", t.first_held);
+               list(host), " first held ", v.first_held_block, " drafts ", v.num_draft_tokens,
+               "; model expects state ", static_cast<int>(s.state), " priority ", s.priority,
+               " arrival ", s.arrival, " computed ", s.computed, " tokens ", s.tokens.size(),
+               " table ", list(t.blocks), " host ", list(t.host), " first held ", t.first_held,
+               " drafts ", s.drafts);
           return;
         }
       }
@@ -1354,6 +1439,8 @@ class ManagerOpRunner {
         {"ghost_hits", {s.ghost_hits, c.ghost_hits}},
         {"recent_ghost_hits", {s.recent_ghost_hits, m.adaptive_ghost_hits(0)}},
         {"frequent_ghost_hits", {s.frequent_ghost_hits, m.adaptive_ghost_hits(1)}},
+        {"draft_tokens", {s.draft_tokens, c.draft_tokens}},
+        {"accepted_draft_tokens", {s.accepted_draft_tokens, c.accepted_draft_tokens}},
     };
     for (const auto& [name, values] : fields) {
       if (values.first != values.second) {
@@ -1472,7 +1559,8 @@ class ManagerOpRunner {
   RecordingHooks hooks_;
   std::optional<KvCacheManager> impl_;
   std::optional<ReferenceModel> model_;
-  bool grouped_ = false;  // the input selected layer groups (kGroupsMarker)
+  bool grouped_ = false;      // the input selected layer groups (kGroupsMarker)
+  bool speculative_ = false;  // the input selected speculative decoding (kSpeculativeMarker)
   int32_t num_groups_ = 1;
   std::vector<std::vector<uint64_t>> device_mem_;  // per group: a fingerprint per slot
   std::vector<std::vector<uint64_t>> host_mem_;

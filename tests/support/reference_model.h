@@ -116,6 +116,9 @@ class ReferenceModel {
     std::vector<TokenId> tokens;
     std::vector<uint64_t> extra_keys;
     int32_t computed = 0;
+    // Speculative decoding: the last `drafts` computed tokens wait for accept_draft();
+    // nothing past computed - drafts is offered.
+    int32_t drafts = 0;
     std::vector<Table> tables;  // one per layer group
     int32_t offered = 0;        // leading full blocks already offered to the index
     // Scheduled: got slots (allocate_slots with new tokens) or was swapped in during the
@@ -183,6 +186,8 @@ class ReferenceModel {
     int64_t blocks_promoted = 0;      // all groups
     int64_t blocks_not_admitted = 0;  // all groups
     int64_t ghost_hits = 0;           // all groups
+    int64_t draft_tokens = 0;
+    int64_t accepted_draft_tokens = 0;
   };
 
   struct GroupCounters {
@@ -298,6 +303,7 @@ class ReferenceModel {
   Code append_tokens(SeqId id, std::span<const TokenId> tokens) {
     Seq* s = find(id);
     if (s == nullptr) return Code::kNotFound;
+    if (s->drafts > 0) return Code::kFailedPrecondition;
     if (static_cast<int64_t>(s->tokens.size()) + static_cast<int64_t>(tokens.size()) >
         opts_.max_model_len) {
       return Code::kInvalidArgument;
@@ -414,7 +420,9 @@ class ReferenceModel {
       // arrival order, as the policy sees them.
       std::vector<SequenceInfo> running;
       for (const auto& [vid, v] : seqs_) {
-        if (vid == id || v.state != SequenceState::kRunning || scheduled(v)) continue;
+        if (vid == id || v.state != SequenceState::kRunning || scheduled(v) || v.drafts > 0) {
+          continue;
+        }
         running.push_back(info(v));
       }
       std::sort(running.begin(), running.end(),
@@ -428,7 +436,9 @@ class ReferenceModel {
         const std::optional<Preemption> choice = opts_.victim_policy(running, id);
         if (!choice.has_value() || choice->victim == id) return result;
         const Seq* v = find(choice->victim);
-        if (v == nullptr || v->state != SequenceState::kRunning || scheduled(*v)) return result;
+        if (v == nullptr || v->state != SequenceState::kRunning || scheduled(*v) || v->drafts > 0) {
+          return result;
+        }
         victim_id = choice->victim;
         mode = choice->mode;
       } else {
@@ -454,7 +464,7 @@ class ReferenceModel {
   Code preempt(SeqId id, PreemptionMode mode) {
     Seq* s = find(id);
     if (s == nullptr) return Code::kNotFound;
-    if (s->state != SequenceState::kRunning) return Code::kFailedPrecondition;
+    if (s->state != SequenceState::kRunning || s->drafts > 0) return Code::kFailedPrecondition;
     // Its new K/V is not written before the step: neither a swap-out nor a later prefix hit
     // could read it.
     if (scheduled(*s)) return Code::kFailedPrecondition;
@@ -523,7 +533,7 @@ class ReferenceModel {
     Seq* p = find(parent);
     if (p == nullptr) return Code::kNotFound;
     if (seqs_.count(child)) return Code::kAlreadyExists;
-    if (p->state == SequenceState::kSwapped) return Code::kFailedPrecondition;
+    if (p->state == SequenceState::kSwapped || p->drafts > 0) return Code::kFailedPrecondition;
     Seq c = *p;
     c.id = child;
     c.arrival = next_arrival_++;
@@ -547,6 +557,54 @@ class ReferenceModel {
     release_device(*s);
     release_host(*s);
     seqs_.erase(id);
+    bury_dead_windows();
+    return Code::kOk;
+  }
+
+  // NOTE (contract): the new tokens are the sequence's uncomputed ones, at least one; drafts
+  // follow them. Refused, nothing changes.
+  std::pair<Code, std::vector<int64_t>> allocate_draft_slots(SeqId id, int32_t n,
+                                                             std::span<const TokenId> draft) {
+    Seq* s = find(id);
+    if (s == nullptr) return {Code::kNotFound, {}};
+    if (s->drafts > 0) return {Code::kFailedPrecondition, {}};
+    const auto num_tokens = static_cast<int64_t>(s->tokens.size());
+    if (n < 1 || draft.empty() || s->computed + int64_t{n} != num_tokens ||
+        num_tokens + static_cast<int64_t>(draft.size()) > opts_.max_model_len) {
+      return {Code::kInvalidArgument, {}};
+    }
+    s->tokens.insert(s->tokens.end(), draft.begin(), draft.end());
+    const auto k = static_cast<int32_t>(draft.size());
+    auto result = allocate(*s, n + k, 0, k);
+    if (result.first != Code::kOk) {
+      s->tokens.resize(static_cast<size_t>(num_tokens));
+    } else {
+      counters_.draft_tokens += k;
+    }
+    return result;
+  }
+
+  // Rejected drafts leave the token list and the computed count; the entries past the
+  // computed blocks (only rejected drafts in them) are released, last first, as one release.
+  Code accept_draft(SeqId id, int32_t accepted) {
+    Seq* s = find(id);
+    if (s == nullptr) return Code::kNotFound;
+    if (s->drafts == 0 || scheduled(*s)) return Code::kFailedPrecondition;
+    if (accepted < 0 || accepted > s->drafts) return Code::kInvalidArgument;
+    const int32_t rejected = s->drafts - accepted;
+    s->tokens.resize(s->tokens.size() - static_cast<size_t>(rejected));
+    s->computed -= rejected;
+    s->drafts = 0;
+    const auto needed = static_cast<int32_t>(blocks_for(s->computed));
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      std::vector<BlockId>& blocks = s->tables[g].blocks;
+      std::vector<BlockId> last_first(
+          blocks.rbegin(), blocks.rend() - std::min<int64_t>(needed, std::ssize(blocks)));
+      release_device_blocks(static_cast<int32_t>(g), last_first);
+      blocks.resize(std::min<size_t>(blocks.size(), static_cast<size_t>(needed)));
+    }
+    counters_.accepted_draft_tokens += accepted;
+    offer(*s);
     bury_dead_windows();
     return Code::kOk;
   }
@@ -1554,8 +1612,10 @@ class ReferenceModel {
     bool cow = false;
   };
 
-  std::pair<Code, std::vector<int64_t>> allocate(Seq& s, int32_t n, int32_t lookahead) {
+  std::pair<Code, std::vector<int64_t>> allocate(Seq& s, int32_t n, int32_t lookahead,
+                                                 int32_t drafts = 0) {
     const int32_t bs = opts_.block_size;
+    if (s.drafts > 0) return {Code::kFailedPrecondition, {}};
     if (n < 0 || lookahead < 0) return {Code::kInvalidArgument, {}};
     if (s.state == SequenceState::kSwapped) return {Code::kFailedPrecondition, {}};
     const int64_t new_total = int64_t{s.computed} + n;
@@ -1630,6 +1690,7 @@ class ReferenceModel {
     }
     if (n > 0) mark_scheduled(s, s.computed);
     s.computed = static_cast<int32_t>(new_total);
+    s.drafts = drafts;
     s.state = SequenceState::kRunning;
     offer(s);
     bury_dead_windows();
@@ -1895,7 +1956,7 @@ class ReferenceModel {
   // anchor's previous block as it is once cached (a standby takes its original's contents
   // key).
   void offer(Seq& s) {
-    const int32_t full = s.computed / opts_.block_size;
+    const int32_t full = (s.computed - s.drafts) / opts_.block_size;
     if (!opts_.enable_prefix_caching || s.kv_before_reset) {
       s.offered = full;
       return;

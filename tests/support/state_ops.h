@@ -7,7 +7,10 @@
 // token by token and saves them at each StepOps::save_state position. Before the
 // computation, every running sequence's slot must hold the fingerprint of its computed
 // prefix: a restore of the wrong checkpoint, a missed or misordered op, or a slot reused
-// while an op still names it shows up as a mismatch. Used by tests/state_groups_test.cc
+// while an op still names it shows up as a mismatch. An input whose first byte is
+// kSpeculativeMarker also runs draft steps: the computation writes each draft's state into
+// its slot, and after the step a verdict keeps some (accept_draft()); the sequence's slot
+// must then hold the state after its last accepted token. Used by tests/state_groups_test.cc
 // ([property]) and fuzz/state_fuzzer.cc.
 #ifndef PAGEDKV_TESTS_SUPPORT_STATE_OPS_H_
 #define PAGEDKV_TESTS_SUPPORT_STATE_OPS_H_
@@ -34,6 +37,8 @@ struct StateOpsTotals {
   int64_t swaps = 0;
   int64_t demotes = 0;        // checkpoints demoted to the host tier
   int64_t host_restores = 0;  // checkpoints restored from the host tier
+  int64_t drafts = 0;         // draft tokens given state slots
+  int64_t accepted = 0;       // of those, accepted
 };
 
 class StateOpRunner {
@@ -58,6 +63,8 @@ class StateOpRunner {
       totals->swaps += totals_.swaps;
       totals->demotes += totals_.demotes;
       totals->host_restores += totals_.host_restores;
+      totals->drafts += totals_.drafts;
+      totals->accepted += totals_.accepted;
     }
     return error_;
   }
@@ -68,6 +75,9 @@ class StateOpRunner {
   struct Seq {
     std::vector<TokenId> tokens;
     int32_t step_start = -1;  // -1: not scheduled in this step
+    // A draft step's drafts, and per state group the slots of their states.
+    std::vector<TokenId> draft;
+    std::map<int32_t, std::vector<int64_t>> draft_slots;
   };
   static constexpr uint64_t kUnknown = ~uint64_t{0};
 
@@ -88,7 +98,9 @@ class StateOpRunner {
   }
 
   bool create() {
-    const uint8_t a = in_.u8();
+    uint8_t a = in_.u8();
+    speculative_ = a == kSpeculativeMarker;
+    if (speculative_) a = in_.u8();
     const uint8_t b = in_.u8();
     KvCacheManager::Options options;
     options.block_size = 4;
@@ -151,7 +163,11 @@ class StateOpRunner {
         break;
       case 2:
       case 3:
-        advance(pick_running());
+        if (speculative_ && (op >> 4) % 2 == 1) {
+          draft_step(pick(SequenceState::kRunning, /*unscheduled=*/true));
+        } else {
+          advance(pick_running());
+        }
         break;
       case 4:  // a waiting one: a new claim, or one preempted by recompute
         advance(pick(SequenceState::kWaiting, /*unscheduled=*/false));
@@ -243,6 +259,43 @@ class StateOpRunner {
     if (slots.ok()) schedule(id, computed);
   }
 
+  // A decode step with drafts: the next token and 1 to 3 drafts after it.
+  void draft_step(SeqId id) {
+    if (id < 0) return;
+    Seq& s = seqs_[id];
+    const int32_t computed = manager_->sequence(id)->num_computed_tokens;
+    if (computed == static_cast<int32_t>(s.tokens.size())) {
+      const TokenId t = 5000 + in_.u8() % 4;
+      if (!manager_->append_tokens(id, {&t, 1}).ok()) return;
+      s.tokens.push_back(t);
+    }
+    std::vector<TokenId> draft(1 + in_.u8() % 3);
+    for (TokenId& t : draft) t = 5000 + in_.u8() % 4;
+    const int32_t n = static_cast<int32_t>(s.tokens.size()) - computed;
+    if (!manager_->allocate_draft_slots(id, n, draft).ok()) return;
+    schedule(id, computed);
+    s.draft = draft;
+    for (const int32_t g : state_groups_) {
+      const std::span<const int64_t> slots = *manager_->slot_mapping(g);
+      s.draft_slots[g].assign(slots.end() - std::ssize(draft), slots.end());
+    }
+    totals_.drafts += std::ssize(draft);
+  }
+
+  // After the step's computation: the drafts' verdicts, the accepted ones joining the tokens.
+  void judge_drafts() {
+    for (auto& [id, s] : seqs_) {
+      if (s.draft.empty()) continue;
+      const int32_t accepted = in_.u8() % (std::ssize(s.draft) + 1);
+      if (!manager_->accept_draft(id, accepted).ok()) return fail_void("accept_draft ", id);
+      s.tokens.insert(s.tokens.end(), s.draft.begin(), s.draft.begin() + accepted);
+      totals_.accepted += accepted;
+      s.draft.clear();
+      s.draft_slots.clear();
+      check("accept_draft", 0);
+    }
+  }
+
   void fork(SeqId parent) {
     if (parent < 0) return;
     const SeqId child = next_id_++;
@@ -322,19 +375,27 @@ class StateOpRunner {
       slots_[save.group][save.dst] = extend(slots_[save.group][save.src], tokens);
       ++totals_.saves;
     }
+    // The state after each verified token is updated in place; after each draft it goes to
+    // the draft's slot.
     for (auto& [id, s] : seqs_) {
       if (s.step_start < 0) continue;
       const auto view = manager_->sequence(id);
       if (view->state == SequenceState::kRunning) {
-        const auto tokens =
-            std::span(s.tokens).subspan(s.step_start, view->num_computed_tokens - s.step_start);
+        const auto verified = view->num_computed_tokens - std::ssize(s.draft);
+        const auto tokens = std::span(s.tokens).subspan(s.step_start, verified - s.step_start);
         for (const int32_t g : state_groups_) {
           const BlockId slot = manager_->sequence(id, g)->block_table[0];
           slots_[g][slot] = extend(slots_[g][slot], tokens);
+          uint64_t state = slots_[g][slot];
+          for (size_t j = 0; j < s.draft.size(); ++j) {
+            state = extend(state, std::span(s.draft).subspan(j, 1));
+            slots_[g][s.draft_slots[g][j]] = state;
+          }
         }
       }
       s.step_start = -1;
     }
+    judge_drafts();
   }
 
   bool is_state(int32_t group) const { return slots_.count(group) != 0; }
@@ -355,8 +416,12 @@ class StateOpRunner {
     fail(parts...);
   }
 
+  // A first input byte that adds draft steps (no saved input starts with it).
+  static constexpr uint8_t kSpeculativeMarker = 254;
+
   ByteSource in_;
   Hooks hooks_;
+  bool speculative_ = false;
   std::optional<KvCacheManager> manager_;
   std::vector<int32_t> state_groups_;
   std::map<int32_t, std::vector<uint64_t>> slots_;  // per state group: per slot, its state
