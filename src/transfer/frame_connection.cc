@@ -80,8 +80,10 @@ absl::Status await_frame(FrameConnection& connection, HelloHandler& handler, Fra
                          const KvTransferOptions& options) {
   const absl::Time deadline = absl::Now() + options.handshake_timeout;
   while (!handler.frame.has_value()) {
-    if (absl::Status status = connection.exchange(handler); !status.ok()) return status;
+    // A peer that refuses answers and closes: its answer counts, not the close.
+    const absl::Status status = connection.exchange(handler);
     if (handler.frame.has_value()) break;
+    if (!status.ok()) return status;
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "handshake with ", connection.peer(), ": no answer within handshake_timeout ",
