@@ -43,8 +43,8 @@ void begin_frame(OutgoingFrame& frame) {
 
 OutgoingFrame control_frame(FrameHeader header, absl::string_view text) {
   OutgoingFrame frame;
-  frame.owned.resize(text.size());
-  std::memcpy(frame.owned.data(), text.data(), text.size());
+  const auto* bytes = reinterpret_cast<const std::byte*>(text.data());
+  frame.owned.assign(bytes, bytes + text.size());
   frame.payload = {ConstByteSpan(frame.owned)};
   header.payload_bytes = text.size();
   frame.fields = header;

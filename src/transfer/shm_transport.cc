@@ -68,6 +68,7 @@ class ByteRing {
     uint64_t moved = 0;
     for (const ConstByteSpan segment : segments) {
       const uint64_t n = std::min<uint64_t>(segment.size(), free - moved);
+      if (n == 0) continue;  // an empty segment may have no address
       copy_in(written + moved, segment.first(n));
       moved += n;
       if (moved == free) break;
@@ -87,6 +88,7 @@ class ByteRing {
     uint64_t moved = 0;
     for (const MutableByteSpan segment : segments) {
       const uint64_t n = std::min<uint64_t>(segment.size(), available - moved);
+      if (n == 0) continue;
       copy_out(read + moved, segment.first(n));
       moved += n;
       if (moved == available) break;
