@@ -34,6 +34,9 @@
 #include "pagedkv/kv_event_publisher.h"
 #include "pagedkv/kv_events.h"
 #include "pagedkv/kv_storage.h"
+#include "pagedkv/kv_transfer.h"
+#include "pagedkv/kv_transfer_faults.h"
+#include "pagedkv/kv_transport.h"
 #include "pagedkv/merge_state.h"
 #include "pagedkv/remote_block_format.h"
 #include "pagedkv/remote_kv_store.h"
@@ -147,6 +150,26 @@ TEST_CASE("the remote namespace and block format examples run", "[docs]") {
   const std::string fetched = encoded;
   CHECK(example_remote_block_format(digest, spec, fetched, &encoded, corrupt).ok());
   CHECK(corrupt == 1);
+}
+
+// --- KV transfer: compiled only (each side needs a peer) ------------------------------------
+
+absl::Status example_kv_transport() {
+#include "doc_examples/kv_transport.inc"
+  return transport.status();
+}
+
+absl::Status example_kv_transfer(KvTransportListener* listener, const std::string& digest,
+                                 const KvCacheSpec& spec, KvTransferId request, const BlockHash& h0,
+                                 MutableByteSpan dst0) {
+#include "doc_examples/kv_transfer.inc"
+  return absl::OkStatus();
+}
+
+absl::Status example_kv_transfer_faults(std::unique_ptr<KvTransport> transport,
+                                        const KvTransferOptions& options) {
+#include "doc_examples/kv_transfer_faults.inc"
+  return sender.status();
 }
 
 #if PAGEDKV_HAVE_REMOTE
@@ -371,7 +394,7 @@ TEST_CASE("every header and README example is compiled", "[docs]") {
   ++examples;
 #include "doc_examples/list.inc"
 #undef PAGEDKV_DOC_EXAMPLE
-  CHECK(examples == 23);
+  CHECK(examples == 26);
 }
 
 }  // namespace pagedkv::doc_examples
