@@ -18,6 +18,8 @@
 #   corrupt-swap-in  preempted by swap and swapped back in
 #   skip-promote     4 system prompts in turn, a 1.5 MiB (48-block) budget and a 2 MiB
 #                    host tier: evicted prefixes are demoted and promoted back
+#   keep-rejected    --speculative 4 --draft replay: greedy sequences verify replayed
+#                    drafts, a quarter of them wrong, which the fault keeps
 # Every run verifies 8 sequences (one per mechanism fits: --verify picks one for each the
 # run exercised first).
 set -u -o pipefail
@@ -31,7 +33,7 @@ shift
 seeds=${FAULT_SWEEP_SEEDS:-1 2 3 4 5}
 request_counts=${FAULT_SWEEP_REQUESTS:-16 64 256}
 dtypes=${FAULT_SWEEP_DTYPES:-fp32 bf16 fp8}
-faults=${FAULT_SWEEP_FAULTS:-skip-copies skip-swap-in corrupt-swap-in skip-promote}
+faults=${FAULT_SWEEP_FAULTS:-skip-copies skip-swap-in corrupt-swap-in skip-promote keep-rejected}
 
 # MiB of an fp32 budget, scaled to the same number of blocks of `dtype`.
 scaled_mb() {
@@ -53,6 +55,7 @@ fault_flags() {
     skip-promote)
       echo "--system-prompts 4 --kv-budget-mb $(scaled_mb 1.5 "$dtype")" \
         "--host-cache-mb $(scaled_mb 2 "$dtype")" ;;
+    keep-rejected) echo "--speculative 4 --draft replay" ;;
   esac
 }
 

@@ -7,7 +7,9 @@ usage: check_decode.py [--full | --expect-mismatch | --host-cache-rise MB |
 Always checks: exit status 0, the JSON parses, every request completed, verification ran
 and passed (teacher-forced: logits within the dtype's bound, tokens equal or near-ties),
 and when --verify is at least the number of mechanisms the run exercised, a verified
-sequence went through each of them. With --full (the default small workload) also:
+sequence went through each of them. With --speculative, drafts were verified and rejected
+ones rolled back; with --draft replay also some accepted, and the output digest equal to
+that of the same workload without speculation. With --full (the default small workload) also:
 prefix-cache hit rate > 0, at least one preemption of each mode, at least one
 copy-on-write copy, swapped blocks came back, and with a host tier blocks were demoted
 and promoted. With --expect-mismatch (runs with --fault): the run must have exercised what
@@ -91,6 +93,25 @@ class Checks:
             self.failures.append(what)
 
 
+def check_speculative(summary, check):
+    """--speculative: drafts were verified and some rolled back, under verification; with
+    replayed drafts some were accepted, and greedy outputs equal the run without drafts."""
+    spec = summary["speculative"]
+    if spec["max_draft_tokens"] == 0:
+        return
+    check(spec["draft_tokens"] > 0 and "rollback" in summary["mechanisms_exercised"],
+          f"drafts verified and rejected ones rolled back ({spec['draft_tokens']} drafts, "
+          f"{spec['accepted_draft_tokens']} accepted, {spec['tokens_per_step']:.2f} tokens a "
+          f"sequence-step)")
+    if spec["drafter"] != "replay":
+        return
+    check(spec["accepted_draft_tokens"] > 0 and spec["tokens_per_step"] > 1,
+          "replayed drafts accepted, more than a token a sequence-step")
+    check(spec["rehearsal_output_digest"] == summary["output_digest"],
+          f"the same output as without speculation (digest {summary['output_digest']}, "
+          f"without {spec['rehearsal_output_digest']})")
+
+
 def check_run(summary, check, full):
     check(summary["requests_completed"] == summary["requests"],
           f"all requests complete ({summary['requests_completed']}/{summary['requests']})")
@@ -113,6 +134,7 @@ def check_run(summary, check, full):
                   f"verification covers every mechanism exercised "
                   f"({summary['mechanisms_exercised']}; uncovered "
                   f"{verify['mechanisms_uncovered']})")
+    check_speculative(summary, check)
     groups = summary["kv_cache"]["layer_groups"]
     windowed = [g for g in groups if g["kind"] not in ("full", "state")]
     for g in windowed:

@@ -452,17 +452,25 @@ class PagedKvStore final : public KvStore {
                     bytes);
       }
     };
+    const std::vector<int64_t>& row_slots = b.row_slots[place.group];
     for (size_t i = 0; i < b.seqs.size(); ++i) {
       auto* conv = reinterpret_cast<float*>(storage.state(place.index, b.slots[place.group][i]));
-      float* recurrent = conv + c.conv_state_elements();
       const int32_t first_row = b.row_indptr[i];
       const int32_t end_row = b.row_indptr[i + 1];
       // A sequence computed from its first token starts from zero, whatever its slot held.
       if (b.positions[first_row] == 0) std::memset(conv, 0, bytes);
       for (int32_t r = first_row; r < end_row; ++r) {
         save_at(b.seqs[i], b.positions[r]);
+        // A draft's state goes to its own slot, from the state before it: the sequence's
+        // slot keeps the state after its last verified token.
+        if (row_slots[r] >= 0) {
+          auto* draft = reinterpret_cast<float*>(storage.state(place.index, row_slots[r]));
+          std::memcpy(draft, conv, bytes);
+          conv = draft;
+        }
         const size_t row = static_cast<size_t>(r) * ch;
-        model_.scan_token(io.layer, io.input + row, io.decay + row, conv, recurrent, io.out + row);
+        model_.scan_token(io.layer, io.input + row, io.decay + row, conv,
+                          conv + c.conv_state_elements(), io.out + row);
       }
       save_at(b.seqs[i], b.positions[end_row - 1] + 1);
     }

@@ -54,6 +54,10 @@ struct StateBatch {
   // Per layer group: each sequence's state slot (KvCacheManager::write_state_slots());
   // empty for an attention group.
   std::vector<std::vector<int32_t>> slots;
+  // Per layer group, per row: the slot that receives the state after the row's token, a
+  // draft's (KvCacheManager::allocate_draft_slots()), or -1: the sequence's own slot,
+  // updated in place.
+  std::vector<std::vector<int64_t>> row_slots;
   std::vector<pagedkv::StateSave> saves;  // the step's saves of these sequences
 };
 

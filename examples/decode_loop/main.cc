@@ -14,10 +14,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -31,6 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "cache_plan.h"
 #include "dense_reference.h"
+#include "draft.h"
 #include "kv_event_feed.h"
 #include "kv_format.h"
 #include "metrics_server.h"
@@ -114,6 +117,15 @@ ABSL_FLAG(int32_t, prefill_chunk, -1,
           "prompt tokens a sequence computes per step (0: its whole prompt; -1: the preset's, "
           "32 for swa, whose windowed groups then hold a chunk and a window per prefilling "
           "sequence instead of the whole prompt, else 0)");
+ABSL_FLAG(int32_t, speculative, 0,
+          "speculative decoding: a greedy sequence proposes up to N draft tokens by prompt "
+          "lookup (n-grams of its own tokens) and one step verifies them; rejected drafts are "
+          "rolled back (0: off; at most 16)");
+ABSL_FLAG(std::string, draft, "lookup",
+          "--speculative's drafter: lookup|replay (lookup: prompt lookup; replay: the workload "
+          "runs first without speculation, and its outputs, a quarter of their tokens made "
+          "wrong, are the drafts: every number of drafts gets accepted, and the outputs must "
+          "match; not with --remote, --kv-events or --metrics-port)");
 ABSL_FLAG(std::string, model, "llama",
           "model preset: llama|swa|mla|ssm (llama: full-attention GQA layers; swa: "
           "sliding-window layers of 40 and 12 tokens beside full ones, each kind a layer group "
@@ -154,10 +166,11 @@ ABSL_FLAG(bool, json, false, "print the summary as JSON on stdout");
 ABSL_FLAG(std::string, fault, "none",
           "break the KV on purpose, to show that --verify catches it: "
           "none|skip-copies|skip-swap-in|corrupt-swap-in|skip-promote|skip-restore|"
-          "corrupt-remote (drop copy-on-write, swap-in, host-tier promotion or "
+          "corrupt-remote|keep-rejected (drop copy-on-write, swap-in, host-tier promotion or "
           "state-checkpoint restore copies, or flip an exponent bit in every block a swap-in "
           "fills; corrupt-remote flips a payload byte of every block fetched from --remote, "
-          "which the checksums must reject: verification passes)");
+          "which the checksums must reject: verification passes; keep-rejected keeps the "
+          "--speculative drafts the model rejected)");
 ABSL_FLAG(int32_t, metrics_port, -1,
           "serve Prometheus metrics on http://127.0.0.1:N/metrics (0: a free port; -1: off)");
 ABSL_FLAG(std::string, kv_events, "",
@@ -327,7 +340,9 @@ constexpr Choice<Fault> kFaults[] = {{"none", Fault::kNone},
                                      {"corrupt-swap-in", Fault::kCorruptSwapIn},
                                      {"skip-promote", Fault::kSkipPromote},
                                      {"skip-restore", Fault::kSkipRestore},
-                                     {"corrupt-remote", Fault::kCorruptRemote}};
+                                     {"corrupt-remote", Fault::kCorruptRemote},
+                                     {"keep-rejected", Fault::kKeepRejected}};
+constexpr Choice<bool> kDrafters[] = {{"lookup", false}, {"replay", true}};  // replay?
 constexpr Choice<pagedkv::RemoteWaitPolicy> kRemoteWaits[] = {
     {"best-effort", pagedkv::RemoteWaitPolicy::kBestEffort},
     {"wait", pagedkv::RemoteWaitPolicy::kWaitComplete},
@@ -456,6 +471,29 @@ void compare_with_contiguous(const Workload& workload, const EngineOptions& engi
       static_cast<double>(real_tokens) / static_cast<double>(num_seqs * report->contiguous_max_len);
 }
 
+// --draft replay: runs the workload without speculation (nor faults) and returns a drafter
+// that replays its outputs, and their digest.
+std::pair<Drafter, uint64_t> rehearse(const Model& model, EngineOptions options,
+                                      const std::vector<Request>& requests) {
+  auto replay =
+      std::make_shared<ReplayDrafter>(kReplayErrorRate, options.seed, model.config().vocab_size);
+  options.speculative = 0;
+  options.fault = Fault::kNone;
+  options.record_logits = false;
+  options.progress = false;
+  options.on_step = nullptr;
+  options.on_finish = [&replay](SequenceRecord& rec) { replay->record(rec); };
+  absl::StatusOr<std::unique_ptr<Engine>> created = Engine::create(model, options);
+  if (!created.ok()) fail(std::string(created.status().message()));
+  if (absl::Status s = (*created)->run(requests); !s.ok()) {
+    fail(absl::StrCat("--draft replay: the rehearsal failed: ", s.ToString()));
+  }
+  Drafter drafter = [replay](const SequenceRecord& rec, int32_t max_tokens) {
+    return replay->propose(rec, max_tokens);
+  };
+  return {std::move(drafter), (*created)->stats().output_digest};
+}
+
 // A --fault run shows the fault only if a verified sequence went through what it breaks.
 // Returns false (after saying why) when the run exercised it but verified none.
 bool check_fault_coverage(const Report& report) {
@@ -528,6 +566,16 @@ int run(int argc, char** argv) {
     if (!config.mla()) fail(absl::StrCat("--", flag, " applies to --model mla only"));
     *field = value;
   }
+  engine.speculative = absl::GetFlag(FLAGS_speculative);
+  if (engine.speculative < 0 || engine.speculative > kMaxSpeculative) {
+    fail(absl::StrCat("--speculative ", engine.speculative, " must be in [0, ", kMaxSpeculative,
+                      "]"));
+  }
+  if (engine.fault == Fault::kKeepRejected && engine.speculative == 0) {
+    fail("--fault keep-rejected needs --speculative");
+  }
+  const std::string drafter = absl::GetFlag(FLAGS_draft);
+  const bool replay = choose("draft", drafter, kDrafters);
   engine.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   if (engine.prefill_chunk < 0) engine.prefill_chunk = config.kind == ModelKind::kSwa ? 32 : 0;
   config.d_model = absl::GetFlag(FLAGS_d_model);
@@ -642,6 +690,16 @@ int run(int argc, char** argv) {
         "/k_scales=", absl::StrJoin(engine.kv_format.k_scales, ","),
         "/v_scales=", absl::StrJoin(engine.kv_format.v_scales, ","));
   }
+  std::optional<uint64_t> rehearsal_digest;
+  if (replay) {
+    if (engine.speculative == 0) fail("--draft replay needs --speculative");
+    if (engine.remote_store != nullptr || events != nullptr || metrics != nullptr) {
+      fail(
+          "--draft replay runs the workload twice: not with --remote, --kv-events or "
+          "--metrics-port");
+    }
+    std::tie(engine.drafter, rehearsal_digest) = rehearse(model, engine, workload->requests);
+  }
   // Verification: the engine keeps the logits of running sequences, and of finished ones
   // only when the selection picks them.
   int64_t num_sequences = 0;
@@ -678,6 +736,7 @@ int run(int argc, char** argv) {
   report.bytes_per_block = engine.cache.bytes_per_block_all_groups();
   report.capacity = capacity_figures(config, engine);
   report.run = eng.stats();
+  report.rehearsal_digest = rehearsal_digest;
   if (eng.remote() != nullptr) {
     report.remote = Report::Remote{remote, eng.remote()->stats(), remote_store->stats()};
   }

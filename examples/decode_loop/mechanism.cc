@@ -27,6 +27,8 @@ const char* mechanism_name(Mechanism mechanism) {
       return "state-host-restore";
     case Mechanism::kRemote:
       return "remote";
+    case Mechanism::kRollback:
+      return "rollback";
   }
   return "unknown";
 }
@@ -55,6 +57,8 @@ const char* picked_as(Mechanism mechanism) {
       return "restored from a host-tier checkpoint";
     case Mechanism::kRemote:
       return "loaded from the remote tier";
+    case Mechanism::kRollback:
+      return "drafts rolled back";
   }
   return "unknown";
 }

@@ -18,6 +18,8 @@
 //               of a model with state layers)
 //   state-host-restore  ... from a checkpoint of the host tier (a promote copy into its slot)
 //   remote      prefix blocks loaded from the remote tier (--remote) at an admission
+//   rollback    drafts of its (--speculative) that the target model rejected were rolled
+//               back: their slots were released and later tokens' K/V took their place
 //
 // kMechanisms lists them in rank order: the order of the verifier's picks and summaries.
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_MECHANISM_H_
@@ -43,6 +45,7 @@ enum class Mechanism : uint8_t {
   kStateRestore,
   kStateHostRestore,
   kRemote,
+  kRollback,
 };
 
 inline constexpr std::array kMechanisms = {
@@ -51,7 +54,7 @@ inline constexpr std::array kMechanisms = {
     Mechanism::kPromote,      Mechanism::kExchange,
     Mechanism::kDemote,       Mechanism::kPrefixHit,
     Mechanism::kStateRestore, Mechanism::kStateHostRestore,
-    Mechanism::kRemote,
+    Mechanism::kRemote,       Mechanism::kRollback,
 };
 
 // The mechanism's name in summaries and JSON ("cow-copy").

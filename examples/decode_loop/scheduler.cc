@@ -10,7 +10,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "draft.h"
 #include "pagedkv/remote_namespace.h"
+#include "xxhash.h"
 
 namespace decode_loop {
 namespace {
@@ -48,6 +50,8 @@ MechanismSet faulted_mechanisms(Fault fault) {
       return {Mechanism::kStateRestore, Mechanism::kStateHostRestore};
     case Fault::kCorruptRemote:
       return {};  // the checksums turn the corrupt blocks into misses: nothing breaks
+    case Fault::kKeepRejected:
+      return {Mechanism::kRollback};
   }
   return {};
 }
@@ -237,7 +241,12 @@ void Engine::add_rows(Batch& batch, SeqId seq, int32_t first, int32_t n,
 // one slot, a prefilling one its next chunk. A sequence preempted by an earlier one of the
 // batch fails there.
 absl::Status Engine::schedule_running() {
-  const std::vector<SeqId> batch = running_;
+  std::vector<SeqId> batch;
+  for (const SeqId seq : running_) {
+    absl::StatusOr<bool> drafted = schedule_draft(seq);
+    if (!drafted.ok()) return drafted.status();
+    if (!*drafted) batch.push_back(seq);
+  }
   std::vector<int32_t> counts, firsts;
   for (const SeqId seq : batch) {
     absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
@@ -267,6 +276,45 @@ absl::Status Engine::schedule_running() {
     add_rows(rec.decoding ? decode_ : prefill_, seq, firsts[i], counts[i], offset);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Engine::schedule_draft(SeqId seq) {
+  SequenceRecord& rec = records_.at(seq);
+  // Greedy decoding only: the target's own pick decides a draft's fate (sampled sequences
+  // would need rejection sampling). A draft is never longer than what is left to generate.
+  const int32_t left = rec.max_new_tokens - rec.num_generated();
+  if (options_.speculative == 0 || !rec.decoding || rec.sampling.temperature != 0.0f ||
+      rec.pending_forks > 0 || left < 2) {
+    return false;
+  }
+  absl::StatusOr<pagedkv::SequenceView> view = manager_->sequence(seq);
+  if (!view.ok()) return view.status();
+  const int32_t computed = view->num_computed_tokens;
+  if (computed + 1 != std::ssize(rec.tokens)) return false;
+  const int32_t max_draft = std::min(options_.speculative, left - 1);
+  const std::vector<TokenId> draft =
+      options_.drafter ? options_.drafter(rec, max_draft) : propose_draft(rec.tokens, max_draft);
+  if (draft.empty()) return false;
+  absl::StatusOr<std::span<const int64_t>> slots = manager_->allocate_draft_slots(seq, 1, draft);
+  if (absl::IsResourceExhausted(slots.status())) return false;  // decode as usual
+  if (!slots.ok()) return slots.status();
+  scheduled_.insert(seq);
+  Batch& batch = verify_;
+  batch.seqs.push_back(seq);
+  batch.logit_index.push_back(static_cast<int32_t>(batch.logit_rows.size()));
+  const auto rows = static_cast<int32_t>(draft.size()) + 1;
+  for (int32_t j = 0; j < rows; ++j) {
+    batch.tokens.push_back(j == 0 ? rec.tokens.back() : draft[j - 1]);
+    batch.positions.push_back(computed + j);
+    batch.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
+  }
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const std::span<const int64_t> group_slots = *manager_->slot_mapping(g);
+    batch.slots[g].insert(batch.slots[g].end(), group_slots.begin(), group_slots.end());
+  }
+  batch.qo_indptr.push_back(static_cast<int32_t>(batch.tokens.size()));
+  batch.max_query_len = std::max(batch.max_query_len, rows);
+  return true;
 }
 
 absl::Status Engine::schedule_swapped() {
@@ -498,8 +546,10 @@ absl::Status Engine::set_state_batch(const Batch& batch) {
   state.row_indptr = batch.qo_indptr;
   state.positions = batch.positions;
   state.slots.resize(num_groups());
+  state.row_slots.resize(num_groups());
   for (int32_t g = 0; g < num_groups(); ++g) {
     if (!is_state_group(g)) continue;
+    state.row_slots[g] = batch.slots[g];  // a draft's own slot, else -1
     state.slots[g].resize(batch.seqs.size());
     absl::Status status = manager_->write_state_slots(batch.seqs, g, state.slots[g]);
     if (!status.ok()) return status;
@@ -526,7 +576,7 @@ absl::Status Engine::corrupt_swap_ins(std::span<const pagedkv::BlockCopy> swap_i
   return absl::OkStatus();
 }
 
-absl::Status Engine::run_batch(Batch& batch, bool prefill) {
+absl::Status Engine::run_batch(Batch& batch, bool prefill, bool verify) {
   if (batch.seqs.empty()) return absl::OkStatus();
   const int64_t start = now_ns();
   for (int32_t g = 0; g < num_groups(); ++g) {
@@ -546,7 +596,7 @@ absl::Status Engine::run_batch(Batch& batch, bool prefill) {
       [&](const ScanIo& io) { return store_->scan(io); }, batch.logit_rows, &logits_, &ws_);
   if (!status.ok()) return status;
   const double seconds = static_cast<double>(now_ns() - start) * 1e-9;
-  if (prefill) {
+  if (prefill && !verify) {
     stats_.prefill_seconds += seconds;
     stats_.prefill_tokens += static_cast<int64_t>(batch.tokens.size());
   } else {
@@ -554,7 +604,7 @@ absl::Status Engine::run_batch(Batch& batch, bool prefill) {
     stats_.decode_tokens += static_cast<int64_t>(batch.tokens.size());
     ++stats_.decode_steps;
   }
-  return commit(batch);
+  return verify ? commit_verified(batch) : commit(batch);
 }
 
 absl::Status Engine::commit(const Batch& batch) {
@@ -617,12 +667,80 @@ absl::Status Engine::commit(const Batch& batch) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::commit_verified(const Batch& batch) {
+  const int32_t vocab = model_.config().vocab_size;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqId seq = batch.seqs[i];
+    SequenceRecord& rec = records_.at(seq);
+    const int32_t first_row = batch.qo_indptr[i];
+    const int32_t num_draft = batch.qo_indptr[i + 1] - first_row - 1;
+    auto logits_at = [&](int32_t j) {
+      return std::span<const float>(
+          logits_.data() + static_cast<size_t>(batch.logit_index[i] + j) * vocab, vocab);
+    };
+    // Row j's logits pick the token after draft j - 1: a draft is accepted while it is the
+    // target's own pick.
+    std::vector<TokenId> picks;
+    int32_t accepted = 0;
+    for (int32_t j = 0; j <= num_draft; ++j) {
+      picks.push_back(pick_token(logits_at(j), rec.sampling, rec.num_generated() + j));
+      if (j == accepted && j < num_draft && picks[j] == batch.tokens[first_row + j + 1]) {
+        ++accepted;
+      }
+    }
+    if (accepted < num_draft) rec.mechanisms.add(Mechanism::kRollback);
+    if (options_.fault == Fault::kKeepRejected) accepted = num_draft;
+    absl::Status status = manager_->accept_draft(seq, accepted);
+    if (!status.ok()) return status;
+    stats_.draft_tokens += num_draft;
+    stats_.accepted_draft_tokens += accepted;
+    ++stats_.speculative_steps;
+    stats_.speculative_tokens += accepted + 1;
+    // The kept drafts, then the target's pick after the last of them.
+    for (int32_t j = 0; j <= accepted; ++j) {
+      const TokenId token = j < accepted ? batch.tokens[first_row + j + 1] : picks[j];
+      rec.tokens.push_back(token);
+      if (options_.record_logits) {
+        const std::span<const float> logits = logits_at(j);
+        rec.logits.insert(rec.logits.end(), logits.begin(), logits.end());
+      }
+      ++stats_.generated_tokens;
+    }
+    if (rec.num_generated() >= rec.max_new_tokens) {
+      status = finish(rec);
+      if (!status.ok()) return status;
+      continue;
+    }
+    const TokenId appended[] = {rec.tokens.back()};
+    status = manager_->append_tokens(seq, appended);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+uint64_t output_hash(const SequenceRecord& rec) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, &rec.request, sizeof(rec.request));
+  XXH3_64bits_update(state, &rec.sample, sizeof(rec.sample));
+  const std::span<const TokenId> generated = std::span(rec.tokens).subspan(rec.prompt_len);
+  XXH3_64bits_update(state, generated.data(), generated.size_bytes());
+  const uint64_t hash = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return hash;
+}
+
+}  // namespace
+
 absl::Status Engine::finish(SequenceRecord& rec) {
   absl::Status status = manager_->free(rec.seq);
   if (!status.ok()) return status;
   rec.in_manager = false;
   rec.where = Where::kDone;
   std::erase(running_, rec.seq);
+  stats_.output_digest += output_hash(rec);
   if (options_.on_finish) options_.on_finish(rec);
   std::vector<float>().swap(rec.logits);
   return absl::OkStatus();
@@ -677,17 +795,18 @@ absl::Status Engine::step() {
   scheduled_.clear();
   prefill_.clear(num_groups());
   decode_.clear(num_groups());
+  verify_.clear(num_groups());
   absl::Status status = schedule_running();
   if (status.ok()) status = schedule_swapped();
   if (status.ok()) status = schedule_waiting();
   if (!status.ok()) return status;
   record_utilization();
-  if (prefill_.seqs.empty() && decode_.seqs.empty() && !head_ready()) {
+  if (prefill_.seqs.empty() && decode_.seqs.empty() && verify_.seqs.empty() && !head_ready()) {
     // Nothing runs until the first waiting sequence's lookup lands: not a step.
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     return absl::OkStatus();
   }
-  if (prefill_.seqs.empty() && decode_.seqs.empty()) {
+  if (prefill_.seqs.empty() && decode_.seqs.empty() && verify_.seqs.empty()) {
     return absl::InternalError(
         absl::StrCat("step ", stats_.steps, ": nothing could be scheduled (", waiting_.size(),
                      " waiting, ", swapped_.size(), " swapped, ", manager_->stats().free_blocks,
@@ -703,6 +822,7 @@ absl::Status Engine::step() {
   // Batches run in allocation order: an admission may have matched a block that a decode
   // step of this same step filled, so those K/V must be written first.
   if (status.ok()) status = run_batch(decode_, /*prefill=*/false);
+  if (status.ok()) status = run_batch(verify_, /*prefill=*/true, /*verify=*/true);
   if (status.ok()) status = run_batch(prefill_, /*prefill=*/true);
   if (status.ok() && remote_ != nullptr) {
     Stopwatch in_remote{&remote_ns_};

@@ -73,6 +73,8 @@ enum class Fault {
   // A payload byte of every block fetched from the remote tier is flipped (main.cc wraps
   // the store): the checksums must make them misses, so verification still passes.
   kCorruptRemote,
+  // --speculative: every draft is kept, those the target model rejected too, with their K/V.
+  kKeepRejected,
 };
 
 // The mechanisms whose K/V `fault` breaks: a run with the fault must verify a sequence
@@ -80,6 +82,9 @@ enum class Fault {
 MechanismSet faulted_mechanisms(Fault fault);
 
 struct SequenceRecord;
+
+// Up to the given number of draft tokens after a sequence's (--speculative).
+using Drafter = std::function<std::vector<TokenId>(const SequenceRecord&, int32_t)>;
 
 struct EngineOptions {
   pagedkv::Device device = pagedkv::Device::kCpu;
@@ -102,6 +107,13 @@ struct EngineOptions {
   // sequence at a time prefills in chunks (vLLM's max_num_partial_prefills default): a
   // waiting one is admitted only when no other is partway through its prompt.
   int32_t prefill_chunk = 0;
+  // Speculative decoding (draft.h): a greedy sequence that decodes proposes up to this many
+  // draft tokens; one step verifies them (KvCacheManager::allocate_draft_slots(), then
+  // accept_draft() keeps the accepted ones). 0: off.
+  int32_t speculative = 0;
+  // Proposes up to the given number of drafts after a sequence's tokens; empty: prompt
+  // lookup (propose_draft()).
+  Drafter drafter;
   uint64_t seed = 1;
   bool progress = false;  // status line on stderr
   Fault fault = Fault::kNone;
@@ -186,6 +198,15 @@ struct RunStats {
   int64_t demote_blocks_executed = 0;
   int64_t promote_blocks_executed = 0;
   int64_t exchange_blocks_executed = 0;  // a promotion and a demotion in one copy
+  // --speculative: drafts verified, of those accepted, and the sequence-steps that verified
+  // drafts with the tokens they committed (accepted drafts and the target's own token).
+  int64_t draft_tokens = 0;
+  int64_t accepted_draft_tokens = 0;
+  int64_t speculative_steps = 0;
+  int64_t speculative_tokens = 0;
+  // The sum over finished sequences of XXH3-64 of (request, sample, generated tokens):
+  // equal for runs that generate the same tokens, whatever their schedules.
+  uint64_t output_digest = 0;
   // Per mechanism, in kMechanisms order: sequences whose K/V went through it.
   std::array<int64_t, kMechanisms.size()> mechanism_sequences{};
   pagedkv::KvCacheManager::Stats manager;                           // at the end
@@ -221,7 +242,8 @@ class Engine : private pagedkv::PreemptionHooks {
     std::vector<int32_t> qo_indptr;           // prefill: [seqs + 1]
     std::vector<int32_t> logit_rows;
     // Per sequence: its row of the logits, or -1 for a prefill chunk that does not end
-    // the sequence's tokens (nothing to sample yet).
+    // the sequence's tokens (nothing to sample yet); a verify batch's sequences have a row
+    // for every token, from that one.
     std::vector<int32_t> logit_index;
     int32_t max_query_len = 0;
     void clear(int32_t num_groups);
@@ -247,8 +269,16 @@ class Engine : private pagedkv::PreemptionHooks {
   // `batch_offset`; the last token gets a logit row if it is the sequence's last.
   void add_rows(Batch& batch, SeqId seq, int32_t first, int32_t n,
                 std::optional<size_t> batch_offset = std::nullopt);
+  // --speculative: `seq`'s drafts, if it may speculate and prompt lookup proposes any, with
+  // slots from allocate_draft_slots() into verify_ (a logit row per token). False when it
+  // decodes as usual instead (no draft, or no room for one).
+  absl::StatusOr<bool> schedule_draft(SeqId seq);
+  // The target model's verdict on each sequence's drafts: the accepted ones and the
+  // target's own next token are committed, the rest rolled back (accept_draft()).
+  absl::Status commit_verified(const Batch& batch);
   absl::Status finish(SequenceRecord& rec);
-  absl::Status run_batch(Batch& batch, bool prefill);
+  // `verify`: a verify_ batch, committed by commit_verified().
+  absl::Status run_batch(Batch& batch, bool prefill, bool verify = false);
   // The state slots and this step's saves of `batch`'s sequences, for the store's scan.
   absl::Status set_state_batch(const Batch& batch);
   // Fault::kSkipRestore: drops the copy_state ops that restore a checkpoint (those whose
@@ -293,6 +323,7 @@ class Engine : private pagedkv::PreemptionHooks {
   int64_t remote_ns_ = 0;  // this step's time in the remote tier's calls
   Batch prefill_;
   Batch decode_;
+  Batch verify_;  // --speculative: sequences whose drafts this step verifies
   std::vector<pagedkv::BlockTables> tables_;  // per layer group
   std::vector<float> logits_;
   std::vector<pagedkv::StateSave> step_saves_;  // this step's, until its batches ran

@@ -325,6 +325,23 @@ std::string format_text(const Report& r) {
   line(fmt::format("preemptions    {} recompute, {} swap ({} blocks out, {} in)",
                    m.preemptions_recompute, m.preemptions_swap, m.blocks_swapped_out,
                    m.blocks_swapped_in));
+  if (r.engine.speculative > 0) {
+    line(
+        fmt::format("speculative    {} drafts ({}, at most {} a step) verified in {} "
+                    "sequence-steps, {} accepted ({:.1f}%): {:.2f} tokens a sequence-step",
+                    s.draft_tokens, r.engine.drafter ? "replayed" : "prompt lookup",
+                    r.engine.speculative, s.speculative_steps, s.accepted_draft_tokens,
+                    100.0 * ratio(static_cast<double>(s.accepted_draft_tokens),
+                                  static_cast<double>(s.draft_tokens)),
+                    ratio(static_cast<double>(s.speculative_tokens),
+                          static_cast<double>(s.speculative_steps))));
+  }
+  line(fmt::format("output         digest {:016x} (of every sequence's generated tokens){}",
+                   s.output_digest,
+                   r.rehearsal_digest.has_value()
+                       ? fmt::format("; without speculation {:016x}: {}", *r.rehearsal_digest,
+                                     *r.rehearsal_digest == s.output_digest ? "same" : "DIFFERENT")
+                       : ""));
   line(fmt::format("copy-on-write  {} block copies", m.cow_copies));
   line(fmt::format(
       "evictions      {} cached blocks reallocated ({}{})", m.evictions,
@@ -447,6 +464,21 @@ std::string format_json(const Report& r) {
       {"sequences", s.sequences},
       {"prompt_tokens", s.prompt_tokens},
       {"generated_tokens", s.generated_tokens},
+      // Equal for runs that generate the same tokens (RunStats::output_digest).
+      {"output_digest", fmt::format("{:016x}", s.output_digest)},
+      {"speculative",
+       {{"max_draft_tokens", r.engine.speculative},
+        {"draft_tokens", s.draft_tokens},
+        {"accepted_draft_tokens", s.accepted_draft_tokens},
+        {"acceptance_rate",
+         ratio(static_cast<double>(s.accepted_draft_tokens), static_cast<double>(s.draft_tokens))},
+        {"drafter", r.engine.drafter ? "replay" : "lookup"},
+        {"rehearsal_output_digest", r.rehearsal_digest.has_value()
+                                        ? Json(fmt::format("{:016x}", *r.rehearsal_digest))
+                                        : Json(nullptr)},
+        {"steps", s.speculative_steps},
+        {"tokens_per_step", ratio(static_cast<double>(s.speculative_tokens),
+                                  static_cast<double>(s.speculative_steps))}}},
       {"prefill_tokens", s.prefill_tokens},
       {"recompute_tokens", s.recompute_tokens},
       {"decode_tokens", s.decode_tokens},

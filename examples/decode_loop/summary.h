@@ -44,6 +44,8 @@ struct Report {
   int64_t bytes_per_block = 0;  // one block of every layer group
   CapacityFigures capacity;
   RunStats run;
+  // --draft replay: the output digest of the run without speculation (RunStats).
+  std::optional<uint64_t> rehearsal_digest;
   // Contiguous max-length reservation of the same workload, for comparison.
   int32_t contiguous_max_len = 0;           // tokens reserved per sequence
   int32_t contiguous_peak_concurrency = 0;  // sequences the same budget holds (at most all)
