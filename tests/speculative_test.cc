@@ -4,34 +4,15 @@
 // in the comments: a fresh pool hands out its clean blocks in id order.
 #include <catch2/catch.hpp>
 
-#include <variant>
 #include <vector>
 
 #include "pagedkv/kv_cache_manager.h"
-#include "pagedkv/kv_events.h"
 #include "support/manager_test_util.h"
 
 namespace pagedkv {
 namespace {
 
 using namespace pagedkv::testing;  // NOLINT: the shared test helpers
-
-// Collects the events a manager emits.
-struct EventLog : KvEventSink {
-  void on_event(const KvEvent& e) override { events.push_back(e); }
-  // The hashes announced by BlockStored since the last call.
-  int32_t stored_blocks() {
-    int32_t n = 0;
-    for (const KvEvent& e : events) {
-      if (const auto* stored = std::get_if<BlockStored>(&e)) {
-        n += static_cast<int32_t>(stored->block_hashes.size());
-      }
-    }
-    events.clear();
-    return n;
-  }
-  std::vector<KvEvent> events;
-};
 
 // A sequence of 10 computed tokens (blocks 0-2 of 4 tokens) that just sampled token 10.
 KvCacheManager decoding(EventLog* log, KvCacheManager::Options options = {}) {

@@ -51,6 +51,7 @@
 #include "pagedkv/block_pool.h"
 #include "pagedkv/block_table.h"
 #include "pagedkv/kv_events.h"
+#include "pagedkv/kv_handoff.h"
 #include "pagedkv/layer_group.h"
 #include "pagedkv/retention.h"
 #include "pagedkv/step_ops.h"
@@ -247,6 +248,13 @@ class KvCacheManager {
     // judged by accept_draft(), the accepted ones.
     int64_t draft_tokens = 0;
     int64_t accepted_draft_tokens = 0;
+    // Disaggregated prefill and decode: sequences exported and blocks of every group still
+    // pinned by exports; of the tokens imports brought, those complete_import() counted
+    // and those it discarded (recomputed).
+    int64_t exported_sequences = 0;
+    int32_t pinned_blocks = 0;
+    int64_t imported_tokens = 0;
+    int64_t discarded_import_tokens = 0;
   };
 
   // One layer group's pools and cache traffic.
@@ -442,6 +450,65 @@ class KvCacheManager {
   // step that writes them has not ended; InvalidArgument for num_accepted outside
   // [0, number of drafts].
   [[nodiscard]] absl::Status accept_draft(SeqId seq, int32_t num_accepted);
+
+  // Disaggregated prefill and decode (pagedkv/kv_handoff.h has the flow on both ends).
+  //
+  // KvCacheManager::export_sequence()
+  //
+  // The sender's side: hands `seq`'s computed K/V to another engine. Returns the entries
+  // of each layer group it held and ends the sequence here as free() does, except that
+  // those blocks stay pinned (held: never evicted, reused or written) until
+  // release_export(seq), so that the engine can send their bytes. Full blocks stay in the
+  // prefix cache. Call it after the step that computed the K/V ended (after
+  // take_step_ops()).
+  // Errors: NotFound; FailedPrecondition unless the sequence is running with computed
+  // tokens, none of them drafts or imports, and its step has ended; AlreadyExists while an
+  // export of `seq` is pinned.
+  [[nodiscard]] absl::StatusOr<KvExport> export_sequence(SeqId seq);
+
+  // KvCacheManager::release_export()
+  //
+  // Unpins the blocks of `seq`'s export once the receiver answered (or the transfer
+  // failed, timed out or was cancelled, and the transport no longer reads them): they are
+  // released tail first, cached ones staying cached.
+  // Errors: NotFound when `seq` has no export pinned.
+  [[nodiscard]] absl::Status release_export(SeqId seq);
+
+  // KvCacheManager::import_slots()
+  //
+  // The receiver's side: admits waiting sequence `seq` (after add_sequence(), and
+  // match_prefix() for the tokens its own cache holds) with its first `num_tokens` tokens
+  // computed elsewhere, as allocate_slots() admits a prompt, and returns the entries of
+  // each layer group that a transfer must fill: those past the local prefix hit (a
+  // windowed group: those of the window at num_tokens; the others are released at once; a
+  // state group: the state slot). The engine starts the transfer into those blocks only
+  // after running this step's ops (take_step_ops()): a copy may still read or write them.
+  // Until complete_import() the imported tokens count as computed but none is verified
+  // (hashed, cached, announced or checkpointed) and the sequence takes no call but
+  // complete_import(), free() and the lookups: no kernel reads a pending import (block
+  // tables refuse it), and no preemption picks it. free() releases it uncached once the
+  // transfer is over or cancelled.
+  // Errors: those of allocate_slots() for num_tokens - match_prefix() new tokens
+  // (ResourceExhausted: nothing changes); InvalidArgument for num_tokens outside
+  // (tokens claimed, tokens]; FailedPrecondition unless the sequence is waiting.
+  [[nodiscard]] absl::StatusOr<KvImport> import_slots(SeqId seq, int32_t num_tokens);
+
+  // KvCacheManager::complete_import()
+  //
+  // Ends `seq`'s import, in a step after import_slots() (after take_step_ops()):
+  // `verified_blocks[g]` is how many leading entries of group g's KvImport arrived
+  // verified (KvReceiveCompletion::verified_prefix(g)). Returns p, the tokens that count
+  // as computed: the longest prefix that every group serves from its local and verified
+  // entries (a full group: every entry before p; a windowed group: those of the window at
+  // p; a state group: its slot, so p is 0 or every token when there is one). The full
+  // blocks before p are verified (cached and announced); the blocks past p are released
+  // uncached, and the sequence computes tokens [p, tokens) like a prefilling one; with p
+  // == 0 it is waiting again, holding nothing, like one preempted by recompute.
+  // Errors: NotFound; FailedPrecondition when no import is pending, or in the step of
+  // import_slots(); InvalidArgument when verified_blocks does not hold one count per group
+  // within [0, the group's import entries].
+  [[nodiscard]] absl::StatusOr<int32_t> complete_import(SeqId seq,
+                                                        std::span<const int32_t> verified_blocks);
 
   // KvCacheManager::release_claim()
   //

@@ -210,7 +210,7 @@ void AttentionGroup::uncache_unwritten(const Sequence& seq) {
 
 // The entries past the computed tokens held only rejected drafts: released, last first, as
 // clean blocks (drafts are never cached).
-void AttentionGroup::roll_back_drafts(Sequence& seq, int32_t) {
+void AttentionGroup::roll_back(Sequence& seq, int32_t) {
   std::vector<BlockId>& blocks = table(seq).blocks;
   const auto needed =
       static_cast<size_t>(num_blocks_for_tokens(seq.num_computed, shared_.block_size));
@@ -219,6 +219,37 @@ void AttentionGroup::roll_back_drafts(Sequence& seq, int32_t) {
     shared_.ledger.release(device(), Hold::kDevice, index(), blocks[i - 1], last_clean);
   }
   blocks.resize(std::min(blocks.size(), needed));
+}
+
+// --- hand-offs -----------------------------------------------------------------------------
+
+namespace {
+
+KvHandoffGroup entries(const GroupTable& t, int32_t first, int32_t end) {
+  return {.first_entry = first, .blocks = {t.blocks.begin() + first, t.blocks.begin() + end}};
+}
+
+}  // namespace
+
+KvHandoffGroup AttentionGroup::export_entries(const Sequence& seq) const {
+  const GroupTable& t = table(seq);
+  return entries(t, t.first_held, num_blocks_for_tokens(seq.num_computed, shared_.block_size));
+}
+
+// Past the local hit (a partially reused last block of it is filled again, whole).
+KvHandoffGroup AttentionGroup::import_entries(const Sequence& seq) const {
+  const GroupTable& t = table(seq);
+  const int32_t local = (seq.num_computed - seq.num_importing) / shared_.block_size;
+  return entries(t, std::max(local, t.first_held),
+                 num_blocks_for_tokens(seq.num_computed, shared_.block_size));
+}
+
+// Entries before the import's are local hits; the held ones among them are intact.
+bool AttentionGroup::serves_import(const Sequence& seq, int32_t p, int32_t verified) const {
+  if (p == 0) return true;
+  const KvHandoffGroup imported = import_entries(seq);
+  return first_needed_block(p) >= table(seq).first_held &&
+         num_blocks_for_tokens(p, shared_.block_size) <= imported.first_entry + verified;
 }
 
 absl::Status AttentionGroup::check_fork(const Sequence&, const char*) const {

@@ -35,7 +35,12 @@ class AttentionGroup : public GroupCache {
   absl::Status check_fork(const Sequence& parent, const char* caller) const override;
   void fork(Sequence& child, int32_t context_blocks) override;
   int32_t held_entries(const Sequence& seq) const override;
-  void roll_back_drafts(Sequence& seq, int32_t num_accepted) override;
+  void roll_back(Sequence& seq, int32_t num_accepted) override;
+  // Hand-offs: the held entries of the computed tokens; an import fills those past the
+  // local hit that the window at its end needs.
+  KvHandoffGroup export_entries(const Sequence& seq) const override;
+  KvHandoffGroup import_entries(const Sequence& seq) const override;
+  bool serves_import(const Sequence& seq, int32_t p, int32_t verified) const override;
   int32_t entry_tokens(const Sequence& seq, int32_t entry) const override;
   absl::Status check_table(const Sequence& seq) const override;
 

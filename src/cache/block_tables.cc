@@ -42,6 +42,12 @@ absl::StatusOr<const Sequence*> CacheCoordinator::running_sequence(SeqId seq,
     return absl::FailedPreconditionError(
         absl::StrCat(caller, ": sequence ", seq, " is not running"));
   }
+  // No kernel may read K/V that a transfer is still writing.
+  if (s->num_importing > 0) [[unlikely]] {
+    return absl::FailedPreconditionError(
+        absl::StrCat(caller, ": sequence ", seq, " has ", s->num_importing,
+                     " imported tokens pending; complete_import() first"));
+  }
   return s;
 }
 

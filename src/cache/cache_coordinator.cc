@@ -27,9 +27,12 @@ absl::Status CacheCoordinator::too_long_to_append(const Sequence& seq, size_t nu
                    " tokens exceeds max_model_len ", shared_.options.max_model_len));
 }
 
-absl::Status CacheCoordinator::drafts_wait(const Sequence& seq, const char* caller) {
-  return absl::FailedPreconditionError(absl::StrCat(caller, "(seq ", seq.id, "): ", seq.num_draft,
-                                                    " draft tokens wait for accept_draft()"));
+absl::Status CacheCoordinator::verdict_wait(const Sequence& seq, const char* caller) {
+  return absl::FailedPreconditionError(
+      seq.num_draft > 0 ? absl::StrCat(caller, "(seq ", seq.id, "): ", seq.num_draft,
+                                       " draft tokens wait for accept_draft()")
+                        : absl::StrCat(caller, "(seq ", seq.id, "): ", seq.num_importing,
+                                       " imported tokens wait for complete_import()"));
 }
 
 absl::Status CacheCoordinator::check_group(int32_t group, const char* caller) const {
@@ -93,9 +96,10 @@ absl::Status CacheCoordinator::add_sequence(SeqId seq, std::span<const TokenId> 
 // --- slots ---------------------------------------------------------------------------------
 
 absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_slots_impl(
-    Sequence& seq, int32_t num_new_tokens, int32_t num_lookahead, int32_t num_draft) {
+    Sequence& seq, int32_t num_new_tokens, int32_t num_lookahead, int32_t num_draft, bool import) {
   const int32_t bs = shared_.block_size;
-  if (seq.num_draft > 0) return drafts_wait(seq, "allocate_slots");
+  if (awaits_verdict(seq)) [[unlikely]]
+    return verdict_wait(seq, "allocate_slots");
   if (num_new_tokens < 0 || num_lookahead < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("allocate_slots(seq ", seq.id, "): num_new_tokens ", num_new_tokens,
@@ -144,6 +148,7 @@ absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_slots_impl(
   const int32_t old_computed = seq.num_computed;
   seq.num_computed = static_cast<int32_t>(new_total);
   seq.num_draft = num_draft;
+  seq.num_importing = import ? num_new_tokens : 0;
   set_state(seq, SequenceState::kRunning);
   const int32_t verified = verified_tokens(seq);
   if (seq.num_offered_blocks < verified / bs) offer_computed_blocks(seq);
@@ -208,7 +213,7 @@ absl::Status CacheCoordinator::fork(SeqId parent, SeqId child) {
     return absl::FailedPreconditionError(
         absl::StrCat("fork(parent ", parent, "): parent is swapped; swap_in() first"));
   }
-  if (p->num_draft > 0) return drafts_wait(*p, "fork");
+  if (awaits_verdict(*p)) return verdict_wait(*p, "fork");
   for (const auto& g : groups_) PAGEDKV_RETURN_IF_ERROR(g->check_fork(*p, "fork"));
   auto c = std::make_unique<Sequence>(*p);
   c->id = child;
@@ -321,6 +326,9 @@ KvCacheManager::Stats CacheCoordinator::stats() const {
     s.blocks_promoted += tier->counters().blocks_promoted;
     s.blocks_not_admitted += tier->counters().blocks_not_admitted;
     s.ghost_hits += tier->counters().ghost_hits;
+  }
+  for (const auto& [seq, groups] : shared_.pins) {
+    for (const KvHandoffGroup& g : groups) s.pinned_blocks += static_cast<int32_t>(g.blocks.size());
   }
   return s;
 }

@@ -12,7 +12,8 @@
 //
 // Files: cache_coordinator.cc (sequences, slots, forks, frees, the step, lookups),
 // prefix_match.cc (hits, offers, the flush), preemption.cc (claims, preemption, swaps),
-// batched_calls.cc, block_tables.cc, invariants.cc, create.cc.
+// drafts.cc (speculative decoding), handoff.cc (exports and imports), batched_calls.cc,
+// block_tables.cc, invariants.cc, create.cc.
 #ifndef PAGEDKV_CACHE_CACHE_COORDINATOR_H_
 #define PAGEDKV_CACHE_CACHE_COORDINATOR_H_
 
@@ -57,6 +58,10 @@ class CacheCoordinator {
   absl::StatusOr<std::span<const int64_t>> allocate_draft_slots(SeqId seq, int32_t num_new_tokens,
                                                                 std::span<const TokenId> draft);
   absl::Status accept_draft(SeqId seq, int32_t num_accepted);
+  absl::StatusOr<KvExport> export_sequence(SeqId seq);
+  absl::Status release_export(SeqId seq);
+  absl::StatusOr<KvImport> import_slots(SeqId seq, int32_t num_tokens);
+  absl::StatusOr<int32_t> complete_import(SeqId seq, std::span<const int32_t> verified_blocks);
   absl::StatusOr<std::span<const int64_t>> allocate_slots_or_preempt(SeqId seq,
                                                                      int32_t num_new_tokens,
                                                                      int32_t num_lookahead);
@@ -105,16 +110,19 @@ class CacheCoordinator {
   }
   absl::StatusOr<Sequence*> find_or_error(SeqId seq, const char* caller) const;
   absl::Status too_long_to_append(const Sequence& seq, size_t num_tokens) const;
-  // FailedPrecondition for a call that `seq`'s waiting drafts forbid.
-  static absl::Status drafts_wait(const Sequence& seq, const char* caller);
+  // FailedPrecondition for a call that `seq`'s drafts or import, waiting for their
+  // verdict, forbid.
+  static absl::Status verdict_wait(const Sequence& seq, const char* caller);
   absl::Status check_group(int32_t group, const char* caller) const;
   absl::Status add_groups(std::span<const LayerGroup> layer_groups);  // create.cc
   // Slots.
-  // `num_draft`: of the new tokens, the last ones are drafts (allocate_draft_slots()).
+  // `num_draft`: of the new tokens, the last ones are drafts (allocate_draft_slots());
+  // `import`: all of them are imported (import_slots()).
   absl::StatusOr<std::span<const int64_t>> allocate_slots_impl(Sequence& seq,
                                                                int32_t num_new_tokens,
                                                                int32_t num_lookahead,
-                                                               int32_t num_draft = 0);
+                                                               int32_t num_draft = 0,
+                                                               bool import = false);
   absl::StatusOr<std::span<const int64_t>> allocate_or_preempt_impl(Sequence& seq,
                                                                     int32_t num_new_tokens,
                                                                     int32_t num_lookahead);
@@ -141,6 +149,9 @@ class CacheCoordinator {
                    std::span<int32_t> context_lens) const;
   void fill_csr(int32_t group, std::span<int32_t> indptr, std::span<int32_t> indices,
                 std::span<int32_t> last_page_len) const;
+  // Hand-offs (handoff.cc): the longest prefix of an import every group serves.
+  int32_t servable_import_prefix(const Sequence& seq,
+                                 std::span<const int32_t> verified_blocks) const;
   // Invariants (invariants.cc).
   absl::Status check_exclusive_block(const Sequence& s) const;
 
@@ -182,8 +193,8 @@ inline absl::Status CacheCoordinator::append_tokens(SeqId seq, std::span<const T
   Sequence* s = find(seq);  // hot: one lookup, no StatusOr on the way
   if (s == nullptr) [[unlikely]]
     return find_or_error(seq, "append_tokens").status();
-  if (s->num_draft > 0) [[unlikely]]
-    return drafts_wait(*s, "append_tokens");
+  if (awaits_verdict(*s)) [[unlikely]]
+    return verdict_wait(*s, "append_tokens");
   last_appended_id_ = seq;
   last_appended_ = s;
   if (static_cast<int64_t>(s->tokens.size()) + static_cast<int64_t>(tokens.size()) >

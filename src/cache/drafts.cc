@@ -12,7 +12,7 @@ absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_draft_slots(
     SeqId seq, int32_t num_new_tokens, std::span<const TokenId> draft) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "allocate_draft_slots"));
-  if (s->num_draft > 0) return drafts_wait(*s, "allocate_draft_slots");
+  if (awaits_verdict(*s)) return verdict_wait(*s, "allocate_draft_slots");
   const auto num_tokens = static_cast<int64_t>(s->tokens.size());
   // The drafts follow the sequence's last token, which this step computes.
   if (num_new_tokens < 1 || draft.empty() ||
@@ -62,7 +62,7 @@ absl::Status CacheCoordinator::accept_draft(SeqId seq, int32_t num_accepted) {
   s->tokens.resize(s->tokens.size() - static_cast<size_t>(rejected));
   s->num_computed -= rejected;
   s->num_draft = 0;
-  for (const auto& g : groups_) g->roll_back_drafts(*s, num_accepted);
+  for (const auto& g : groups_) g->roll_back(*s, num_accepted);
   shared_.counters.accepted_draft_tokens += num_accepted;
   offer_computed_blocks(*s);
   if (buries_) bury_dead_contents();

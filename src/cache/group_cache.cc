@@ -55,22 +55,27 @@ void GroupCache::release(Sequence& seq) {
       set_release_retention(seq, static_cast<int32_t>(i));
     }
   }
-  const auto held = std::span<const BlockId>(t.blocks).subspan(first);
-  // Tail first, as one free: a prompt's later blocks are evicted before its shared
-  // beginning, and its clean blocks are reused in the same order.
-  StepLedger& ledger = shared_.ledger;
-  if (!ledger.holds_any_device()) [[likely]] {
-    device().free_tail_first_unchecked(held);
-  } else {
-    BlockId last_clean = kNoBlock;
-    for (auto it = held.rbegin(); it != held.rend(); ++it) {
-      ledger.release(device(), Hold::kDevice, index_, *it, last_clean);
-    }
-  }
+  release_blocks(std::span<const BlockId>(t.blocks).subspan(first));
   t.blocks.clear();
   t.first_held = 0;
   release_draft_slots(t);
 }
+
+// Tail first, as one free: a prompt's later blocks are evicted before its shared beginning,
+// and its clean blocks are reused in the same order.
+void GroupCache::release_blocks(std::span<const BlockId> blocks) {
+  StepLedger& ledger = shared_.ledger;
+  if (!ledger.holds_any_device()) [[likely]] {
+    device().free_tail_first_unchecked(blocks);
+  } else {
+    BlockId last_clean = kNoBlock;
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+      ledger.release(device(), Hold::kDevice, index_, *it, last_clean);
+    }
+  }
+}
+
+void GroupCache::release_unimported(Sequence&) {}
 
 void GroupCache::release_draft_slots(GroupTable& t) {
   BlockId last_clean = kNoBlock;
@@ -192,10 +197,19 @@ absl::Status GroupCache::check_pool_balance(std::span<const Sequence* const> seq
   for (const StepLedger::Parked& p : on_host ? ledger.deferred_host() : ledger.deferred_device()) {
     if (p.group == index_) ++holders[p.block];
   }
+  // Exports pin device blocks: each pin is a reference, so a pinned block is never evicted.
+  for (const auto& [seq, groups] : shared_.pins) {
+    for (const BlockId b : on_host ? std::span<const BlockId>() : groups[index_].blocks) {
+      if (b < 0 || b >= pool.num_blocks()) {
+        return broken("export of seq ", seq, " pins invalid ", pool_name, " block ", b);
+      }
+      ++holders[b];
+    }
+  }
   for (BlockId b = 0; b < pool.num_blocks(); ++b) {
     if (pool.ref_count_unchecked(b) != holders[b]) {
       return broken(pool_name, " block ", b, ": ref_count ", pool.ref_count_unchecked(b),
-                    " but held by ", holders[b], " tables or pending copies");
+                    " but held by ", holders[b], " tables, pending copies or exports");
     }
   }
   return absl::OkStatus();

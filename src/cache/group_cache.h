@@ -29,12 +29,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "cache/host_tier.h"
 #include "cache/sequence.h"
 #include "cache/step_ledger.h"
 #include "pagedkv/block_pool.h"
 #include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_handoff.h"
 #include "pagedkv/layer_group.h"
 #include "pool/block_pool_core.h"
 
@@ -56,6 +58,8 @@ struct SharedState {
   int32_t num_running = 0;         // sequences in state kRunning
   uint64_t batch_id = 0;           // counts batched calls (Sequence::preempted_batch)
   std::vector<BlockId> scratch_blocks;
+  // export_sequence(): per exported sequence, the entries of each group it pinned.
+  absl::flat_hash_map<SeqId, std::vector<KvHandoffGroup>> pins;
 };
 
 // What allocate_slots() asks of every group: the same step for all.
@@ -163,10 +167,25 @@ class GroupCache {
   void swap_in(Sequence& seq);
   // Whether releasing `seq`'s table frees a block: one it alone holds.
   bool holds_a_block_alone(const Sequence& seq) const;
-  // accept_draft(): `seq`'s drafts are judged, its computed tokens (and token list) already
-  // cut after the accepted ones (`num_accepted` of its drafts): releases what held only
-  // rejected drafts.
-  virtual void roll_back_drafts(Sequence& seq, int32_t num_accepted) = 0;
+  // accept_draft() or complete_import(): `seq`'s unverified tokens are judged, its computed
+  // tokens already cut after the kept ones (`num_accepted` of its drafts; 0 for an
+  // import): releases what held only the others.
+  virtual void roll_back(Sequence& seq, int32_t num_accepted) = 0;
+
+  // --- hand-offs (export_sequence(), import_slots(), complete_import()) --------------------
+  // The entries `seq` holds for its computed tokens, which an export pins.
+  virtual KvHandoffGroup export_entries(const Sequence& seq) const = 0;
+  // import_slots(), once the import's slots are allocated: releases the entries the import
+  // does not fill and no later token needs.
+  virtual void release_unimported(Sequence& seq);
+  // The entries `seq`'s pending import fills.
+  virtual KvHandoffGroup import_entries(const Sequence& seq) const = 0;
+  // Whether this group serves the import's first `p` tokens once the first `verified` of
+  // its import_entries() arrived intact: every entry a token at p needs is local or among
+  // those.
+  virtual bool serves_import(const Sequence& seq, int32_t p, int32_t verified) const = 0;
+  // Releases `blocks`, held once more each (an export's pins), tail first as one free.
+  void release_blocks(std::span<const BlockId> blocks);
 
   // --- the anchor's chain ----------------------------------------------------------------
   // Drops the cached blocks entered after the contents `content_key` names, which left the

@@ -30,7 +30,15 @@ absl::Status check_tokens(const Sequence& s, int32_t block_size, int32_t max_mod
     return broken("seq ", s.id, " ", state_name(s.state), ": ", s.num_draft, " drafts of ",
                   s.num_computed, " computed tokens");
   }
-  // Drafts are never offered: only verified full blocks are.
+  // A pending import is running, holds no drafts and is not yet verified (offers stop
+  // before it, below).
+  if (s.num_importing < 0 || s.num_importing > s.num_computed ||
+      (s.num_importing > 0 && (s.state != SequenceState::kRunning || s.num_draft > 0))) {
+    return broken("seq ", s.id, " ", state_name(s.state), ": ", s.num_importing,
+                  " imported tokens pending of ", s.num_computed, " computed, ", s.num_draft,
+                  " drafts");
+  }
+  // Drafts and pending imports are never offered: only verified full blocks are.
   if (s.num_offered_blocks > verified_tokens(s) / block_size) {
     return broken("seq ", s.id, ": ", s.num_offered_blocks, " blocks offered to the index but ",
                   verified_tokens(s) / block_size, " full verified blocks");

@@ -50,6 +50,21 @@ absl::Status KvCacheManager::accept_draft(SeqId seq, int32_t num_accepted) {
   return core_->accept_draft(seq, num_accepted);
 }
 
+absl::StatusOr<KvExport> KvCacheManager::export_sequence(SeqId seq) {
+  return core_->export_sequence(seq);
+}
+
+absl::Status KvCacheManager::release_export(SeqId seq) { return core_->release_export(seq); }
+
+absl::StatusOr<KvImport> KvCacheManager::import_slots(SeqId seq, int32_t num_tokens) {
+  return core_->import_slots(seq, num_tokens);
+}
+
+absl::StatusOr<int32_t> KvCacheManager::complete_import(SeqId seq,
+                                                        std::span<const int32_t> verified_blocks) {
+  return core_->complete_import(seq, verified_blocks);
+}
+
 absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots_or_preempt(
     SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {
   return core_->allocate_slots_or_preempt(seq, num_new_tokens, num_lookahead);

@@ -48,7 +48,7 @@ std::optional<Preemption> CacheCoordinator::choose_victim(SeqId requester) const
   std::vector<SequenceInfo> candidates = running_sequences();
   std::erase_if(candidates, [&](const SequenceInfo& info) {
     const Sequence& s = *find(info.id);
-    return info.id == requester || shared_.ledger.scheduled(s) || s.num_draft > 0;
+    return info.id == requester || shared_.ledger.scheduled(s) || awaits_verdict(s);
   });
   // Whether every group's host pool can take the sequence's held blocks.
   auto fits_host = [this](SeqId id) {
@@ -68,7 +68,7 @@ absl::Status CacheCoordinator::preempt(SeqId seq, PreemptionMode mode) {
     return absl::FailedPreconditionError(absl::StrCat("preempt(seq ", seq, "): sequence is ",
                                                       state_name(s->state), ", not running"));
   }
-  if (s->num_draft > 0) return drafts_wait(*s, "preempt");
+  if (awaits_verdict(*s)) return verdict_wait(*s, "preempt");
   if (shared_.ledger.scheduled(*s)) {
     return absl::FailedPreconditionError(
         absl::StrCat("preempt(seq ", seq,

@@ -34,6 +34,10 @@ struct Sequence {
   // Speculative decoding: the last num_draft tokens (all computed) are drafts that
   // accept_draft() has not judged: none is hashed, offered or checkpointed.
   int32_t num_draft = 0;
+  // Disaggregated decode: the last num_importing computed tokens (after the local prefix
+  // hit) are filled by a transfer (import_slots()); like drafts, none is verified, nor
+  // attended, until complete_import() judges them.
+  int32_t num_importing = 0;
   int32_t num_offered_blocks = 0;  // leading blocks already offered to the index
   // Holds K/V computed before the last reset_prefix_cache(): offers nothing to the index.
   bool kv_before_reset = false;
@@ -80,8 +84,15 @@ inline const char* state_name(SequenceState state) {
   return "unknown";
 }
 
-// Tokens whose K/V is (being) written and that are not drafts: what may be cached.
-inline int32_t verified_tokens(const Sequence& seq) { return seq.num_computed - seq.num_draft; }
+// Tokens whose K/V is (being) written and that are neither drafts nor imports in flight:
+// what may be cached.
+inline int32_t verified_tokens(const Sequence& seq) {
+  return seq.num_computed - seq.num_draft - seq.num_importing;
+}
+
+// Whether `seq` waits for a verdict on unverified tokens (accept_draft(), complete_import()):
+// until then it takes no call that computes, shares or moves its K/V.
+inline bool awaits_verdict(const Sequence& seq) { return (seq.num_draft | seq.num_importing) != 0; }
 
 // Extends `seq`'s chained block hashes to its first `num_full_blocks` blocks (all full).
 inline void hash_full_blocks(Sequence& seq, int32_t num_full_blocks, int32_t block_size,

@@ -138,10 +138,20 @@ void StateGroup::apply_step(Sequence& seq, const StepRequest& step, const GroupP
   std::copy(t.draft_slots.begin(), t.draft_slots.end(), slots.begin() + verified);
 }
 
-void StateGroup::roll_back_drafts(Sequence& seq, int32_t num_accepted) {
+void StateGroup::roll_back(Sequence& seq, int32_t num_accepted) {
   GroupTable& t = table(seq);
   if (num_accepted > 0) std::swap(t.blocks[0], t.draft_slots[num_accepted - 1]);
   release_draft_slots(t);
+}
+
+KvHandoffGroup StateGroup::export_entries(const Sequence& seq) const {
+  return {.first_entry = 0, .blocks = table(seq).blocks};
+}
+
+KvHandoffGroup StateGroup::import_entries(const Sequence& seq) const { return export_entries(seq); }
+
+bool StateGroup::serves_import(const Sequence& seq, int32_t p, int32_t verified) const {
+  return p == 0 || (p == seq.num_computed && verified == 1);
 }
 
 absl::Status StateGroup::check_fork(const Sequence& parent, const char* caller) const {

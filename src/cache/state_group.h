@@ -55,7 +55,12 @@ class StateGroup final : public GroupCache {
   int32_t entry_tokens(const Sequence& seq, int32_t entry) const override;
   // The slot of the last accepted draft's state becomes the sequence's (its own slot when
   // none is accepted); the other slots are released.
-  void roll_back_drafts(Sequence& seq, int32_t num_accepted) override;
+  void roll_back(Sequence& seq, int32_t num_accepted) override;
+  // Hand-offs: the slot, holding the state after the last token. Only a whole import
+  // brings it: a partial one serves no token (the slot's restore, if any, was overwritten).
+  KvHandoffGroup export_entries(const Sequence& seq) const override;
+  KvHandoffGroup import_entries(const Sequence& seq) const override;
+  bool serves_import(const Sequence& seq, int32_t p, int32_t verified) const override;
   // One slot from its admission on (a waiting sequence's claim restores one), its host
   // copy while swapped, a slot per draft; never a cached checkpoint.
   absl::Status check_table(const Sequence& seq) const override;

@@ -103,6 +103,11 @@ void WindowedGroup::apply_step(Sequence& seq, const StepRequest& step, const Gro
   AttentionGroup::apply_step(seq, step, plan, slots);
 }
 
+void WindowedGroup::release_unimported(Sequence& seq) {
+  const int32_t end = first_needed_block(seq.num_computed);
+  if (end > table(seq).first_held) release_behind_window(seq, end);
+}
+
 int32_t WindowedGroup::release_end(const Sequence& seq, int32_t& freed) const {
   const GroupTable& t = table(seq);
   const StepLedger& ledger = shared_.ledger;

@@ -32,6 +32,8 @@ class WindowedGroup final : public AttentionGroup {
                          GroupPlan& plan) const override;
   void apply_step(Sequence& seq, const StepRequest& step, const GroupPlan& plan,
                   std::span<int64_t> slots) override;
+  // The entries behind the window at the import's end: no transfer fills them.
+  void release_unimported(Sequence& seq) override;
 
  protected:
   bool device_hit(int32_t i) const override { return hits_.device[i] != kNoBlock; }

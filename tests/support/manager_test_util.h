@@ -10,9 +10,11 @@
 #include <numeric>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_events.h"
 
 namespace pagedkv::testing {
 
@@ -70,6 +72,23 @@ inline void require_error(const absl::Status& status, absl::StatusCode code,
   REQUIRE(status.code() == code);
   REQUIRE_THAT(std::string(status.message()), Catch::Contains(fragment));
 }
+
+// Collects the events a manager emits.
+struct EventLog : KvEventSink {
+  void on_event(const KvEvent& e) override { events.push_back(e); }
+  // The hashes announced by BlockStored since the last call.
+  int32_t stored_blocks() {
+    int32_t n = 0;
+    for (const KvEvent& e : events) {
+      if (const auto* stored = std::get_if<BlockStored>(&e)) {
+        n += static_cast<int32_t>(stored->block_hashes.size());
+      }
+    }
+    events.clear();
+    return n;
+  }
+  std::vector<KvEvent> events;
+};
 
 }  // namespace pagedkv::testing
 
