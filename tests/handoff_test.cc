@@ -5,11 +5,17 @@
 // are worked out in the comments: a fresh pool hands out its clean blocks in id order.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_handoff.h"
+#include "support/handoff_ops.h"
 #include "support/manager_test_util.h"
+#include "support/sanitizers.h"
 
 namespace pagedkv {
 namespace {
@@ -287,6 +293,45 @@ TEST_CASE("an import refuses bad arguments and changes nothing", "[handoff]") {
   CHECK(log.stored_blocks() == 0);
   CHECK_FALSE(*(*m.device_pool())->is_cached(in_blocks[0]));
   require_valid(m);
+}
+
+// Random runs of two engines (support/handoff_ops.h): prompts computed and exported,
+// imported past local hits, delivered with lost and corrupt blocks, lost senders and
+// cancelled transfers, then decoded with draft steps and preemption; every token a
+// sequence attends reads back its own K/V, every state is its own.
+TEST_CASE("hand-offs: random runs with faulty transfers never attend a wrong block", "[property]") {
+  const char* env = std::getenv("PAGEDKV_PROPERTY_SEED");
+  const uint64_t seed = env != nullptr ? std::strtoull(env, nullptr, 10) : 20261206;
+  std::mt19937_64 rng(seed);
+  HandoffOpsTotals totals;
+  const int runs = kSanitized ? 100 : 500;
+  for (int run = 0; run < runs; ++run) {
+    std::vector<uint8_t> bytes(800);
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+    const std::string error = run_handoff_ops(bytes, &totals);
+    INFO("seed " << seed << " run " << run);
+    REQUIRE(error == "");
+  }
+  std::printf(
+      "property test (hand-offs): seed %llu, %lld steps: %lld exports, %lld imports (%lld "
+      "whole, %lld partial: %lld tokens recomputed), %lld blocks lost or corrupt, %lld "
+      "senders lost, %lld imports cancelled; %lld drafts, %lld accepted; %lld preemptions\n",
+      static_cast<unsigned long long>(seed), static_cast<long long>(totals.steps),
+      static_cast<long long>(totals.exports), static_cast<long long>(totals.imports),
+      static_cast<long long>(totals.complete_imports),
+      static_cast<long long>(totals.partial_imports),
+      static_cast<long long>(totals.recomputed_tokens),
+      static_cast<long long>(totals.faulty_blocks), static_cast<long long>(totals.lost_senders),
+      static_cast<long long>(totals.cancelled_imports), static_cast<long long>(totals.drafts),
+      static_cast<long long>(totals.accepted), static_cast<long long>(totals.preemptions));
+  CHECK(totals.complete_imports > 0);
+  CHECK(totals.partial_imports > 0);
+  CHECK(totals.recomputed_tokens > 0);
+  CHECK(totals.lost_senders > 0);
+  CHECK(totals.cancelled_imports > 0);
+  CHECK(totals.accepted > 0);
+  CHECK(totals.accepted < totals.drafts);
+  CHECK(totals.preemptions > 0);
 }
 
 }  // namespace
