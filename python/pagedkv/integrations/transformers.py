@@ -1,7 +1,8 @@
 """Hugging Face transformers models on pagedkv's paged KV cache, scheduler and kernels.
 
-`PagedEngine` runs a causal LM of transformers (Llama, Mistral, Qwen3, Gemma 3, gpt-oss and
-other models whose attention goes through `AttentionInterface`) as a serving engine would:
+`PagedEngine` runs a causal LM of transformers (Llama, Mistral, Qwen3, Gemma 3, gpt-oss,
+DeepSeek-V3 and other models whose attention goes through `AttentionInterface`) as a
+serving engine would:
 continuous batching of many requests, each step one packed forward pass of the model over
 the new tokens of every scheduled sequence (prompt chunks and decode tokens together).
 
@@ -20,6 +21,9 @@ the new tokens of every scheduled sequence (prompt chunks and decode tokens toge
   window and the module's attention sinks (gpt-oss). Causality and windows come from the
   kernels, so the model builds no dense mask: the mask function registered under the same
   name returns None.
+- **MLA** (DeepSeek-V2/V3): the cache holds one latent per token (the compressed KV and the
+  shared RoPE key), attended with absorbed queries (`paged_mla_decode`, and for prompts
+  `paged_extend_attention` over the latent as one KV head).
 
 Example:
 
@@ -30,9 +34,9 @@ Example:
         print(completion.samples[0])
 
 Not supported yet (refused with NotImplementedError): layers that do not call the attention
-function (linear attention / state-space layers, e.g. Qwen3-Next's Gated DeltaNet), K and V
-of different head dims (DeepSeek's MLA), logit soft-capping, bidirectional attention.
-The kernels take head_dim 64, 128 or 256.
+function (linear attention / state-space layers, e.g. Qwen3-Next's Gated DeltaNet), logit
+soft-capping, bidirectional attention. The kernels take head_dim 64, 128 or 256 (MLA: the
+latent, kv_lora_rank + qk_rope_head_dim, for prompts).
 """
 
 from __future__ import annotations
@@ -115,10 +119,12 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     if query.shape[0] != 1 or query.shape[2] != step.num_tokens:
         raise ValueError(f"layer {layer_idx}: query has shape {tuple(query.shape)}; the step "
                          f"packs {step.num_tokens} tokens as [1, heads, tokens, head_dim]")
+    if step.mla is not None:
+        return _mla_attention(step, module, query, key, layer_idx, group, scaling)
     if key.shape[-1] != value.shape[-1]:
         raise NotImplementedError(
             f"layer {layer_idx}: K head_dim {key.shape[-1]} != V head_dim {value.shape[-1]} "
-            "(MLA): not supported by this backend yet")
+            "outside an MLA model: not supported")
     k_cache, v_cache = step.caches[layer_idx]
     dtype = k_cache.dtype
     q = query[0].transpose(0, 1).to(dtype).contiguous()  # [T, num_q_heads, head_dim]
@@ -142,6 +148,58 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
                                   sm_scale=scale, max_query_len=step.max_query_len, kind=kind,
                                   window=window, sinks=sinks)
     return out.to(query.dtype).unsqueeze(0), None
+
+
+def _mla_attention(step, module, query, key, layer_idx, group, scaling):
+    """Multi-head latent attention (DeepSeek-V2/V3) over the paged latent cache.
+
+    The cache holds one latent per token: the normalized compressed KV (kv_lora_rank) and
+    the shared RoPE key (qk_rope_head_dim), taken where the model computes them (a forward
+    hook on kv_a_layernorm, and the RoPE part of the key it passes). Queries are absorbed:
+    q_nope W_UK per head, then q_rope, so scores are scaling * q . latent; the output's
+    first kv_lora_rank elements times W_UV are the heads' values. Decode runs
+    paged_mla_decode; prompts run paged_extend_attention with the latent pool as both K
+    and V (one KV head) and keep the first kv_lora_rank elements.
+    """
+    rank, nope, rope, v_dim = step.mla
+    latent_nope = step.latents.pop(layer_idx, None)
+    if latent_nope is None:
+        raise RuntimeError(f"layer {layer_idx}: the compressed KV of this step was not "
+                           "captured (no kv_a_layernorm hook ran)")
+    latent_cache = step.caches[layer_idx][0]
+    dtype, tokens = latent_cache.dtype, step.num_tokens
+    # query [1, H, T, nope + rope]: the model's q_pass and RoPE'd q_rot.
+    q_pass = query[0, :, :, :nope]
+    q_rot = query[0, :, :, nope:]
+    # key [1, H, T, nope + rope]: its last rope dims are the shared RoPE'd key of every head.
+    k_rot = key[0, 0, :, nope:]
+    latent = torch.cat([latent_nope.reshape(tokens, rank), k_rot.reshape(tokens, rope)],
+                       dim=-1).to(dtype).reshape(tokens, 1, rank + rope).contiguous()
+    pk.write_kv(latent, None, step.slots[group], latent_cache, None)
+    w = module.kv_b_proj.weight.view(-1, nope + v_dim, rank)  # [H, nope + v, rank]
+    w_uk, w_uv = w[:, :nope, :], w[:, nope:, :]
+    q_abs = torch.einsum("htn,hnr->thr", q_pass, w_uk)
+    q = torch.cat([q_abs, q_rot.transpose(0, 1)], dim=-1).to(dtype).contiguous()
+    scale = float(scaling)
+    if step.decode_only:
+        out = q.new_empty(tokens, q.shape[1], rank)
+        pk.paged_mla_decode(q, latent_cache, step.block_tables[group], step.context_lens[group],
+                            out, kv_lora_rank=rank, sm_scale=scale,
+                            max_context_len=step.max_context_len)
+    else:
+        out = torch.empty_like(q)
+        pk.paged_extend_attention(q, latent_cache, latent_cache, step.block_tables[group],
+                                  step.context_lens[group], step.qo_indptr, out,
+                                  sm_scale=scale, max_query_len=step.max_query_len)
+        out = out[..., :rank]
+    values = torch.einsum("thr,hvr->thv", out.to(w.dtype), w_uv)  # [T, H, v_head_dim]
+    return values.to(query.dtype).unsqueeze(0), None
+
+
+def _capture_latent(layer, output):
+    step = _ACTIVE_STEP.get()
+    if step is not None:
+        step.latents[layer] = output
 
 
 def _no_dense_mask(*args, **kwargs):
@@ -213,6 +271,8 @@ class _StepBatch:
     max_query_len: int
     max_context_len: int
     decode_only: bool
+    mla: Optional[tuple] = None  # (kv_lora_rank, qk_nope, qk_rope, v_head_dim) of MLA models
+    latents: dict = dataclasses.field(default_factory=dict)  # MLA: layer -> [1, T, rank]
 
 
 class _Hooks:
@@ -292,10 +352,22 @@ class PagedEngine:
         num_heads = config.num_attention_heads
         num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-        if head_dim not in (64, 128, 256):
+        windows = _layer_windows(config, num_layers)
+        self.mla = None
+        if getattr(config, "kv_lora_rank", None):  # DeepSeek-V2/V3: a latent per token
+            rank, rope = config.kv_lora_rank, config.qk_rope_head_dim
+            self.mla = (rank, config.qk_nope_head_dim, rope, config.v_head_dim)
+            num_kv_heads, head_dim = 1, rank + rope
+            if any(windows):
+                raise NotImplementedError("MLA with sliding-window layers is not supported")
+            if head_dim not in (64, 128, 256):
+                raise ValueError(
+                    f"kv_lora_rank {rank} + qk_rope_head_dim {rope} = {head_dim}: prompts "
+                    "attend over the latent with pagedkv's extend kernel, which takes head_dim "
+                    "64, 128 or 256")
+        elif head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim {head_dim}: pagedkv's attention kernels take head_dim "
                              "64, 128 or 256")
-        windows = _layer_windows(config, num_layers)
 
         # Layer groups: full attention first (the anchor of prefix hits), then one group per
         # window size. A model of windowed layers only gets a full group without layers (no
@@ -321,13 +393,16 @@ class PagedEngine:
                 continue
             spec = pk.KvCacheSpec(num_layers=len(members), num_kv_heads=num_kv_heads,
                                   head_dim=head_dim, dtype=_TORCH_TO_PK[dtype],
-                                  block_size=block_size)
+                                  block_size=block_size, latent=self.mla is not None)
             storage = pk.KvStorage(spec, num_blocks, device=pk_device, layer_group=g)
             self.storages.append(storage)
             for local, layer in enumerate(members):
                 self.layers[layer] = (g, local)
                 self.caches[layer] = (torch.from_dlpack(storage.k_cache(local)),
+                                      None if self.mla else
                                       torch.from_dlpack(storage.v_cache(local)))
+        if self.mla is not None:
+            self._hook_latents(model)
         register()
         model.set_attn_implementation(ATTENTION_NAME)
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -343,6 +418,23 @@ class PagedEngine:
         self.num_forks = 0
         self._next_request = 0
         self._next_seq = 0
+
+    def _hook_latents(self, model):
+        """MLA: every attention layer hands its normalized compressed KV to the step."""
+        hooked = set()
+        for module in model.modules():
+            layer = getattr(module, "layer_idx", None)
+            norm = getattr(module, "kv_a_layernorm", None)
+            if norm is None or layer not in self.layers:
+                continue
+            norm.register_forward_hook(
+                lambda _m, _inputs, output, layer=layer: _capture_latent(layer, output))
+            hooked.add(layer)
+        if hooked != set(self.layers):
+            missing = sorted(set(self.layers) - hooked)
+            raise NotImplementedError(
+                f"MLA config (kv_lora_rank) but layers {missing} have no kv_a_layernorm "
+                "whose output is the compressed KV: not a DeepSeek-V2/V3 attention")
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -540,7 +632,7 @@ class PagedEngine:
             block_tables=tables, context_lens=lens,
             qo_indptr=put(np.array(indptr), np.int32), num_tokens=indptr[-1],
             max_query_len=int(np.diff(indptr).max()), max_context_len=int(lens0.max()),
-            decode_only=decode_only)
+            decode_only=decode_only, mla=self.mla)
         input_ids = put(np.concatenate(tokens), np.int64)[None]
         position_ids = put(np.concatenate(positions), np.int64)[None]
         last_rows = torch.tensor(indptr[1:], device=device) - 1

@@ -31,6 +31,13 @@ def _configs():
                                                         query_pre_attn_scalar=64),
         "gpt_oss": lambda: transformers.GptOssConfig(**COMMON, **HYBRID, num_local_experts=4,
                                                      num_experts_per_tok=2),
+        # MLA: a latent of 48 + 16 per token (the extend kernel's head_dim 64), 4 heads of
+        # q/k 32 + 16 and v 32; the second layer a mixture of 4 routed experts (2 per token).
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(
+            **{**COMMON, "head_dim": None, "num_key_value_heads": 4}, kv_lora_rank=48,
+            q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+            n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+            first_k_dense_replace=1, n_group=1, topk_group=1),
     }
 
 
@@ -43,8 +50,11 @@ def build(arch, dtype=torch.float32, seed=0, smooth_routing=False):
     routing is discontinuous: bf16 rounding flips expert choices and moves logits by whole
     units, in transformers' eager attention as much as in pagedkv's)."""
     config = _configs()[arch]()
-    if smooth_routing and hasattr(config, "num_local_experts"):
-        config.num_experts_per_tok = config.num_local_experts
+    if smooth_routing:
+        experts = getattr(config, "num_local_experts", None) or getattr(
+            config, "n_routed_experts", None)
+        if experts:
+            config.num_experts_per_tok = experts
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     if arch == "gpt_oss":

@@ -1,7 +1,8 @@
 """Hugging Face transformers models generating on pagedkv (pagedkv.integrations.transformers):
-tiny random-weight Llama, Mistral (sliding window), Qwen3, Gemma 3 (sliding + full layers)
-and gpt-oss (sliding + full layers, attention sinks), built offline from their config
-classes, against transformers' own eager attention on the same weights.
+tiny random-weight Llama, Mistral (sliding window), Qwen3, Gemma 3 (sliding + full layers),
+gpt-oss (sliding + full layers, attention sinks) and DeepSeek-V3 (MLA: the cache holds the
+latent), built offline from their config classes, against transformers' own eager
+attention on the same weights.
 
 - fp32: greedy tokens identical to transformers' `generate` over 64 new tokens for a batch
   of 10 prompts with shared prefixes (continuous batching, prefix hits); teacher-forced
@@ -108,6 +109,9 @@ def test_fp32_greedy_equals_transformers_generate(arch):
     assert engine.manager.stats().prefix_hit_tokens > 0  # the shared prefixes were reused
     assert engine.num_steps == NEW_TOKENS  # one batch: continuous batching of all prompts
     check_window_released(arch, engine)
+    if arch == "deepseek_v3":  # the cache holds one latent of 48 + 16 per token and layer
+        spec = engine.storages[0].spec
+        assert spec.latent and (spec.num_kv_heads, spec.head_dim) == (1, 64)
 
 
 @pytest.mark.parametrize("arch", hf.ARCHITECTURES)
@@ -163,8 +167,9 @@ def test_bf16_logits_and_greedy_tokens_within_bf16_error(arch):
     """bf16 weights and cache. Bound: pagedkv's logits stay within twice transformers' own
     bf16 error (both against the fp32 model on the same weights) plus 0.02; greedy tokens
     are identical until a near tie (top-2 gap of the fp32 logits within that bound).
-    gpt-oss routes each token to all 4 experts here (see hf_models.build): with top-2
-    routing, bf16 flips expert choices and the logits of both implementations move by ~2."""
+    The mixtures of experts (gpt-oss, DeepSeek-V3) route each token to all 4 experts here
+    (see hf_models.build): with top-2 routing, bf16 flips expert choices and the logits of
+    both implementations move by ~2."""
     model32 = hf.build(arch, smooth_routing=True)
     ref16 = hf.eager_copy(model32).to(torch.bfloat16)
     model16 = hf.eager_copy(model32).to(torch.bfloat16)
