@@ -1,8 +1,8 @@
 """Hugging Face transformers models on pagedkv's paged KV cache, scheduler and kernels.
 
 `PagedEngine` runs a causal LM of transformers (Llama, Mistral, Qwen3, Gemma 3, gpt-oss,
-DeepSeek-V3 and other models whose attention goes through `AttentionInterface`) as a
-serving engine would:
+DeepSeek-V3, Qwen3-Next and other models whose attention goes through
+`AttentionInterface`) as a serving engine would:
 continuous batching of many requests, each step one packed forward pass of the model over
 the new tokens of every scheduled sequence (prompt chunks and decode tokens together).
 
@@ -24,6 +24,11 @@ the new tokens of every scheduled sequence (prompt chunks and decode tokens toge
 - **MLA** (DeepSeek-V2/V3): the cache holds one latent per token (the compressed KV and the
   shared RoPE key), attended with absorbed queries (`paged_mla_decode`, and for prompts
   `paged_extend_attention` over the latent as one KV head).
+- **Linear attention** (Qwen3-Next's Gated DeltaNet): a STATE layer group; each sequence's
+  conv and recurrent state live in its slot of a state `KvStorage`, the model's own layer
+  code runs per sequence on views of that slot, and the state checkpoints the manager
+  asks for (`StepOps.save_state`) are copied at their exact positions, so prefix hits
+  restore them (`copy_state`) and forks copy the parent's slot.
 
 Example:
 
@@ -33,8 +38,7 @@ Example:
     for completion in engine.generate(prompts, max_new_tokens=64):
         print(completion.samples[0])
 
-Not supported yet (refused with NotImplementedError): layers that do not call the attention
-function (linear attention / state-space layers, e.g. Qwen3-Next's Gated DeltaNet), logit
+Not supported (refused with NotImplementedError): other state-space layers (Mamba), logit
 soft-capping, bidirectional attention. The kernels take head_dim 64, 128 or 256 (MLA: the
 latent, kv_lora_rank + qk_rope_head_dim, for prompts).
 """
@@ -42,9 +46,9 @@ latent, kv_lora_rank + qk_rope_head_dim, for prompts).
 from __future__ import annotations
 
 import collections
-import contextlib
 import contextvars
 import dataclasses
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -196,6 +200,77 @@ def _mla_attention(step, module, query, key, layer_idx, group, scaling):
     return values.to(query.dtype).unsqueeze(0), None
 
 
+class _SlotState:
+    """The part of transformers' Cache that a Gated DeltaNet layer calls, over one
+    sequence's state slot: conv [1, conv_dim, kernel] and recurrent [1, heads, dk, dv]
+    views of pagedkv's state storage."""
+
+    def __init__(self, conv, recurrent, has_previous_state):
+        self.conv, self.recurrent = conv, recurrent
+        self.has_previous_state = has_previous_state
+
+    def get_conv_state(self, layer_idx, state_idx=0):
+        return self.conv if self.has_previous_state else None
+
+    def get_recurrent_state(self, layer_idx, state_idx=0):
+        return self.recurrent if self.has_previous_state else None
+
+    def is_recording_past(self, layer_idx):
+        return False
+
+    def update_conv_state(self, conv_states, layer_idx, state_idx=0, conv_kernel_size=None,
+                          **kwargs):
+        kernel = self.conv.shape[-1]
+        if self.has_previous_state:
+            full = torch.cat([self.conv.to(conv_states.dtype), conv_states], dim=-1)
+        else:
+            full = conv_states
+            if full.shape[-1] < kernel:
+                full = torch.nn.functional.pad(full, (kernel - full.shape[-1], 0), value=0)
+        self.conv.copy_(full[..., -kernel:])
+        return full
+
+    def update_recurrent_state(self, recurrent_states, layer_idx, state_idx=0, **kwargs):
+        self.recurrent.copy_(recurrent_states)
+        return self.recurrent
+
+
+def _linear_attention_forward(original, module, layer, hidden_states, cache_params=None,
+                              attention_mask=None, **kwargs):
+    """A Gated DeltaNet layer over the step's packed batch: the model's own forward per
+    sequence (and per segment between state checkpoints), its state in the sequence's
+    slot; a checkpoint the manager asked for (StepOps.save_state) is copied once the
+    sequence has processed exactly its position."""
+    step = _ACTIVE_STEP.get()
+    if step is None:
+        raise RuntimeError(
+            f"layer {layer}: this linear-attention layer keeps its state in a PagedEngine's "
+            "state slots and runs only inside PagedEngine.step()")
+    conv, recurrent = step.states[layer]
+    indptr = step.qo_indptr_host
+    outputs = []
+    for i, (start, slot) in enumerate(zip(step.starts, step.state_slots)):
+        begin, end = indptr[i], indptr[i + 1]
+        position = start
+        saves = step.saves.get(i, [])
+        cuts = sorted({p for p, _ in saves if start < p < start + end - begin})
+        for cut_end in cuts + [start + end - begin]:
+            for p, dst in saves:
+                if p == position:
+                    conv[dst].copy_(conv[slot])
+                    recurrent[dst].copy_(recurrent[slot])
+            state = _SlotState(conv[slot:slot + 1], recurrent[slot:slot + 1], position > 0)
+            lo, hi = begin + position - start, begin + cut_end - start
+            outputs.append(original(module, hidden_states[:, lo:hi], cache_params=state,
+                                    **kwargs))
+            position = cut_end
+        for p, dst in saves:
+            if p == position:
+                conv[dst].copy_(conv[slot])
+                recurrent[dst].copy_(recurrent[slot])
+    return torch.cat(outputs, dim=1)
+
+
 def _capture_latent(layer, output):
     step = _ACTIVE_STEP.get()
     if step is not None:
@@ -273,6 +348,11 @@ class _StepBatch:
     decode_only: bool
     mla: Optional[tuple] = None  # (kv_lora_rank, qk_nope, qk_rope, v_head_dim) of MLA models
     latents: dict = dataclasses.field(default_factory=dict)  # MLA: layer -> [1, T, rank]
+    states: dict = dataclasses.field(default_factory=dict)  # linear layer -> (conv, recurrent)
+    qo_indptr_host: list = dataclasses.field(default_factory=list)
+    starts: list = dataclasses.field(default_factory=list)  # per sequence: first new position
+    state_slots: list = dataclasses.field(default_factory=list)  # per sequence: its state slot
+    saves: dict = dataclasses.field(default_factory=dict)  # seq index -> [(position, dst)]
 
 
 class _Hooks:
@@ -286,8 +366,11 @@ class _Hooks:
         pass  # admission re-matches a sequence whose table is empty
 
 
+STATE = -1  # _layer_windows' mark of a linear-attention (state) layer
+
+
 def _layer_windows(config, num_layers):
-    """Per layer: 0 (full attention) or its sliding window, from the config."""
+    """Per layer: 0 (full attention), its sliding window, or STATE (linear attention)."""
     types = getattr(config, "layer_types", None)
     window = getattr(config, "sliding_window", None)
     if types is None:
@@ -301,11 +384,12 @@ def _layer_windows(config, num_layers):
                 raise ValueError(f"layer {i} is a sliding_attention layer but the config's "
                                  f"sliding_window is {window!r}")
             windows.append(int(window))
+        elif kind == "linear_attention":
+            windows.append(STATE)
         else:
             raise NotImplementedError(
-                f"layer {i} is a {kind!r} layer: PagedEngine serves full and sliding-window "
-                "attention layers (state / linear-attention layers keep their state outside "
-                "the attention function; not supported yet)")
+                f"layer {i} is a {kind!r} layer: PagedEngine serves full attention, sliding "
+                "window attention and linear attention (Gated DeltaNet) layers")
     return windows
 
 
@@ -327,11 +411,16 @@ class PagedEngine:
         enable_prefix_caching: share the K/V of identical prompt prefixes (full blocks).
         max_num_batched_tokens: prompt tokens admitted per step at most (a request's prompt
             is never split; one longer than this is admitted alone). 0: no limit.
+        num_state_slots: models with linear-attention layers (Qwen3-Next): state slots, one
+            per running sequence plus the checkpoints that prefix hits restore.
+        state_checkpoint_interval_blocks: a state checkpoint every that many blocks (and at
+            each prompt's last full block): where prefix hits of such models may end.
         check_invariants: run `KvCacheManager.check_invariants()` after every step.
     """
 
     def __init__(self, model, *, num_blocks: int = 1024, block_size: int = 16,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: int = 0,
+                 num_state_slots: int = 256, state_checkpoint_interval_blocks: int = 4,
                  check_invariants: bool = False):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must "
@@ -359,7 +448,8 @@ class PagedEngine:
             self.mla = (rank, config.qk_nope_head_dim, rope, config.v_head_dim)
             num_kv_heads, head_dim = 1, rank + rope
             if any(windows):
-                raise NotImplementedError("MLA with sliding-window layers is not supported")
+                raise NotImplementedError("MLA with sliding-window or linear-attention layers "
+                                          "is not supported")
             if head_dim not in (64, 128, 256):
                 raise ValueError(
                     f"kv_lora_rank {rank} + qk_rope_head_dim {rope} = {head_dim}: prompts "
@@ -373,17 +463,25 @@ class PagedEngine:
         # window size. A model of windowed layers only gets a full group without layers (no
         # storage) when prefix caching is on: windowed hits are verified against it.
         group_windows = []
-        if 0 in windows or enable_prefix_caching:
+        if 0 in windows or enable_prefix_caching or STATE in windows:
             group_windows.append(0)
-        group_windows += sorted({w for w in windows if w})
+        group_windows += sorted({w for w in windows if w > 0})
         self.windows = group_windows
         layer_groups = [
             pk.LayerGroup(kind=pk.AttentionKind.SLIDING_WINDOW if w else pk.AttentionKind.FULL,
                           window=w, num_blocks=num_blocks) for w in group_windows]
+        # Linear-attention layers: a STATE group after the attention groups (a slot each).
+        self.state_group = None
+        if STATE in windows:
+            self.state_group = len(layer_groups)
+            layer_groups.append(pk.LayerGroup(kind=pk.AttentionKind.STATE,
+                                              num_blocks=num_state_slots))
         self.hooks = _Hooks()
-        self.manager = pk.KvCacheManager(layer_groups=layer_groups, block_size=block_size,
-                                         enable_prefix_caching=enable_prefix_caching,
-                                         preemption_hooks=self.hooks)
+        self.manager = pk.KvCacheManager(
+            layer_groups=layer_groups, block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching, preemption_hooks=self.hooks,
+            state_checkpoint_interval_blocks=(state_checkpoint_interval_blocks
+                                              if self.state_group is not None else 0))
         self.layers = {}  # model layer -> (group, index in the group's storage)
         self.storages = []  # one per group that has layers
         self.caches = {}
@@ -403,6 +501,11 @@ class PagedEngine:
                                       torch.from_dlpack(storage.v_cache(local)))
         if self.mla is not None:
             self._hook_latents(model)
+        self.states = {}  # linear-attention layer -> (conv [slots, ...], recurrent [slots, ...])
+        if self.state_group is not None:
+            self._wrap_linear_attention(model, [i for i in range(num_layers)
+                                                if windows[i] == STATE], dtype, pk_device,
+                                        num_state_slots)
         register()
         model.set_attn_implementation(ATTENTION_NAME)
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -435,6 +538,44 @@ class PagedEngine:
             raise NotImplementedError(
                 f"MLA config (kv_lora_rank) but layers {missing} have no kv_a_layernorm "
                 "whose output is the compressed KV: not a DeepSeek-V2/V3 attention")
+
+    def _wrap_linear_attention(self, model, layers, dtype, pk_device, num_slots):
+        """Linear-attention layers (Qwen3-Next's Gated DeltaNet) keep their conv and recurrent
+        state in the state group's slots: each module's forward runs the model's own code
+        once per sequence of the packed batch, with a cache object whose states are views
+        of the sequence's slot (split where the manager wants a checkpoint saved)."""
+        modules = {}
+        for module in model.modules():
+            layer = getattr(module, "layer_idx", None)
+            if layer in layers and all(hasattr(module, a) for a in (
+                    "conv_dim", "conv_kernel_size", "num_v_heads", "head_k_dim",
+                    "head_v_dim")):
+                modules[layer] = module
+        if sorted(modules) != sorted(layers):
+            missing = sorted(set(layers) - set(modules))
+            raise NotImplementedError(
+                f"linear_attention layers {missing} are not Gated DeltaNet modules (conv_dim, "
+                "conv_kernel_size, num_v_heads, head_k_dim, head_v_dim): not supported")
+        first = modules[layers[0]]
+        conv_shape = (first.conv_dim, first.conv_kernel_size)
+        recurrent_shape = (first.num_v_heads, first.head_k_dim, first.head_v_dim)
+        shape = pk.StateShape(num_layers=len(layers),
+                              conv_elements=conv_shape[0] * conv_shape[1],
+                              recurrent_elements=int(np.prod(recurrent_shape)),
+                              conv_dtype=_TORCH_TO_PK[dtype],
+                              recurrent_dtype=pk.DType.FLOAT32)
+        storage = pk.KvStorage.create_state(shape, num_slots, device=pk_device,
+                                            layer_group=self.state_group)
+        self.storages.append(storage)
+        conv_bytes = conv_shape[0] * conv_shape[1] * torch.finfo(dtype).bits // 8
+        for local, layer in enumerate(layers):
+            rows = torch.from_dlpack(storage.state_cache(local))  # uint8 [slots, bytes]
+            conv = rows[:, :conv_bytes].view(dtype).unflatten(1, conv_shape)
+            recurrent = rows[:, conv_bytes:].view(torch.float32).unflatten(1, recurrent_shape)
+            self.states[layer] = (conv, recurrent)
+            module = modules[layer]
+            module.forward = functools.partial(_linear_attention_forward, type(module).forward,
+                                               module, layer)
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -552,7 +693,7 @@ class PagedEngine:
         for storage in self.storages:
             storage.run_step_ops(ops)
         scheduled = prefill + decode  # (seq, first new position, slots per group)
-        logits = self._forward(scheduled, decode_only=not prefill)
+        logits = self._forward(scheduled, decode_only=not prefill, saves=ops.save_state)
         self._sample_and_fork(scheduled, logits, prefilled={s for s, _, _ in prefill})
         self.num_steps += 1
         if self.check:
@@ -570,7 +711,8 @@ class PagedEngine:
             if code == pk.StatusCode.OK:
                 view_len = len(self.manager.sequence(seq).tokens)
                 scheduled.append((seq, view_len - 1, [s[i:i + 1] for s in group_slots]))
-            elif code == pk.StatusCode.RESOURCE_EXHAUSTED:  # nobody left to preempt: itself
+            elif (code == pk.StatusCode.RESOURCE_EXHAUSTED  # nobody left to preempt: itself
+                  and self.manager.sequence(seq).state == pk.SequenceState.RUNNING):
                 self.manager.preempt(seq, pk.PreemptionMode.RECOMPUTE)
         preempted = self._requeue_victims()
         return [s for s in scheduled if s[0] not in preempted]
@@ -608,7 +750,7 @@ class PagedEngine:
             used += num_new
         return admitted
 
-    def _forward(self, scheduled, decode_only):
+    def _forward(self, scheduled, decode_only, saves):
         tokens, positions, indptr = [], [], [0]
         for seq, start, _ in scheduled:
             seq_tokens = self.manager.sequence(seq).tokens
@@ -618,7 +760,7 @@ class PagedEngine:
         seqs = [seq for seq, _, _ in scheduled]
         device = self.device
         put = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a, dtype)).to(device)  # noqa: E731
-        num_groups = self.manager.num_groups()
+        num_groups = len(self.windows)  # the attention groups (a state group comes after)
         tables, lens = [], []
         for g in range(num_groups):
             t = self.manager.build_block_tables(seqs, group=g)
@@ -632,7 +774,19 @@ class PagedEngine:
             block_tables=tables, context_lens=lens,
             qo_indptr=put(np.array(indptr), np.int32), num_tokens=indptr[-1],
             max_query_len=int(np.diff(indptr).max()), max_context_len=int(lens0.max()),
-            decode_only=decode_only, mla=self.mla)
+            decode_only=decode_only, mla=self.mla, states=self.states,
+            qo_indptr_host=indptr, starts=[start for _, start, _ in scheduled])
+        if self.state_group is not None:
+            step.state_slots = self.manager.write_state_slots(seqs, self.state_group)
+            index = {seq: i for i, seq in enumerate(seqs)}
+            for save in saves:
+                if save.group != self.state_group:
+                    continue
+                i = index[save.seq]
+                if save.src != step.state_slots[i]:
+                    raise pk.InternalError(f"state checkpoint of sequence {save.seq} reads slot "
+                                           f"{save.src}, the sequence holds {step.state_slots[i]}")
+                step.saves.setdefault(i, []).append((save.position, save.dst))
         input_ids = put(np.concatenate(tokens), np.int64)[None]
         position_ids = put(np.concatenate(positions), np.int64)[None]
         last_rows = torch.tensor(indptr[1:], device=device) - 1

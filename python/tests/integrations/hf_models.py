@@ -38,6 +38,13 @@ def _configs():
             q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
             n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
             first_k_dense_replace=1, n_group=1, topk_group=1),
+        # A Gated DeltaNet layer (its conv and recurrent state in pagedkv's state slots) and
+        # a gated full-attention layer; mixtures of 4 experts (2 per token).
+        "qwen3_next": lambda: transformers.Qwen3NextConfig(
+            **COMMON, layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64),
     }
 
 
@@ -51,8 +58,9 @@ def build(arch, dtype=torch.float32, seed=0, smooth_routing=False):
     units, in transformers' eager attention as much as in pagedkv's)."""
     config = _configs()[arch]()
     if smooth_routing:
-        experts = getattr(config, "num_local_experts", None) or getattr(
-            config, "n_routed_experts", None)
+        experts = (getattr(config, "num_local_experts", None)
+                   or getattr(config, "n_routed_experts", None)
+                   or getattr(config, "num_experts", None))
         if experts:
             config.num_experts_per_tok = experts
     torch.manual_seed(seed)

@@ -1,8 +1,9 @@
 """Hugging Face transformers models generating on pagedkv (pagedkv.integrations.transformers):
 tiny random-weight Llama, Mistral (sliding window), Qwen3, Gemma 3 (sliding + full layers),
-gpt-oss (sliding + full layers, attention sinks) and DeepSeek-V3 (MLA: the cache holds the
-latent), built offline from their config classes, against transformers' own eager
-attention on the same weights.
+gpt-oss (sliding + full layers, attention sinks), DeepSeek-V3 (MLA: the cache holds the
+latent) and Qwen3-Next (Gated DeltaNet layers: their state in pagedkv's state slots, with
+checkpoints for prefix hits), built offline from their config classes, against
+transformers' own eager attention on the same weights.
 
 - fp32: greedy tokens identical to transformers' `generate` over 64 new tokens for a batch
   of 10 prompts with shared prefixes (continuous batching, prefix hits); teacher-forced
@@ -51,9 +52,16 @@ def windowed_group(engine):
 
 
 def check_window_released(arch, engine):
+    """Windowed models: blocks behind the window were released. Linear attention: state
+    checkpoints were saved mid-computation and prefix hits restored them."""
     if arch in WINDOWED:
         released = engine.manager.group_stats(windowed_group(engine)).released_blocks
         assert released > 0, "the sliding-window group released no block behind its window"
+    if arch == "qwen3_next":
+        stats = engine.manager.group_stats(engine.state_group)
+        print(f"{arch}: {stats.checkpoints_saved} state checkpoints saved, "
+              f"{stats.checkpoints_restored} restored by prefix hits")
+        assert stats.checkpoints_saved > 0 and stats.checkpoints_restored > 0
 
 
 def run_with_preemption(engine, preempt_at_step=6):
@@ -95,8 +103,16 @@ def test_fp32_greedy_equals_transformers_generate(arch):
     model = hf.build(arch)
     ref = hf.eager_copy(model)
     prompts = hf.prompts(10, seed=1)
-    engine = pkt.PagedEngine(model, num_blocks=256, block_size=16, check_invariants=True)
-    completions = engine.generate(prompts, max_new_tokens=NEW_TOKENS, return_logits=True)
+    engine = pkt.PagedEngine(model, num_blocks=256, block_size=16, check_invariants=True,
+                             state_checkpoint_interval_blocks=1)
+    # The first prompt runs a step ahead: the others join the running batch and hit the
+    # blocks (and, for linear attention, the state checkpoints) it computed.
+    ids = [engine.add_request(prompts[0], max_new_tokens=NEW_TOKENS, return_logits=True)]
+    engine.step()
+    ids += [engine.add_request(p, max_new_tokens=NEW_TOKENS, return_logits=True)
+            for p in prompts[1:]]
+    engine.run()
+    completions = [engine.completions[i] for i in ids]
     worst = 0.0
     for prompt, completion in zip(prompts, completions):
         tokens, logits = hf.eager_greedy(ref, prompt, NEW_TOKENS)
@@ -107,7 +123,7 @@ def test_fp32_greedy_equals_transformers_generate(arch):
           f"{engine.manager.stats().prefix_hit_tokens} tokens")
     assert worst <= FP32_LOGIT_TOL
     assert engine.manager.stats().prefix_hit_tokens > 0  # the shared prefixes were reused
-    assert engine.num_steps == NEW_TOKENS  # one batch: continuous batching of all prompts
+    assert engine.num_steps == NEW_TOKENS + 1  # continuous batching: one running batch
     check_window_released(arch, engine)
     if arch == "deepseek_v3":  # the cache holds one latent of 48 + 16 per token and layer
         spec = engine.storages[0].spec
@@ -124,7 +140,8 @@ def test_fp32_teacher_forced_logits_with_forks_and_preemption(arch):
     g = torch.Generator().manual_seed(3)
     forced = [[torch.randint(0, hf.VOCAB, (NEW_TOKENS,), generator=g).tolist()
                for _ in range(2)] for _ in prompts]
-    engine = pkt.PagedEngine(model, num_blocks=40, block_size=16, check_invariants=True)
+    engine = pkt.PagedEngine(model, num_blocks=40, block_size=16, check_invariants=True,
+                             state_checkpoint_interval_blocks=1)
     ids = [engine.add_request(p, max_new_tokens=NEW_TOKENS, n=2, forced_tokens=f,
                               return_logits=True) for p, f in zip(prompts, forced)]
     run_with_preemption(engine)
@@ -167,9 +184,9 @@ def test_bf16_logits_and_greedy_tokens_within_bf16_error(arch):
     """bf16 weights and cache. Bound: pagedkv's logits stay within twice transformers' own
     bf16 error (both against the fp32 model on the same weights) plus 0.02; greedy tokens
     are identical until a near tie (top-2 gap of the fp32 logits within that bound).
-    The mixtures of experts (gpt-oss, DeepSeek-V3) route each token to all 4 experts here
-    (see hf_models.build): with top-2 routing, bf16 flips expert choices and the logits of
-    both implementations move by ~2."""
+    The mixtures of experts (gpt-oss, DeepSeek-V3, Qwen3-Next) route each token to all 4
+    experts here (see hf_models.build): with top-2 routing, bf16 flips expert choices and
+    the logits of both implementations move by ~2."""
     model32 = hf.build(arch, smooth_routing=True)
     ref16 = hf.eager_copy(model32).to(torch.bfloat16)
     model16 = hf.eager_copy(model32).to(torch.bfloat16)
@@ -177,7 +194,8 @@ def test_bf16_logits_and_greedy_tokens_within_bf16_error(arch):
     g = torch.Generator().manual_seed(5)
     forced = [[torch.randint(0, hf.VOCAB, (NEW_TOKENS,), generator=g).tolist()
                for _ in range(2)] for _ in prompts]
-    engine = pkt.PagedEngine(model16, num_blocks=40, block_size=16, check_invariants=True)
+    engine = pkt.PagedEngine(model16, num_blocks=40, block_size=16, check_invariants=True,
+                             state_checkpoint_interval_blocks=1)
     ids = [engine.add_request(p, max_new_tokens=NEW_TOKENS, n=2, forced_tokens=f,
                               return_logits=True) for p, f in zip(prompts, forced)]
     run_with_preemption(engine)
