@@ -105,7 +105,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         raise ValueError(f"attention module {type(module).__name__} has layer_idx "
                          f"{layer_idx!r}, not an attention layer of this PagedEngine "
                          f"(layers {sorted(step.layers)})")
-    group, local = layer
+    group = layer[0]
     if dropout and module.training:
         raise NotImplementedError("pagedkv attention is for inference: call model.eval()")
     if softcap is not None or getattr(module, "attn_logit_softcapping", None) is not None:
@@ -759,7 +759,10 @@ class PagedEngine:
             indptr.append(indptr[-1] + len(seq_tokens) - start)
         seqs = [seq for seq, _, _ in scheduled]
         device = self.device
-        put = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a, dtype)).to(device)  # noqa: E731
+
+        def put(array, dtype):
+            return torch.from_numpy(np.ascontiguousarray(array, dtype)).to(device)
+
         num_groups = len(self.windows)  # the attention groups (a state group comes after)
         tables, lens = [], []
         for g in range(num_groups):

@@ -35,7 +35,6 @@ if int(transformers.__version__.split(".")[0]) < 5:
 
 import hf_models as hf  # noqa: E402
 
-import pagedkv as pk  # noqa: E402
 import pagedkv.integrations.transformers as pkt  # noqa: E402
 
 # The tiny models are latency-bound: extra intra-op threads only contend (2-core machine).
@@ -174,6 +173,44 @@ def test_fp32_teacher_forced_logits_with_forks_and_preemption(arch):
     for other, what in sensitivity:
         moved = (hf.eager_logits(other, full) - hf.eager_logits(ref, full)).abs().max().item()
         assert moved > 100 * FP32_LOGIT_TOL, f"without {what} the logits moved only {moved}"
+
+
+def test_fp32_sampled_forks_follow_the_models_distribution():
+    """n = 3 samples at temperature 1: forks whose continuations diverge, each scored by
+    the engine exactly as a full eager pass scores it; the same seed samples the same."""
+    model = hf.build("llama")
+    ref = hf.eager_copy(model)
+    prompts = hf.prompts(8, seed=7)
+    engine = pkt.PagedEngine(model, num_blocks=256, check_invariants=True)
+    completions = engine.generate(prompts, max_new_tokens=32, n=3, temperature=1.0, seed=11,
+                                  return_logits=True)
+    worst = 0.0
+    for prompt, completion in zip(prompts, completions):
+        assert len({tuple(sample) for sample in completion.samples}) > 1  # they diverge
+        for sample, logits in zip(completion.samples, completion.logits):
+            expected = hf.eager_logits(ref, prompt + sample)[len(prompt) - 1:-1]
+            worst = max(worst, (logits - expected).abs().max().item())
+    assert worst <= FP32_LOGIT_TOL
+    assert engine.manager.stats().cow_copies > 0
+    again = pkt.PagedEngine(hf.eager_copy(model), num_blocks=256).generate(
+        prompts, max_new_tokens=32, n=3, temperature=1.0, seed=11)
+    assert [c.samples for c in again] == [c.samples for c in completions]
+
+
+def test_fp32_windowed_model_without_prefix_caching_has_no_anchor_group():
+    """Mistral without prefix caching: one sliding-window group (no full group to verify
+    hits against), the same tokens as transformers."""
+    model = hf.build("mistral")
+    ref = hf.eager_copy(model)
+    prompts = hf.prompts(8, seed=8)
+    engine = pkt.PagedEngine(model, num_blocks=64, enable_prefix_caching=False,
+                             check_invariants=True)
+    assert engine.windows == [8] and engine.manager.num_groups() == 1
+    completions = engine.generate(prompts, max_new_tokens=NEW_TOKENS)
+    for prompt, completion in zip(prompts, completions):
+        assert completion.samples[0] == hf.eager_greedy(ref, prompt, NEW_TOKENS)[0]
+    assert engine.manager.stats().prefix_hit_tokens == 0
+    assert engine.manager.group_stats(0).released_blocks > 0
 
 
 # --- bf16 -------------------------------------------------------------------------------
