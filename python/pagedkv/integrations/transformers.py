@@ -764,19 +764,19 @@ class PagedEngine:
             return torch.from_numpy(np.ascontiguousarray(array, dtype)).to(device)
 
         num_groups = len(self.windows)  # the attention groups (a state group comes after)
-        tables, lens = [], []
+        tables, lens, max_context_len = [], [], 0
         for g in range(num_groups):
             t = self.manager.build_block_tables(seqs, group=g)
             tables.append(put(t.block_table, np.int32))
             lens.append(put(t.context_lens, np.int32))
-        lens0 = self.manager.build_block_tables(seqs, group=0).context_lens
+            max_context_len = max(max_context_len, int(t.context_lens.max()))
         step = _StepBatch(
             layers=self.layers, caches=self.caches, windows=self.windows,
             slots=[put(np.concatenate([s[2][g] for s in scheduled]), np.int64)
                    for g in range(num_groups)],
             block_tables=tables, context_lens=lens,
             qo_indptr=put(np.array(indptr), np.int32), num_tokens=indptr[-1],
-            max_query_len=int(np.diff(indptr).max()), max_context_len=int(lens0.max()),
+            max_query_len=int(np.diff(indptr).max()), max_context_len=max_context_len,
             decode_only=decode_only, mla=self.mla, states=self.states,
             qo_indptr_host=indptr, starts=[start for _, start, _ in scheduled])
         if self.state_group is not None:
