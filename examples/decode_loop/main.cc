@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cache_plan.h"
+#include "checkpoint.h"
 #include "dense_reference.h"
 #include "draft.h"
 #include "kv_event_feed.h"
@@ -132,6 +134,17 @@ ABSL_FLAG(std::string, model, "llama",
           "of its own; mla: multi-head latent attention with small latent and rope dims; ssm: "
           "three state-space layers (a gated diagonal scan) per attention layer, their states "
           "in state slots, prefix hits restored from checkpoints; CPU only)");
+ABSL_FLAG(std::string, checkpoint, "",
+          "a Hugging Face Llama checkpoint directory (config.json, model.safetensors in F32, "
+          "BF16 or F16) as the model, instead of --model's seeded weights; its config gives "
+          "the sizes");
+ABSL_FLAG(std::string, prompts, "",
+          "a file of prompts, one per line as token ids separated by spaces, each a greedy "
+          "request of --max-new-tokens tokens (instead of the synthetic workload)");
+ABSL_FLAG(std::string, logits_out, "",
+          "write each finished sequence's tokens and the logits each generated token was "
+          "sampled from, one JSON object per line: request, sample, prompt_len, tokens, "
+          "logits");
 ABSL_FLAG(bool, treat_as_full, false,
           "keep every layer in one full-attention layer group, as an allocator without layer "
           "groups does (windowed layers still attend to their windows only): the comparison "
@@ -362,6 +375,24 @@ pagedkv::Device choose_device() {
   return *device;
 }
 
+// --logits-out: one finished sequence as a line of JSON.
+void write_logits(const SequenceRecord& rec, int32_t vocab_size, std::ofstream& out) {
+  out << "{\"request\": " << rec.request << ", \"sample\": " << rec.sample
+      << ", \"prompt_len\": " << rec.prompt_len << ", \"tokens\": ["
+      << absl::StrJoin(rec.tokens, ", ") << "], \"logits\": [";
+  for (int32_t i = 0; i < rec.num_generated(); ++i) {
+    const auto row = std::span(rec.logits).subspan(static_cast<size_t>(i) * vocab_size, vocab_size);
+    out << (i > 0 ? ", [" : "[");
+    for (int32_t v = 0; v < vocab_size; ++v) {
+      char number[32];
+      std::snprintf(number, sizeof(number), "%.9g", static_cast<double>(row[v]));
+      out << (v > 0 ? ", " : "") << number;
+    }
+    out << "]";
+  }
+  out << "]}\n";
+}
+
 WorkloadOptions workload_options() {
   WorkloadOptions w;
   w.num_requests = absl::GetFlag(FLAGS_requests);
@@ -373,6 +404,7 @@ WorkloadOptions workload_options() {
   w.request_seed = absl::GetFlag(FLAGS_request_seed);
   w.trace_path = absl::GetFlag(FLAGS_trace);
   w.trace_scale = absl::GetFlag(FLAGS_trace_scale);
+  w.prompts_path = absl::GetFlag(FLAGS_prompts);
   return w;
 }
 
@@ -581,6 +613,16 @@ int run(int argc, char** argv) {
   config.d_model = absl::GetFlag(FLAGS_d_model);
   config.ffn_dim = absl::GetFlag(FLAGS_ffn_dim);
   config.seed = engine.seed;
+  std::optional<Model> loaded;
+  if (const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint); !checkpoint.empty()) {
+    if (config.kind != ModelKind::kLlama || absl::GetFlag(FLAGS_layers) != 0) {
+      fail("--checkpoint gives the model: not with --model other than llama, or --layers");
+    }
+    absl::StatusOr<Model> model = load_llama_checkpoint(checkpoint);
+    if (!model.ok()) fail(absl::StrCat("--checkpoint: ", model.status().message()));
+    loaded.emplace(*std::move(model));
+    config = loaded->config();
+  }
   if (absl::Status s = validate(config); !s.ok()) fail(std::string(s.message()));
 
   const bool treat_as_full = absl::GetFlag(FLAGS_treat_as_full);
@@ -673,7 +715,8 @@ int run(int argc, char** argv) {
     };
   }
 
-  const Model model(config);
+  std::optional<Model> seeded;
+  const Model& model = loaded.has_value() ? *loaded : seeded.emplace(config);
   engine.kv_format.cache_dtype = kv_dtype;
   if (kv_dtype == pagedkv::DType::kFloat8E4M3 && !workload->requests.empty()) {
     absl::StatusOr<KvFormat> fp8 = calibrate_fp8(model, workload->requests.front().prompt);
@@ -685,9 +728,9 @@ int run(int argc, char** argv) {
     // fp8's scales (calibrated on this run's first prompt: engines whose scales differ
     // must not share).
     engine.remote_model_id = absl::StrCat(
-        "pagedkv-decode/", model_name, "/seed=", config.seed, "/layers=", config.num_layers,
-        "/d_model=", config.d_model, "/ffn_dim=", config.ffn_dim,
-        "/k_scales=", absl::StrJoin(engine.kv_format.k_scales, ","),
+        "pagedkv-decode/", model_name, "/checkpoint=", absl::GetFlag(FLAGS_checkpoint),
+        "/seed=", config.seed, "/layers=", config.num_layers, "/d_model=", config.d_model,
+        "/ffn_dim=", config.ffn_dim, "/k_scales=", absl::StrJoin(engine.kv_format.k_scales, ","),
         "/v_scales=", absl::StrJoin(engine.kv_format.v_scales, ","));
   }
   std::optional<uint64_t> rehearsal_digest;
@@ -707,9 +750,18 @@ int run(int argc, char** argv) {
   const VerifyCount verify_flag = absl::GetFlag(FLAGS_verify);
   const auto num_verify = static_cast<int32_t>(verify_flag.all ? num_sequences : verify_flag.count);
   VerifySelection selection(num_verify, num_sequences);
-  if (num_verify > 0) {
+  const std::string logits_out = absl::GetFlag(FLAGS_logits_out);
+  std::ofstream logits_file;
+  if (!logits_out.empty()) {
+    logits_file.open(logits_out);
+    if (!logits_file) fail(absl::StrCat("--logits-out ", logits_out, ": cannot write"));
+  }
+  if (num_verify > 0 || logits_file.is_open()) {
     engine.record_logits = true;
-    engine.on_finish = [&selection](SequenceRecord& rec) { selection.offer(rec); };
+    engine.on_finish = [&](SequenceRecord& rec) {
+      if (logits_file.is_open()) write_logits(rec, config.vocab_size, logits_file);
+      if (num_verify > 0) selection.offer(rec);
+    };
   }
   absl::StatusOr<std::unique_ptr<Engine>> created = Engine::create(model, engine);
   if (!created.ok()) fail(std::string(created.status().message()));
@@ -785,6 +837,9 @@ int run(int argc, char** argv) {
           std::min(end, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
       if (metrics != nullptr && events != nullptr) metrics->update(events->stats());
     }
+  }
+  if (logits_file.is_open() && !logits_file.flush()) {
+    fail(absl::StrCat("--logits-out ", logits_out, ": cannot write"));
   }
   const bool complete = report.run.requests_completed == report.run.requests;
   if (!complete) std::fprintf(stderr, "pagedkv-decode: not every request completed\n");

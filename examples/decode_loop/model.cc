@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -275,12 +277,83 @@ Model::Model(const ModelConfig& config) : config_(config) {
   final_norm_ = gains(rng, c.d_model);
   w_out_ = transpose(normal_matrix(rng, c.d_model, c.vocab_size, c.logit_scale * d_std), c.d_model,
                      c.vocab_size);
-  const int32_t rope_dim = c.rope_dim();
+  init_rope();
+}
+
+void Model::init_rope() {
+  const int32_t rope_dim = config_.rope_dim();
   inv_freq_.resize(rope_dim / 2);
   for (int32_t i = 0; i < rope_dim / 2; ++i) {
-    inv_freq_[i] = static_cast<float>(
-        std::pow(static_cast<double>(c.rope_theta), -2.0 * i / static_cast<double>(rope_dim)));
+    inv_freq_[i] = static_cast<float>(std::pow(static_cast<double>(config_.rope_theta),
+                                               -2.0 * i / static_cast<double>(rope_dim)));
   }
+}
+
+absl::StatusOr<Model> Model::with_weights(const ModelConfig& c, Weights weights) {
+  if (absl::Status s = validate(c); !s.ok()) return s;
+  if (c.kind != ModelKind::kLlama || !c.layer_pattern.empty()) {
+    return absl::InvalidArgumentError("model weights: only full-attention GQA layers (llama)");
+  }
+  if (std::ssize(weights.layers) != c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("model weights: ", weights.layers.size(),
+                                                   " layers, the config has ", c.num_layers));
+  }
+  // Each tensor's element count, as the config gives it.
+  const auto check = [](const std::string& name, const std::vector<float>& t, int64_t rows,
+                        int64_t cols) -> absl::Status {
+    if (std::ssize(t) != rows * cols) {
+      return absl::InvalidArgumentError(absl::StrCat("model weights: ", name, " holds ", t.size(),
+                                                     " values, the config gives [", rows, ", ",
+                                                     cols, "]"));
+    }
+    return absl::OkStatus();
+  };
+  const int64_t d = c.d_model;
+  for (const auto& [name, t, rows, cols] :
+       {std::tuple<const char*, const std::vector<float>&, int64_t, int64_t>{
+            "embedding", weights.embedding, c.vocab_size, d},
+        {"final_norm", weights.final_norm, 1, d},
+        {"w_out", weights.w_out, c.vocab_size, d}}) {
+    if (absl::Status s = check(name, t, rows, cols); !s.ok()) return s;
+  }
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = weights.layers[l];
+    for (const auto& [name, t, rows, cols] :
+         {std::tuple<const char*, const std::vector<float>&, int64_t, int64_t>{"attn_norm",
+                                                                               w.attn_norm, 1, d},
+          {"wq", w.wq, c.q_dim(), d},
+          {"wk", w.wk, c.kv_dim(), d},
+          {"wv", w.wv, c.kv_dim(), d},
+          {"wo", w.wo, d, c.attn_out_dim()},
+          {"mlp_norm", w.mlp_norm, 1, d},
+          {"w1", w.w1, c.ffn_dim, d},
+          {"w3", w.w3, c.ffn_dim, d},
+          {"w2", w.w2, d, c.ffn_dim}}) {
+      if (absl::Status s = check(absl::StrCat("layer ", l, " ", name), t, rows, cols); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  Model m;
+  m.config_ = c;
+  m.embedding_ = std::move(weights.embedding);
+  m.final_norm_ = std::move(weights.final_norm);
+  m.w_out_ = std::move(weights.w_out);
+  for (LayerWeights& w : weights.layers) {
+    Layer layer;
+    layer.attn_norm = std::move(w.attn_norm);
+    layer.wq = std::move(w.wq);
+    layer.wk = std::move(w.wk);
+    layer.wv = std::move(w.wv);
+    layer.wo = std::move(w.wo);
+    layer.mlp_norm = std::move(w.mlp_norm);
+    layer.w1 = std::move(w.w1);
+    layer.w3 = std::move(w.w3);
+    layer.w2 = std::move(w.w2);
+    m.layers_.push_back(std::move(layer));
+  }
+  m.init_rope();
+  return m;
 }
 
 int64_t macs_per_token(const ModelConfig& c) {

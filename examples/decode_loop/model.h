@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "pagedkv/layer_group.h"
 #include "pagedkv/types.h"
 
@@ -172,8 +173,23 @@ std::string describe_layers(const ModelConfig& config);
 
 class Model {
  public:
-  // `config` must pass validate().
+  // `config` must pass validate(); the weights are drawn from config.seed.
   explicit Model(const ModelConfig& config);
+
+  // Given weights (a checkpoint's, checkpoint.h) of a model of full-attention GQA layers,
+  // each matrix stored [out, in] as torch.nn.Linear stores it: q, k, v and o
+  // projections, the SwiGLU gate (w1), up (w3) and down (w2) projections, the RMSNorm
+  // gains, the embedding [vocab, d_model] and the output projection [vocab, d_model].
+  struct LayerWeights {
+    std::vector<float> attn_norm, wq, wk, wv, wo, mlp_norm, w1, w3, w2;
+  };
+  struct Weights {
+    std::vector<float> embedding, final_norm, w_out;
+    std::vector<LayerWeights> layers;
+  };
+  // Errors: InvalidArgument when `config` fails validate(), is not one of full-attention
+  // GQA layers, or a tensor's size is not the one `config` gives (naming it).
+  static absl::StatusOr<Model> with_weights(const ModelConfig& config, Weights weights);
 
   const ModelConfig& config() const { return config_; }
 
@@ -229,6 +245,9 @@ class Model {
   // rope_dim() dims from `offset` in each head.
   void rope(float* x, int32_t num_heads, int32_t head_stride, int32_t offset,
             std::span<const int32_t> positions) const;
+
+  Model() = default;  // with_weights()
+  void init_rope();
 
   ModelConfig config_;
   std::vector<float> embedding_;  // [vocab, d_model]

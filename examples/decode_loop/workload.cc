@@ -182,6 +182,39 @@ absl::StatusOr<Workload> from_trace(const WorkloadOptions& o) {
   return w;
 }
 
+absl::StatusOr<Workload> from_prompts(const WorkloadOptions& options) {
+  const std::string& path = options.prompts_path;
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--prompts ", path, ": cannot read"));
+  Workload w;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    Request r{.id = static_cast<int64_t>(w.requests.size()),
+              .prompt = {},
+              .max_new_tokens = options.max_new_tokens};
+    for (const absl::string_view field : absl::StrSplit(line, ' ', absl::SkipWhitespace())) {
+      int64_t token = -1;
+      if (!absl::SimpleAtoi(field, &token) || token < 0 || token >= options.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": token \"", field,
+                                                       "\" is not an id in [0, ",
+                                                       options.vocab_size, ")"));
+      }
+      r.prompt.push_back(static_cast<pagedkv::TokenId>(token));
+    }
+    if (r.prompt.empty()) continue;
+    if (std::ssize(r.prompt) + r.max_new_tokens > options.max_total_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line_no, ": ", r.prompt.size(), " tokens + ", r.max_new_tokens,
+                       " new ones exceed the ", options.max_total_len, " a sequence may hold"));
+    }
+    w.requests.push_back(std::move(r));
+  }
+  if (w.requests.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no prompt"));
+  w.description = absl::StrCat(w.requests.size(), " prompts from ", path, ", greedy, ",
+                               options.max_new_tokens, " new tokens each");
+  return w;
+}
+
 }  // namespace
 
 absl::StatusOr<Workload> make_workload(const WorkloadOptions& options) {
@@ -197,6 +230,7 @@ absl::StatusOr<Workload> make_workload(const WorkloadOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--system-prompts ", options.num_system_prompts, " must be > 0"));
   }
+  if (!options.prompts_path.empty()) return from_prompts(options);
   if (options.trace_path.empty()) return synthetic(options);
   if (!(options.trace_scale > 0.0)) {
     return absl::InvalidArgumentError(

@@ -50,6 +50,9 @@ struct WorkloadOptions {
   uint64_t request_seed = 0;
   // Trace replay (empty path: synthetic).
   std::string trace_path;
+  // Given prompts (--prompts; empty path: synthetic or trace): one per line, token ids
+  // separated by spaces, each a greedy request of max_new_tokens.
+  std::string prompts_path;
   double trace_scale = 1.0 / 64;    // multiplies trace token lengths (and the 512-token hash block)
   int32_t max_total_len = 1 << 20;  // prompts are cut so prompt + output fits
 };
@@ -61,7 +64,7 @@ struct Workload {
 };
 
 // Builds the workload. Errors: NotFound / InvalidArgument for an unreadable or malformed
-// trace, naming the file and line.
+// trace or prompts file, naming the file and line.
 absl::StatusOr<Workload> make_workload(const WorkloadOptions& options);
 
 }  // namespace decode_loop
