@@ -1,0 +1,9 @@
+"""Integrations of pagedkv with model frameworks and engines.
+
+Each submodule imports its framework when it is imported itself, so `import pagedkv` never
+needs them:
+
+- `pagedkv.integrations.transformers`: Hugging Face transformers models generate on
+  pagedkv's paged cache, scheduler and kernels (needs torch and transformers; see
+  docs/transformers.md).
+"""
