@@ -47,12 +47,19 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "(bash scripts/ml-venv.d/vllm.sh VENV installs it)"
     ) from e
 
-if vllm.__version__ != SUPPORTED_VLLM_VERSION:
-    raise ImportError(
-        f"pagedkv.integrations.vllm supports vLLM {SUPPORTED_VLLM_VERSION} only (its "
-        f"scheduler's calls into the KV cache manager change between releases); "
-        f"found vLLM {vllm.__version__}"
-    )
+
+
+def check_vllm_version(version: str) -> None:
+    """Raises ImportError unless `version` is the vLLM release this module was written for."""
+    if version != SUPPORTED_VLLM_VERSION:
+        raise ImportError(
+            f"pagedkv.integrations.vllm supports vLLM {SUPPORTED_VLLM_VERSION} only (its "
+            f"scheduler's calls into the KV cache manager change between releases); "
+            f"found vLLM {version}"
+        )
+
+
+check_vllm_version(vllm.__version__)
 
 import pagedkv as pk
 from vllm.distributed.kv_events import (
@@ -74,6 +81,7 @@ from vllm.v1.request import Request, RequestStatus
 
 __all__ = [
     "SUPPORTED_VLLM_VERSION",
+    "check_vllm_version",
     "PagedKVCacheManager",
     "PagedKVScheduler",
 ]
@@ -608,6 +616,11 @@ class PagedKVScheduler(Scheduler):
 
     def __init__(self, vllm_config: Any, kv_cache_config: KVCacheConfig, *args: Any, **kwargs: Any):
         _check_config(vllm_config)
+        if kv_cache_config.num_blocks < 2:
+            raise ValueError(
+                f"kv_cache_config.num_blocks = {kv_cache_config.num_blocks}: vLLM keeps block 0 "
+                "as its null block, so a KV cache needs at least 2 blocks"
+            )
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         # The base constructor built vLLM's own manager (its reads of it, above, depend on
         # the config alone); replace it before any request arrives.

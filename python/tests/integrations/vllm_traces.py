@@ -78,7 +78,7 @@ def make_trace(seed: int) -> Trace:
     config = TraceConfig(
         block_size=block_size,
         num_blocks=num_blocks,
-        max_num_seqs=rng.choice([2, 4, 8, 16]),
+        max_num_seqs=rng.choice([3, 4, 8, 16, 32]),
         max_num_batched_tokens=rng.choice([64, 128, 256]),
         max_model_len=max_model_len,
         enable_prefix_caching=rng.random() < 0.85,
@@ -87,7 +87,7 @@ def make_trace(seed: int) -> Trace:
     prefixes = [
         [rng.randrange(VOCAB) for _ in range(rng.randint(1, 80))] for _ in range(rng.randint(1, 4))
     ]
-    num_steps = rng.randint(10, 60)
+    num_steps = rng.randint(8, 40)
     steps = [Step() for _ in range(num_steps)]
     live: list[str] = []
     next_id = 0
@@ -98,7 +98,7 @@ def make_trace(seed: int) -> Trace:
                 p = rng.choice(prefixes)
                 prompt = p[: rng.randint(1, len(p))]
             prompt = prompt + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 60))]
-            max_tokens = rng.randint(1, 40)
+            max_tokens = rng.randint(1, 24)
             if len(prompt) + max_tokens > max_model_len:
                 prompt = prompt[: max_model_len - max_tokens]
             n = rng.choice([1, 1, 1, 1, 2, 3])  # parallel sampling
@@ -431,8 +431,6 @@ def compare(
     hashes = _Renaming()
     live_a: Counter = Counter()
     live_b: Counter = Counter()
-    if len(stock) != len(paged):
-        diffs["steps"] += 1
     for step, (a, b) in enumerate(zip(stock, paged), 1):
         if a.error != b.error:
             diffs["error"] += 1
@@ -477,7 +475,9 @@ def compare(
                 for k in undocumented:
                     del diffs[k]
                 diffs["documented:diverged_after_unadmitted_hit"] += 1
-            break
+            return diffs
+    if len(stock) != len(paged):
+        diffs["steps"] += 1
     return diffs
 
 
