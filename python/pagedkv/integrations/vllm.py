@@ -259,6 +259,12 @@ class PagedKVCacheManager:
         self._seq_of: dict[str, int] = {}  # request id -> pagedkv sequence id
         self._num_tokens: dict[int, int] = {}  # sequence -> tokens given to pagedkv
         self._claims: dict[int, int] = {}  # sequence -> tokens claimed, not yet admitted
+        # sequence -> its table as vLLM's blocks, and its computed tokens: pagedkv changes a
+        # full-attention table only in the calls below (no forks, no copy-on-write, no
+        # preemption of its own here), so the adapter keeps a copy instead of reading the
+        # table back every step (check_tables() compares them).
+        self._tables: dict[int, list[KVCacheBlock]] = {}
+        self._computed: dict[int, int] = {}
         self._next_seq = 0
         # Hits claimed by a lookup and given back without an admission: each moves the
         # hit's free blocks to the recent end of the eviction order, where vLLM's lookup
@@ -299,6 +305,8 @@ class PagedKVCacheManager:
         self._next_seq += 1
         self._seq_of[request.request_id] = seq
         self._num_tokens[seq] = len(tokens)
+        self._tables[seq] = []
+        self._computed[seq] = 0
         return seq
 
     def _sync_tokens(self, request: Request, seq: int) -> None:
@@ -314,6 +322,8 @@ class PagedKVCacheManager:
             return
         self._claims.pop(seq, None)
         self._num_tokens.pop(seq, None)
+        self._tables.pop(seq, None)
+        self._computed.pop(seq, None)
         self._manager.free(seq)
 
     def _release_claims(self) -> None:
@@ -327,6 +337,17 @@ class PagedKVCacheManager:
     def _table(self, seq: int, begin: int = 0) -> list[KVCacheBlock]:
         blocks = self._blocks
         return [blocks[b + 1] for b in self._manager.sequence(seq).block_table[begin:]]
+
+    def check_tables(self) -> None:
+        """Raises InternalError unless the adapter's tables and counts are pagedkv's (tests)."""
+        for request_id, seq in self._seq_of.items():
+            view = self._manager.sequence(seq)
+            ours = [b.block_id - 1 for b in self._tables[seq]]
+            if ours != list(view.block_table) or self._computed[seq] != view.num_computed_tokens:
+                raise pk.InternalError(
+                    f"request {request_id!r}: adapter table {ours} / {self._computed[seq]} "
+                    f"computed, pagedkv {list(view.block_table)} / {view.num_computed_tokens}"
+                )
 
     def end_step(self) -> None:
         """Ends pagedkv's step (take_step_ops()), after the scheduler's schedule()."""
@@ -386,6 +407,7 @@ class PagedKVCacheManager:
         self._release_claims()
         seq = self._admit(request)
         hit = self._manager.match_prefix(seq)
+        self._computed[seq] = hit
         if max_cache_hit_length is not None and hit > max_cache_hit_length:
             # pagedkv claims whole hits; a shorter cap takes none of it.
             self._drop(request.request_id)
@@ -394,7 +416,8 @@ class PagedKVCacheManager:
             self._claims[seq] = 0
             return self.empty_kv_cache_blocks, 0, 0
         self._claims[seq] = hit
-        return KVCacheBlocks((self._table(seq),)), hit, 0
+        self._tables[seq] = table = self._table(seq)
+        return KVCacheBlocks((list(table),)), hit, 0
 
     def allocate_slots(
         self,
@@ -448,19 +471,19 @@ class PagedKVCacheManager:
             )
         try:
             self._sync_tokens(request, seq)
-            view = self._manager.sequence(seq)
-            held = len(view.block_table)
-            computed = view.num_computed_tokens
+            table = self._tables[seq]
+            held = len(table)
+            computed = self._computed[seq]
             if computed != request.num_computed_tokens + num_new_computed_tokens:
                 raise ValueError(
                     f"allocate_slots({request.request_id!r}): vLLM counts "
                     f"{request.num_computed_tokens} + {num_new_computed_tokens} computed "
                     f"tokens, pagedkv {computed}"
                 )
-            free = self._free_blocks()
-            watermark = (
-                self.watermark_blocks if has_scheduled_reqs and waiting else 0
-            )
+            watermark = self.watermark_blocks if has_scheduled_reqs and waiting else 0
+            # Blocks free: read only when a check can fail (not in a decode step that
+            # stays within its last block).
+            free = self._free_blocks() if full_sequence_must_fit or watermark else 0
             if full_sequence_must_fit:
                 full = min(request.num_tokens, self.max_model_len)
                 if _cdiv(full, self.block_size) - held + watermark > free:
@@ -468,10 +491,14 @@ class PagedKVCacheManager:
             need_tokens = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
             lookahead = max(0, need_tokens - computed - num_new_tokens)
             need = max(0, _cdiv(need_tokens, self.block_size) - held)
-            if need + watermark > free - reserved_blocks:
-                raise pk.ResourceExhausted("blocks short")
+            if need or reserved_blocks:
+                if not (full_sequence_must_fit or watermark):
+                    free = self._free_blocks()
+                if need + watermark > free - reserved_blocks:
+                    raise pk.ResourceExhausted("blocks short")
             if num_new_tokens or lookahead:
                 self._manager.allocate_slots(seq, num_new_tokens, lookahead)
+                self._computed[seq] = computed + num_new_tokens
         except pk.ResourceExhausted:
             if waiting:
                 if claimed:
@@ -482,8 +509,11 @@ class PagedKVCacheManager:
             if waiting:
                 self._drop(request.request_id)
             raise
+        if need == 0:
+            return self.empty_kv_cache_blocks
         new = self._table(seq, held)
-        return KVCacheBlocks((new,)) if new else self.empty_kv_cache_blocks
+        table.extend(new)
+        return KVCacheBlocks((new,))
 
     def free(self, request: Request) -> None:
         """Frees the request's blocks, tail first (hashed ones stay cached)."""
@@ -549,10 +579,8 @@ class PagedKVCacheManager:
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         seq = self._seq_of.get(request_id)
-        if seq is None:
-            return self.empty_kv_cache_blocks
-        table = self._table(seq)
-        return KVCacheBlocks((table,)) if table else self.empty_kv_cache_blocks
+        table = None if seq is None else self._tables[seq]
+        return KVCacheBlocks((list(table),)) if table else self.empty_kv_cache_blocks
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
@@ -570,8 +598,7 @@ class PagedKVCacheManager:
         seq = self._seq_of.get(request.request_id)
         if seq is None:
             return 0
-        view = self._manager.sequence(seq)
-        return (view.num_computed_tokens // self.block_size) * self.block_size
+        return (self._computed[seq] // self.block_size) * self.block_size
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Nothing to do: allocate_slots() caches each block as it fills."""
