@@ -71,11 +71,7 @@ from vllm.distributed.kv_events import (
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    SlidingWindowSpec,
-)
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
@@ -218,11 +214,10 @@ class PagedKVCacheManager:
                 )
             if type(spec) is FullAttentionSpec and spec.sliding_window is None:
                 layer_groups.append(pk.LayerGroup(kind=pk.AttentionKind.FULL))
-            elif type(spec) is SlidingWindowSpec:
-                layer_groups.append(
-                    pk.LayerGroup(kind=pk.AttentionKind.SLIDING_WINDOW, window=spec.sliding_window)
-                )
             else:
+                # Sliding windows: pagedkv releases the blocks behind a window by itself
+                # and needs a full-attention group beside a windowed one; mapping that to
+                # vLLM's remove_skipped_blocks() is the next slice.
                 raise _unsupported(f"KV cache group {i} of {type(spec).__name__}")
         if len(layer_groups) > 1:
             # vLLM's hybrid groups share one pool of blocks; pagedkv gives each group a
@@ -244,7 +239,8 @@ class PagedKVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids = ()
-        self._events = pk.KvEventBuffer()
+        # Events only when vLLM would publish them (its pool records none otherwise).
+        self._events = pk.KvEventBuffer() if enable_kv_cache_events else None
         self._num_blocks = num_blocks
         self._manager = pk.KvCacheManager(
             layer_groups=layer_groups,
@@ -550,6 +546,8 @@ class PagedKVCacheManager:
     def take_events(self) -> list[KVCacheEvent]:
         """The events since the last call, as vLLM's event classes."""
         out: list[KVCacheEvent] = []
+        if self._events is None:
+            return out
         for ev in self._events.take():
             if isinstance(ev, pk.BlockStored):
                 parent = ev.parent_hash

@@ -183,8 +183,15 @@ def test_unsupported_settings_are_refused_by_name() -> None:
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["b"], swa)],
     )
-    with pytest.raises(NotImplementedError, match="2 KV cache groups"):
+    with pytest.raises(NotImplementedError, match="group 1 of SlidingWindowSpec"):
         pkv.PagedKVCacheManager(hybrid, max_model_len=64, scheduler_block_size=4, hash_block_size=4)
+    two_full = KVCacheConfig(
+        num_blocks=16,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["b"], full)],
+    )
+    with pytest.raises(NotImplementedError, match="2 KV cache groups"):
+        pkv.PagedKVCacheManager(two_full, max_model_len=64, scheduler_block_size=4, hash_block_size=4)
     mamba = KVCacheConfig(
         num_blocks=16,
         kv_cache_tensors=[],
@@ -203,6 +210,7 @@ def test_unsupported_settings_are_refused_by_name() -> None:
             single, max_model_len=64, scheduler_block_size=4, hash_block_size=4, use_eagle=True
         )
     manager = pkv.PagedKVCacheManager(single, max_model_len=64, scheduler_block_size=4, hash_block_size=4)
+    assert manager.take_events() == []  # events off, as in vLLM's default
     with pytest.raises(NotImplementedError, match="coordinator.find_longest_cache_hit"):
         manager.coordinator.find_longest_cache_hit
     with pytest.raises(NotImplementedError, match="block_pool.free_blocks"):
