@@ -14,8 +14,9 @@ returns the differences between them, step by step, by kind:
 - `tables`: block tables, compared up to a renaming of block ids (a bijection per step:
   a block shared in one is shared alike in the other)
 - `events`: KV events (kind, tokens, block size, parent) with hashes compared up to a
-  renaming (one bijection for the whole trace): `event_hashes` when a stored block's hash
-  or parent breaks the renaming, `evicted_blocks` when a removal names another block
+  renaming (one bijection for the whole trace), by the first differing event of a step:
+  `evicted_blocks` when it is a removal (the two evicted different blocks),
+  `event_hashes` when a store's hash or parent breaks the renaming, `events` otherwise
 - `usage`, `prefix_stats`: KV usage and prefix-cache queries and hits
 - `error`: an exception in one run and not in the other
 
@@ -416,6 +417,34 @@ def _event_units(events: list[Any], live: Counter) -> tuple[list[tuple], int]:
     return units, dropped
 
 
+def _first_event_difference(ua: list[tuple], ub: list[tuple], hashes: "_Renaming") -> str | None:
+    """The kind of the first difference between two steps' event units, in order: None
+    when they agree; `evicted_blocks` when a removal comes first (the two evicted different
+    blocks: other hashes, or a removal in one run only at that point); `event_hashes` when a
+    store's hash or parent breaks the renaming; `events` otherwise (other kinds or tokens)."""
+    for x, y in zip(ua, ub):
+        if x[0] != y[0]:
+            return "evicted_blocks" if "removed" in (x[0], y[0]) else "events"
+        if x[0] == "cleared":
+            continue
+        if x[0] == "removed":
+            if not hashes.pair(x[1], y[1]):
+                return "evicted_blocks"
+            continue
+        if x[3] != y[3]:
+            return "events"
+        if (
+            not hashes.pair(x[1], y[1])
+            or (x[2] is None) != (y[2] is None)
+            or (x[2] is not None and not hashes.pair(x[2], y[2]))
+        ):
+            return "event_hashes"
+    if len(ua) != len(ub):
+        longer = ua if len(ua) > len(ub) else ub
+        return "evicted_blocks" if longer[min(len(ua), len(ub))][0] == "removed" else "events"
+    return None
+
+
 class _Renaming:
     """A bijection built as pairs arrive; False when a pair contradicts it."""
 
@@ -456,24 +485,9 @@ def compare(
         diffs["documented:duplicate_block_events"] += dropped_a
         if dropped_b:
             diffs["pagedkv_duplicate_events"] += dropped_b
-        if [(u[0], u[3] if u[0] == "stored" else None) for u in ua] != [
-            (u[0], u[3] if u[0] == "stored" else None) for u in ub
-        ]:
-            diffs["events"] += 1
-        else:
-            for x, y in zip(ua, ub):
-                if x[0] == "cleared":
-                    continue
-                if not hashes.pair(x[1], y[1]) or (
-                    x[0] == "stored"
-                    and (
-                        (x[2] is None) != (y[2] is None)
-                        or (x[2] is not None and not hashes.pair(x[2], y[2]))
-                    )
-                ):
-                    # A removal naming another block: the two evicted different blocks.
-                    diffs["evicted_blocks" if x[0] == "removed" else "event_hashes"] += 1
-                    break
+        kind = _first_event_difference(ua, ub, hashes)
+        if kind:
+            diffs[kind] += 1
         undocumented = [k for k, n in diffs.items() if n and not k.startswith("documented")]
         if undocumented:
             if first is not None:
@@ -481,10 +495,12 @@ def compare(
                     first.setdefault(k, step)
             # The rule of docs/vllm.md ("Eviction order after a lookup without admission"):
             # once pagedkv gave back a hit that the scheduler looked up but did not admit,
-            # the eviction order may differ, and everything after with it. So the first
-            # difference must be an eviction of other blocks, alone, in a step after such
-            # a give-back; any other first difference is unexplained and stays counted.
-            if b.unadmitted_hits > 0 and undocumented == ["evicted_blocks"]:
+            # the eviction order may differ, and everything after with it (the hits,
+            # schedules and stores of the same step included). So the first differing
+            # event of the first differing step must be an eviction (a removal), in the
+            # step of such a give-back or later; any other first difference is
+            # unexplained and stays counted.
+            if b.unadmitted_hits > 0 and "evicted_blocks" in undocumented:
                 for k in undocumented:
                     del diffs[k]
                 diffs["documented:diverged_after_unadmitted_hit"] += 1
