@@ -5,6 +5,8 @@
 # command, where these tests report skipped); the package is built into that environment,
 # then pytest runs them there.
 # Usage: bash scripts/test-integrations.sh [pytest arguments]
+#   PAGEDKV_WHEEL_DIR: install the pagedkv wheel found there (built from this checkout)
+#   instead of building the package again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! venv=$(bash scripts/ml-venv.sh | tail -1); then
@@ -15,6 +17,11 @@ fi
 for extra in scripts/ml-venv.d/*.sh; do
   [ -f "$extra" ] && bash "$extra" "$venv"
 done
-CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" install -q . \
-  -Ccmake.define.PAGEDKV_ENABLE_CUDA=OFF
+if [ -n "${PAGEDKV_WHEEL_DIR:-}" ]; then
+  # A wheel of this checkout that test.sh just built (.ci/run): not built twice.
+  "$venv/bin/pip" install -q --force-reinstall --no-deps "$PAGEDKV_WHEEL_DIR"/pagedkv-*.whl
+else
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" install -q . \
+    -Ccmake.define.PAGEDKV_ENABLE_CUDA=OFF
+fi
 HF_HUB_OFFLINE=1 "$venv/bin/python" -m pytest -q -rs python/tests/integrations "$@"

@@ -23,12 +23,15 @@ ctest --test-dir "$build" --output-on-failure -j"$(nproc)" --output-junit ctest-
 python3 scripts/check-test-counts.py "$build" "$build/ctest-results.xml"
 
 if [ "${PYTHON_TESTS:-1}" = 1 ]; then
-  # `pip install .` as a user runs it (build isolation, scikit-build-core and nanobind from
-  # PyPI), CPU kernels only: the CUDA ones are compiled and checked by the build above.
+  # The wheel `pip install .` builds for a user (build isolation, scikit-build-core and
+  # nanobind from PyPI), CPU kernels only: the CUDA ones are compiled and checked by the
+  # build above. It stays in $build/wheels, where .ci/run's integration step installs it.
   venv="$build/python-venv"
   python3 -m venv --clear "$venv"
-  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" install -q . pytest \
+  rm -rf "$build/wheels"
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" wheel -q --no-deps -w "$build/wheels" . \
     -Ccmake.define.PAGEDKV_ENABLE_CUDA=OFF
+  "$venv/bin/pip" install -q "$build"/wheels/pagedkv-*.whl pytest
   # Exit code 5 means "no tests collected" (a -k selection, say), not a failure.
   "$venv/bin/python" -m pytest -q -rs python/tests || [ $? -eq 5 ]
 fi

@@ -187,5 +187,120 @@ TEST_CASE("a windowed group's drafts roll back like a full group's", "[speculati
   require_valid(m);
 }
 
+// Seqs 1 and 2 (prompts of 10 and 7 tokens) computed, each with a sampled token appended.
+KvCacheManager two_decoding(EventLog* log) {
+  KvCacheManager m =
+      make_manager({.block_size = 4,
+                    .event_sink = log,
+                    .layer_groups = {{.kind = AttentionKind::kFull, .num_blocks = 16},
+                                     {.kind = AttentionKind::kState, .num_blocks = 8}}});
+  admit(m, 1, iota_tokens(10));
+  admit(m, 2, iota_tokens(7, 300));
+  allocate(m, 1, 10);
+  allocate(m, 2, 7);
+  end_step(m);
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{500}).ok());
+  REQUIRE(m.append_tokens(2, std::vector<TokenId>{600}).ok());
+  return m;
+}
+
+TEST_CASE("a batched speculative step equals the single calls, sequence by sequence",
+          "[speculative]") {
+  EventLog single_log;
+  EventLog batch_log;
+  KvCacheManager single = two_decoding(&single_log);
+  KvCacheManager batch = two_decoding(&batch_log);
+  const std::vector<TokenId> draft1 = {501, 502, 503};
+  const std::vector<TokenId> draft2 = {601};
+  // The single calls, each group's slots kept as the batch lays them out.
+  Slots single_slots;
+  Slots single_state;
+  for (const auto& [seq, draft] : {std::pair{SeqId{1}, draft1}, std::pair{SeqId{2}, draft2}}) {
+    const auto slots = single.allocate_draft_slots(seq, 1, draft);
+    REQUIRE(slots.ok());
+    single_slots.insert(single_slots.end(), slots->begin(), slots->end());
+    const auto state = single.slot_mapping(1);
+    single_state.insert(single_state.end(), state->begin(), state->end());
+  }
+  // Seq 9 does not exist and seq 2 is listed twice: both fail on their own, with -1 slots.
+  const std::vector<SeqId> seqs = {1, 9, 2, 2};
+  const std::vector<TokenId> drafts = {501, 502, 503, 700, 601, 602};
+  const std::vector<int32_t> indptr = {0, 3, 4, 5, 6};
+  const auto got = batch.allocate_draft_slots_batch(seqs, std::vector<int32_t>{1}, drafts, indptr);
+  REQUIRE(got.ok());
+  CHECK(got->num_failed == 2);
+  CHECK(got->statuses[1].code() == absl::StatusCode::kNotFound);
+  CHECK(got->statuses[3].code() == absl::StatusCode::kFailedPrecondition);  // drafts wait
+  // The single calls' slots with -1 entries for seq 9 (1 + 1) and seq 2's second entry.
+  const auto with_failed = [](const Slots& singles) {
+    Slots out(singles.begin(), singles.begin() + 4);
+    for (const int64_t part : {-1, -1}) out.push_back(part);
+    out.insert(out.end(), singles.begin() + 4, singles.end());
+    for (const int64_t part : {-1, -1}) out.push_back(part);
+    return out;
+  };
+  CHECK(Slots(got->slots.begin(), got->slots.end()) == with_failed(single_slots));
+  const auto state = batch.batch_slot_mapping(1);
+  CHECK(Slots(state->begin(), state->end()) == with_failed(single_state));
+  end_step(single);
+  end_step(batch);
+  // The verdicts: seq 1 keeps one draft, seq 2 all; seq 9 fails alone.
+  REQUIRE(single.accept_draft(1, 1).ok());
+  REQUIRE(single.accept_draft(2, 1).ok());
+  const auto verdicts =
+      batch.accept_draft_batch(std::vector<SeqId>{1, 9, 2}, std::vector<int32_t>{1, 0, 1});
+  REQUIRE(verdicts.ok());
+  CHECK((*verdicts)[0].ok());
+  CHECK((*verdicts)[1].code() == absl::StatusCode::kNotFound);
+  CHECK((*verdicts)[2].ok());
+  for (const SeqId seq : {1, 2}) {
+    for (int32_t g = 0; g < 2; ++g) {
+      const SequenceView a = *single.sequence(seq, g);
+      const SequenceView b = *batch.sequence(seq, g);
+      CHECK(std::vector<TokenId>(a.tokens.begin(), a.tokens.end()) ==
+            std::vector<TokenId>(b.tokens.begin(), b.tokens.end()));
+      CHECK(std::vector<BlockId>(a.block_table.begin(), a.block_table.end()) ==
+            std::vector<BlockId>(b.block_table.begin(), b.block_table.end()));
+      CHECK(a.num_computed_tokens == b.num_computed_tokens);
+    }
+  }
+  CHECK(single.stats().accepted_draft_tokens == batch.stats().accepted_draft_tokens);
+  CHECK(single_log.stored_blocks() == batch_log.stored_blocks());
+  require_valid(batch);
+}
+
+TEST_CASE("batched draft calls refuse malformed batches and change nothing", "[speculative]") {
+  EventLog log;
+  KvCacheManager m = two_decoding(&log);
+  const std::vector<SeqId> seqs = {1, 2};
+  const std::vector<TokenId> drafts = {501, 601};
+  require_error(m.allocate_draft_slots_batch(seqs, std::vector<int32_t>{1, 1, 1}, drafts,
+                                             std::vector<int32_t>{0, 1, 2})
+                    .status(),
+                absl::StatusCode::kInvalidArgument,
+                "allocate_draft_slots_batch: 3 num_new_tokens for 2 sequences");
+  require_error(m.allocate_draft_slots_batch(seqs, std::vector<int32_t>{1}, drafts,
+                                             std::vector<int32_t>{0, 2})
+                    .status(),
+                absl::StatusCode::kInvalidArgument,
+                "allocate_draft_slots_batch: 2 indptr entries for 2 sequences");
+  require_error(m.allocate_draft_slots_batch(seqs, std::vector<int32_t>{1}, drafts,
+                                             std::vector<int32_t>{0, 2, 1})
+                    .status(),
+                absl::StatusCode::kInvalidArgument,
+                "indptr[1:3] = [2, 1] is not a range of the 2 tokens");
+  require_error(m.allocate_draft_slots_batch(seqs, std::vector<int32_t>{1 << 30}, drafts,
+                                             std::vector<int32_t>{0, 1, 2})
+                    .status(),
+                absl::StatusCode::kInvalidArgument,
+                "allocate_draft_slots_batch(seq 1): num_new_tokens 1073741824 exceeds");
+  require_error(m.accept_draft_batch(seqs, std::vector<int32_t>{0}).status(),
+                absl::StatusCode::kInvalidArgument, "1 num_accepted for 2 sequences");
+  CHECK(m.sequence(1)->tokens.size() == 11);
+  CHECK(m.sequence(1)->num_draft_tokens == 0);
+  CHECK(m.stats().draft_tokens == 0);
+  require_valid(m);
+}
+
 }  // namespace
 }  // namespace pagedkv

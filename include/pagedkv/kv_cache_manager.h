@@ -567,6 +567,29 @@ class KvCacheManager {
       std::span<const SeqId> seqs, std::span<const TokenId> tokens,
       std::span<const int32_t> indptr = {});
 
+  // KvCacheManager::allocate_draft_slots_batch()
+  //
+  // allocate_draft_slots() for every sequence of `seqs`, in order, in one call: a
+  // speculative step is append_tokens_batch() and this, then accept_draft_batch() after
+  // it. Sequence i computes its num_new_tokens[i] (one count per sequence, or one for all)
+  // and verifies drafts draft_tokens[draft_indptr[i], draft_indptr[i + 1]). Each succeeds
+  // or fails on its own, as the single call would. The result's slots hold count + drafts
+  // entries per sequence (-1 in those of a failed one), group 0's; batch_slot_mapping(g)
+  // gives the other groups' in the same layout. Errors (nothing changes): InvalidArgument
+  // when num_new_tokens has neither 1 nor seqs.size() entries, draft_indptr is not
+  // seqs.size() + 1 ascending offsets into draft_tokens, or a count is above max_model_len.
+  [[nodiscard]] absl::StatusOr<SlotBatch> allocate_draft_slots_batch(
+      std::span<const SeqId> seqs, std::span<const int32_t> num_new_tokens,
+      std::span<const TokenId> draft_tokens, std::span<const int32_t> draft_indptr);
+
+  // KvCacheManager::accept_draft_batch()
+  //
+  // accept_draft(seqs[i], num_accepted[i]) for every sequence, after the step that wrote
+  // the drafts. Returns the status of each, valid until the next non-const call. Errors
+  // (nothing changes): InvalidArgument when num_accepted has not seqs.size() entries.
+  [[nodiscard]] absl::StatusOr<std::span<const absl::Status>> accept_draft_batch(
+      std::span<const SeqId> seqs, std::span<const int32_t> num_accepted);
+
   // KvCacheManager::take_step_ops()
   //
   // Ends the step: returns every copy recorded since the last call (swap and host-tier

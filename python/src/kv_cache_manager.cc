@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "bindings.h"
 #include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_handoff.h"
 
 namespace pagedkv::python {
 namespace {
@@ -416,7 +417,18 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
                         "EvictionPolicy.ADAPTIVE: blocks cached while their hash was a ghost "
                         "of a block evicted once-used"),
                 counter("frequent_ghost_hits", &Stats::frequent_ghost_hits,
-                        "EvictionPolicy.ADAPTIVE: ... of a block evicted after reuse"));
+                        "EvictionPolicy.ADAPTIVE: ... of a block evicted after reuse"),
+                counter("draft_tokens", &Stats::draft_tokens,
+                        "draft tokens given slots (allocate_draft_slots)"),
+                counter("accepted_draft_tokens", &Stats::accepted_draft_tokens,
+                        "of those judged by accept_draft, the accepted ones"),
+                counter("exported_sequences", &Stats::exported_sequences),
+                counter("pinned_blocks", &Stats::pinned_blocks,
+                        "blocks of every group still pinned by exports"),
+                counter("imported_tokens", &Stats::imported_tokens,
+                        "imported tokens complete_import counted as computed"),
+                counter("discarded_import_tokens", &Stats::discarded_import_tokens,
+                        "imported tokens complete_import released (recomputed)"));
 
   using GroupStats = KvCacheManager::GroupStats;
   nb::class_<GroupStats> group_stats(
@@ -562,6 +574,84 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
           "reset_prefix_cache",
           [](M& self) { self.mutate([](KvCacheManager& m) { m.reset_prefix_cache(); }); },
           "Empties the prefix index: nothing computed before is shared after.");
+}
+
+// Speculative decoding and hand-offs between engines (pagedkv/kv_handoff.h).
+void bind_draft_and_handoff_calls(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
+  using M = PyKvCacheManager;
+  nb::class_<KvHandoffGroup>(m, "KvHandoffGroup",
+                             "One layer group's entries of a hand-off: entry first_entry + i of "
+                             "the sequence's table is blocks[i].")
+      .def_ro("first_entry", &KvHandoffGroup::first_entry)
+      .def_ro("blocks", &KvHandoffGroup::blocks);
+  nb::class_<KvExport>(m, "KvExport", "What export_sequence() pinned for the transfer.")
+      .def_ro("seq", &KvExport::seq)
+      .def_ro("tokens", &KvExport::tokens, "the tokens whose K/V the blocks hold")
+      .def_ro("block_hashes", &KvExport::block_hashes, "chained hashes of the full blocks")
+      .def_ro("groups", &KvExport::groups, "per layer group, the entries it held");
+  nb::class_<KvImport>(m, "KvImport", "The entries import_slots() asks a transfer to fill.")
+      .def_ro("num_local_tokens", &KvImport::num_local_tokens,
+              "tokens the local prefix cache held (not transferred)")
+      .def_ro("num_tokens", &KvImport::num_tokens)
+      .def_ro("groups", &KvImport::groups, "per layer group, the entries to fill");
+  cls.def(
+         "allocate_draft_slots",
+         [](M& self, SeqId seq, int32_t num_new_tokens, IntValues<TokenId> draft) {
+           const std::span<const TokenId> tokens = draft.checked("allocate_draft_slots", "draft");
+           return slots_array(self.mutate([&](KvCacheManager& m) {
+             return m.allocate_draft_slots(seq, num_new_tokens, tokens);
+           }));
+         },
+         "seq"_a, "num_new_tokens"_a, "draft"_a,
+         "Speculative decoding: slots for the sequence's next num_new_tokens tokens and the\n"
+         "draft tokens after them (an int64 array of both). The drafts count as computed for\n"
+         "the step but are never cached before accept_draft() keeps them. Raises\n"
+         "ResourceExhausted (nothing changed), FailedPrecondition, KeyError, ValueError.")
+      .def(
+          "accept_draft",
+          [](M& self, SeqId seq, int32_t num_accepted) {
+            raise_if_error(
+                self.mutate([&](KvCacheManager& m) { return m.accept_draft(seq, num_accepted); }));
+          },
+          "seq"_a, "num_accepted"_a,
+          "After the step that wrote the drafts: keeps the first num_accepted, rolls the rest\n"
+          "back (their blocks released, never cached).")
+      .def(
+          "export_sequence",
+          [](M& self, SeqId seq) {
+            return value_or_raise(
+                self.mutate([&](KvCacheManager& m) { return m.export_sequence(seq); }));
+          },
+          "seq"_a,
+          "The sender of a hand-off: ends a running sequence whose step ended, keeping its\n"
+          "blocks pinned until release_export(seq); returns a KvExport.")
+      .def(
+          "release_export",
+          [](M& self, SeqId seq) {
+            raise_if_error(self.mutate([&](KvCacheManager& m) { return m.release_export(seq); }));
+          },
+          "seq"_a, "Unpins an export's blocks once the transfer is over.")
+      .def(
+          "import_slots",
+          [](M& self, SeqId seq, int32_t num_tokens) {
+            return value_or_raise(
+                self.mutate([&](KvCacheManager& m) { return m.import_slots(seq, num_tokens); }));
+          },
+          "seq"_a, "num_tokens"_a,
+          "The receiver: admits a waiting sequence (after match_prefix) with its first\n"
+          "num_tokens tokens filled by a transfer into the returned KvImport's blocks,\n"
+          "pending until complete_import(). Start the transfer after take_step_ops().")
+      .def(
+          "complete_import",
+          [](M& self, SeqId seq, IntValues<int32_t> verified_blocks) {
+            const std::span<const int32_t> verified =
+                verified_blocks.checked("complete_import", "verified_blocks");
+            return value_or_raise(
+                self.mutate([&](KvCacheManager& m) { return m.complete_import(seq, verified); }));
+          },
+          "seq"_a, "verified_blocks"_a,
+          "Ends an import: verified_blocks[g] leading entries of group g arrived intact.\n"
+          "Returns the tokens that count as computed; the rest is recomputed.");
 }
 
 void bind_batch_calls(nb::class_<PyKvCacheManager>& cls) {
@@ -788,6 +878,7 @@ void bind_kv_cache_manager(nb::module_& m) {
       "returns (its effects stay). Raises ValueError for invalid options.");
   bind_sequence_calls(cls);
   bind_batch_calls(cls);
+  bind_draft_and_handoff_calls(cls, m);
   bind_lookups(cls);
 }
 

@@ -153,25 +153,31 @@ void bind_kv_storage(nb::module_& m) {
   cls.def(
          "__init__",
          [](PyKvStorage* self, const KvCacheSpec& spec, int32_t num_blocks,
-            std::optional<Device> device, KvLayout layout, int32_t num_host_blocks) {
-           const KvStorageOptions options = storage_options(device, layout, num_host_blocks);
+            std::optional<Device> device, KvLayout layout, int32_t num_host_blocks,
+            int32_t layer_group) {
+           KvStorageOptions options = storage_options(device, layout, num_host_blocks);
+           options.layer_group = layer_group;
            new (self) PyKvStorage{value_or_raise(KvStorage::create(spec, num_blocks, options)),
                                   current_device_id(options.device)};
          },
          "spec"_a, "num_blocks"_a, nb::kw_only(), "device"_a.none() = nb::none(),
-         "layout"_a = KvLayout::kHND, "num_host_blocks"_a = 0,
-         "Allocates the pools (zero-filled) on device (default: CUDA when usable).")
+         "layout"_a = KvLayout::kHND, "num_host_blocks"_a = 0, "layer_group"_a = 0,
+         "Allocates the pools (zero-filled) on device (default: CUDA when usable). A hybrid\n"
+         "model keeps one storage per layer group: layer_group says whose copies\n"
+         "run_step_ops() runs (the others' are skipped).")
       .def_static(
           "create_for_budget",
           [](const KvCacheSpec& spec, int64_t budget_bytes, std::optional<Device> device,
-             KvLayout layout, int32_t num_host_blocks) {
-            const KvStorageOptions options = storage_options(device, layout, num_host_blocks);
+             KvLayout layout, int32_t num_host_blocks, int32_t layer_group) {
+            KvStorageOptions options = storage_options(device, layout, num_host_blocks);
+            options.layer_group = layer_group;
             return new PyKvStorage{
                 value_or_raise(KvStorage::create_for_budget(spec, budget_bytes, options)),
                 current_device_id(options.device)};
           },
           "spec"_a, "budget_bytes"_a, nb::kw_only(), "device"_a.none() = nb::none(),
-          "layout"_a = KvLayout::kHND, "num_host_blocks"_a = 0, nb::rv_policy::take_ownership)
+          "layout"_a = KvLayout::kHND, "num_host_blocks"_a = 0, "layer_group"_a = 0,
+          nb::rv_policy::take_ownership)
       .def_static(
           "create_state",
           [](const StateShape& shape, int32_t num_slots, std::optional<Device> device,

@@ -188,6 +188,38 @@ def test_partial_block_reuse_copies_in_every_group():
     m.check_invariants()
 
 
+def test_each_group_storage_runs_its_own_copies():
+    """KvStorage(..., layer_group=g), a hybrid model's storage per group: run_step_ops()
+    runs the copies of its group, and a single-list call refuses another group's copy."""
+    m = hybrid(window_blocks=8)
+    m.add_sequence(1, [1, 2, 3])
+    m.allocate_slots(1, 3)
+    m.take_step_ops()
+    m.fork(1, 2)
+    m.append_tokens(2, [5])
+    m.allocate_slots(2, 1)  # block 1 (one token) is shared: a copy-on-write in each group
+    ops = m.take_step_ops()
+    assert ops.copy_on_write == [pk.BlockCopy(1, 2, 1), pk.BlockCopy(1, 2, 1, group=1)]
+    spec = pk.KvCacheSpec(num_layers=1, num_kv_heads=1, head_dim=4, dtype=pk.DType.FLOAT32,
+                          block_size=2)
+    storages = [pk.KvStorage(spec, 8, device=pk.Device.CPU, layer_group=g) for g in (0, 1)]
+    assert [s.layer_group for s in storages] == [0, 1]
+    pools = [np.from_dlpack(s.k_cache(0)) for s in storages]
+    for g, pool in enumerate(pools):
+        pool[:] = np.arange(pool.size, dtype=np.float32).reshape(pool.shape) + 1000 * g
+    before = [pool.copy() for pool in pools]
+    for storage in storages:
+        storage.run_step_ops(ops)
+    for g, pool in enumerate(pools):
+        expected = before[g].copy()
+        expected[2, :, :1] = before[g][1, :, :1]  # the group's copy ran once
+        np.testing.assert_array_equal(pool, expected)
+    with pytest.raises(ValueError, match="group"):
+        storages[1].copy_blocks([pk.BlockCopy(1, 2, 1)])
+    with pytest.raises(ValueError, match="layer_group -1"):
+        pk.KvStorage(spec, 8, device=pk.Device.CPU, layer_group=-1)
+
+
 def test_events_name_the_group_of_a_hybrid_manager_only():
     events = pk.KvEventBuffer()
     m = hybrid(event_sink=events)

@@ -77,6 +77,11 @@ class CacheCoordinator {
   absl::StatusOr<std::span<const absl::Status>> append_tokens_batch(
       std::span<const SeqId> seqs, std::span<const TokenId> tokens,
       std::span<const int32_t> indptr);
+  absl::StatusOr<KvCacheManager::SlotBatch> allocate_draft_slots_batch(
+      std::span<const SeqId> seqs, std::span<const int32_t> num_new_tokens,
+      std::span<const TokenId> draft_tokens, std::span<const int32_t> draft_indptr);
+  absl::StatusOr<std::span<const absl::Status>> accept_draft_batch(
+      std::span<const SeqId> seqs, std::span<const int32_t> num_accepted);
   StepOps take_step_ops();
   absl::Status build_block_tables(std::span<const SeqId> seqs, BlockTables* out,
                                   int32_t group) const;
@@ -126,6 +131,17 @@ class CacheCoordinator {
   absl::StatusOr<std::span<const int64_t>> allocate_or_preempt_impl(Sequence& seq,
                                                                     int32_t num_new_tokens,
                                                                     int32_t num_lookahead);
+  absl::StatusOr<std::span<const int64_t>> allocate_draft_slots_impl(
+      Sequence& seq, int32_t num_new_tokens, std::span<const TokenId> draft);
+  // Batched calls (batched_calls.cc): a batch's counts, one per sequence or one for all,
+  // each at most max_model_len; then sequence i gets entries(i) slots from allocate(i,
+  // its Sequence), as the single call `caller` gives them.
+  absl::Status check_batch_counts(const char* caller, std::span<const SeqId> seqs,
+                                  std::span<const int32_t> counts) const;
+  template <typename Entries, typename Allocate>
+  absl::StatusOr<KvCacheManager::SlotBatch> slot_batch(std::span<const SeqId> seqs,
+                                                       const char* batch_caller, const char* caller,
+                                                       Entries entries, Allocate allocate);
   int64_t decode_in_place(Sequence& seq);
   void set_state(Sequence& seq, SequenceState state);
   // Prefix matching (prefix_match.cc).

@@ -12,26 +12,31 @@ absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_draft_slots(
     SeqId seq, int32_t num_new_tokens, std::span<const TokenId> draft) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "allocate_draft_slots"));
-  if (awaits_verdict(*s)) return verdict_wait(*s, "allocate_draft_slots");
-  const auto num_tokens = static_cast<int64_t>(s->tokens.size());
+  return allocate_draft_slots_impl(*s, num_new_tokens, draft);
+}
+
+absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_draft_slots_impl(
+    Sequence& s, int32_t num_new_tokens, std::span<const TokenId> draft) {
+  if (awaits_verdict(s)) return verdict_wait(s, "allocate_draft_slots");
+  const auto num_tokens = static_cast<int64_t>(s.tokens.size());
   // The drafts follow the sequence's last token, which this step computes.
   if (num_new_tokens < 1 || draft.empty() ||
-      s->num_computed + int64_t{num_new_tokens} != num_tokens) {
+      s.num_computed + int64_t{num_new_tokens} != num_tokens) {
     return absl::InvalidArgumentError(
-        absl::StrCat("allocate_draft_slots(seq ", seq, "): ", num_new_tokens, " new tokens and ",
-                     draft.size(), " drafts; need the sequence's ", num_tokens - s->num_computed,
+        absl::StrCat("allocate_draft_slots(seq ", s.id, "): ", num_new_tokens, " new tokens and ",
+                     draft.size(), " drafts; need the sequence's ", num_tokens - s.num_computed,
                      " uncomputed tokens (at least 1) and at least 1 draft after them"));
   }
   if (num_tokens + std::ssize(draft) > shared_.options.max_model_len) {
     return absl::InvalidArgumentError(
-        absl::StrCat("allocate_draft_slots(seq ", seq, "): ", num_tokens, " + ", draft.size(),
+        absl::StrCat("allocate_draft_slots(seq ", s.id, "): ", num_tokens, " + ", draft.size(),
                      " drafts exceeds max_model_len ", shared_.options.max_model_len));
   }
-  s->tokens.insert(s->tokens.end(), draft.begin(), draft.end());
+  s.tokens.insert(s.tokens.end(), draft.begin(), draft.end());
   const auto num_draft = static_cast<int32_t>(draft.size());
-  auto slots = allocate_slots_impl(*s, num_new_tokens + num_draft, 0, num_draft);
+  auto slots = allocate_slots_impl(s, num_new_tokens + num_draft, 0, num_draft);
   if (!slots.ok()) {
-    s->tokens.resize(static_cast<size_t>(num_tokens));  // nothing else changed
+    s.tokens.resize(static_cast<size_t>(num_tokens));  // nothing else changed
     return slots.status();
   }
   shared_.counters.draft_tokens += num_draft;

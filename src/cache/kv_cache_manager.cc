@@ -97,6 +97,17 @@ absl::StatusOr<std::span<const absl::Status>> KvCacheManager::append_tokens_batc
   return core_->append_tokens_batch(seqs, tokens, indptr);
 }
 
+absl::StatusOr<KvCacheManager::SlotBatch> KvCacheManager::allocate_draft_slots_batch(
+    std::span<const SeqId> seqs, std::span<const int32_t> num_new_tokens,
+    std::span<const TokenId> draft_tokens, std::span<const int32_t> draft_indptr) {
+  return core_->allocate_draft_slots_batch(seqs, num_new_tokens, draft_tokens, draft_indptr);
+}
+
+absl::StatusOr<std::span<const absl::Status>> KvCacheManager::accept_draft_batch(
+    std::span<const SeqId> seqs, std::span<const int32_t> num_accepted) {
+  return core_->accept_draft_batch(seqs, num_accepted);
+}
+
 StepOps KvCacheManager::take_step_ops() { return core_->take_step_ops(); }
 
 absl::Status KvCacheManager::build_block_tables(std::span<const SeqId> seqs, BlockTables* out,
