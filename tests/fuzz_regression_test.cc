@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "pagedkv/kv_cache_manager.h"
 
+#include "support/handoff_ops.h"
 #include "support/manager_ops.h"
 #include "support/state_ops.h"
 
@@ -65,6 +66,12 @@ TEST_CASE("the state fuzzer's corpus and saved crashes replay cleanly", "[fuzz]"
   auto run = [](const std::vector<uint8_t>& bytes) { return run_state_ops(bytes); };
   CHECK(replay_with("corpus", "state", run) > 0);
   replay_with("regressions", "state", run);
+}
+
+TEST_CASE("the hand-off fuzzer's corpus and saved crashes replay cleanly", "[fuzz]") {
+  auto run = [](const std::vector<uint8_t>& bytes) { return run_handoff_ops(bytes); };
+  CHECK(replay_with("corpus", "handoff", run) > 0);
+  replay_with("regressions", "handoff", run);
 }
 
 TEST_CASE("the hash fuzzer's corpus and saved crashes replay cleanly", "[fuzz]") {
