@@ -98,7 +98,7 @@ TEST_CASE("a malformed safetensors file is refused, naming what is wrong", "[dec
              Catch::Contains("not a JSON object"));
 }
 
-TEST_CASE("a llama config.json gives the model's sizes; others are refused by name",
+TEST_CASE("a llama config.json gives the model's sizes, and other models are refused by name",
           "[decode_loop]") {
   const std::string base = R"({"model_type": "llama", "vocab_size": 512, "hidden_size": 128,
       "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
