@@ -214,11 +214,11 @@ def flip_every_value(redis):
     return len(keys)
 
 
-def paced(binary, args, remote, during):
-    """Runs engine 2 slowly (10 ms a step, 4 sequences at a time: lookups go out all along,
-    for seconds) and calls during() 0.5 s into it."""
-    proc = run_engine(binary, args, 2, remote, "--min-step-ms", "10", "--max-running", "4",
-                      background=True)
+def paced(binary, args, remote, during, step_ms=10):
+    """Runs engine 2 slowly (step_ms a step, 4 sequences at a time: lookups go out all
+    along, for seconds) and calls during() 0.5 s into it."""
+    proc = run_engine(binary, args, 2, remote, "--min-step-ms", str(step_ms), "--max-running",
+                      "4", background=True)
     time.sleep(0.5)
     if proc.poll() is not None:
         fail("engine 2 finished before the fault: make the run longer")
@@ -251,7 +251,10 @@ def main():
             print(f"keys per master: {spread}")
             if min(spread) == 0:
                 fail("some master holds no block")
-            s = paced(binary, args, remote, lambda: redis.reshard(2000))
+            # 40 ms steps: engine 2 still looks blocks up and writes them for seconds after
+            # the 2,000 slots have moved (on an idle machine the reshard outlasted a 10 ms
+            # run, and no lookup met a moved slot).
+            s = paced(binary, args, remote, lambda: redis.reshard(2000), step_ms=40)
             describe("engine 2", s)
             print(f"keys per master after resharding: {redis.keys_per_node()}")
             r = s["remote"]
