@@ -263,7 +263,7 @@ class HandoffOpRunner {
     }
     absl::StatusOr<KvCacheManager> prefill = KvCacheManager::create(options);
     // The decode engine's pools are smaller: imports and decodes preempt each other.
-    for (LayerGroup& g : options.layer_groups) g.num_blocks = std::max(4, g.num_blocks * 3 / 4);
+    for (LayerGroup& g : options.layer_groups) g.num_blocks = std::max(4, g.num_blocks / 2);
     absl::StatusOr<KvCacheManager> decode = KvCacheManager::create(options);
     if (!prefill.ok() || !decode.ok()) {
       return fail("create: ", prefill.status().ToString(), " ", decode.status().ToString());
