@@ -12,6 +12,7 @@
 #include "pagedkv/kv_transfer.h"
 #include "transfer/frame_connection.h"
 #include "transfer/transfer_checks.h"
+#include "transfer/transfer_table.h"
 
 namespace pagedkv {
 namespace internal {
@@ -64,16 +65,11 @@ class Receiver final : public KvTransferReceiver, private FrameReader::Handler {
   size_t poll(std::vector<KvReceiveCompletion>* out) override {
     if (absl::Status lost = connection_.exchange(*this); !lost.ok()) fail_all(lost);
     expire(absl::Now());
-    const size_t count = finished_.size();
-    for (KvReceiveCompletion& done : finished_) out->push_back(std::move(done));
-    finished_.clear();
-    return count;
+    return hand_over(finished_, out);
   }
 
   void wait(absl::Duration max_wait) override {
-    absl::Time deadline = absl::Now() + max_wait;
-    for (const auto& [id, transfer] : transfers_) deadline = std::min(deadline, transfer.deadline);
-    connection_.wait(deadline);
+    connection_.wait(earliest_deadline(transfers_, absl::Now() + max_wait));
   }
 
   int32_t in_flight() const override { return static_cast<int32_t>(transfers_.size()); }
@@ -176,11 +172,7 @@ class Receiver final : public KvTransferReceiver, private FrameReader::Handler {
   }
 
   void expire(absl::Time now) {
-    std::vector<KvTransferId> expired;
-    for (const auto& [id, transfer] : transfers_) {
-      if (transfer.deadline <= now) expired.push_back(id);
-    }
-    for (const KvTransferId id : expired) {
+    for (const KvTransferId id : due_transfer_ids(transfers_, now)) {
       const Transfer& transfer = transfers_.at(id);
       finish(id, KvTransferOutcome::kTimedOut,
              absl::DeadlineExceededError(absl::StrCat(
@@ -190,9 +182,7 @@ class Receiver final : public KvTransferReceiver, private FrameReader::Handler {
   }
 
   void fail_all(const absl::Status& lost) {
-    std::vector<KvTransferId> ids;
-    for (const auto& [id, transfer] : transfers_) ids.push_back(id);
-    for (const KvTransferId id : ids) {
+    for (const KvTransferId id : transfer_ids(transfers_)) {
       const Transfer& transfer = transfers_.at(id);
       finish(
           id, KvTransferOutcome::kFailed,

@@ -12,6 +12,7 @@
 #include "transfer/fault_injector.h"
 #include "transfer/frame_connection.h"
 #include "transfer/transfer_checks.h"
+#include "transfer/transfer_table.h"
 
 namespace pagedkv {
 namespace internal {
@@ -91,16 +92,11 @@ class Sender final : public KvTransferSender, private FrameReader::Handler {
         *this, [this](const FrameHeader& header) { on_frame_written(header); });
     if (!lost.ok()) fail_all(lost);
     expire(absl::Now());
-    const size_t count = finished_.size();
-    for (KvSendCompletion& done : finished_) out->push_back(std::move(done));
-    finished_.clear();
-    return count;
+    return hand_over(finished_, out);
   }
 
   void wait(absl::Duration max_wait) override {
-    absl::Time deadline = absl::Now() + max_wait;
-    for (const auto& [id, transfer] : transfers_) deadline = std::min(deadline, transfer.deadline);
-    connection_.wait(deadline);
+    connection_.wait(earliest_deadline(transfers_, absl::Now() + max_wait));
   }
 
   int32_t in_flight() const override { return static_cast<int32_t>(transfers_.size()); }
@@ -144,11 +140,7 @@ class Sender final : public KvTransferSender, private FrameReader::Handler {
   }
 
   void expire(absl::Time now) {
-    std::vector<KvTransferId> expired;
-    for (const auto& [id, transfer] : transfers_) {
-      if (transfer.deadline <= now) expired.push_back(id);
-    }
-    for (const KvTransferId id : expired) {
+    for (const KvTransferId id : due_transfer_ids(transfers_, now)) {
       finish(id, KvTransferOutcome::kTimedOut,
              absl::DeadlineExceededError(absl::StrCat(
                  "transfer ", id, ": no answer from ", connection_.peer(), " within its timeout ",
@@ -157,9 +149,7 @@ class Sender final : public KvTransferSender, private FrameReader::Handler {
   }
 
   void fail_all(const absl::Status& lost) {
-    std::vector<KvTransferId> ids;
-    for (const auto& [id, transfer] : transfers_) ids.push_back(id);
-    for (const KvTransferId id : ids) {
+    for (const KvTransferId id : transfer_ids(transfers_)) {
       finish(id, KvTransferOutcome::kFailed,
              absl::Status(lost.code(),
                           absl::StrCat("transfer ", id, ": connection lost: ", lost.message())));
