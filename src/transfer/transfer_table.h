@@ -17,8 +17,8 @@
 
 namespace pagedkv::internal {
 
-// The ids of `transfers` (those whose deadline is at or before `now`), so that the caller
-// may finish them while iterating over the ids, not the map.
+// The ids of every transfer, and of those whose deadline is at or before `now`: the caller
+// finishes them while iterating over the ids, not over the map it erases from.
 template <typename Transfer>
 std::vector<KvTransferId> transfer_ids(
     const absl::flat_hash_map<KvTransferId, Transfer>& transfers) {
