@@ -219,7 +219,7 @@ class SimulatedEngine {
   std::map<SeqId, std::map<int32_t, std::vector<int64_t>>> draft_slots_;
 };
 
-class HandoffOpRunner {
+class HandoffOpRunner : private FirstFailure {
  public:
   explicit HandoffOpRunner(std::span<const uint8_t> data) : in_(data) {}
 
@@ -600,15 +600,6 @@ class HandoffOpRunner {
       fail(&e == &*prefill_ ? "prefill " : "decode ", where..., ": ", s.ToString());
     }
   }
-  template <typename... Parts>
-  bool fail(const Parts&... parts) {
-    if (error_.empty()) error_ = absl::StrCat(parts..., "\n");
-    return false;
-  }
-  template <typename... Parts>
-  void fail_void(const Parts&... parts) {
-    fail(parts...);
-  }
 
   void add(HandoffOpsTotals& t) const {
     t.steps += totals_.steps;
@@ -632,7 +623,6 @@ class HandoffOpRunner {
   std::set<SeqId> lost_;  // exports released before their transfer
   SeqId next_id_ = 1;
   HandoffOpsTotals totals_;
-  std::string error_;
 };
 
 inline std::string run_handoff_ops(std::span<const uint8_t> data,

@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "pagedkv/block_hash.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_events.h"
@@ -100,6 +101,24 @@ class ByteSource {
  private:
   std::span<const uint8_t> data_;
   size_t pos_ = 0;
+};
+
+// What the state and hand-off op runners share: the first failure they report (later ones
+// follow from it) and the calls that report it.
+class FirstFailure {
+ protected:
+  template <typename... Parts>
+  bool fail(const Parts&... parts) {
+    if (error_.empty()) error_ = absl::StrCat(parts..., "\n");
+    return false;
+  }
+  // For `return fail_void(...);` in a void function.
+  template <typename... Parts>
+  void fail_void(const Parts&... parts) {
+    fail(parts...);
+  }
+
+  std::string error_;  // "" while nothing failed
 };
 
 // --- weak hashes (OpProfile::kHash) -----------------------------------------------------------

@@ -41,7 +41,7 @@ struct StateOpsTotals {
   int64_t accepted = 0;       // of those, accepted
 };
 
-class StateOpRunner {
+class StateOpRunner : private FirstFailure {
  public:
   explicit StateOpRunner(std::span<const uint8_t> data) : in_(data), hooks_(this) {}
 
@@ -406,15 +406,6 @@ class StateOpRunner {
       fail(where..., ": ", s.ToString());
     }
   }
-  template <typename... Parts>
-  bool fail(const Parts&... parts) {
-    if (error_.empty()) error_ = absl::StrCat(parts..., "\n");
-    return false;
-  }
-  template <typename... Parts>
-  void fail_void(const Parts&... parts) {
-    fail(parts...);
-  }
 
   // A first input byte that adds draft steps (no saved input starts with it).
   static constexpr uint8_t kSpeculativeMarker = 254;
@@ -429,7 +420,6 @@ class StateOpRunner {
   std::map<SeqId, Seq> seqs_;
   SeqId next_id_ = 1;
   StateOpsTotals totals_;
-  std::string error_;
 };
 
 inline std::string run_state_ops(std::span<const uint8_t> data, StateOpsTotals* totals = nullptr) {
