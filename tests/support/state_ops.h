@@ -241,16 +241,23 @@ class StateOpRunner : private FirstFailure {
     if (seqs_[id].step_start < 0) seqs_[id].step_start = start;
   }
 
+  // A sequence whose tokens are all computed samples its next one; false when the manager
+  // refuses it (max_model_len).
+  bool sample_if_computed(SeqId id, int32_t computed) {
+    Seq& s = seqs_[id];
+    if (computed != static_cast<int32_t>(s.tokens.size())) return true;
+    const TokenId t = 5000 + in_.u8() % 4;
+    if (!manager_->append_tokens(id, {&t, 1}).ok()) return false;
+    s.tokens.push_back(t);
+    return true;
+  }
+
   // The next chunk of a waiting or running sequence (a decode token once its prompt is in).
   void advance(SeqId id) {
     if (id < 0) return;
     Seq& s = seqs_[id];
     const int32_t computed = manager_->sequence(id)->num_computed_tokens;
-    if (computed == static_cast<int32_t>(s.tokens.size())) {
-      const TokenId t = 5000 + in_.u8() % 4;
-      if (!manager_->append_tokens(id, {&t, 1}).ok()) return;
-      s.tokens.push_back(t);
-    }
+    if (!sample_if_computed(id, computed)) return;
     const auto left = static_cast<int32_t>(s.tokens.size()) - computed;
     const int32_t chunk = 1 + in_.u8() % left;
     const bool or_preempt = in_.u8() % 4 == 0;
@@ -264,11 +271,7 @@ class StateOpRunner : private FirstFailure {
     if (id < 0) return;
     Seq& s = seqs_[id];
     const int32_t computed = manager_->sequence(id)->num_computed_tokens;
-    if (computed == static_cast<int32_t>(s.tokens.size())) {
-      const TokenId t = 5000 + in_.u8() % 4;
-      if (!manager_->append_tokens(id, {&t, 1}).ok()) return;
-      s.tokens.push_back(t);
-    }
+    if (!sample_if_computed(id, computed)) return;
     std::vector<TokenId> draft(1 + in_.u8() % 3);
     for (TokenId& t : draft) t = 5000 + in_.u8() % 4;
     const int32_t n = static_cast<int32_t>(s.tokens.size()) - computed;
