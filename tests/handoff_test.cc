@@ -228,6 +228,30 @@ TEST_CASE("a windowed group imports its window alone, and a gap in it recomputes
   require_valid(m);
 }
 
+TEST_CASE("a windowed group's import fits a pool smaller than the prompt", "[handoff]") {
+  // 10 tokens need 3 entries, the windowed pool has 2 (a window of 4 runs in 2): the
+  // import allocates the window's entries only (token 10 attends from token 7: entries 1
+  // and 2), so it fits.
+  EventLog log;
+  KvCacheManager m =
+      manager(&log, {{.kind = AttentionKind::kFull, .num_blocks = 8},
+                     {.kind = AttentionKind::kSlidingWindow, .window = 4, .num_blocks = 2}});
+  admit(m, 1, with_sampled(iota_tokens(10)));
+  REQUIRE(*m.match_prefix(1) == 0);
+  const absl::StatusOr<KvImport> in = m.import_slots(1, 10);
+  REQUIRE(in.ok());
+  CHECK(in->groups[1].first_entry == 1);
+  CHECK(blocks_of(in->groups[1]) == std::vector<BlockId>{0, 1});
+  CHECK((*m.device_pool(1))->num_free_blocks() == 0);
+  require_valid(m);
+  end_step(m);
+  REQUIRE(*m.complete_import(1, std::vector<int32_t>{3, 2}) == 10);
+  // Token 10 goes into entry 2: block 2 of the full group, block 1 of the windowed one.
+  CHECK(allocate(m, 1, 1) == Slots{2 * 4 + 2});
+  CHECK(Slots(m.slot_mapping(1)->begin(), m.slot_mapping(1)->end()) == Slots{1 * 4 + 2});
+  require_valid(m);
+}
+
 TEST_CASE("a state group's import is whole or not at all", "[handoff]") {
   EventLog log;
   KvCacheManager m = manager(&log, {{.kind = AttentionKind::kFull, .num_blocks = 8},

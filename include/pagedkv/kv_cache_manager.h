@@ -480,7 +480,8 @@ class KvCacheManager {
   // match_prefix() for the tokens its own cache holds) with its first `num_tokens` tokens
   // computed elsewhere, as allocate_slots() admits a prompt, and returns the entries of
   // each layer group that a transfer must fill: those past the local prefix hit (a
-  // windowed group: those of the window at num_tokens; the others are released at once; a
+  // windowed group: those of the window at num_tokens, the only ones it allocates, so a
+  // prompt longer than its pool imports; held hits behind it are released at once; a
   // state group: the state slot). The engine starts the transfer into those blocks only
   // after running this step's ops (take_step_ops()): a copy may still read or write them.
   // Until complete_import() the imported tokens count as computed but none is verified
@@ -488,8 +489,9 @@ class KvCacheManager {
   // complete_import(), free() and the lookups: no kernel reads a pending import (block
   // tables refuse it), and no preemption picks it. free() releases it uncached once the
   // transfer is over or cancelled.
-  // Errors: those of allocate_slots() for num_tokens - match_prefix() new tokens
-  // (ResourceExhausted: nothing changes); InvalidArgument for num_tokens outside
+  // Errors: those of allocate_slots() for num_tokens - match_prefix() new tokens, a
+  // windowed group counting its window's blocks only (ResourceExhausted: nothing
+  // changes); InvalidArgument for num_tokens outside
   // (tokens claimed, tokens]; FailedPrecondition unless the sequence is waiting.
   [[nodiscard]] absl::StatusOr<KvImport> import_slots(SeqId seq, int32_t num_tokens);
 

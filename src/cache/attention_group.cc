@@ -13,18 +13,19 @@ namespace pagedkv::internal {
 
 absl::Status AttentionGroup::plan_step(const Sequence& seq, const StepRequest& step,
                                        GroupPlan& plan) const {
-  return plan_blocks(seq, step, /*release_end=*/0, /*freed=*/0, plan);
+  return plan_blocks(seq, step, /*release_end=*/0, /*freed=*/0, /*skipped=*/0, plan);
 }
 
 absl::Status AttentionGroup::plan_blocks(const Sequence& seq, const StepRequest& step,
-                                         int32_t release_end, int32_t freed,
+                                         int32_t release_end, int32_t freed, int32_t skipped,
                                          GroupPlan& plan) const {
   const GroupTable& t = table(seq);
   // The watermark keeps headroom for running sequences to grow: an admission leaves it
   // free while another sequence runs, and may use every block when none does.
   const int32_t reserve = step.admission && shared_.num_running > 0 ? watermark_blocks() : 0;
   plan.release_end = release_end;
-  const int64_t held = step.total_blocks - release_end;
+  plan.skipped = skipped;
+  const int64_t held = step.total_blocks - release_end - skipped;
   if (held > spec().num_blocks) {
     return absl::InvalidArgumentError(
         absl::StrCat("allocate_slots(seq ", seq.id, "): ", step.slots_total, " slots need ", held,
@@ -40,9 +41,9 @@ absl::Status AttentionGroup::plan_blocks(const Sequence& seq, const StepRequest&
                      " would copy tokens whose K/V this step has not written yet; append after "
                      "the step"));
   }
-  plan.new_blocks =
-      static_cast<int32_t>(std::max<int64_t>(0, step.total_blocks - std::ssize(t.blocks))) +
-      (plan.copy_on_write ? 1 : 0);
+  plan.new_blocks = static_cast<int32_t>(
+                        std::max<int64_t>(0, step.total_blocks - std::ssize(t.blocks) - skipped)) +
+                    (plan.copy_on_write ? 1 : 0);
   const int32_t free_blocks = device().num_free_blocks() + freed;
   if (plan.new_blocks + reserve > free_blocks) {
     return absl::ResourceExhaustedError(
@@ -57,14 +58,25 @@ void AttentionGroup::apply_step(Sequence& seq, const StepRequest& step, const Gr
                                 std::span<int64_t> slots) {
   if (plan.new_blocks > 0) grow_table(seq, plan, step.write_block, step.partial);
   const BlockId* blocks = table(seq).blocks.data();
+  int32_t write_block = step.write_block;
+  int32_t offset = step.partial;
+  const int32_t first_held = table(seq).first_held;
+  if (write_block < first_held) [[unlikely]] {
+    // A windowed import's tokens behind the window: no block, no slot.
+    const int64_t unheld = int64_t{first_held - write_block} * shared_.block_size - offset;
+    std::fill_n(slots.begin(), unheld, int64_t{-1});
+    slots = slots.subspan(static_cast<size_t>(unheld));
+    write_block = first_held;
+    offset = 0;
+  }
   // The blocks the new tokens' K/V goes into, once each; then their slots.
   if (step.num_new_tokens > 0) {
     const auto last_block = static_cast<int32_t>((step.new_total - 1) / shared_.block_size);
-    for (int32_t i = step.write_block; i <= last_block; ++i) {
+    for (int32_t i = write_block; i <= last_block; ++i) {
       shared_.ledger.mark_written(index(), blocks[i]);
     }
   }
-  write_slots(blocks + step.write_block, step.partial, slots);
+  write_slots(blocks + write_block, offset, slots);
 }
 
 void AttentionGroup::grow_table(Sequence& seq, const GroupPlan& plan, int32_t write_block,

@@ -91,10 +91,11 @@ class AttentionGroup : public GroupCache {
     }
   };
 
-  // plan_step() once a windowed group knows which entries it releases first (`release_end`)
-  // and how many of them return to the free queue (`freed`).
+  // plan_step() once a windowed group knows which entries it releases first (`release_end`),
+  // how many of them return to the free queue (`freed`) and how many past the table's end
+  // it leaves unheld (`skipped`, GroupPlan).
   absl::Status plan_blocks(const Sequence& seq, const StepRequest& step, int32_t release_end,
-                           int32_t freed, GroupPlan& plan) const;
+                           int32_t freed, int32_t skipped, GroupPlan& plan) const;
   // Whether entry i of the match is a device hit (else a host-tier hit, to promote).
   virtual bool device_hit(int32_t i) const = 0;
   // The content key that `seq`'s entry `entry` (> 0) is cached after: the match's (before

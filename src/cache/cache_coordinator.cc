@@ -132,6 +132,7 @@ absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_slots_impl(
       .partial = seq.num_computed - write_block * bs,
       .admission = seq.state == SequenceState::kWaiting,
       .num_draft = num_draft,
+      .import = import,
   };
   for (const auto& g : groups_) {
     PAGEDKV_RETURN_IF_ERROR(g->plan_step(seq, step, plans_[g->index()]));

@@ -72,11 +72,15 @@ struct StepRequest {
   int32_t partial = 0;       // tokens already in it
   bool admission = false;    // the sequence was waiting: the watermark applies
   int32_t num_draft = 0;     // of the new tokens, the last ones that are drafts
+  bool import = false;       // the new tokens' K/V comes from a transfer (import_slots())
 };
 
 // What allocate_slots() does in one group, decided before anything changes.
 struct GroupPlan {
   int32_t release_end = 0;  // windowed: entries before it are released
+  // Windowed import: entries after the table's end, behind the window at the import's
+  // end, that the table gets unheld (kNoBlock) instead of allocated.
+  int32_t skipped = 0;
   int32_t new_blocks = 0;
   bool copy_on_write = false;
 };

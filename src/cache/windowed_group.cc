@@ -93,13 +93,24 @@ void WindowedGroup::index_run(Sequence& seq, int32_t first, int32_t n, bool matc
 absl::Status WindowedGroup::plan_step(const Sequence& seq, const StepRequest& step,
                                       GroupPlan& plan) const {
   int32_t freed = 0;
-  const int32_t end = release_end(seq, freed);
-  return plan_blocks(seq, step, end, freed, plan);
+  // An import computes nothing here: only the window at its end must be held, so the
+  // entries behind it are released, or never allocated when the table ends before them.
+  const int64_t needed_from = step.import ? step.new_total : seq.num_computed;
+  const int32_t end = release_end(seq, needed_from, freed);
+  const int32_t skipped = step.import && end == std::ssize(table(seq).blocks)
+                              ? std::max(0, first_needed_block(step.new_total) - end)
+                              : 0;
+  return plan_blocks(seq, step, end, freed, skipped, plan);
 }
 
 void WindowedGroup::apply_step(Sequence& seq, const StepRequest& step, const GroupPlan& plan,
                                std::span<int64_t> slots) {
-  if (plan.release_end > table(seq).first_held) release_behind_window(seq, plan.release_end);
+  GroupTable& t = table(seq);
+  if (plan.release_end > t.first_held) release_behind_window(seq, plan.release_end);
+  if (plan.skipped > 0) {
+    t.blocks.resize(t.blocks.size() + plan.skipped, kNoBlock);
+    t.first_held = static_cast<int32_t>(t.blocks.size());
+  }
   AttentionGroup::apply_step(seq, step, plan, slots);
 }
 
@@ -108,10 +119,10 @@ void WindowedGroup::release_unimported(Sequence& seq) {
   if (end > table(seq).first_held) release_behind_window(seq, end);
 }
 
-int32_t WindowedGroup::release_end(const Sequence& seq, int32_t& freed) const {
+int32_t WindowedGroup::release_end(const Sequence& seq, int64_t needed_from, int32_t& freed) const {
   const GroupTable& t = table(seq);
   const StepLedger& ledger = shared_.ledger;
-  const int32_t first_needed = first_needed_block(seq.num_computed);
+  const int32_t first_needed = first_needed_block(needed_from);
   int32_t end = t.first_held;
   freed = 0;
   for (; end < first_needed && end < std::ssize(t.blocks); ++end) {

@@ -49,10 +49,10 @@ class WindowedGroup final : public AttentionGroup {
   // anchor's block i - 1. Looked up once per match.
   bool claimable(const Sequence& seq, int32_t i);
   // The entries [first_held, end) that allocate_slots() may release: those before the
-  // window of the next token, up to the first one this step writes (a block whose K/V is
-  // not written yet stays until a later call). `freed`: how many of them the release
-  // returns to the free queue.
-  int32_t release_end(const Sequence& seq, int32_t& freed) const;
+  // window of the token at `needed_from`, up to the first one this step writes (a block
+  // whose K/V is not written yet stays until a later call). `freed`: how many of them the
+  // release returns to the free queue.
+  int32_t release_end(const Sequence& seq, int64_t needed_from, int32_t& freed) const;
   void release_behind_window(Sequence& seq, int32_t end);
   // The retention priority of entry `entry` as `seq` releases it (see the file comment).
   int32_t window_priority(const Sequence& seq, int32_t entry) const;
