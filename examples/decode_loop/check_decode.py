@@ -2,7 +2,7 @@
 """CTest checker for pagedkv-decode: runs the binary with --json and checks the summary.
 
 usage: check_decode.py [--full | --expect-mismatch | --host-cache-rise MB |
-                        --concurrency-gain RATIO] BINARY [ARGS...]
+                        --concurrency-gain RATIO | --disaggregated] BINARY [ARGS...]
 
 Always checks: exit status 0, the JSON parses, every request completed, verification ran
 and passed (teacher-forced: logits within the dtype's bound, tokens equal or near-ties),
@@ -27,6 +27,14 @@ them; with --full prefix hits must also claim blocks in each. With state groups 
 ssm), --full also needs checkpoints saved and restored in each, and a verified sequence
 restored from one; with a host tier too, checkpoints demoted and restored from the tier
 in each, and a verified sequence restored from a host-tier checkpoint.
+With --disaggregated (ARGS with --disaggregate): the run must pass the checks above with
+every handed-off sequence's K/V imported or recomputed, a verified sequence must have
+been imported, and the output digest must equal that of ARGS on one engine (without
+--disaggregate and --transfer-fault); with --transfer-fault, the fault must have ended
+transfers (drop: blocks missing, corrupt: blocks corrupt, delay: transfers timed out,
+peer-killed: the prefill engine gone, its sequences rerouted) and tokens recomputed (and
+a verified sequence recomputed) for all but peer-killed, whose lost transfers may all
+have been whole when it died.
 """
 import json
 import subprocess
@@ -174,6 +182,56 @@ def check_run(summary, check, full):
                   f"{summary['blocks_promoted']} blocks)")
 
 
+def without_disaggregation(argv):
+    """ARGS for one engine: --disaggregate and the --transfer-* flags dropped."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if name in ("--disaggregate", "--transfer-fault", "--transfer-timeout-ms"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out + ["--verify", "0"]
+
+
+def check_disaggregated(pair, single, check):
+    d = pair["disaggregation"]
+    check(d is not None and d["handoffs"] > 0,
+          f"{d['handoffs']} sequences handed off from prefill to decode over {d['transport']}: "
+          f"{d['transfers']} transfers ({d['transfers_complete']} complete, "
+          f"{d['transfers_failed']} failed, {d['transfers_timed_out']} timed out), "
+          f"{d['local_imports']} served by the decode engine's own cache; "
+          f"{d['blocks_verified']} of {d['blocks_expected']} blocks verified "
+          f"({d['blocks_corrupt']} corrupt, {d['blocks_missing']} missing); prompt tokens "
+          f"{d['import_tokens']}: {d['local_hit_tokens']} local hits, "
+          f"{d['imported_tokens']} imported, {d['recomputed_tokens']} recomputed")
+    check(d["served_tokens"] + d["recomputed_tokens"] == d["import_tokens"] or d["peer_killed"],
+          f"every handed-off prompt token served ({d['served_tokens']}: local hits kept and "
+          f"imported) or recomputed")
+    verify = pair["verify"]
+    covered = verify["mechanisms_covered"] if verify else []
+    check("transfer" in covered, "a verified sequence was imported")
+    check(pair["output_digest"] == single["output_digest"],
+          f"the same output as one engine (digest {pair['output_digest']}, one engine "
+          f"{single['output_digest']})")
+    fault = d["transfer_fault"]
+    if fault == "none":
+        check(d["transfers_complete"] == d["transfers"] and d["recomputed_tokens"] == 0,
+              "every transfer complete, nothing recomputed")
+        return
+    broke = {"drop": d["blocks_missing"] > 0, "corrupt": d["blocks_corrupt"] > 0,
+             "delay": d["transfers_timed_out"] > 0,
+             "peer-killed": d["peer_killed"] and d["rerouted_sequences"] > 0}[fault]
+    check(broke, f"--transfer-fault {fault} broke transfers (rerouted sequences "
+                 f"{d['rerouted_sequences']})")
+    if fault != "peer-killed":
+        check(d["recomputed_tokens"] > 0 and "recompute" in covered,
+              f"{d['recomputed_tokens']} tokens recomputed, a verified sequence among them")
+
+
 def check_host_tier(base, tiered, check):
     """The same workload without and with the host tier."""
     check(not base["kv_cache"]["host_cache"] and base["blocks_demoted"] == 0,
@@ -232,6 +290,7 @@ def main(argv):
     expect_mismatch = False
     host_cache_mb = None
     concurrency_gain = None
+    disaggregated = False
     if argv and argv[0] == "--full":
         full = True
         argv = argv[1:]
@@ -244,6 +303,9 @@ def main(argv):
     elif len(argv) >= 2 and argv[0] == "--concurrency-gain":
         concurrency_gain = float(argv[1])
         argv = argv[2:]
+    elif argv and argv[0] == "--disaggregated":
+        disaggregated = True
+        argv = argv[1:]
     if not argv:
         print(__doc__)
         return 2
@@ -271,6 +333,11 @@ def main(argv):
             return 1
         check_run(as_full, check, full)
         check_concurrency_gain(summary, as_full, concurrency_gain, check)
+    if disaggregated:
+        single = run(without_disaggregation(argv))
+        if single is None:
+            return 1
+        check_disaggregated(summary, single, check)
     if check.failures:
         print(f"FAIL: {len(check.failures)} check(s) failed")
         return 1

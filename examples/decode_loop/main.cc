@@ -35,6 +35,7 @@
 #include "cache_plan.h"
 #include "checkpoint.h"
 #include "dense_reference.h"
+#include "disaggregation.h"
 #include "draft.h"
 #include "kv_event_feed.h"
 #include "kv_format.h"
@@ -214,6 +215,17 @@ ABSL_FLAG(int32_t, remote_timeout_ms, pagedkv::RemoteTierOptions{}.timeout_ms,
 ABSL_FLAG(std::string, remote_write, "through",
           "which blocks go to the remote tier: through|selective (through: every computed "
           "block once; selective: blocks found as local prefix hits)");
+ABSL_FLAG(std::string, disaggregate, "none",
+          "serve with two engines in this process: a prefill engine computes each prompt and "
+          "its first token and hands the sequence to a decode engine, the K/V over "
+          "pagedkv::transfer on loopback: none|tcp|shm (each engine gets --kv-budget-mb; not "
+          "with --remote, --kv-events or --metrics-port)");
+ABSL_FLAG(std::string, transfer_fault, "none",
+          "--disaggregate: break transfers on purpose: none|drop|corrupt|delay|peer-killed "
+          "(drop or corrupt one block of every fourth transfer; delay three transfers, by half "
+          "and twice --transfer-timeout-ms; peer-killed: the prefill engine dies mid-block "
+          "halfway through): the decode engine recomputes what did not arrive verified");
+ABSL_FLAG(int32_t, transfer_timeout_ms, 10000, "--disaggregate: a transfer's deadline, ms");
 ABSL_FLAG(double, hold_s, 0.0,
           "keep serving metrics and replay this many seconds after the summary");
 
@@ -355,6 +367,11 @@ constexpr Choice<Fault> kFaults[] = {{"none", Fault::kNone},
                                      {"skip-restore", Fault::kSkipRestore},
                                      {"corrupt-remote", Fault::kCorruptRemote},
                                      {"keep-rejected", Fault::kKeepRejected}};
+constexpr Choice<TransferFault> kTransferFaults[] = {{"none", TransferFault::kNone},
+                                                     {"drop", TransferFault::kDrop},
+                                                     {"corrupt", TransferFault::kCorrupt},
+                                                     {"delay", TransferFault::kDelay},
+                                                     {"peer-killed", TransferFault::kPeerKilled}};
 constexpr Choice<bool> kDrafters[] = {{"lookup", false}, {"replay", true}};  // replay?
 constexpr Choice<pagedkv::RemoteWaitPolicy> kRemoteWaits[] = {
     {"best-effort", pagedkv::RemoteWaitPolicy::kBestEffort},
@@ -526,6 +543,42 @@ std::pair<Drafter, uint64_t> rehearse(const Model& model, EngineOptions options,
   return {std::move(drafter), (*created)->stats().output_digest};
 }
 
+// --disaggregate: the pair's options from the flags, or nullopt for one engine.
+std::optional<DisaggregationOptions> disaggregation_options() {
+  const std::string transport = absl::GetFlag(FLAGS_disaggregate);
+  const TransferFault fault =
+      choose("transfer-fault", absl::GetFlag(FLAGS_transfer_fault), kTransferFaults);
+  const int32_t timeout_ms = absl::GetFlag(FLAGS_transfer_timeout_ms);
+  if (timeout_ms < 1 || timeout_ms > 600'000) {
+    fail(absl::StrCat("--transfer-timeout-ms ", timeout_ms, " must be in [1, 600000]"));
+  }
+  if (transport == "none") {
+    if (fault != TransferFault::kNone) fail("--transfer-fault needs --disaggregate");
+    return std::nullopt;
+  }
+  DisaggregationOptions options{.fault = fault, .transfer_timeout = absl::Milliseconds(timeout_ms)};
+  if (transport == "shm") {
+    options.endpoint = absl::StrCat("shm://pagedkv-decode-", getpid());
+  } else if (transport != "tcp") {
+    fail(absl::StrCat("--disaggregate ", transport, ": expected none, tcp or shm"));
+  }
+  return options;
+}
+
+// --disaggregate: a prefill engine beside `decode`, from the same options, and the pair
+// serving `requests`.
+DisaggregationStats serve_disaggregated(const Model& model, EngineOptions options, Engine& decode,
+                                        const std::vector<Request>& requests,
+                                        const DisaggregationOptions& pair) {
+  options.hand_off = true;
+  options.progress = false;
+  absl::StatusOr<std::unique_ptr<Engine>> prefill = Engine::create(model, options);
+  if (!prefill.ok()) fail(std::string(prefill.status().message()));
+  absl::StatusOr<DisaggregationStats> stats = run_disaggregated(**prefill, decode, requests, pair);
+  if (!stats.ok()) fail(absl::StrCat("run failed: ", stats.status().ToString()));
+  return *std::move(stats);
+}
+
 // A --fault run shows the fault only if a verified sequence went through what it breaks.
 // Returns false (after saying why) when the run exercised it but verified none.
 bool check_fault_coverage(const Report& report) {
@@ -670,6 +723,11 @@ int run(int argc, char** argv) {
     fail("--fault corrupt-remote needs --remote");
   }
 
+  const std::optional<DisaggregationOptions> pair = disaggregation_options();
+  if (pair.has_value() && (!remote.empty() || absl::GetFlag(FLAGS_metrics_port) >= 0 ||
+                           !absl::GetFlag(FLAGS_kv_events).empty())) {
+    fail("--disaggregate: not with --remote, --kv-events or --metrics-port");
+  }
   std::unique_ptr<MetricsServer> metrics;
   if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> started = MetricsServer::start(port);
@@ -767,7 +825,12 @@ int run(int argc, char** argv) {
   if (!created.ok()) fail(std::string(created.status().message()));
   Engine& eng = **created;
   running_engine = &eng;
-  if (absl::Status s = eng.run(workload->requests); !s.ok()) {
+  std::optional<Report::Disaggregation> disaggregated;
+  if (pair.has_value()) {
+    disaggregated = {.transport = absl::GetFlag(FLAGS_disaggregate),
+                     .fault = absl::GetFlag(FLAGS_transfer_fault),
+                     .stats = serve_disaggregated(model, engine, eng, workload->requests, *pair)};
+  } else if (absl::Status s = eng.run(workload->requests); !s.ok()) {
     fail(absl::StrCat("run failed: ", s.ToString()));
   }
 
@@ -787,7 +850,8 @@ int run(int argc, char** argv) {
   report.kv_budget_bytes = kv_budget_bytes();
   report.bytes_per_block = engine.cache.bytes_per_block_all_groups();
   report.capacity = capacity_figures(config, engine);
-  report.run = eng.stats();
+  report.run = disaggregated.has_value() ? disaggregated->stats.combined : eng.stats();
+  report.disaggregation = std::move(disaggregated);
   report.rehearsal_digest = rehearsal_digest;
   if (eng.remote() != nullptr) {
     report.remote = Report::Remote{remote, eng.remote()->stats(), remote_store->stats()};

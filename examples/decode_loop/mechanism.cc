@@ -29,6 +29,8 @@ const char* mechanism_name(Mechanism mechanism) {
       return "remote";
     case Mechanism::kRollback:
       return "rollback";
+    case Mechanism::kTransfer:
+      return "transfer";
   }
   return "unknown";
 }
@@ -59,6 +61,8 @@ const char* picked_as(Mechanism mechanism) {
       return "loaded from the remote tier";
     case Mechanism::kRollback:
       return "drafts rolled back";
+    case Mechanism::kTransfer:
+      return "imported from the prefill engine";
   }
   return "unknown";
 }

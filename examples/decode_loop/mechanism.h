@@ -20,6 +20,9 @@
 //   remote      prefix blocks loaded from the remote tier (--remote) at an admission
 //   rollback    drafts of its (--speculative) that the target model rejected were rolled
 //               back: their slots were released and later tokens' K/V took their place
+//   transfer    its prompt's K/V came from the prefill engine (--disaggregate), into its
+//               blocks past the prefix hit; what the transfer did not deliver verified,
+//               it computed again (then recompute too)
 //
 // kMechanisms lists them in rank order: the order of the verifier's picks and summaries.
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_MECHANISM_H_
@@ -46,6 +49,7 @@ enum class Mechanism : uint8_t {
   kStateHostRestore,
   kRemote,
   kRollback,
+  kTransfer,
 };
 
 inline constexpr std::array kMechanisms = {
@@ -55,6 +59,7 @@ inline constexpr std::array kMechanisms = {
     Mechanism::kDemote,       Mechanism::kPrefixHit,
     Mechanism::kStateRestore, Mechanism::kStateHostRestore,
     Mechanism::kRemote,       Mechanism::kRollback,
+    Mechanism::kTransfer,
 };
 
 // The mechanism's name in summaries and JSON ("cow-copy").

@@ -84,6 +84,7 @@ Engine::~Engine() = default;
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Model& model,
                                                        const EngineOptions& options) {
   std::unique_ptr<Engine> engine(new Engine(model, options));
+  engine->start_ns_ = now_ns();
   const CachePlan& plan = options.cache;
   absl::StatusOr<std::unique_ptr<KvStore>> store =
       KvStore::create(options.device, model, plan, options.kv_format);
@@ -512,6 +513,10 @@ void Engine::record_mechanisms(const pagedkv::StepOps& ops) {
   }
 }
 
+bool Engine::waits_for_transfers() const {
+  return imports_pending_ > 0 || manager_->stats().pinned_blocks > 0;
+}
+
 bool Engine::is_state_group(int32_t group) const {
   return options_.cache.groups[group].kind == pagedkv::AttentionKind::kState;
 }
@@ -659,6 +664,10 @@ absl::Status Engine::commit(const Batch& batch) {
         if (!status.ok()) return status;
         continue;
       }
+      if (options_.hand_off) {  // its prompt is computed: another engine decodes it
+        to_export_.push_back(member);
+        continue;
+      }
       const TokenId appended[] = {token};
       absl::Status status = manager_->append_tokens(member, appended);
       if (!status.ok()) return status;
@@ -746,6 +755,125 @@ absl::Status Engine::finish(SequenceRecord& rec) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::export_sampled() {
+  if (to_export_.empty()) return absl::OkStatus();
+  // A fork's state copy must have run before the transfer reads the sample's slot.
+  absl::Status status = execute_kv_ops();
+  if (!status.ok()) return status;
+  for (const SeqId seq : std::exchange(to_export_, {})) {
+    absl::StatusOr<pagedkv::KvExport> kv = manager_->export_sequence(seq);
+    if (!kv.ok()) return kv.status();
+    SequenceRecord& rec = records_.at(seq);
+    rec.where = Where::kHandedOff;
+    rec.in_manager = false;
+    std::erase(running_, seq);
+    handoffs_.push_back({.record = rec, .kv = *std::move(kv)});
+    std::vector<float>().swap(rec.logits);  // they travel with the hand-off
+  }
+  return absl::OkStatus();
+}
+
+std::vector<SequenceRecord> Engine::take_unfinished() {
+  std::vector<SequenceRecord> out;
+  for (auto it = records_.begin(); it != records_.end();) {
+    const Where where = it->second.where;
+    if (where == Where::kDone || where == Where::kHandedOff) {
+      ++it;
+      continue;
+    }
+    SequenceRecord rec = std::move(it->second);
+    rec.tokens.resize(rec.prompt_len);
+    std::vector<float>().swap(rec.logits);
+    rec.where = Where::kWaiting;
+    rec.in_manager = false;
+    rec.decoding = false;
+    rec.mechanisms = {};
+    out.push_back(std::move(rec));
+    records_.erase(it++);
+  }
+  waiting_.clear();
+  swapped_.clear();
+  running_.clear();
+  return out;
+}
+
+void Engine::resubmit(SequenceRecord rec) {
+  const SeqId seq = rec.seq;
+  rec.where = Where::kWaiting;
+  rec.in_manager = false;
+  rec.decoding = false;
+  records_[seq] = std::move(rec);
+  waiting_.push_back(seq);
+  ++stats_.sequences;
+}
+
+absl::StatusOr<std::optional<pagedkv::KvImport>> Engine::begin_import(const Handoff& handoff) {
+  const SeqId seq = handoff.record.seq;
+  if (records_.contains(seq)) {
+    return absl::AlreadyExistsError(absl::StrCat("import of sequence ", seq, ": it is here"));
+  }
+  // Sequences preempted here go first; an import holds its blocks until its transfer ends.
+  if (!waiting_.empty() || !swapped_.empty() ||
+      std::ssize(running_) + imports_pending_ >= options_.max_running) {
+    return std::nullopt;
+  }
+  absl::Status status = manager_->add_sequence(seq, handoff.record.tokens);
+  if (!status.ok()) return status;
+  const auto num_tokens = static_cast<int32_t>(handoff.kv.tokens.size());
+  absl::StatusOr<int32_t> cached = manager_->match_prefix(seq);
+  if (cached.ok() && *cached >= num_tokens) {
+    // This engine's cache holds the whole prompt: nothing to transfer, admitted as usual.
+    status = manager_->free(seq);
+    if (!status.ok()) return status;
+    resubmit(handoff.record);
+    return pagedkv::KvImport{
+        .num_local_tokens = num_tokens, .num_tokens = num_tokens, .groups = {}};
+  }
+  absl::StatusOr<pagedkv::KvImport> import =
+      cached.ok() ? manager_->import_slots(seq, num_tokens) : cached.status();
+  if (!import.ok()) {
+    status = manager_->free(seq);  // gives back the claim
+    if (!status.ok()) return status;
+    if (absl::IsResourceExhausted(import.status())) return std::nullopt;
+    return import.status();
+  }
+  SequenceRecord rec = handoff.record;
+  rec.where = Where::kImporting;
+  rec.in_manager = true;
+  rec.decoding = false;
+  rec.mechanisms.add(Mechanism::kTransfer);
+  if (import->num_local_tokens > 0) {
+    rec.mechanisms.add(Mechanism::kPrefixHit);
+    if (has_state_groups()) rec.mechanisms.add(Mechanism::kStateRestore);
+  }
+  records_[seq] = std::move(rec);
+  ++imports_pending_;
+  ++stats_.sequences;
+  stats_.admit_query_tokens += num_tokens;
+  stats_.admit_hit_tokens += import->num_local_tokens;
+  status = execute_kv_ops();
+  if (!status.ok()) return status;
+  return std::optional<pagedkv::KvImport>(*std::move(import));
+}
+
+absl::StatusOr<int32_t> Engine::end_import(SeqId seq, std::span<const int32_t> verified_blocks) {
+  absl::StatusOr<int32_t> computed = manager_->complete_import(seq, verified_blocks);
+  if (!computed.ok()) return computed;
+  --imports_pending_;
+  SequenceRecord& rec = records_.at(seq);
+  if (*computed == 0) {  // waiting, holding nothing: computed again from its first token
+    rec.where = Where::kWaiting;
+    waiting_.push_back(seq);
+    return computed;
+  }
+  // Computes the rest of its tokens: the last one alone (decodes) or more (a prefill).
+  rec.where = Where::kRunning;
+  rec.decoding = *computed + 1 == std::ssize(rec.tokens);
+  if (!rec.decoding) rec.mechanisms.add(Mechanism::kRecompute);
+  running_.push_back(seq);
+  return computed;
+}
+
 // Token slots holding real tokens versus slots of used blocks, shared blocks counted once,
 // over every group's held blocks; and the peaks of blocks and bytes in use.
 void Engine::record_utilization() {
@@ -784,6 +912,14 @@ void Engine::record_utilization() {
 }
 
 absl::Status Engine::step() {
+  absl::Status status = run_step();
+  if (!status.ok()) return status;
+  print_progress(false);
+  if (options_.on_step) options_.on_step(manager_->stats());
+  return status;
+}
+
+absl::Status Engine::run_step() {
   const int64_t step_start = now_ns();
   remote_ns_ = 0;
   if (remote_ != nullptr) {
@@ -801,12 +937,14 @@ absl::Status Engine::step() {
   if (status.ok()) status = schedule_waiting();
   if (!status.ok()) return status;
   record_utilization();
-  if (prefill_.seqs.empty() && decode_.seqs.empty() && verify_.seqs.empty() && !head_ready()) {
-    // Nothing runs until the first waiting sequence's lookup lands: not a step.
+  // Nothing runs until the first waiting sequence's lookup lands, or until the blocks that
+  // imports or exports hold come free (their transfers end): not a step.
+  const bool idle = prefill_.seqs.empty() && decode_.seqs.empty() && verify_.seqs.empty();
+  if (idle && (!head_ready() || waits_for_transfers())) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     return absl::OkStatus();
   }
-  if (prefill_.seqs.empty() && decode_.seqs.empty() && verify_.seqs.empty()) {
+  if (idle) {
     return absl::InternalError(
         absl::StrCat("step ", stats_.steps, ": nothing could be scheduled (", waiting_.size(),
                      " waiting, ", swapped_.size(), " swapped, ", manager_->stats().free_blocks,
@@ -836,6 +974,7 @@ absl::Status Engine::step() {
                                             std::ssize(step_saves_) - saves_run_,
                                             " state saves of sequences the step did not compute"));
   }
+  if (status.ok()) status = export_sampled();
   ++stats_.steps;
   stats_.max_step_seconds =
       std::max(stats_.max_step_seconds, static_cast<double>(now_ns() - step_start) * 1e-9);
@@ -862,8 +1001,7 @@ void Engine::print_progress(bool final) {
   std::fflush(stderr);
 }
 
-absl::Status Engine::run(const std::vector<Request>& requests) {
-  const int64_t start = now_ns();
+absl::Status Engine::submit(const std::vector<Request>& requests) {
   for (const Request& r : requests) {
     if (r.num_samples < 1 || r.num_samples > 64) {
       return absl::InvalidArgumentError(
@@ -881,22 +1019,26 @@ absl::Status Engine::run(const std::vector<Request>& requests) {
     records_[rec.seq] = std::move(rec);
     stats_.prompt_tokens += static_cast<int64_t>(r.prompt.size());
   }
-  stats_.requests = static_cast<int64_t>(requests.size());
-  stats_.sequences = static_cast<int64_t>(requests.size());
-  while (!running_.empty() || !waiting_.empty() || !swapped_.empty()) {
-    absl::Status status = step();
-    if (!status.ok()) {
-      print_progress(true);
-      return status;
-    }
-    print_progress(false);
-    if (options_.on_step) options_.on_step(manager_->stats());
+  stats_.sequences += static_cast<int64_t>(requests.size());
+  return absl::OkStatus();
+}
+
+absl::Status Engine::run(const std::vector<Request>& requests) {
+  absl::Status status = submit(requests);
+  while (status.ok() && busy()) status = step();
+  if (!status.ok()) {
+    print_progress(true);
+    return status;
   }
+  return finish_run();
+}
+
+absl::Status Engine::finish_run() {
   print_progress(true);
   // Drain: ops recorded by the last frees.
   absl::Status status = execute_kv_ops();
   if (!status.ok()) return status;
-  stats_.wall_seconds = static_cast<double>(now_ns() - start) * 1e-9;
+  stats_.wall_seconds = static_cast<double>(now_ns() - start_ns_) * 1e-9;
   stats_.manager = manager_->stats();
   for (int32_t g = 0; g < num_groups(); ++g)
     stats_.manager_groups.push_back(*manager_->group_stats(g));
@@ -909,6 +1051,7 @@ absl::Status Engine::run(const std::vector<Request>& requests) {
       stats_.mechanism_sequences[i] += rec.mechanisms.contains(kMechanisms[i]) ? 1 : 0;
     }
   }
+  stats_.requests = std::ssize(complete);
   for (const auto& [request, ok] : complete) stats_.requests_completed += ok ? 1 : 0;
   return manager_->check_invariants();
 }

@@ -23,6 +23,11 @@
 //              (write_state_slots(..., group)), running the step's state saves on the way
 //   commit     pick tokens (greedy or keyed sampling), fork samples after a prompt's
 //              prefill (copy-on-write on their first append), append_tokens, free when done
+//
+// Disaggregated (disaggregation.h): a prefill engine (EngineOptions::hand_off) exports each
+// sequence once it sampled its first token (take_handoffs()); a decode engine admits it
+// with the K/V another engine computed (begin_import(), then end_import() once the
+// transfer ended) and decodes it from there.
 #ifndef PAGEDKV_EXAMPLES_DECODE_LOOP_SCHEDULER_H_
 #define PAGEDKV_EXAMPLES_DECODE_LOOP_SCHEDULER_H_
 
@@ -32,6 +37,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -46,6 +53,7 @@
 #include "pagedkv/block_table.h"
 #include "pagedkv/device.h"
 #include "pagedkv/kv_cache_manager.h"
+#include "pagedkv/kv_handoff.h"
 #include "pagedkv/remote_kv_store.h"
 #include "pagedkv/remote_tier.h"
 #include "sampling.h"
@@ -133,11 +141,17 @@ struct EngineOptions {
   pagedkv::RemoteTierOptions remote;
   // Called with the manager's stats after every step (e.g. to export metrics); optional.
   std::function<void(const pagedkv::KvCacheManager::Stats&)> on_step = nullptr;
+  // The prefill engine of a disaggregated pair: a sequence that sampled its first token
+  // and has more to generate is exported (KvCacheManager::export_sequence()) at the end of
+  // the step instead of decoding, and waits in take_handoffs().
+  bool hand_off = false;
 };
 
 // One sequence: a request's sample.
 struct SequenceRecord {
-  enum class Where { kWaiting, kRunning, kSwapped, kDone };
+  // kHandedOff: exported to another engine (EngineOptions::hand_off); kImporting: admitted
+  // with K/V that a transfer is filling (Engine::begin_import()).
+  enum class Where { kWaiting, kRunning, kSwapped, kDone, kHandedOff, kImporting };
   SeqId seq = 0;
   int64_t request = 0;
   int32_t sample = 0;
@@ -215,14 +229,57 @@ struct RunStats {
   MechanismSet exercised() const;  // the mechanisms some sequence went through
 };
 
+// A sequence a prefill engine handed off: its record (the prompt and the first token, with
+// that token's logits when recorded) and the K/V its export pins.
+struct Handoff {
+  SequenceRecord record;
+  pagedkv::KvExport kv;
+};
+
 class Engine : private pagedkv::PreemptionHooks {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> create(const Model& model,
                                                         const EngineOptions& options);
   ~Engine() override;
 
-  // Queues every request, then steps until all are done.
+  // Queues every request, then steps until all are done: submit(), step() while busy(),
+  // finish_run().
   absl::Status run(const std::vector<Request>& requests);
+
+  // Queues the requests. InvalidArgument for a request of samples outside [1, 64].
+  absl::Status submit(const std::vector<Request>& requests);
+  // Queues a sequence as a new request would be (its tokens all computed here).
+  void resubmit(SequenceRecord rec);
+  // One engine iteration (see the top of this file).
+  absl::Status step();
+  // Whether a sequence is waiting, running or swapped.
+  bool busy() const { return !running_.empty() || !waiting_.empty() || !swapped_.empty(); }
+  // Runs the last frees' ops, fills in the end-of-run stats and checks the manager's
+  // invariants.
+  absl::Status finish_run();
+
+  // EngineOptions::hand_off: the sequences exported since the last call; each export stays
+  // pinned until release_export().
+  std::vector<Handoff> take_handoffs() { return std::exchange(handoffs_, {}); }
+  absl::Status release_export(SeqId seq) { return manager_->release_export(seq); }
+  // The records of the sequences not yet handed off or done, taken out of this engine (a
+  // prefill engine that goes away hands them to another), reset to their prompts.
+  std::vector<SequenceRecord> take_unfinished();
+
+  // The decode side of a hand-off: admits `handoff`'s sequence past this engine's own
+  // prefix hit with the rest of its first handoff.kv.tokens.size() tokens to be filled
+  // by a transfer, and runs the step's ops (so that no copy touches those blocks later).
+  // Returns the entries to fill (none, and no groups, when this engine's cache holds the
+  // whole prompt: the sequence then waits as a new one would), or nullopt when the pools
+  // have no room now (nothing changes; try again after a step).
+  absl::StatusOr<std::optional<pagedkv::KvImport>> begin_import(const Handoff& handoff);
+  // Ends `seq`'s import once its transfer ended and the verified blocks' bytes are in the
+  // store: the longest prefix the verified leading entries of each group serve counts as
+  // computed (KvCacheManager::complete_import()), the sequence computes the rest. Returns
+  // that prefix's tokens.
+  absl::StatusOr<int32_t> end_import(SeqId seq, std::span<const int32_t> verified_blocks);
+
+  KvStore& store() { return *store_; }
 
   const RunStats& stats() const { return stats_; }
   const absl::flat_hash_map<SeqId, SequenceRecord>& sequences() const { return records_; }
@@ -249,7 +306,7 @@ class Engine : private pagedkv::PreemptionHooks {
     void clear(int32_t num_groups);
   };
 
-  absl::Status step();
+  absl::Status run_step();  // step() without the progress line and on_step
   absl::Status schedule_running();
   absl::Status schedule_swapped();
   absl::Status schedule_waiting();
@@ -257,6 +314,8 @@ class Engine : private pagedkv::PreemptionHooks {
   // admitted (its lookup done, or the wait policy lets it go).
   absl::Status look_up_waiting();
   bool head_ready() const;
+  // Whether imports or exports hold blocks until their transfers end.
+  bool waits_for_transfers() const;
   absl::Status execute_kv_ops();
   absl::Status create_remote_tier();
   void record_mechanisms(const pagedkv::StepOps& ops);
@@ -277,6 +336,8 @@ class Engine : private pagedkv::PreemptionHooks {
   // target's own next token are committed, the rest rolled back (accept_draft()).
   absl::Status commit_verified(const Batch& batch);
   absl::Status finish(SequenceRecord& rec);
+  // EngineOptions::hand_off: exports the sequences this step's commits picked (to_export_).
+  absl::Status export_sampled();
   // `verify`: a verify_ batch, committed by commit_verified().
   absl::Status run_batch(Batch& batch, bool prefill, bool verify = false);
   // The state slots and this step's saves of `batch`'s sequences, for the store's scan.
@@ -320,7 +381,11 @@ class Engine : private pagedkv::PreemptionHooks {
   bool preempted_this_step_ = false;
   int32_t partial_prefills_ = 0;  // sequences this step leaves partway through their prompt
   int64_t preemption_count_ = 0;
-  int64_t remote_ns_ = 0;  // this step's time in the remote tier's calls
+  int64_t remote_ns_ = 0;         // this step's time in the remote tier's calls
+  std::vector<SeqId> to_export_;  // hand_off: sampled their first token this step
+  std::vector<Handoff> handoffs_;
+  int32_t imports_pending_ = 0;  // begun, not ended
+  int64_t start_ns_ = 0;         // of create()
   Batch prefill_;
   Batch decode_;
   Batch verify_;  // --speculative: sequences whose drafts this step verifies

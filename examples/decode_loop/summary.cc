@@ -122,6 +122,36 @@ Json kv_events_json(const std::optional<pagedkv::KvEventPublisher::Stats>& stats
           {"handshakes_refused", e.handshakes_refused}};
 }
 
+Json disaggregation_json(const std::optional<Report::Disaggregation>& pair) {
+  if (!pair.has_value()) return nullptr;
+  const DisaggregationStats& d = pair->stats;
+  return {{"transport", pair->transport},
+          {"transfer_fault", pair->fault},
+          {"handoffs", d.handoffs},
+          {"transfers", d.transfers},
+          {"local_imports", d.local_imports},
+          {"transfers_complete", d.transfers_complete},
+          {"transfers_failed", d.transfers_failed},
+          {"transfers_timed_out", d.transfers_timed_out},
+          {"transfers_cancelled", d.transfers_cancelled},
+          {"blocks_expected", d.blocks_expected},
+          {"blocks_verified", d.blocks_verified},
+          {"blocks_corrupt", d.blocks_corrupt},
+          {"blocks_missing", d.blocks_missing},
+          {"blocks_wrong", d.blocks_wrong},
+          {"bytes_verified", d.bytes_verified},
+          {"import_tokens", d.import_tokens},
+          {"local_hit_tokens", d.local_hit_tokens},
+          {"served_tokens", d.served_tokens},
+          {"imported_tokens", d.imported_tokens},
+          {"recomputed_tokens", d.recomputed_tokens},
+          {"peer_killed", d.peer_killed},
+          {"rerouted_sequences", d.rerouted_sequences},
+          {"mean_transfer_ms", 1000 * ratio(d.transfer_seconds, static_cast<double>(d.transfers))},
+          {"prefill_steps", d.prefill.steps},
+          {"prefill_engine_prefill_tokens", d.prefill.prefill_tokens}};
+}
+
 // The remote tier's counters, and its store's (docs/remote.md, "The tier").
 Json remote_json(const std::optional<Report::Remote>& remote) {
   if (!remote.has_value()) return nullptr;
@@ -390,6 +420,24 @@ std::string format_text(const Report& r) {
         t.timed_out, t.written_blocks, static_cast<double>(t.written_bytes) / (1 << 20),
         t.write_failures));
   }
+  if (r.disaggregation.has_value()) {
+    const DisaggregationStats& d = r.disaggregation->stats;
+    line(fmt::format(
+        "disaggregated  {} hand-offs prefill -> decode over {} ({} local-only): {} transfers, "
+        "{} complete, {} failed, {} timed out; {} of {} blocks verified ({:.1f} MiB), {} "
+        "corrupt, {} missing",
+        d.handoffs, r.disaggregation->transport, d.local_imports, d.transfers, d.transfers_complete,
+        d.transfers_failed, d.transfers_timed_out, d.blocks_verified, d.blocks_expected,
+        static_cast<double>(d.bytes_verified) / (1 << 20), d.blocks_corrupt, d.blocks_missing));
+    line(fmt::format(
+        "               prompt tokens handed off {}: {} local hits, {} imported, {} served "
+        "in all, {} recomputed (--transfer-fault {}{})",
+        d.import_tokens, d.local_hit_tokens, d.imported_tokens, d.served_tokens,
+        d.recomputed_tokens, r.disaggregation->fault,
+        d.peer_killed
+            ? fmt::format("; prefill engine killed, {} sequences rerouted", d.rerouted_sequences)
+            : ""));
+  }
   line(fmt::format("wall time      {:.2f} s", s.wall_seconds));
   if (r.verify.has_value()) {
     const VerifyResult& v = *r.verify;
@@ -546,6 +594,7 @@ std::string format_json(const Report& r) {
       {"mechanisms_exercised", names_json(s.exercised())},
       {"kv_events", kv_events_json(r.kv_events)},
       {"remote", remote_json(r.remote)},
+      {"disaggregation", disaggregation_json(r.disaggregation)},
       {"max_step_ms", 1000 * s.max_step_seconds},
       {"max_remote_ms_per_step", 1000 * s.max_remote_seconds},
       {"fault", fault_json(r)},

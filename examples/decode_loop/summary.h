@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "disaggregation.h"
 #include "mechanism.h"
 #include "model.h"
 #include "pagedkv/kv_event_publisher.h"
@@ -60,6 +61,14 @@ struct Report {
     pagedkv::RemoteKvStats store_stats;
   };
   std::optional<Remote> remote;
+  // --disaggregate: the transport, the injected transfer fault and the pair's counters
+  // (`run` is then DisaggregationStats::combined).
+  struct Disaggregation {
+    std::string transport;  // "tcp", "shm"
+    std::string fault;      // the --transfer-fault value
+    DisaggregationStats stats;
+  };
+  std::optional<Disaggregation> disaggregation;
 
   // The mechanisms the verified sequences went through (none without --verify).
   MechanismSet covered() const;
