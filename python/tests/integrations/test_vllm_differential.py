@@ -57,7 +57,7 @@ def test_pagedkv_scheduler_matches_vllm(seeds: tuple[int, int]) -> None:
         )
         _totals["events"] += sum(len(r.events) for r in stock)
         _totals["stored_blocks_duplicate"] += d["documented:duplicate_block_events"]
-        _totals["diverged_after_unadmitted_hit"] += d["documented:diverged_after_unadmitted_hit"]
+        _totals["unadmitted_hits"] += paged[-1].unadmitted_hits if paged else 0
         if any(r.error for r in stock + paged):
             _totals["errors"] += 1
     print(f"seeds {seeds[0]}..{seeds[1] - 1}: {dict(diffs)}")
@@ -73,6 +73,6 @@ def test_traces_exercised_the_scheduler() -> None:
     # Each is a property of the trace generator's mix, so each must have happened.
     for what in ("preemptions", "hit_admissions", "resets", "aborts", "parallel_samples", "events"):
         assert _totals[what] > 0, f"no {what} in {_totals['traces']} traces"
-    # The documented rule that cuts a comparison short stays rare, or the harness compares
-    # little: at most 5 % of the traces.
-    assert _totals["diverged_after_unadmitted_hit"] <= _totals["traces"] // 20 + 1
+    # Lookups that found a hit and were not admitted happened, so the equality above
+    # covers them (they change nothing in pagedkv, as in vLLM).
+    assert _totals["unadmitted_hits"] > 0
