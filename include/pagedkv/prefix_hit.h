@@ -7,14 +7,18 @@
 // before claiming, so that a lookup that does not admit changes nothing: no references,
 // no eviction order, no counters.
 //
-// Example (admit only when the hit and the prompt's new blocks fit):
-//   absl::StatusOr<PrefixHit> hit = manager->peek_prefix(7);
+// A scheduler admits waiting sequence 7 only when its hit and its prompt's new blocks fit.
+// Example (in a function returning a Status):
+//   const absl::StatusOr<PrefixHit> hit = manager.peek_prefix(7);
 //   if (!hit.ok()) return hit.status();
-//   const int32_t new_blocks = blocks_for(prompt_len) - hit->num_tokens / block_size;
-//   if (new_blocks + hit->groups[0].blocks_taken() <= free_blocks) {
-//     const int32_t cached = *manager->match_prefix(7);  // == hit->num_tokens
-//     ...
+//   const int32_t bs = manager.options().block_size;
+//   const auto len = static_cast<int32_t>(prompt.size());
+//   const int32_t new_blocks = (len + bs - 1) / bs - hit->num_tokens / bs;
+//   if (new_blocks + hit->groups[0].blocks_taken() > manager.stats().free_blocks) {
+//     return absl::OkStatus();  // it waits: nothing was claimed, nothing changed
 //   }
+//   const int32_t cached = *manager.match_prefix(7);  // == hit->num_tokens
+//   return manager.allocate_slots(7, len - cached).status();
 #ifndef PAGEDKV_PREFIX_HIT_H_
 #define PAGEDKV_PREFIX_HIT_H_
 
