@@ -269,6 +269,12 @@ class PagedKVCacheManager:
         # Lookups with a hit that no admission took (the blocks did not fit, or the token
         # budget ran out): with peek_prefix() they change nothing, as vLLM's do.
         self.num_unadmitted_hits = 0
+        # Sequences given slots in this step, and frees of such sequences: the priority
+        # policy preempts a request it scheduled earlier in the same step, and pagedkv's
+        # free() then drops the blocks that step filled from the prefix index (their K/V
+        # is never written), where vLLM keeps them cached (docs/vllm.md, "Differences").
+        self._scheduled: set[int] = set()
+        self.num_unwritten_frees = 0
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
         self.block_pool = _PoolView(self)
         self.coordinator = _CoordinatorView(kv_cache_config)
@@ -357,6 +363,7 @@ class PagedKVCacheManager:
     def end_step(self) -> None:
         """Ends pagedkv's step (take_step_ops()), after the scheduler's schedule()."""
         self._release_claims()
+        self._scheduled.clear()
         ops = self._manager.take_step_ops()
         if not ops.empty():
             raise pk.InternalError(
@@ -520,6 +527,7 @@ class PagedKVCacheManager:
             if num_new_tokens or lookahead:
                 self._manager.allocate_slots(seq, num_new_tokens, lookahead)
                 self._computed[seq] = computed + num_new_tokens
+                self._scheduled.add(seq)
         except pk.ResourceExhausted:
             if waiting:
                 if hit:
@@ -537,7 +545,16 @@ class PagedKVCacheManager:
         return KVCacheBlocks((new,))
 
     def free(self, request: Request) -> None:
-        """Frees the request's blocks, tail first (hashed ones stay cached)."""
+        """Frees the request's blocks, tail first (hashed ones stay cached).
+
+        Except the full blocks it filled in this step and holds alone, when the scheduler
+        frees a request it scheduled in the same step (the priority policy's preemption):
+        pagedkv takes them out of the prefix index, since their K/V is never written.
+        """
+        seq = self._seq_of.get(request.request_id)
+        if seq is not None and seq in self._scheduled:
+            self._scheduled.discard(seq)
+            self.num_unwritten_frees += 1
         self._drop(request.request_id)
 
     def remove_skipped_blocks(
