@@ -38,6 +38,7 @@
 #include "pagedkv/kv_transfer_faults.h"
 #include "pagedkv/kv_transport.h"
 #include "pagedkv/merge_state.h"
+#include "pagedkv/prefix_hit.h"
 #include "pagedkv/remote_block_format.h"
 #include "pagedkv/remote_kv_store.h"
 #include "pagedkv/remote_namespace.h"
@@ -57,6 +58,10 @@ namespace pagedkv::doc_examples {
 
 absl::Status example_kv_cache_manager(std::span<const TokenId> prompt, TokenId next_token){
 #include "doc_examples/kv_cache_manager.inc"
+}
+
+absl::Status example_prefix_hit(KvCacheManager& manager, std::span<const TokenId> prompt){
+#include "doc_examples/prefix_hit.inc"
 }
 
 absl::Status example_block_pool(){
@@ -317,6 +322,18 @@ TEST_CASE("the KvCacheManager header example runs as written", "[docs]") {
   REQUIRE(status.ok());
 }
 
+TEST_CASE("the PrefixHit header example admits a sequence that fits", "[docs]") {
+  auto manager = KvCacheManager::create({.block_size = 4, .layer_groups = full_attention(8)});
+  REQUIRE(manager.ok());
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6};
+  REQUIRE(manager->add_sequence(7, prompt).ok());
+  const absl::Status status = example_prefix_hit(*manager, prompt);
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+  CHECK(manager->sequence(7)->state == SequenceState::kRunning);
+  REQUIRE(manager->check_invariants().ok());
+}
+
 TEST_CASE("the BlockPool header example runs as written", "[docs]") {
   REQUIRE(example_block_pool().ok());
 }
@@ -394,7 +411,7 @@ TEST_CASE("every header and README example is compiled", "[docs]") {
   ++examples;
 #include "doc_examples/list.inc"
 #undef PAGEDKV_DOC_EXAMPLE
-  CHECK(examples == 26);
+  CHECK(examples == 27);
 }
 
 }  // namespace pagedkv::doc_examples

@@ -12,7 +12,7 @@
 // returned by a call stay valid until the next non-const call.
 //
 // Lifecycle of a sequence:
-//   add_sequence -> match_prefix (optional) -> allocate_slots ... append_tokens ->
+//   add_sequence -> peek_prefix, match_prefix (optional) -> allocate_slots ... append_tokens ->
 //   allocate_slots(1) per decode step ... -> free
 //   with fork() for parallel samples, preempt()/allocate_slots_or_preempt() under memory
 //   pressure, swap_in() to resume a swapped sequence, and release_claim() to give back a
@@ -53,6 +53,7 @@
 #include "pagedkv/kv_events.h"
 #include "pagedkv/kv_handoff.h"
 #include "pagedkv/layer_group.h"
+#include "pagedkv/prefix_hit.h"
 #include "pagedkv/retention.h"
 #include "pagedkv/step_ops.h"
 #include "pagedkv/types.h"
@@ -334,6 +335,20 @@ class KvCacheManager {
   // free slot: no hit.
   // Errors: NotFound; FailedPrecondition unless the sequence is waiting.
   [[nodiscard]] absl::StatusOr<int32_t> match_prefix(SeqId seq);
+
+  // KvCacheManager::peek_prefix()
+  //
+  // The hit match_prefix() would claim now, without claiming it (prefix_hit.h): its tokens
+  // and, per layer group, the blocks the claim would hold and how many free blocks it
+  // would take. Takes no reference, moves no block in the eviction order, records no copy
+  // and counts no query: a scheduler decides whether the claim and the prompt's new blocks
+  // fit, then calls match_prefix(), which returns num_tokens when nothing changed between
+  // the calls. NOTE: with both the host tier and partial-block reuse, a promotion of the
+  // claim may evict the block a partial hit would copy, so num_partial_tokens is then an
+  // upper bound. With prefix caching off: an empty hit.
+  // Errors: NotFound; FailedPrecondition unless the sequence is waiting without blocks
+  // (match_prefix()'s).
+  [[nodiscard]] absl::StatusOr<PrefixHit> peek_prefix(SeqId seq);
 
   // KvCacheManager::allocate_slots()
   //

@@ -14,6 +14,7 @@
 #include "bindings.h"
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_handoff.h"
+#include "pagedkv/prefix_hit.h"
 
 namespace pagedkv::python {
 namespace {
@@ -366,6 +367,34 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
               "(NO_BLOCK, -1, in block_table), no future token attends to them; 0 for a full "
               "group")
       .def_ro("group", &PySequenceView::group, "the layer group of these tables");
+  nb::class_<PrefixHit::Group>(m, "PrefixHitGroup", "One layer group's part of a PrefixHit.")
+      .def_ro("blocks", &PrefixHit::Group::blocks,
+              "the device block a claim would share at each entry of the full-block hit "
+              "(NO_BLOCK where it promotes a host-tier hit, or before a window); a state "
+              "group: the checkpoint it restores")
+      .def_ro("num_free_hits", &PrefixHit::Group::num_free_hits,
+              "blocks the claim takes out of the free queue as they are (ref count 0 -> 1)")
+      .def_ro("num_new_blocks", &PrefixHit::Group::num_new_blocks,
+              "free blocks the claim allocates (promotions, a partial block's copy, a state "
+              "slot)")
+      .def_prop_ro("blocks_taken", &PrefixHit::Group::blocks_taken,
+                   "num_free_hits + num_new_blocks: free blocks the group has fewer after the "
+                   "claim")
+      .def("__repr__", [](const PrefixHit::Group& g) {
+        return absl::StrCat("PrefixHitGroup(blocks=", g.blocks.size(),
+                            ", num_free_hits=", g.num_free_hits,
+                            ", num_new_blocks=", g.num_new_blocks, ")");
+      });
+  nb::class_<PrefixHit>(m, "PrefixHit", "What peek_prefix() reports: a hit not claimed.")
+      .def_ro("num_tokens", &PrefixHit::num_tokens, "tokens match_prefix() would claim now")
+      .def_ro("num_partial_tokens", &PrefixHit::num_partial_tokens,
+              "of those, reused from part of a cached block (partial-block reuse)")
+      .def_ro("groups", &PrefixHit::groups, "one PrefixHitGroup per layer group")
+      .def("__repr__", [](const PrefixHit& h) {
+        return absl::StrCat("PrefixHit(num_tokens=", h.num_tokens,
+                            ", num_partial_tokens=", h.num_partial_tokens,
+                            ", groups=", h.groups.size(), ")");
+      });
   nb::class_<BatchStatus>(m, "BatchStatus", "Per-sequence results of a batched call.")
       .def_ro("status", &BatchStatus::status,
               "int32 [num_seqs]: StatusCode of each sequence's call (0: OK)")
@@ -510,6 +539,17 @@ void bind_sequence_calls(nb::class_<PyKvCacheManager>& cls) {
           "Claims the longest verified cached prefix of a waiting sequence (full blocks, at\n"
           "most len - 1 tokens); returns its length in tokens. With the host tier the prefix\n"
           "continues into host hits, each promoted into a new device block (StepOps.promote).")
+      .def(
+          "peek_prefix",
+          [](M& self, SeqId seq) {
+            return value_or_raise(
+                self.mutate([&](KvCacheManager& m) { return m.peek_prefix(seq); }));
+          },
+          "seq"_a,
+          "The hit match_prefix() would claim now, without claiming it: a PrefixHit (its\n"
+          "tokens; per group the blocks it would hold and the free blocks it would take).\n"
+          "Takes no reference, leaves the eviction order and the counters as they are.\n"
+          "Raises KeyError, FailedPrecondition unless the sequence waits without blocks.")
       .def(
           "allocate_slots",
           [](M& self, SeqId seq, int32_t num_new_tokens, int32_t num_lookahead) {

@@ -53,6 +53,36 @@ def test_prefix_hit_and_stats():
     m.check_invariants()
 
 
+def test_peek_prefix_reports_the_hit_without_claiming_it():
+    m = make()
+    prefill(m, 1, list(range(9)))
+    m.take_step_ops()
+    m.free(1)
+    m.add_sequence(2, list(range(9)))
+    stats = m.stats()
+    hit = m.peek_prefix(2)
+    assert isinstance(hit, pk.PrefixHit)
+    assert hit.num_tokens == 8 and hit.num_partial_tokens == 0
+    (group,) = hit.groups
+    assert isinstance(group, pk.PrefixHitGroup)
+    assert group.blocks == [0, 1]
+    assert group.num_free_hits == 2 and group.num_new_blocks == 0 and group.blocks_taken == 2
+    # Nothing changed: the counters, the free blocks, the sequence (the eviction order:
+    # tests/prefix_hit_test.cc).
+    assert m.stats().prefix_query_tokens == stats.prefix_query_tokens
+    assert m.stats().free_blocks == stats.free_blocks
+    assert m.sequence(2).num_computed_tokens == 0
+    m.check_invariants()
+    assert m.match_prefix(2) == hit.num_tokens
+    assert m.sequence(2).block_table.tolist() == group.blocks
+    assert m.stats().free_blocks == stats.free_blocks - group.blocks_taken
+    with pytest.raises(KeyError, match="99"):
+        m.peek_prefix(99)
+    with pytest.raises(pk.FailedPrecondition, match="peek_prefix"):
+        m.peek_prefix(2)  # holds its claim
+    m.check_invariants()
+
+
 def test_counters_asdict_and_repr_list_every_field():
     m = make()
     prefill(m, 1, list(range(9)))

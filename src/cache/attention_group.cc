@@ -160,6 +160,19 @@ int32_t AttentionGroup::promote_host_hits(Sequence& seq, int32_t hit) {
   return static_cast<int32_t>(at.size());
 }
 
+void AttentionGroup::describe_hit(int32_t hit, PrefixHit::Group& out) const {
+  const int32_t first = first_needed_block(int64_t{hit} * shared_.block_size);
+  out.blocks.assign(hit, kNoBlock);
+  for (int32_t i = first; i < hit; ++i) {
+    if (!device_hit(i)) {
+      ++out.num_new_blocks;  // a promotion
+      continue;
+    }
+    out.blocks[i] = hits_.device[i];
+    out.num_free_hits += device().ref_count_unchecked(hits_.device[i]) == 0;
+  }
+}
+
 int32_t AttentionGroup::first_unwritten(const Sequence& seq, int32_t hit, int32_t bound) const {
   const GroupTable& t = table(seq);
   for (int32_t i = t.first_held; i < std::min(hit, bound); ++i) {
@@ -169,16 +182,22 @@ int32_t AttentionGroup::first_unwritten(const Sequence& seq, int32_t hit, int32_
 }
 
 BlockId AttentionGroup::partial_source(const Sequence& seq, int32_t hit,
-                                       std::span<const TokenId> next, int32_t* matched) {
-  const uint64_t parent = hit == 0 ? 0 : parent_key(seq, hit, /*matched=*/false);
+                                       std::span<const TokenId> next, int32_t* matched,
+                                       bool unclaimed, int32_t taken) {
+  const uint64_t parent = hit == 0 ? 0 : parent_key(seq, hit, /*matched=*/unclaimed);
   const BlockId src = device().longest_partial_match(parent, next, seq.extra_keys, matched);
   // Its K/V must be there before this step's copies run, and a block must be free.
   const int32_t free_src = src != kNoBlock && device().ref_count_unchecked(src) == 0;
-  if (src == kNoBlock || shared_.ledger.written(index(), src) || room(free_src) < 1) {
+  if (src == kNoBlock || shared_.ledger.written(index(), src) || room(free_src + taken) < 1) {
     return kNoBlock;
   }
   hits_.partial_src = src;
   return src;
+}
+
+void AttentionGroup::describe_partial(PrefixHit::Group& out) const {
+  out.num_free_hits += device().ref_count_unchecked(hits_.partial_src) == 0;
+  ++out.num_new_blocks;  // the copy
 }
 
 void AttentionGroup::reuse_partial(Sequence& seq, int32_t tokens) {

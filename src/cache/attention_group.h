@@ -52,14 +52,22 @@ class AttentionGroup : public GroupCache {
   // Promotes the match's host-tier hits among the claimed entries and indexes them;
   // returns how many.
   int32_t promote_host_hits(Sequence& seq, int32_t hit);
+  // What share_hit() and promote_host_hits() would take for a hit of `hit` blocks
+  // (peek_prefix()): the entries' device hits, the free ones among them, the promotions.
+  void describe_hit(int32_t hit, PrefixHit::Group& out) const;
   // The first claimed entry below `bound` that a write of this step fills (its K/V is not
   // there yet), else `bound`.
   int32_t first_unwritten(const Sequence& seq, int32_t hit, int32_t bound) const;
   // Partial-block reuse: the cached block that continues the hit with the longest prefix
   // of `next` (*matched tokens), if one is there before this step's copies run and a free
-  // block can take its copy; else kNoBlock.
+  // block can take its copy; else kNoBlock. `unclaimed`: the hit is not claimed yet
+  // (peek_prefix()): it follows the match's chain, and a free block must be left once the
+  // claim takes `taken` more.
   BlockId partial_source(const Sequence& seq, int32_t hit, std::span<const TokenId> next,
-                         int32_t* matched);
+                         int32_t* matched, bool unclaimed = false, int32_t taken = 0);
+  // What reuse_partial() would take from the free blocks: partial_source()'s block if it
+  // is free, and its copy.
+  void describe_partial(PrefixHit::Group& out) const;
   // Copies the first `tokens` tokens of partial_source()'s block into a new block that
   // ends `seq`'s table (copy-on-write).
   void reuse_partial(Sequence& seq, int32_t tokens);

@@ -52,6 +52,7 @@ class CacheCoordinator {
   absl::Status add_sequence(SeqId seq, std::span<const TokenId> prompt, SequenceOptions options);
   absl::Status append_tokens(SeqId seq, std::span<const TokenId> tokens);
   absl::StatusOr<int32_t> match_prefix(SeqId seq);
+  absl::StatusOr<PrefixHit> peek_prefix(SeqId seq);
   absl::StatusOr<std::span<const int64_t>> allocate_slots(SeqId seq, int32_t num_new_tokens,
                                                           int32_t num_lookahead);
   absl::StatusOr<std::span<const int64_t>> slot_mapping(int32_t group) const;
@@ -145,7 +146,9 @@ class CacheCoordinator {
   int64_t decode_in_place(Sequence& seq);
   void set_state(Sequence& seq, SequenceState state);
   // Prefix matching (prefix_match.cc).
+  absl::StatusOr<Sequence*> matchable(SeqId seq, const char* caller) const;
   int32_t find_hit(const Sequence& seq, int32_t max_blocks, int32_t* chain_end);
+  int32_t find_partial(const Sequence& seq, int32_t hit, std::span<const int32_t> taken);
   int32_t reuse_partial_block(Sequence& seq, int32_t hit);
   void offer_computed_blocks(Sequence& seq);
   void save_checkpoints(Sequence& seq, int32_t old_computed);

@@ -38,6 +38,7 @@
 #include "pagedkv/kv_cache_manager.h"
 #include "pagedkv/kv_handoff.h"
 #include "pagedkv/layer_group.h"
+#include "pagedkv/prefix_hit.h"
 #include "pool/block_pool_core.h"
 
 namespace pagedkv::internal {

@@ -31,6 +31,8 @@ absl::Status KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> t
 
 absl::StatusOr<int32_t> KvCacheManager::match_prefix(SeqId seq) { return core_->match_prefix(seq); }
 
+absl::StatusOr<PrefixHit> KvCacheManager::peek_prefix(SeqId seq) { return core_->peek_prefix(seq); }
+
 absl::StatusOr<std::span<const int64_t>> KvCacheManager::allocate_slots(SeqId seq,
                                                                         int32_t num_new_tokens,
                                                                         int32_t num_lookahead) {

@@ -2,6 +2,8 @@
 // prefix every group can serve, found without changing anything, then claimed), computed
 // blocks offered to each group's index, checkpoints, and the flush.
 #include <algorithm>
+#include <span>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cache/cache_coordinator.h"
@@ -9,14 +11,20 @@
 
 namespace pagedkv::internal {
 
-absl::StatusOr<int32_t> CacheCoordinator::match_prefix(SeqId seq) {
-  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
-  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, "match_prefix"));
+// A waiting sequence without blocks, which match_prefix() and peek_prefix() take.
+absl::StatusOr<Sequence*> CacheCoordinator::matchable(SeqId seq, const char* caller) const {
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, find_or_error(seq, caller));
   if (s->state != SequenceState::kWaiting || !s->tables[0].blocks.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "match_prefix(seq ", seq, "): sequence is ", state_name(s->state), " with ",
+        caller, "(seq ", seq, "): sequence is ", state_name(s->state), " with ",
         s->tables[0].blocks.size(), " blocks; only a waiting sequence without blocks can match"));
   }
+  return s;
+}
+
+absl::StatusOr<int32_t> CacheCoordinator::match_prefix(SeqId seq) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, matchable(seq, "match_prefix"));
   const auto len = static_cast<int32_t>(s->tokens.size());
   shared_.counters.prefix_query_tokens += len;
   if (!shared_.options.enable_prefix_caching) return 0;
@@ -59,6 +67,36 @@ absl::StatusOr<int32_t> CacheCoordinator::match_prefix(SeqId seq) {
   return s->num_computed;
 }
 
+// The hit match_prefix() would claim, described group by group; claims nothing. The same
+// search as match_prefix() (find_hit(), find_partial()), which changes only the groups'
+// scratch and the sequence's cached block hashes.
+absl::StatusOr<PrefixHit> CacheCoordinator::peek_prefix(SeqId seq) {
+  PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
+  PAGEDKV_ASSIGN_OR_RETURN(Sequence * s, matchable(seq, "peek_prefix"));
+  PrefixHit out;
+  out.groups.resize(groups_.size());
+  if (!shared_.options.enable_prefix_caching) return out;
+  const int32_t bs = shared_.block_size;
+  const int32_t max_blocks = (static_cast<int32_t>(s->tokens.size()) - 1) / bs;
+  hash_full_blocks(*s, max_blocks, bs, shared_.options.hash_fn);
+  int32_t chain_end = 0;
+  const int32_t hit = find_hit(*s, max_blocks, &chain_end);
+  for (AttentionGroup* g : attention_) g->describe_hit(hit, out.groups[g->index()]);
+  if (hit > 0) {
+    for (StateGroup* g : state_) g->describe_hit(out.groups[g->index()]);
+  }
+  if (shared_.options.enable_partial_block_reuse) {
+    std::vector<int32_t> taken(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) taken[g] = out.groups[g].blocks_taken();
+    out.num_partial_tokens = find_partial(*s, hit, taken);
+    if (out.num_partial_tokens > 0) {
+      for (AttentionGroup* g : attention_) g->describe_partial(out.groups[g->index()]);
+    }
+  }
+  out.num_tokens = hit * bs + out.num_partial_tokens;
+  return out;
+}
+
 // The longest prefix, in blocks, that every group can serve; changes nothing.
 // *chain_end: the full groups' part of it, before the others cut it.
 int32_t CacheCoordinator::find_hit(const Sequence& seq, int32_t max_blocks, int32_t* chain_end) {
@@ -78,12 +116,14 @@ int32_t CacheCoordinator::find_hit(const Sequence& seq, int32_t max_blocks, int3
   return p;
 }
 
-// Continues a hit of `hit` blocks into the first tokens of a cached block: every group must
-// hold a cached block after its block hit - 1 (a windowed group: after the anchor's) that
-// starts with the prompt's next tokens, and a free block to copy it into. The shortest of
-// those matches is reused: each group's block is copied (copy-on-write) into a new block
-// that ends the table. Returns the tokens reused (0: none). Never with state groups.
-int32_t CacheCoordinator::reuse_partial_block(Sequence& seq, int32_t hit) {
+// How far a hit of `hit` blocks continues into the first tokens of a cached block: every
+// group must hold a cached block after its block hit - 1 (a windowed group: after the
+// anchor's) that starts with the prompt's next tokens, and a free block to copy it into.
+// `taken` (peek_prefix(), before the claim): group g's free blocks the claim takes; empty
+// once the hit is claimed. Returns the shortest of those matches (0: none); changes
+// nothing but the groups' scratch (partial_source()). Never with state groups.
+int32_t CacheCoordinator::find_partial(const Sequence& seq, int32_t hit,
+                                       std::span<const int32_t> taken) {
   const int32_t bs = shared_.block_size;
   const auto len = static_cast<int32_t>(seq.tokens.size());
   // Never the last token, and fewer than a block (a whole block would be a full hit).
@@ -92,9 +132,21 @@ int32_t CacheCoordinator::reuse_partial_block(Sequence& seq, int32_t hit) {
   const auto next = std::span<const TokenId>(seq.tokens).subspan(static_cast<size_t>(hit) * bs);
   for (AttentionGroup* g : attention_) {
     int32_t matched = 0;
-    if (g->partial_source(seq, hit, next.first(k), &matched) == kNoBlock) return 0;
+    const bool unclaimed = !taken.empty();
+    const int32_t more = unclaimed ? taken[g->index()] : 0;
+    if (g->partial_source(seq, hit, next.first(k), &matched, unclaimed, more) == kNoBlock) {
+      return 0;
+    }
     k = std::min(k, matched);
   }
+  return k;
+}
+
+// Reuses find_partial()'s tokens: each group's block is copied (copy-on-write) into a new
+// block that ends the table. Returns the tokens reused (0: none).
+int32_t CacheCoordinator::reuse_partial_block(Sequence& seq, int32_t hit) {
+  const int32_t k = find_partial(seq, hit, {});
+  if (k == 0) return 0;
   for (AttentionGroup* g : attention_) g->reuse_partial(seq, k);
   return k;
 }

@@ -62,6 +62,12 @@ void StateGroup::restore_checkpoint(Sequence& seq) {
   ++counters_.checkpoints_restored;
 }
 
+void StateGroup::describe_hit(PrefixHit::Group& out) const {
+  out.blocks.assign(1, hit_on_host_ ? kNoBlock : hit_);
+  out.num_free_hits = !hit_on_host_ && device().ref_count_unchecked(hit_) == 0 ? 1 : 0;
+  out.num_new_blocks = 1;  // the sequence's slot
+}
+
 // --- checkpoints ---------------------------------------------------------------------------
 
 bool StateGroup::checkpoint_due(const Sequence& seq, int32_t blocks,

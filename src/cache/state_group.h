@@ -69,6 +69,8 @@ class StateGroup final : public GroupCache {
   // checkpoint by StepOps::copy_state, a host-tier one by StepOps::promote (it stays in the
   // tier). The checkpoint returns to its pool's free queue tail after the step.
   void restore_checkpoint(Sequence& seq);
+  // What restore_checkpoint() would take, for a hit longest_hit() found (peek_prefix()).
+  void describe_hit(PrefixHit::Group& out) const;
   // Whether a checkpoint is saved where `seq`'s first `blocks` blocks end (the positions
   // of the file comment).
   static bool checkpoint_due(const Sequence& seq, int32_t blocks,

@@ -14,8 +14,10 @@ How the two models meet (docs/vllm.md has the rules and the measured differences
 - A vLLM request is a pagedkv sequence while it holds blocks: added with its tokens (prompt
   and outputs) when the scheduler looks up its prefix hit, freed by `free()` (finish,
   abort, or preemption: vLLM's preemption is recompute, a free).
-- `get_computed_blocks()` claims the hit (`match_prefix()`); `allocate_slots()` admits
-  with it, or gives the claim back (`release_claim()`) when the blocks do not fit.
+- `get_computed_blocks()` looks the hit up without claiming it (`peek_prefix()`: its
+  blocks, and how many of them are free); `allocate_slots()` decides the fit with vLLM's
+  formula before anything changes, then claims the hit (`match_prefix()`) and admits. A
+  lookup that does not admit changes nothing in pagedkv, as in vLLM.
 - Block ids are pagedkv's plus one: vLLM's runner keeps block 0 as its null block, so the
   pool holds `kv_cache_config.num_blocks - 1` blocks, as vLLM's does.
 - The scheduler's step ends with `take_step_ops()` at the end of `schedule()`; the pool
@@ -254,7 +256,9 @@ class PagedKVCacheManager:
         self._blocks[0].is_null = True
         self._seq_of: dict[str, int] = {}  # request id -> pagedkv sequence id
         self._num_tokens: dict[int, int] = {}  # sequence -> tokens given to pagedkv
-        self._claims: dict[int, int] = {}  # sequence -> tokens claimed, not yet admitted
+        # sequence -> (hit tokens, free blocks among the hit's) of get_computed_blocks()'s
+        # lookup (peek_prefix()), not claimed yet: allocate_slots() claims it if it fits.
+        self._peeks: dict[int, tuple[int, int]] = {}
         # sequence -> its table as vLLM's blocks, and its computed tokens: pagedkv changes a
         # full-attention table only in the calls below (no forks, no copy-on-write, no
         # preemption of its own here), so the adapter keeps a copy instead of reading the
@@ -262,10 +266,15 @@ class PagedKVCacheManager:
         self._tables: dict[int, list[KVCacheBlock]] = {}
         self._computed: dict[int, int] = {}
         self._next_seq = 0
-        # Hits claimed by a lookup and given back without an admission: each moves the
-        # hit's free blocks to the recent end of the eviction order, where vLLM's lookup
-        # leaves them in place (docs/vllm.md, "Differences").
+        # Lookups with a hit that no admission took (the blocks did not fit, or the token
+        # budget ran out): with peek_prefix() they change nothing, as vLLM's do.
         self.num_unadmitted_hits = 0
+        # Sequences given slots in this step, and frees of such sequences: the priority
+        # policy preempts a request it scheduled earlier in the same step, and pagedkv's
+        # free() then drops the blocks that step filled from the prefix index (their K/V
+        # is never written), where vLLM keeps them cached (docs/vllm.md, "Differences").
+        self._scheduled: set[int] = set()
+        self.num_unwritten_frees = 0
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
         self.block_pool = _PoolView(self)
         self.coordinator = _CoordinatorView(kv_cache_config)
@@ -316,17 +325,23 @@ class PagedKVCacheManager:
         seq = self._seq_of.pop(request_id, None)
         if seq is None:
             return
-        self._claims.pop(seq, None)
+        self._peeks.pop(seq, None)
         self._num_tokens.pop(seq, None)
         self._tables.pop(seq, None)
         self._computed.pop(seq, None)
         self._manager.free(seq)
 
     def _release_claims(self) -> None:
-        """Gives back the hits claimed by get_computed_blocks() that no admission took."""
+        """Drops the sequences get_computed_blocks() added that no admission took.
+
+        They hold no blocks (the lookup claimed nothing), so freeing them changes nothing
+        in pagedkv's pools.
+        """
+        if not self._peeks:
+            return
         for request_id, seq in list(self._seq_of.items()):
-            if seq in self._claims:
-                if self._claims[seq] > 0:
+            if seq in self._peeks:
+                if self._peeks[seq][0] > 0:
                     self.num_unadmitted_hits += 1
                 self._drop(request_id)
 
@@ -348,6 +363,7 @@ class PagedKVCacheManager:
     def end_step(self) -> None:
         """Ends pagedkv's step (take_step_ops()), after the scheduler's schedule()."""
         self._release_claims()
+        self._scheduled.clear()
         ops = self._manager.take_step_ops()
         if not ops.empty():
             raise pk.InternalError(
@@ -385,10 +401,10 @@ class PagedKVCacheManager:
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int]:
-        """Claims the request's longest cached prefix (pagedkv's match_prefix()).
+        """The request's longest cached prefix, looked up without claiming it.
 
-        The claim holds its blocks until allocate_slots() admits the request with it, or
-        the step ends (end_step() gives back claims no admission took).
+        pagedkv's peek_prefix(): no reference is taken and no block moves in the eviction
+        order; allocate_slots() claims the hit (match_prefix()) when the request fits.
         """
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
@@ -402,18 +418,18 @@ class PagedKVCacheManager:
             )
         self._release_claims()
         seq = self._admit(request)
-        hit = self._manager.match_prefix(seq)
-        self._computed[seq] = hit
-        if max_cache_hit_length is not None and hit > max_cache_hit_length:
+        hit = self._manager.peek_prefix(seq)
+        num_tokens = hit.num_tokens
+        if num_tokens == 0 or (
+            max_cache_hit_length is not None and num_tokens > max_cache_hit_length
+        ):
             # pagedkv claims whole hits; a shorter cap takes none of it.
-            self._drop(request.request_id)
+            self._peeks[seq] = (0, 0)
             return self.empty_kv_cache_blocks, 0, 0
-        if hit == 0:
-            self._claims[seq] = 0
-            return self.empty_kv_cache_blocks, 0, 0
-        self._claims[seq] = hit
-        self._tables[seq] = table = self._table(seq)
-        return KVCacheBlocks((list(table),)), hit, 0
+        group = hit.groups[0]
+        self._peeks[seq] = (num_tokens, group.num_free_hits)
+        blocks = self._blocks
+        return KVCacheBlocks(([blocks[b + 1] for b in group.blocks],)), num_tokens, 0
 
     def allocate_slots(
         self,
@@ -432,9 +448,10 @@ class PagedKVCacheManager:
     ) -> KVCacheBlocks | None:
         """Slots for the request's next tokens, or None when the blocks do not fit.
 
-        Admits a waiting request (with the hit get_computed_blocks() claimed), caches the
-        full blocks it fills, and returns the new blocks. Returns None, changing nothing
-        (a waiting request's claim is given back), when the pool lacks blocks.
+        Admits a waiting request (claiming the hit get_computed_blocks() looked up), caches
+        the full blocks it fills, and returns the new blocks. Returns None, changing
+        nothing, when the pool lacks blocks: the fit (vLLM's formula, the hit's free blocks
+        counted) is decided before the claim.
         """
         del skip_zeroing_group_ids
         if num_external_computed_tokens or delay_cache_blocks:
@@ -453,23 +470,26 @@ class PagedKVCacheManager:
                 f"{num_lookahead_tokens})"
             )
         seq = self._admit(request)
-        claimed = self._claims.pop(seq, None)
-        waiting = claimed is not None or request.status in (
+        peeked = self._peeks.pop(seq, None)
+        waiting = peeked is not None or request.status in (
             RequestStatus.WAITING,
             RequestStatus.PREEMPTED,
         )
-        if (claimed or 0) != num_new_computed_tokens:
+        hit, free_hits = peeked or (0, 0)
+        if hit != num_new_computed_tokens:
             self._drop(request.request_id)
             raise ValueError(
                 f"allocate_slots({request.request_id!r}): num_new_computed_tokens "
-                f"{num_new_computed_tokens} is not the {claimed or 0} tokens "
-                "get_computed_blocks() claimed"
+                f"{num_new_computed_tokens} is not the {hit} tokens get_computed_blocks() "
+                "found"
             )
         try:
             self._sync_tokens(request, seq)
             table = self._tables[seq]
-            held = len(table)
-            computed = self._computed[seq]
+            # The hit's blocks count as held; those of them in the free queue leave it
+            # when the hit is claimed (vLLM's "evictable computed blocks").
+            held = len(table) + hit // self.block_size
+            computed = self._computed[seq] + hit
             if computed != request.num_computed_tokens + num_new_computed_tokens:
                 raise ValueError(
                     f"allocate_slots({request.request_id!r}): vLLM counts "
@@ -482,22 +502,35 @@ class PagedKVCacheManager:
             free = self._free_blocks() if full_sequence_must_fit or watermark else 0
             if full_sequence_must_fit:
                 full = min(request.num_tokens, self.max_model_len)
-                if _cdiv(full, self.block_size) - held + watermark > free:
+                if max(0, _cdiv(full, self.block_size) - held) + free_hits + watermark > free:
                     raise pk.ResourceExhausted("full sequence does not fit")
             need_tokens = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
             lookahead = max(0, need_tokens - computed - num_new_tokens)
-            need = max(0, _cdiv(need_tokens, self.block_size) - held)
+            new_blocks = max(0, _cdiv(need_tokens, self.block_size) - held)
+            need = new_blocks + free_hits
             if need or reserved_blocks:
                 if not (full_sequence_must_fit or watermark):
                     free = self._free_blocks()
                 if need + watermark > free - reserved_blocks:
                     raise pk.ResourceExhausted("blocks short")
+            if hit:
+                # It fits: claim the hit looked up (nothing changed since the lookup).
+                claimed = self._manager.match_prefix(seq)
+                if claimed != hit:
+                    raise pk.InternalError(
+                        f"allocate_slots({request.request_id!r}): match_prefix() claimed "
+                        f"{claimed} tokens, peek_prefix() found {hit}"
+                    )
+                self._computed[seq] = hit
+                table.extend(self._table(seq))
+                held = len(table)
             if num_new_tokens or lookahead:
                 self._manager.allocate_slots(seq, num_new_tokens, lookahead)
                 self._computed[seq] = computed + num_new_tokens
+                self._scheduled.add(seq)
         except pk.ResourceExhausted:
             if waiting:
-                if claimed:
+                if hit:
                     self.num_unadmitted_hits += 1
                 self._drop(request.request_id)
             return None
@@ -505,14 +538,23 @@ class PagedKVCacheManager:
             if waiting:
                 self._drop(request.request_id)
             raise
-        if need == 0:
+        if new_blocks == 0:
             return self.empty_kv_cache_blocks
         new = self._table(seq, held)
         table.extend(new)
         return KVCacheBlocks((new,))
 
     def free(self, request: Request) -> None:
-        """Frees the request's blocks, tail first (hashed ones stay cached)."""
+        """Frees the request's blocks, tail first (hashed ones stay cached).
+
+        Except the full blocks it filled in this step and holds alone, when the scheduler
+        frees a request it scheduled in the same step (the priority policy's preemption):
+        pagedkv takes them out of the prefix index, since their K/V is never written.
+        """
+        seq = self._seq_of.get(request.request_id)
+        if seq is not None and seq in self._scheduled:
+            self._scheduled.discard(seq)
+            self.num_unwritten_frees += 1
         self._drop(request.request_id)
 
     def remove_skipped_blocks(

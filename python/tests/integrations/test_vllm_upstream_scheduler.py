@@ -1,0 +1,188 @@
+"""vLLM 0.33.0's own scheduler tests (tests/v1/core/test_scheduler.py) on PagedKVScheduler.
+
+No vLLM test code is copied into this repository (vLLM is Apache-2.0; the tests live in
+vllm-project/vllm at tag v0.33.0, and the wheel does not ship them). PAGEDKV_VLLM_SRC names
+a checkout of that tag:
+
+    git clone --depth 1 --branch v0.33.0 https://github.com/vllm-project/vllm /tmp/vllm-src
+    PAGEDKV_VLLM_SRC=/tmp/vllm-src bash scripts/test-integrations.sh -k upstream
+
+This module loads the checkout's tests/v1/core/utils.py and test_scheduler.py as a package,
+swaps the scheduler class their `create_scheduler()` builds for `PagedKVScheduler` (and
+vLLM's `Scheduler` name in the test module, for tests that build one themselves), points
+the default model (facebook/opt-125m) at a local config of the same shape so that the
+tests build offline (no tokenizer: skip_tokenizer_init), and re-exports the test functions
+as this module's. A test runs when its source uses only what the adapter serves: the
+scheduler and the manager's public calls. The others are reported skipped with the reason
+(`-rs`): they read vLLM's manager internals (block pool, coordinator), or use a feature the
+adapter refuses (docs/vllm.md, "Not supported"). Without PAGEDKV_VLLM_SRC, torch or vLLM
+the module reports skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import os
+import sys
+import tempfile
+import types
+from typing import Any, Callable
+
+import pytest
+
+pytest.importorskip("torch", reason="the vLLM tests need torch (bash scripts/test-integrations.sh)")
+pytest.importorskip("vllm", reason="the vLLM tests need vLLM 0.33.0 (bash scripts/test-integrations.sh)")
+
+SRC = os.environ.get("PAGEDKV_VLLM_SRC", "")
+CORE = os.path.join(SRC, "tests", "v1", "core")
+if not SRC or not os.path.isfile(os.path.join(CORE, "test_scheduler.py")):
+    pytest.skip(
+        "PAGEDKV_VLLM_SRC does not name a vLLM v0.33.0 checkout with "
+        "tests/v1/core/test_scheduler.py (see this module's docstring)",
+        allow_module_level=True,
+    )
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from pagedkv.integrations.vllm import PagedKVScheduler  # noqa: E402
+
+# Why a test is not run: the first of these whose marker its source contains. Markers are
+# plain text of the test's source (its body and decorators).
+EXCLUSIONS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "reads vLLM's KVCacheManager internals (block pool, coordinator, per-request "
+        "block maps), which PagedKVCacheManager serves only for what the scheduler reads",
+        (
+            ".block_pool.",
+            ".coordinator",
+            "single_type_manager",
+            "req_to_blocks",
+            "num_cached_block",
+            "free_block_queue",
+            "cached_block_hash_to_block",
+            "block_hash_to_block",
+            "kv_cache_manager.blocks",
+        ),
+    ),
+    (
+        "KV connectors (P/D, offloading): not supported by the adapter",
+        ("use_kv_connector", "mock_kv", "KVTransferConfig", "kv_connector", "connector"),
+    ),
+    (
+        "speculative decoding: not supported by the adapter",
+        ("num_speculative_tokens", "SpeculativeConfig", "spec_token", "eagle", "draft"),
+    ),
+    ("async scheduling: not supported by the adapter", ("async_scheduling=True", "AsyncScheduler")),
+    (
+        "hybrid or Mamba KV cache groups: not supported by the adapter",
+        ("MambaSpec", "SlidingWindowSpec", "HybridKVCacheCoordinator", "KVCacheGroupSpec"),
+    ),
+    ("encoder cache transfer (EC connectors)", ("ECTransferConfig", "ec_connector")),
+    ("a model other than the default needs its Hugging Face config (offline)", ("model=",)),
+    (
+        "structured outputs need the model's tokenizer (offline: skip_tokenizer_init)",
+        ("StructuredOutputsParams", "structured_output", "grammar"),
+    ),
+    ("pipeline parallelism", ("pipeline_parallel",)),
+]
+
+DEFAULT_MODEL = "facebook/opt-125m"
+
+
+@functools.lru_cache(maxsize=1)
+def _default_model_dir() -> str:
+    """facebook/opt-125m's config (transformers' OPTConfig defaults), saved locally."""
+    from transformers import OPTConfig
+
+    d = os.path.join(tempfile.gettempdir(), f"pagedkv-vllm-opt125m-{os.getuid()}")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        OPTConfig(architectures=["OPTForCausalLM"]).save_pretrained(d)
+    return d
+
+
+def _offline_model_config(model_config_cls: Any) -> Callable[..., Any]:
+    def build(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("model", DEFAULT_MODEL) == DEFAULT_MODEL:
+            kwargs["model"] = _default_model_dir()
+        kwargs["skip_tokenizer_init"] = True
+        return model_config_cls(*args, **kwargs)
+
+    return build
+
+
+def _load_upstream() -> types.ModuleType:
+    """vLLM's tests/v1/core as package `vllm_upstream_tests.v1.core`, patched."""
+    tests = os.path.join(SRC, "tests")
+    for name, path in (
+        ("vllm_upstream_tests", tests),
+        ("vllm_upstream_tests.v1", os.path.join(tests, "v1")),
+        ("vllm_upstream_tests.v1.core", CORE),
+    ):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [path]
+            sys.modules[name] = package
+    utils = importlib.import_module("vllm_upstream_tests.v1.core.utils")
+    utils.Scheduler = PagedKVScheduler
+    if hasattr(utils, "ModelConfig"):
+        utils.ModelConfig = _offline_model_config(utils.ModelConfig)
+    module = importlib.import_module("vllm_upstream_tests.v1.core.test_scheduler")
+    module.Scheduler = PagedKVScheduler
+    return module
+
+
+# pytest's own fixtures; vLLM's conftest.py fixtures are not loaded here.
+BUILTIN_FIXTURES = {"monkeypatch", "tmp_path", "tmp_path_factory", "capsys", "caplog", "request"}
+
+
+def _missing_fixtures(fn: Callable[..., Any]) -> list[str]:
+    parametrized: set[str] = set()
+    for mark in getattr(fn, "pytestmark", ()):
+        if mark.name == "parametrize":
+            names = mark.args[0]
+            parametrized.update(
+                n.strip() for n in (names.split(",") if isinstance(names, str) else names)
+            )
+    params = inspect.signature(fn).parameters
+    return [p for p in params if p not in parametrized and p not in BUILTIN_FIXTURES]
+
+
+def exclusion(fn: Callable[..., Any]) -> str | None:
+    """Why the upstream test `fn` is not run, or None."""
+    source = inspect.getsource(fn)
+    for reason, markers in EXCLUSIONS:
+        hit = next((m for m in markers if m in source), None)
+        if hit is not None:
+            return f"{reason} (its source has {hit!r})"
+    missing = _missing_fixtures(fn)
+    if missing:
+        return f"needs fixtures of vLLM's conftest.py: {', '.join(missing)}"
+    return None
+
+
+def _export(module: types.ModuleType) -> dict[str, list[str]]:
+    ran: list[str] = []
+    excluded: list[str] = []
+    for name, fn in vars(module).items():
+        if not name.startswith("test_") or not inspect.isfunction(fn):
+            continue
+        reason = exclusion(fn)
+        if reason is not None:
+            fn = pytest.mark.skip(reason=f"upstream {name}: {reason}")(fn)
+            excluded.append(name)
+        else:
+            ran.append(name)
+        globals()[name] = fn
+    return {"ran": ran, "excluded": excluded}
+
+
+SELECTION = _export(_load_upstream())
+
+
+def test_upstream_selection_runs_some_tests() -> None:
+    """The selection is not empty (a renamed helper would silently exclude everything)."""
+    print(f"vLLM test_scheduler.py: {len(SELECTION['ran'])} run, "
+          f"{len(SELECTION['excluded'])} excluded")
+    assert SELECTION["ran"], SELECTION
