@@ -113,22 +113,18 @@ def _offline_model_config(model_config_cls: Any) -> Callable[..., Any]:
 
 
 def _load_upstream() -> types.ModuleType:
-    """vLLM's tests/v1/core as package `vllm_upstream_tests.v1.core`, patched."""
-    tests = os.path.join(SRC, "tests")
-    for name, path in (
-        ("vllm_upstream_tests", tests),
-        ("vllm_upstream_tests.v1", os.path.join(tests, "v1")),
-        ("vllm_upstream_tests.v1.core", CORE),
-    ):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [path]
-            sys.modules[name] = package
-    utils = importlib.import_module("vllm_upstream_tests.v1.core.utils")
+    """vLLM's tests/v1/core as package `tests.v1.core` (its modules import their helpers as
+    `tests.v1...`), patched."""
+    loaded = sys.modules.get("tests")
+    if loaded is not None and os.path.join(SRC, "tests") not in list(getattr(loaded, "__path__", [])):
+        raise ImportError(f"a package named 'tests' is already imported from {loaded!r}")
+    if SRC not in sys.path:
+        sys.path.insert(0, SRC)
+    utils = importlib.import_module("tests.v1.core.utils")
     utils.Scheduler = PagedKVScheduler
     if hasattr(utils, "ModelConfig"):
         utils.ModelConfig = _offline_model_config(utils.ModelConfig)
-    module = importlib.import_module("vllm_upstream_tests.v1.core.test_scheduler")
+    module = importlib.import_module("tests.v1.core.test_scheduler")
     module.Scheduler = PagedKVScheduler
     return module
 
