@@ -299,9 +299,9 @@ absl::StatusOr<bool> EnginePair::poll() {
       if (!status.ok()) return status;
       outgoing_.erase(it);
     }
-    if (!sender_->connection_status().ok() && options_.fault == TransferFault::kPeerKilled) {
-      kill_prefill();
-    }
+    // The connection is gone (--transfer-fault peer-killed, or a real failure): so is the
+    // prefill engine, as far as the decode engine can tell.
+    if (!sender_->connection_status().ok()) kill_prefill();
   }
   std::vector<pagedkv::KvReceiveCompletion> received;
   moved = receiver_->poll(&received) > 0 || moved;
