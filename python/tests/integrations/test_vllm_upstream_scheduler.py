@@ -64,17 +64,51 @@ EXCLUSIONS: list[tuple[str, tuple[str, ...]]] = [
             "cached_block_hash_to_block",
             "block_hash_to_block",
             "kv_cache_manager.blocks",
+            # test_scheduler.py's leak check reads req_to_blocks, num_cached_block,
+            # block_pool.free_block_queue and every block's ref_cnt.
+            "assert_scheduler_empty(",
         ),
     ),
     (
         "KV connectors (P/D, offloading): not supported by the adapter",
-        ("use_kv_connector", "mock_kv", "KVTransferConfig", "kv_connector", "connector"),
+        (
+            "use_kv_connector",
+            "mock_kv",
+            "KVTransferConfig",
+            "kv_connector",
+            "connector",
+            # test_scheduler.py's builder of a scheduler with a MockKVConnector.
+            "_setup_remote_kv_resume(",
+        ),
+    ),
+    (
+        # vLLM's DiffusionScheduler / DiffusionAsyncScheduler (scheduler_cls=...): they
+        # schedule the canvas as speculative tokens, and the adapter refuses
+        # diffusion_config; before the async rule, which "DiffusionAsyncScheduler" matches.
+        "diffusion models (vLLM's DiffusionScheduler): not supported by the adapter",
+        ("DiffusionScheduler", "DiffusionAsyncScheduler", "_diffusion_scheduler("),
     ),
     (
         "speculative decoding: not supported by the adapter",
-        ("num_speculative_tokens", "SpeculativeConfig", "spec_token", "eagle", "draft"),
+        (
+            "num_speculative_tokens",
+            "SpeculativeConfig",
+            "spec_token",
+            "eagle",
+            "draft",
+            # A request block hasher with lookahead tokens (the drafter's lookahead
+            # hashing: a block is published only once the token after it exists);
+            # pagedkv hashes a block's own tokens when it fills.
+            "get_request_block_hasher(block_size, sha256, 1)",
+        ),
     ),
     ("async scheduling: not supported by the adapter", ("async_scheduling=True", "AsyncScheduler")),
+    (
+        # Before the hybrid rule: test_scheduler.py's encoder-decoder builder has a
+        # CrossAttentionSpec group beside a FullAttentionSpec one.
+        "encoder-decoder models (cross-attention KV cache groups): not supported by the adapter",
+        ("CrossAttentionSpec", "_create_encoder_decoder_scheduler(", "_get_num_cross_attn_blocks("),
+    ),
     (
         "hybrid or Mamba KV cache groups: not supported by the adapter",
         ("MambaSpec", "SlidingWindowSpec", "HybridKVCacheCoordinator", "KVCacheGroupSpec"),
@@ -126,6 +160,9 @@ def _load_upstream() -> types.ModuleType:
         utils.ModelConfig = _offline_model_config(utils.ModelConfig)
     module = importlib.import_module("tests.v1.core.test_scheduler")
     module.Scheduler = PagedKVScheduler
+    # Its own builders (create_scheduler_with_priority(), ...) construct ModelConfig too.
+    if hasattr(module, "ModelConfig"):
+        module.ModelConfig = _offline_model_config(module.ModelConfig)
     return module
 
 
