@@ -1,22 +1,26 @@
 """vLLM 0.33.0's own scheduler tests (tests/v1/core/test_scheduler.py) on PagedKVScheduler.
 
-No vLLM test code is copied into this repository (vLLM is Apache-2.0; the tests live in
-vllm-project/vllm at tag v0.33.0, and the wheel does not ship them). PAGEDKV_VLLM_SRC names
-a checkout of that tag:
+No vLLM test code is copied into this repository (vLLM is Apache-2.0; the wheel does not
+ship its tests). PAGEDKV_VLLM_SRC names a directory with vLLM 0.33.0's tests/: that of its
+PyPI sdist, which scripts/ml-venv.d/vllm-tests.sh downloads once (sha256-checked) into the
+ML environment and scripts/test-integrations.sh sets by default, or a checkout of tag
+v0.33.0:
 
-    git clone --depth 1 --branch v0.33.0 https://github.com/vllm-project/vllm /tmp/vllm-src
-    PAGEDKV_VLLM_SRC=/tmp/vllm-src bash scripts/test-integrations.sh -k upstream
+    bash scripts/test-integrations.sh -k upstream -rs
+    PAGEDKV_VLLM_SRC=/path/to/vllm-0.33.0 bash scripts/test-integrations.sh -k upstream -rs
 
-This module loads the checkout's tests/v1/core/utils.py and test_scheduler.py as a package,
-swaps the scheduler class their `create_scheduler()` builds for `PagedKVScheduler` (and
-vLLM's `Scheduler` name in the test module, for tests that build one themselves), points
-the default model (facebook/opt-125m) at a local config of the same shape so that the
-tests build offline (no tokenizer: skip_tokenizer_init), and re-exports the test functions
-as this module's. A test runs when its source uses only what the adapter serves: the
-scheduler and the manager's public calls. The others are reported skipped with the reason
-(`-rs`): they read vLLM's manager internals (block pool, coordinator), or use a feature the
-adapter refuses (docs/vllm.md, "Not supported"). Without PAGEDKV_VLLM_SRC, torch or vLLM
-the module reports skipped.
+This module imports the directory's tests/v1/core/utils.py and test_scheduler.py as the
+package `tests.v1.core`, swaps the scheduler class their `create_scheduler()` builds for
+`PagedKVScheduler` (and vLLM's `Scheduler` name in the test module, for tests that build
+one themselves), points the default model (facebook/opt-125m) of both modules'
+`ModelConfig` at a local config of the same shape so that the tests build offline (no
+tokenizer: skip_tokenizer_init), and re-exports the test functions as this module's. A test
+runs when its source uses only what the adapter serves: the scheduler and the manager's
+public calls. The others are reported skipped with the rule and the marker that excluded
+them (`-rs`; EXCLUSIONS, docs/vllm.md "vLLM's own scheduler tests"): they read vLLM's
+manager internals (block pool, coordinator), or use a feature the adapter refuses
+(docs/vllm.md, "Not supported"). Without PAGEDKV_VLLM_SRC, torch or vLLM the module
+reports skipped.
 """
 
 from __future__ import annotations
@@ -39,14 +43,15 @@ SRC = os.environ.get("PAGEDKV_VLLM_SRC", "")
 CORE = os.path.join(SRC, "tests", "v1", "core")
 if not SRC or not os.path.isfile(os.path.join(CORE, "test_scheduler.py")):
     pytest.skip(
-        "PAGEDKV_VLLM_SRC does not name a vLLM v0.33.0 checkout with "
-        "tests/v1/core/test_scheduler.py (see this module's docstring)",
+        "PAGEDKV_VLLM_SRC does not name vLLM 0.33.0's sources with "
+        "tests/v1/core/test_scheduler.py (scripts/ml-venv.d/vllm-tests.sh; this module's "
+        "docstring)",
         allow_module_level=True,
     )
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from pagedkv.integrations.vllm import PagedKVScheduler  # noqa: E402
+from pagedkv.integrations.vllm import PagedKVCacheManager, PagedKVScheduler  # noqa: E402
 
 # Why a test is not run: the first of these whose marker its source contains. Markers are
 # plain text of the test's source (its body and decorators).
@@ -64,9 +69,6 @@ EXCLUSIONS: list[tuple[str, tuple[str, ...]]] = [
             "cached_block_hash_to_block",
             "block_hash_to_block",
             "kv_cache_manager.blocks",
-            # test_scheduler.py's leak check reads req_to_blocks, num_cached_block,
-            # block_pool.free_block_queue and every block's ref_cnt.
-            "assert_scheduler_empty(",
         ),
     ),
     (
@@ -146,6 +148,31 @@ def _offline_model_config(model_config_cls: Any) -> Callable[..., Any]:
     return build
 
 
+def _assert_scheduler_empty(scheduler: Any) -> None:
+    """test_scheduler.py's leak check (assert_scheduler_empty), its KV cache part on pagedkv.
+
+    vLLM's reads its manager's internals (req_to_blocks, num_cached_block, the block
+    pool's free queue and every block's ref_cnt); the same facts here are pagedkv's: no
+    sequence left, every block free (vLLM's num_gpu_blocks - 1: block 0 is the null
+    block), and the pools' invariants. The scheduler part is vLLM's, unchanged.
+    """
+    assert len(scheduler.requests) == 0
+    assert len(scheduler.waiting) == 0
+    assert len(scheduler.running) == 0
+    assert len(scheduler.finished_req_ids) == 0
+    assert len(scheduler.encoder_cache_manager.freed) == 0
+    assert len(scheduler.encoder_cache_manager.cached) == 0
+    kv = scheduler.kv_cache_manager
+    assert isinstance(kv, PagedKVCacheManager)
+    manager = kv.pagedkv_manager
+    assert manager.num_sequences() == 0
+    stats = manager.stats()
+    assert stats.used_blocks == 0
+    assert stats.free_blocks == stats.num_blocks == kv.kv_cache_config.num_blocks - 1
+    assert kv.block_pool.get_num_free_blocks() == kv.kv_cache_config.num_blocks - 1
+    manager.check_invariants()
+
+
 def _load_upstream() -> types.ModuleType:
     """vLLM's tests/v1/core as package `tests.v1.core` (its modules import their helpers as
     `tests.v1...`), patched."""
@@ -163,6 +190,8 @@ def _load_upstream() -> types.ModuleType:
     # Its own builders (create_scheduler_with_priority(), ...) construct ModelConfig too.
     if hasattr(module, "ModelConfig"):
         module.ModelConfig = _offline_model_config(module.ModelConfig)
+    if hasattr(module, "assert_scheduler_empty"):
+        module.assert_scheduler_empty = _assert_scheduler_empty
     return module
 
 
