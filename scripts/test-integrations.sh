@@ -5,6 +5,8 @@
 # command, where these tests report skipped); the package is built into that environment,
 # then pytest runs them there.
 # Usage: bash scripts/test-integrations.sh [pytest arguments]
+#   PAGEDKV_VLLM_SRC: vLLM's source tree for test_vllm_upstream_scheduler.py (default: the
+#   tests/ of its sdist that scripts/ml-venv.d/vllm-tests.sh puts into the environment).
 #   PAGEDKV_WHEEL_DIR: install the pagedkv wheel found there (built from this checkout)
 #   instead of building the package again.
 set -euo pipefail
@@ -17,6 +19,11 @@ fi
 for extra in scripts/ml-venv.d/*.sh; do
   [ -f "$extra" ] && bash "$extra" "$venv"
 done
+# vLLM's own scheduler tests (scripts/ml-venv.d/vllm-tests.sh), unless the caller names
+# a checkout (or sets PAGEDKV_VLLM_SRC empty to skip them).
+if [ -z "${PAGEDKV_VLLM_SRC+set}" ] && [ -d "$venv/vllm-0.33.0-src/tests" ]; then
+  export PAGEDKV_VLLM_SRC="$venv/vllm-0.33.0-src"
+fi
 if [ -n "${PAGEDKV_WHEEL_DIR:-}" ]; then
   # A wheel of this checkout that test.sh just built (.ci/run): not built twice.
   "$venv/bin/pip" install -q --force-reinstall --no-deps "$PAGEDKV_WHEEL_DIR"/pagedkv-*.whl

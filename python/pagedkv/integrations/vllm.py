@@ -29,7 +29,7 @@ How the two models meet (docs/vllm.md has the rules and the measured differences
 
 Unsupported (refused at construction with `NotImplementedError` naming the setting): KV
 connectors (P/D, offloading), speculative decoding, async scheduling, encoder-decoder
-models, context/decode parallelism, Mamba and other non-attention groups, and layer groups
+models, diffusion models, context/decode parallelism, Mamba and other non-attention groups, and layer groups
 of more than one kind.
 """
 
@@ -731,3 +731,7 @@ def _check_config(vllm_config: Any) -> None:
         )
     if vllm_config.model_config is not None and vllm_config.model_config.is_encoder_decoder:
         raise _unsupported("encoder-decoder models")
+    if vllm_config.diffusion_config is not None:
+        # vLLM schedules a diffusion canvas as speculative tokens (num_speculative_tokens
+        # is its width) and selects its own DiffusionScheduler for it.
+        raise _unsupported("diffusion models (diffusion_config)")

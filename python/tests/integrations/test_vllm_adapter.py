@@ -240,6 +240,31 @@ def test_async_scheduling_is_refused() -> None:
         vc.scheduler_config.async_scheduling = False
 
 
+def test_diffusion_models_are_refused() -> None:
+    """vLLM schedules a diffusion canvas as speculative tokens (its DiffusionScheduler)."""
+    from vllm.config import DiffusionConfig
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = _config()
+    vc = vllm_traces.vllm_config(
+        config.block_size, config.num_blocks, config.max_num_seqs,
+        config.max_num_batched_tokens, config.max_model_len, True, 0.0,
+        vllm_traces.PAGEDKV_SCHEDULER,
+    )
+    vc.diffusion_config = DiffusionConfig(canvas_length=8)  # vllm_config() is cached
+    try:
+        assert vc.num_speculative_tokens == 8
+        with pytest.raises(NotImplementedError, match="diffusion models"):
+            pkv.PagedKVScheduler(
+                vllm_config=vc,
+                kv_cache_config=vllm_traces.kv_cache_config(4, 33),
+                structured_output_manager=StructuredOutputManager(vc),
+                block_size=4,
+            )
+    finally:
+        vc.diffusion_config = None
+
+
 def test_reset_prefix_cache_refuses_while_blocks_are_held_as_vllm_does() -> None:
     config = _config()
     for pagedkv in (False, True):
