@@ -74,7 +74,7 @@ struct DisaggregationStats {
   // The rest, computed again by the decode engine: what the transfer did not deliver
   // verified (and local hits given up when a group could not serve past them).
   int64_t recomputed_tokens = 0;
-  bool peer_killed = false;  // the prefill engine's connection broke: it is gone
+  bool peer_killed = false;        // the prefill engine's connection broke: it is gone
   int64_t rerouted_sequences = 0;  // the dead prefill engine's, computed by the decode one
   double transfer_seconds = 0.0;   // sum over transfers of expect() to completion
   // Both engines together: the decode engine's RunStats with the requests, generated tokens
