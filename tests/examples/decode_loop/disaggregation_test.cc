@@ -3,12 +3,14 @@
 // generates exactly what one engine does, whatever the transfers lose. The CTest runs of
 // pagedkv-decode --disaggregate (check_decode.py) add the delay fault, the other presets
 // and verification against the dense reference.
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cache_plan.h"
 #include "disaggregation.h"
 #include "model.h"
@@ -82,7 +84,7 @@ TEST_CASE("two engines generate what one does, whatever the transfers lose", "[d
 
   const auto [transport, fault] = GENERATE(table<std::string, TransferFault>(
       {{"tcp://127.0.0.1:0", TransferFault::kNone},
-       {"shm://pagedkv-disaggregation-test", TransferFault::kNone},
+       {absl::StrCat("shm://pagedkv-disaggregation-test-", getpid()), TransferFault::kNone},
        {"tcp://127.0.0.1:0", TransferFault::kDrop},
        {"tcp://127.0.0.1:0", TransferFault::kCorrupt},
        {"tcp://127.0.0.1:0", TransferFault::kPeerKilled}}));
