@@ -127,8 +127,9 @@ class EnginePair {
   absl::Status end_import(SeqId seq, const pagedkv::KvImport& import,
                           std::span<const int32_t> verified);
   absl::Status finish_import(Incoming& in, const pagedkv::KvReceiveCompletion& done);
-  // The prefill engine dies: what it had not handed off, and what it had handed off but
-  // not yet sent, is computed by the decode engine.
+  // The prefill engine is gone: its sequences not yet handed off, and the hand-offs the
+  // decode engine has not admitted yet, are computed by the decode engine from their
+  // prompts; transfers in flight end with what arrived verified.
   void kill_prefill();
 
   Engine& prefill_;
