@@ -270,8 +270,9 @@ class Engine : private pagedkv::PreemptionHooks {
   // prefix hit with the rest of its first handoff.kv.tokens.size() tokens to be filled
   // by a transfer, and runs the step's ops (so that no copy touches those blocks later).
   // Returns the entries to fill (none, and no groups, when this engine's cache holds the
-  // whole prompt: the sequence then waits as a new one would), or nullopt when the pools
-  // have no room now (nothing changes; try again after a step).
+  // whole prompt: the sequence then waits as a new one would), or nullopt when it cannot
+  // be admitted now: no room in the pools, max_running reached, or sequences preempted
+  // here wait first (nothing changes; try again after a step).
   absl::StatusOr<std::optional<pagedkv::KvImport>> begin_import(const Handoff& handoff);
   // Ends `seq`'s import once its transfer ended and the verified blocks' bytes are in the
   // store: the longest prefix the verified leading entries of each group serve counts as
