@@ -3,8 +3,11 @@ the selection through SchedulerConfig.scheduler_cls, block ids, refusals and bad
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import re
+from typing import Any, Iterator
 
 import pytest
 
@@ -218,51 +221,51 @@ def test_unsupported_settings_are_refused_by_name() -> None:
     assert manager.block_pool.get_num_free_blocks() == 15
 
 
-def test_async_scheduling_is_refused() -> None:
-    from vllm.v1.structured_output import StructuredOutputManager
-
+@contextlib.contextmanager
+def _test_config_with(path: str, value: object) -> Iterator[Any]:
+    """The test VllmConfig with attribute `path` ("a" or "a.b") set to `value`, restored on
+    exit (vllm_config() caches the config)."""
     config = _config()
     vc = vllm_traces.vllm_config(
         config.block_size, config.num_blocks, config.max_num_seqs,
         config.max_num_batched_tokens, config.max_model_len, True, 0.0,
         vllm_traces.PAGEDKV_SCHEDULER,
     )
-    vc.scheduler_config.async_scheduling = True
+    *parents, name = path.split(".")
+    owner = functools.reduce(getattr, parents, vc)
+    old = getattr(owner, name)
+    setattr(owner, name, value)
     try:
-        with pytest.raises(NotImplementedError, match="async scheduling"):
-            pkv.PagedKVScheduler(
-                vllm_config=vc,
-                kv_cache_config=vllm_traces.kv_cache_config(4, 33),
-                structured_output_manager=StructuredOutputManager(vc),
-                block_size=4,
-            )
+        yield vc
     finally:
-        vc.scheduler_config.async_scheduling = False
+        setattr(owner, name, old)
+
+
+def _scheduler(vc: Any) -> Any:
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    return pkv.PagedKVScheduler(
+        vllm_config=vc,
+        kv_cache_config=vllm_traces.kv_cache_config(4, 33),
+        structured_output_manager=StructuredOutputManager(vc),
+        block_size=4,
+    )
+
+
+def test_async_scheduling_is_refused() -> None:
+    with _test_config_with("scheduler_config.async_scheduling", True) as vc:
+        with pytest.raises(NotImplementedError, match="async scheduling"):
+            _scheduler(vc)
 
 
 def test_diffusion_models_are_refused() -> None:
     """vLLM schedules a diffusion canvas as speculative tokens (its DiffusionScheduler)."""
     from vllm.config import DiffusionConfig
-    from vllm.v1.structured_output import StructuredOutputManager
 
-    config = _config()
-    vc = vllm_traces.vllm_config(
-        config.block_size, config.num_blocks, config.max_num_seqs,
-        config.max_num_batched_tokens, config.max_model_len, True, 0.0,
-        vllm_traces.PAGEDKV_SCHEDULER,
-    )
-    vc.diffusion_config = DiffusionConfig(canvas_length=8)  # vllm_config() is cached
-    try:
+    with _test_config_with("diffusion_config", DiffusionConfig(canvas_length=8)) as vc:
         assert vc.num_speculative_tokens == 8
         with pytest.raises(NotImplementedError, match="diffusion models"):
-            pkv.PagedKVScheduler(
-                vllm_config=vc,
-                kv_cache_config=vllm_traces.kv_cache_config(4, 33),
-                structured_output_manager=StructuredOutputManager(vc),
-                block_size=4,
-            )
-    finally:
-        vc.diffusion_config = None
+            _scheduler(vc)
 
 
 def test_reset_prefix_cache_refuses_while_blocks_are_held_as_vllm_does() -> None:
