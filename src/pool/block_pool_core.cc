@@ -58,6 +58,8 @@ BlockPoolCore::BlockPoolCore(const BlockPool::Options& options, const PoolRoles&
       event_sink_(options.event_sink),
       medium_(options.medium),
       event_group_(options.event_group),
+      key_spaces_(roles.key_spaces),
+      space_of_(roles.key_spaces.empty() ? 0 : options.num_blocks, 0),
       clock_(options.clock),
       ref_count_(options.num_blocks, 0),
       stale_(options.num_blocks, 0),
@@ -120,7 +122,8 @@ void BlockPoolCore::take_free_blocks(std::span<BlockId> out) {
       if (gone) {
         left_index(b, hash);
         if (log_evictions_) {
-          evicted_.push_back({b, hash, hash_index_->content_key(b), priority_[b], duration_of(b)});
+          evicted_.push_back(
+              {b, plain_hash(b, hash), hash_index_->content_key(b), priority_[b], duration_of(b)});
         }
       }
       if constexpr (kAdaptive) {
@@ -151,14 +154,18 @@ void BlockPoolCore::prefetch_next_victim() const {
 }
 
 // Builds the event only for a sink: an eviction without one allocates nothing.
-void BlockPoolCore::emit_removed(const BlockHash& hash) {
-  if (event_sink_ != nullptr) event_sink_->on_event(BlockRemoved{{hash}, medium_, event_group_});
+void BlockPoolCore::emit_removed(const BlockHash& hash, int32_t space) {
+  if (event_sink_ != nullptr) {
+    event_sink_->on_event(BlockRemoved{{hash}, medium_, event_group(space)});
+  }
 }
 
-// `block`'s hash left the index with no copy to take its place: its contents are gone.
-void BlockPoolCore::left_index(BlockId block, const BlockHash& hash) {
-  emit_removed(hash);
-  if (log_dead_contents_) dead_contents_.push_back({hash, hash_index_->content_key(block)});
+// `block`'s key left the index with no copy to take its place: its contents are gone.
+void BlockPoolCore::left_index(BlockId block, const BlockHash& key) {
+  const int32_t space = space_of(block);
+  const BlockHash hash = space_key(key, space);
+  emit_removed(hash, space);
+  if (log_dead_contents_) dead_contents_.push_back({hash, hash_index_->content_key(block), space});
 }
 
 // --- touch and free --------------------------------------------------------------------
@@ -369,13 +376,12 @@ absl::Status BlockPoolCore::check_cache_request(std::span<const BlockId> blocks,
   return absl::OkStatus();
 }
 
-int32_t BlockPoolCore::cache_full_blocks_unchecked(std::span<const BlockId> blocks,
-                                                   std::span<const BlockHash> hashes,
-                                                   BlockId parent, const BlockHash* parent_hash,
-                                                   std::span<const TokenId> tokens,
-                                                   std::span<const uint64_t> extra_keys,
-                                                   std::span<const uint64_t> parent_keys) {
+int32_t BlockPoolCore::cache_full_blocks_unchecked(
+    std::span<const BlockId> blocks, std::span<const BlockHash> hashes, BlockId parent,
+    const BlockHash* parent_hash, std::span<const TokenId> tokens,
+    std::span<const uint64_t> extra_keys, std::span<const uint64_t> parent_keys, int32_t space) {
   PAGEDKV_DCHECK(hashes.size() == blocks.size());
+  PAGEDKV_DCHECK(space == 0 || space < std::ssize(key_spaces_));
   PAGEDKV_DCHECK(parent_keys.empty() || parent_keys.size() == blocks.size());
   PAGEDKV_DCHECK(tokens.size() == blocks.size() * static_cast<size_t>(block_size_));
   if (!enable_caching_) return 0;
@@ -386,7 +392,7 @@ int32_t BlockPoolCore::cache_full_blocks_unchecked(std::span<const BlockId> bloc
     stored.block_size = block_size_;
     stored.extra_keys.assign(extra_keys.begin(), extra_keys.end());
     stored.medium = medium_;
-    stored.group = event_group_;
+    stored.group = event_group(space);
     event_sink_->on_event(std::exchange(stored, {}));
   };
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -403,12 +409,14 @@ int32_t BlockPoolCore::cache_full_blocks_unchecked(std::span<const BlockId> bloc
     const BlockHash* block_parent_hash = i == 0 ? parent_hash : &hashes[i - 1];
     const uint64_t parent_key =
         parent_keys.empty() ? hash_index_->key_of(block_parent) : parent_keys[i];
-    if (replace_stale_) replace_stale_copies(hashes[i], parent_key, block_tokens, extra_keys);
-    const HashIndex::Insert inserted = hash_index_->insert(
-        block, hashes[i], parent_key, block_parent_hash, block_tokens, extra_keys);
+    const BlockHash key = space_key(hashes[i], space);
+    if (replace_stale_) replace_stale_copies(key, parent_key, block_tokens, extra_keys);
+    if (!space_of_.empty()) space_of_[block] = space;
+    const HashIndex::Insert inserted =
+        hash_index_->insert(block, key, parent_key, block_parent_hash, block_tokens, extra_keys);
     entered += inserted != HashIndex::Insert::kRefused;
     if (adaptive_ && inserted != HashIndex::Insert::kRefused) {
-      adaptive_->on_cached(block, hashes[i], block_parent, *free_queue_, *hash_index_);
+      adaptive_->on_cached(block, key, block_parent, *free_queue_, *hash_index_);
     }
     if (inserted != HashIndex::Insert::kIndexed) {
       emit_run();
@@ -446,8 +454,10 @@ absl::Status BlockPoolCore::uncache(BlockId block) {
 
 // --- the host tier's interface ----------------------------------------------------------
 
-BlockId BlockPoolCore::indexed_block(const BlockHash& hash) const {
-  return hash_index_->find(hash);
+BlockId BlockPoolCore::indexed_block(const BlockHash& hash, int32_t space) const {
+  const BlockId b = hash_index_->find(space_key(hash, space));
+  // Keys of two spaces never meet short of a 128-bit collision; a hit never crosses them.
+  return b == kNoBlock || space_of(b) == space ? b : kNoBlock;
 }
 
 bool BlockPoolCore::holds_contents(BlockId block, uint64_t parent_key,
@@ -578,7 +588,7 @@ absl::StatusOr<BlockHash> BlockPoolCore::cached_hash(BlockId block) const {
     return absl::NotFoundError(
         absl::StrCat("BlockPool::cached_hash: block ", block, " holds no hash"));
   }
-  return hash_index_->hash(block);
+  return plain_hash(block, hash_index_->hash(block));
 }
 
 absl::StatusOr<int32_t> BlockPoolCore::retention_priority(BlockId block) const {

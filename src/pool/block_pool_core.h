@@ -54,6 +54,13 @@ struct PoolRoles {
   // an indexed block holds after other parent contents replaces that stale copy (and its
   // standbys, which become uncached) instead of being refused.
   bool index_children = false;
+  // A device pool that the layer groups of a hybrid model share
+  // (KvCacheManager::Options::shared_block_pool): one key space per group, whose entry is
+  // the group its events name. A group's hashes are keys of its own space (the same hash
+  // in two groups names two blocks, and a hit is only ever found in the space it was
+  // cached in); the calls that take a hash name the space (0 for a pool of one). Empty:
+  // one space, whose events name BlockPool::Options::event_group.
+  std::vector<EventGroup> key_spaces = {};
 };
 
 class BlockPoolCore {
@@ -82,6 +89,7 @@ class BlockPoolCore {
   struct DeadContent {
     BlockHash hash;
     uint64_t content_key = 0;
+    int32_t space = 0;  // the key space it was cached in (PoolRoles::key_spaces)
   };
 
   // BlockPool::create()'s checks, and first_content_key > 0.
@@ -145,12 +153,14 @@ class BlockPoolCore {
                                 std::span<const uint64_t> extra_keys) const;
   // With `parent_keys` (one per block), blocks[i] is cached after the contents
   // parent_keys[i] names instead of after its predecessor's: a windowed or state group's
-  // blocks verify along another group's chain (its own parents may be released).
+  // blocks verify along another group's chain (its own parents may be released). The
+  // blocks are cached in key space `space` (PoolRoles::key_spaces).
   int32_t cache_full_blocks_unchecked(std::span<const BlockId> blocks,
                                       std::span<const BlockHash> hashes, BlockId parent,
                                       const BlockHash* parent_hash, std::span<const TokenId> tokens,
                                       std::span<const uint64_t> extra_keys,
-                                      std::span<const uint64_t> parent_keys = {});
+                                      std::span<const uint64_t> parent_keys = {},
+                                      int32_t space = 0);
   void uncache_unchecked(BlockId block);
   void set_retention_unchecked(BlockId block, int32_t priority, int64_t duration_ms);
 
@@ -173,8 +183,8 @@ class BlockPoolCore {
     out.clear();
     out.swap(evicted_);
   }
-  // The block indexed under `hash`, or kNoBlock; unverified.
-  BlockId indexed_block(const BlockHash& hash) const;
+  // The block indexed under `hash` in key space `space`, or kNoBlock; unverified.
+  BlockId indexed_block(const BlockHash& hash, int32_t space = 0) const;
   // With PoolRoles::index_partial_prefixes: the indexed block cached after the contents
   // `parent_key` names, with `extra_keys`, whose first tokens equal the longest prefix of
   // `tokens` (at most block_size - 1 of them, verified token by token); *matched is its
@@ -227,8 +237,21 @@ class BlockPoolCore {
   void schedule_expiry(BlockId block);
   void expire_retention();
   int64_t now_ms() const;
-  void emit_removed(const BlockHash& hash);
-  void left_index(BlockId block, const BlockHash& hash);
+  // The index's key of `hash` in key space `space`, and back (an involution): space 0
+  // keeps the hash, so a pool of one space indexes the hashes themselves.
+  static BlockHash space_key(const BlockHash& hash, int32_t space) {
+    return {hash.lo, hash.hi ^ (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(space))};
+  }
+  int32_t space_of(BlockId block) const { return space_of_.empty() ? 0 : space_of_[block]; }
+  // The hash `block` was cached under, as its group's caller gave it.
+  BlockHash plain_hash(BlockId block, const BlockHash& key) const {
+    return space_key(key, space_of(block));
+  }
+  std::optional<EventGroup> event_group(int32_t space) const {
+    return key_spaces_.empty() ? event_group_ : std::optional<EventGroup>(key_spaces_[space]);
+  }
+  void emit_removed(const BlockHash& hash, int32_t space);
+  void left_index(BlockId block, const BlockHash& key);
   void drop_from_cache(BlockId block);
   void replace_stale_copies(const BlockHash& hash, uint64_t parent_key,
                             std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys);
@@ -242,6 +265,8 @@ class BlockPoolCore {
   KvEventSink* event_sink_ = nullptr;
   Medium medium_ = Medium::kDevice;
   std::optional<EventGroup> event_group_;  // BlockPool::Options::event_group
+  std::vector<EventGroup> key_spaces_;     // PoolRoles::key_spaces
+  std::vector<int32_t> space_of_;          // per block: its key space, with key_spaces_ only
   std::function<int64_t()> clock_;
   std::vector<int32_t> ref_count_;  // per block; written by allocate/touch/free
   uint64_t share_epoch_ = 1;

@@ -81,6 +81,10 @@ absl::Status BlockPoolCore::check_invariants() const {
     const HashIndex::Role role = hash_index_->role(b);
     indexed += role == HashIndex::Role::kIndexed;
     cached_free += role != HashIndex::Role::kNone && ref_count_[b] == 0;
+    if (role != HashIndex::Role::kNone && space_of(b) != 0 &&
+        (space_of(b) < 0 || space_of(b) >= std::ssize(key_spaces_))) {
+      return broken("cached block ", b, " in key space ", space_of(b), " of ", key_spaces_.size());
+    }
     if (role != HashIndex::Role::kStandby) continue;
     ++standby;
     // Walk back to the indexed block, at most num_blocks steps.
@@ -90,7 +94,7 @@ absl::Status BlockPoolCore::check_invariants() const {
       head = hash_index_->prev_standby(head);
     }
     if (hash_index_->role(head) != HashIndex::Role::kIndexed ||
-        !(hash_index_->hash(head) == hash_index_->hash(b)) ||
+        !(hash_index_->hash(head) == hash_index_->hash(b)) || space_of(head) != space_of(b) ||
         hash_index_->find(hash_index_->hash(b)) != head) {
       return broken("standby block ", b, " is not in the chain of the block indexed by its hash");
     }
