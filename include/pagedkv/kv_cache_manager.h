@@ -186,6 +186,9 @@ class KvCacheManager {
     // first. 0 tokens or 0 levels: no checkpoint classes.
     int32_t window_checkpoint_tokens = 16384;
     int32_t window_checkpoint_levels = 5;
+    // false: no classes at all (neither branch points nor checkpoints): released windowed
+    // blocks are evicted in LRU order with every other block of their pool, as vLLM's are.
+    bool window_eviction_classes = true;
     // State groups (kState, docs/allocator.md "State groups"): besides the checkpoints at
     // the end of each prompt's last full block and at the branch point of its match, one
     // every this many blocks of a sequence (0: none).
@@ -210,6 +213,14 @@ class KvCacheManager {
     // each other group. A windowed or state group with prefix caching needs a
     // full-attention group beside it: hits are verified along the first full group's chain.
     std::vector<LayerGroup> layer_groups = {};
+    // One device pool for all layer groups, for engines whose KV tensors give every group's
+    // layers the same pages (vLLM's hybrid layout): one id space, free queue and eviction
+    // order, a prefix index keyed by (hash, group), and a step that fits when the pool has
+    // the blocks of all groups together (docs/allocator.md, "One pool for all groups").
+    // Needs attention groups (no state group) with equal num_blocks, the pool's, no host
+    // blocks, LRU eviction and no partial-block reuse. device_pool(g) is then the same pool
+    // for every g; its public hash lookups (BlockPool::indexed_block()) are group 0's.
+    bool shared_block_pool = false;
   };
 
   // Pool figures are those of group 0 (the only one of a model without layer groups; see

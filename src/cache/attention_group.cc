@@ -25,7 +25,9 @@ absl::Status AttentionGroup::plan_blocks(const Sequence& seq, const StepRequest&
   const int32_t reserve = step.admission && shared_.num_running > 0 ? watermark_blocks() : 0;
   plan.release_end = release_end;
   plan.skipped = skipped;
+  plan.freed = freed;
   const int64_t held = step.total_blocks - release_end - skipped;
+  plan.held = held;
   if (held > spec().num_blocks) {
     return absl::InvalidArgumentError(
         absl::StrCat("allocate_slots(seq ", seq.id, "): ", step.slots_total, " slots need ", held,

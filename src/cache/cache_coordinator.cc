@@ -70,8 +70,10 @@ absl::Status CacheCoordinator::add_sequence(SeqId seq, std::span<const TokenId> 
     }
   }
   // The watermark does not count: a sequence alone in the pool may use every block.
+  int64_t shared_needed = 0;  // Options::shared_block_pool: all groups' together
   for (const auto& g : groups_) {
     const int64_t needed = g->blocks_to_run(std::ssize(prompt));
+    shared_needed += needed;
     if (needed > g->spec().num_blocks) {
       return absl::InvalidArgumentError(absl::StrCat(
           "add_sequence(seq ", seq, "): prompt of ", prompt.size(), " tokens needs ", needed,
@@ -79,6 +81,12 @@ absl::Status CacheCoordinator::add_sequence(SeqId seq, std::span<const TokenId> 
           num_groups() > 1 ? absl::StrCat(" in group ", g->index()) : "", "; the pool has ",
           g->spec().num_blocks, ". Raise num_blocks or shorten the prompt"));
     }
+  }
+  if (shared_.options.shared_block_pool && shared_needed > groups_[0]->spec().num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "add_sequence(seq ", seq, "): prompt of ", prompt.size(), " tokens needs ", shared_needed,
+        " blocks of ", shared_.block_size, " tokens in all groups together; the shared pool has ",
+        groups_[0]->spec().num_blocks, ". Raise num_blocks or shorten the prompt"));
   }
   auto s = std::make_unique<Sequence>();
   s->id = seq;
@@ -137,10 +145,12 @@ absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_slots_impl(
   for (const auto& g : groups_) {
     PAGEDKV_RETURN_IF_ERROR(g->plan_step(seq, step, plans_[g->index()]));
   }
+  if (shared_.options.shared_block_pool) PAGEDKV_RETURN_IF_ERROR(check_shared_fit(seq, step));
   // Validated; from here on nothing fails. A decode step inside its last block allocates
   // nothing.
   slot_mapping_.resize(static_cast<size_t>(num_new_tokens) * groups_.size());
   int64_t* slots = slot_mapping_.data();  // each group's after the previous group's
+  for (const auto& g : groups_) g->release_before_step(seq, plans_[g->index()]);
   for (const auto& g : groups_) {
     g->apply_step(seq, step, plans_[g->index()], {slots, static_cast<size_t>(num_new_tokens)});
     slots += num_new_tokens;
@@ -160,6 +170,37 @@ absl::StatusOr<std::span<const int64_t>> CacheCoordinator::allocate_slots_impl(
     bury_dead_contents();
   }
   return std::span<const int64_t>(slot_mapping_).first(num_new_tokens);
+}
+
+// Options::shared_block_pool: each group's plan fits the pool alone; together they must
+// too (vLLM's fit check: the blocks of every group added up).
+absl::Status CacheCoordinator::check_shared_fit(const Sequence& seq,
+                                                const StepRequest& step) const {
+  int64_t needed = 0;
+  int64_t held = 0;
+  for (const GroupPlan& plan : plans_) {
+    needed += plan.new_blocks - plan.freed;
+    held += plan.held;
+  }
+  const BlockPoolCore& pool = groups_[0]->device();
+  if (held > pool.num_blocks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocate_slots(seq ", seq.id, "): ", step.slots_total, " slots need ", held,
+                     " blocks in all groups together; the shared pool has ", pool.num_blocks()));
+  }
+  const int32_t reserve =
+      step.admission && shared_.num_running > 0 ? groups_[0]->watermark_blocks() : 0;
+  if (needed + reserve <= pool.num_free_blocks()) return absl::OkStatus();
+  std::string by_group;
+  for (const auto& g : groups_) {
+    const GroupPlan& plan = plans_[g->index()];
+    absl::StrAppend(&by_group, g->index() == 0 ? "" : ", ", g->index(), ": ", plan.new_blocks,
+                    plan.freed > 0 ? absl::StrCat(" - ", plan.freed, " released") : "");
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "allocate_slots(seq ", seq.id, "): need ", needed, " blocks (by group ", by_group, ")",
+      reserve > 0 ? absl::StrCat(" + watermark ", reserve) : "", ", ", pool.num_free_blocks(),
+      " free of ", pool.num_blocks(), " in the pool all groups share"));
 }
 
 // Most calls of a decode step: a running sequence of a one-group full-attention model

@@ -129,6 +129,7 @@ class CacheCoordinator {
                                                                int32_t num_lookahead,
                                                                int32_t num_draft = 0,
                                                                bool import = false);
+  absl::Status check_shared_fit(const Sequence& seq, const StepRequest& step) const;
   absl::StatusOr<std::span<const int64_t>> allocate_or_preempt_impl(Sequence& seq,
                                                                     int32_t num_new_tokens,
                                                                     int32_t num_lookahead);

@@ -72,6 +72,41 @@ absl::Status check_groups(const Options& options, std::span<const LayerGroup> gr
   return absl::OkStatus();
 }
 
+// One pool for all groups: every group's blocks are the pool's (equal sizes), and what a
+// pool of its own would keep per group (host blocks and their tier, a group's eviction
+// policy, partial-block prefixes, state slots) has no shared form.
+absl::Status check_shared_pool(const Options& options, std::span<const LayerGroup> groups) {
+  if (!options.shared_block_pool) return absl::OkStatus();
+  const auto refuse = [](const auto&... parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheManager: shared_block_pool: ", parts...));
+  };
+  if (options.eviction_policy != EvictionPolicy::kLru) {
+    return refuse("eviction_policy must be kLru (one LRU order for all groups)");
+  }
+  if (options.enable_partial_block_reuse)
+    return refuse("enable_partial_block_reuse is not supported");
+  if (options.enable_host_cache) {
+    return refuse("enable_host_cache is not supported (host blocks keep a pool per group)");
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const LayerGroup& g = groups[i];
+    if (g.kind == AttentionKind::kState) {
+      return refuse("layer_groups[", i,
+                    "] is a state group; state slots are not blocks of the pool");
+    }
+    if (g.num_blocks != groups[0].num_blocks) {
+      return refuse("layer_groups[", i, "].num_blocks ", g.num_blocks, " != ", groups[0].num_blocks,
+                    " of layer_groups[0]: every group's num_blocks is the one pool's size");
+    }
+    if (g.num_host_blocks != 0) {
+      return refuse("layer_groups[", i, "].num_host_blocks ", g.num_host_blocks,
+                    " must be 0 (host blocks, swapping and the host tier keep a pool per group)");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // --- construct -----------------------------------------------------------------------------
@@ -118,6 +153,7 @@ absl::StatusOr<std::unique_ptr<CacheCoordinator>> CacheCoordinator::create(Optio
                                                    " is neither kLru (0) nor kAdaptive (1)"));
   }
   const std::vector<LayerGroup> layer_groups = options.layer_groups;
+  PAGEDKV_RETURN_IF_ERROR(check_shared_pool(options, layer_groups));
   PAGEDKV_RETURN_IF_ERROR(check_groups(options, layer_groups));
   const int32_t first_blocks = layer_groups[0].num_blocks;
   if (options.watermark_blocks < 0 || options.watermark_blocks >= first_blocks) {

@@ -17,7 +17,7 @@ int32_t FullAttentionGroup::begin_match(const Sequence& seq, int32_t max_blocks)
   int32_t free_hits = 0;  // device hits in the free queue: sharing takes them out of it
   int32_t i = 0;
   for (; i < max_blocks; ++i) {
-    const BlockId hit = device().indexed_block(seq.block_hashes[i]);
+    const BlockId hit = device().indexed_block(seq.block_hashes[i], key_space());
     if (hit == kNoBlock ||
         !device().holds_contents(hit, parent, block_tokens(seq, i, bs), seq.extra_keys)) {
       break;
@@ -60,20 +60,22 @@ void FullAttentionGroup::index_run(Sequence& seq, int32_t first, int32_t n, bool
       first == 0 ? nullptr : &seq.block_hashes[first - 1],
       std::span<const TokenId>(seq.tokens)
           .subspan(static_cast<size_t>(first) * bs, static_cast<size_t>(n) * bs),
-      seq.extra_keys);
+      seq.extra_keys, {}, key_space());
 }
 
 void FullAttentionGroup::take_dead_contents(std::vector<uint64_t>& out) {
   out.clear();
-  auto holds = [](const BlockPoolCore& pool, const BlockPoolCore::DeadContent& d) {
-    const BlockId b = pool.indexed_block(d.hash);
+  auto holds = [](const BlockPoolCore& pool, const BlockPoolCore::DeadContent& d, int32_t space) {
+    const BlockId b = pool.indexed_block(d.hash, space);
     return b != kNoBlock && pool.content_key(b) == d.content_key;
   };
   for (BlockPoolCore* pool : {&device(), &host()}) {
     if (!pool->has_dead_contents()) continue;
     pool->take_dead_contents(dead_);
     for (const BlockPoolCore::DeadContent& d : dead_) {
-      if (!holds(device(), d) && !holds(host(), d)) out.push_back(d.content_key);
+      // A shared pool logs every group's; only this group's blocks have children.
+      if (d.space != (pool == &device() ? key_space() : 0)) continue;
+      if (!holds(device(), d, key_space()) && !holds(host(), d, 0)) out.push_back(d.content_key);
     }
   }
 }

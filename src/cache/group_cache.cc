@@ -163,47 +163,65 @@ absl::Status broken(const Parts&... parts) {
 }  // namespace
 
 absl::Status GroupCache::check_pool_balance(std::span<const Sequence* const> sequences,
-                                            bool on_host) const {
+                                            bool on_host,
+                                            std::span<const GroupCache* const> sharers) const {
   const BlockPoolCore& pool = on_host ? host() : device();
   std::vector<int32_t> holders(pool.num_blocks(), 0);
   const std::string pool_name = absl::StrCat(
-      on_host ? "host" : "device", shared_.num_groups > 1 ? absl::StrCat(" group ", index_) : "");
+      on_host ? "host" : "device", sharers.size() > 1       ? " (shared)"
+                                   : shared_.num_groups > 1 ? absl::StrCat(" group ", index_)
+                                                            : "");
   std::vector<int64_t> seen(pool.num_blocks(), -1);  // last sequence (by visit) holding it
+  std::vector<int32_t> owner(sharers.size() > 1 ? pool.num_blocks() : 0, -1);
   int64_t visit = 0;
   for (const Sequence* s : sequences) {
     ++visit;
-    const GroupTable& t = table(*s);
-    std::vector<BlockId> held;
-    if (on_host) {
-      held = t.host_blocks;
-    } else {
-      const auto first =
-          std::min<size_t>(static_cast<size_t>(std::max(t.first_held, 0)), t.blocks.size());
-      held.assign(t.blocks.begin() + static_cast<int64_t>(first), t.blocks.end());
-      held.insert(held.end(), t.draft_slots.begin(), t.draft_slots.end());
-    }
-    for (const BlockId b : held) {
-      if (b < 0 || b >= pool.num_blocks()) {
-        return broken("seq ", s->id, " holds invalid ", pool_name, " block ", b);
+    for (const GroupCache* g : sharers) {
+      const GroupTable& t = g->table(*s);
+      std::vector<BlockId> held;
+      if (on_host) {
+        held = t.host_blocks;
+      } else {
+        const auto first =
+            std::min<size_t>(static_cast<size_t>(std::max(t.first_held, 0)), t.blocks.size());
+        held.assign(t.blocks.begin() + static_cast<int64_t>(first), t.blocks.end());
+        held.insert(held.end(), t.draft_slots.begin(), t.draft_slots.end());
       }
-      if (seen[b] == visit) {
-        return broken("seq ", s->id, " holds ", pool_name, " block ", b, " twice");
+      for (const BlockId b : held) {
+        if (b < 0 || b >= pool.num_blocks()) {
+          return broken("seq ", s->id, " holds invalid ", pool_name, " block ", b);
+        }
+        if (seen[b] == visit) {
+          return broken("seq ", s->id, " holds ", pool_name, " block ", b, " twice");
+        }
+        seen[b] = visit;
+        ++holders[b];
+        // A block of a shared pool holds one group's K/V: no other group may hold it.
+        if (!owner.empty()) {
+          if (owner[b] >= 0 && owner[b] != g->index()) {
+            return broken(pool_name, " block ", b, " held by group ", owner[b], " and group ",
+                          g->index(), " (seq ", s->id, ")");
+          }
+          owner[b] = g->index();
+        }
       }
-      seen[b] = visit;
-      ++holders[b];
     }
   }
   const StepLedger& ledger = shared_.ledger;
-  for (const StepLedger::Parked& p : on_host ? ledger.deferred_host() : ledger.deferred_device()) {
-    if (p.group == index_) ++holders[p.block];
-  }
-  // Exports pin device blocks: each pin is a reference, so a pinned block is never evicted.
-  for (const auto& [seq, groups] : shared_.pins) {
-    for (const BlockId b : on_host ? std::span<const BlockId>() : groups[index_].blocks) {
-      if (b < 0 || b >= pool.num_blocks()) {
-        return broken("export of seq ", seq, " pins invalid ", pool_name, " block ", b);
+  for (const GroupCache* g : sharers) {
+    for (const StepLedger::Parked& p :
+         on_host ? ledger.deferred_host() : ledger.deferred_device()) {
+      if (p.group == g->index()) ++holders[p.block];
+    }
+    // Exports pin device blocks: each pin is a reference, so a pinned block is never
+    // evicted.
+    for (const auto& [seq, groups] : shared_.pins) {
+      for (const BlockId b : on_host ? std::span<const BlockId>() : groups[g->index()].blocks) {
+        if (b < 0 || b >= pool.num_blocks()) {
+          return broken("export of seq ", seq, " pins invalid ", pool_name, " block ", b);
+        }
+        ++holders[b];
       }
-      ++holders[b];
     }
   }
   for (BlockId b = 0; b < pool.num_blocks(); ++b) {
@@ -217,9 +235,13 @@ absl::Status GroupCache::check_pool_balance(std::span<const Sequence* const> seq
 
 // Host-tier blocks belong to no sequence: a swapped sequence's host blocks are its only copy
 // of that K/V and never cached.
-absl::Status GroupCache::check_pools(std::span<const Sequence* const> sequences) const {
-  PAGEDKV_RETURN_IF_ERROR(check_pool_balance(sequences, /*on_host=*/false));
-  PAGEDKV_RETURN_IF_ERROR(check_pool_balance(sequences, /*on_host=*/true));
+absl::Status GroupCache::check_pools(std::span<const Sequence* const> sequences,
+                                     std::span<const GroupCache* const> device_sharers) const {
+  if (!device_sharers.empty()) {
+    PAGEDKV_RETURN_IF_ERROR(check_pool_balance(sequences, /*on_host=*/false, device_sharers));
+  }
+  const GroupCache* self = this;
+  PAGEDKV_RETURN_IF_ERROR(check_pool_balance(sequences, /*on_host=*/true, {&self, 1}));
   if (host_tier_ != nullptr) {
     PAGEDKV_RETURN_IF_ERROR(host_tier_->check_invariants(
         host(), shared_.ledger, index_, /*exclusive=*/kind() != AttentionKind::kState));

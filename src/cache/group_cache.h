@@ -61,6 +61,10 @@ struct SharedState {
   std::vector<BlockId> scratch_blocks;
   // export_sequence(): per exported sequence, the entries of each group it pinned.
   absl::flat_hash_map<SeqId, std::vector<KvHandoffGroup>> pins;
+  // Options::shared_block_pool: the device pool of every group, once the first group
+  // built it (make_group_cache()).
+  std::shared_ptr<BlockPool> shared_device;
+  BlockPoolCore* shared_device_core = nullptr;
 };
 
 // What allocate_slots() asks of every group: the same step for all.
@@ -82,14 +86,17 @@ struct GroupPlan {
   // Windowed import: entries after the table's end, behind the window at the import's
   // end, that the table gets unheld (kNoBlock) instead of allocated.
   int32_t skipped = 0;
+  int32_t freed = 0;  // windowed: blocks the release frees (held by no one else)
+  int64_t held = 0;   // entries the table holds after the step
   int32_t new_blocks = 0;
   bool copy_on_write = false;
 };
 
 // A group's two pools: the public faces (KvCacheManager::device_pool()) and the cores the
-// manager drives.
+// manager drives. The device pool is the group's own, or with Options::shared_block_pool
+// every group's.
 struct GroupPools {
-  BlockPool device;
+  std::shared_ptr<BlockPool> device;
   BlockPool host;
   BlockPoolCore* device_core = nullptr;
   BlockPoolCore* host_core = nullptr;
@@ -115,7 +122,7 @@ class GroupCache {
   AttentionKind kind() const { return spec_.kind; }
   int32_t index() const { return index_; }
   int32_t watermark_blocks() const { return watermark_blocks_; }
-  const BlockPool& device_pool() const { return pools_.device; }
+  const BlockPool& device_pool() const { return *pools_.device; }
   const BlockPool& host_pool() const { return pools_.host; }
   BlockPoolCore& device() { return *pools_.device_core; }
   BlockPoolCore& host() { return *pools_.host_core; }
@@ -125,6 +132,9 @@ class GroupCache {
   const HostTier* host_tier() const { return host_tier_.get(); }
   // The group's pools and cache traffic.
   KvCacheManager::GroupStats stats() const;
+  // The key space of this group's hashes in its device pool: its own in a shared pool
+  // (PoolRoles::key_spaces), the only one otherwise.
+  int32_t key_space() const { return shared_.options.shared_block_pool ? index_ : 0; }
   GroupTable& table(Sequence& seq) const { return seq.tables[index_]; }
   const GroupTable& table(const Sequence& seq) const { return seq.tables[index_]; }
 
@@ -145,7 +155,12 @@ class GroupCache {
   // Decides what `step` does here, or the error that refuses the call. Changes nothing.
   virtual absl::Status plan_step(const Sequence& seq, const StepRequest& step,
                                  GroupPlan& plan) const = 0;
-  // Carries `plan` out and writes the new tokens' slots into `slots` (-1 without slots).
+  // Carries out the releases of `plan` (a windowed group's entries behind the window):
+  // before any group's apply_step(), so that a pool the groups share has their blocks back
+  // first.
+  virtual void release_before_step(Sequence&, const GroupPlan&) {}
+  // Carries the rest of `plan` out and writes the new tokens' slots into `slots` (-1
+  // without slots).
   virtual void apply_step(Sequence& seq, const StepRequest& step, const GroupPlan& plan,
                           std::span<int64_t> slots) = 0;
 
@@ -200,10 +215,16 @@ class GroupCache {
   // --- checks ----------------------------------------------------------------------------
   // `seq`'s table here agrees with its state and computed tokens.
   virtual absl::Status check_table(const Sequence& seq) const = 0;
-  // Ref counts equal the tables' and pending copies' holds, in the device or host pool.
-  absl::Status check_pool_balance(std::span<const Sequence* const> sequences, bool host) const;
-  // The pools, the host tier, and host-tier blocks held by no sequence.
-  absl::Status check_pools(std::span<const Sequence* const> sequences) const;
+  // Ref counts of the device or host pool equal the holds of the tables, pending copies and
+  // pins of `sharers`, the groups whose blocks it holds (this one, or every group of a
+  // shared pool); a block of a shared pool is held by one group only.
+  absl::Status check_pool_balance(std::span<const Sequence* const> sequences, bool host,
+                                  std::span<const GroupCache* const> sharers) const;
+  // The pools, the host tier, and host-tier blocks held by no sequence. The device pool's
+  // balance is that of `device_sharers`, unchecked when empty (a shared pool's is checked
+  // once, with its first group).
+  absl::Status check_pools(std::span<const Sequence* const> sequences,
+                           std::span<const GroupCache* const> device_sharers) const;
 
  protected:
   // Whether release() gives `seq`'s entries a retention (set_release_retention()) first.

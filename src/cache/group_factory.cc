@@ -16,20 +16,38 @@ namespace {
 
 using Options = KvCacheManager::Options;
 
-// A group's pools: its layers' blocks on the device and on the host, and the roles the
-// group's kind and place give them.
-// `anchored_caching`: the model caches and has groups that verify along the anchor's chain
-// (windowed and state groups): the anchor then reports contents it loses, and the others
-// drop the blocks cached after them (docs/allocator.md).
-absl::StatusOr<GroupPools> make_pools(const Options& options, const LayerGroup& spec, int32_t index,
-                                      size_t num_groups, bool anchored_caching, bool is_anchor) {
+// The events of a hybrid model name their group (docs/events.md, "Layer groups"); those of
+// one group are as they were without groups.
+std::optional<EventGroup> event_group(std::span<const LayerGroup> groups, size_t i) {
+  if (groups.size() == 1) return std::nullopt;
+  return EventGroup{static_cast<int32_t>(i), groups[i].kind, groups[i].window};
+}
+
+// A group's device pool: its layers' blocks, and the roles the group's kind and place give
+// them. `anchored_caching`: the model caches and has groups that verify along the anchor's
+// chain (windowed and state groups): the anchor then reports contents it loses, and the
+// others drop the blocks cached after them (docs/allocator.md). With
+// Options::shared_block_pool the first group built makes the pool of all, with the roles of
+// all and a key space per group; the others take it.
+absl::StatusOr<std::shared_ptr<BlockPool>> make_device_pool(std::span<const LayerGroup> groups,
+                                                            size_t i, SharedState& shared,
+                                                            bool anchored_caching, bool is_anchor,
+                                                            BlockPoolCore*& core) {
+  const Options& options = shared.options;
+  if (options.shared_block_pool && shared.shared_device != nullptr) {
+    core = shared.shared_device_core;
+    return shared.shared_device;
+  }
+  const LayerGroup& spec = groups[i];
   const bool full = spec.kind == AttentionKind::kFull;
-  const bool host_tier = options.enable_host_cache;
-  // The events of a hybrid model name their group (docs/events.md, "Layer groups"); those
-  // of one group are as they were without groups.
-  const std::optional<EventGroup> event_group =
-      num_groups > 1 ? std::optional<EventGroup>(EventGroup{index, spec.kind, spec.window})
-                     : std::nullopt;
+  PoolRoles roles{.log_evictions = options.enable_host_cache,
+                  .index_partial_prefixes = options.enable_partial_block_reuse,
+                  .log_dead_contents = is_anchor && anchored_caching,
+                  .index_children = anchored_caching && !full};
+  if (options.shared_block_pool) {
+    roles.log_dead_contents = roles.index_children = anchored_caching;
+    for (size_t g = 0; g < groups.size(); ++g) roles.key_spaces.push_back(*event_group(groups, g));
+  }
   // A state group's checkpoints are its cached blocks: BlockStored names the block a
   // checkpoint ends (docs/events.md, "State groups"); its slots are never hashed.
   auto device = BlockPoolCore::create(
@@ -37,14 +55,31 @@ absl::StatusOr<GroupPools> make_pools(const Options& options, const LayerGroup& 
        .block_size = options.block_size,
        .enable_caching = options.enable_prefix_caching,
        .event_sink = options.event_sink,
-       .event_group = event_group,
+       .event_group = event_group(groups, i),
        .clock = options.clock,
        .eviction_policy = full ? options.eviction_policy : EvictionPolicy::kLru},
-      {.log_evictions = host_tier,
-       .index_partial_prefixes = options.enable_partial_block_reuse,
-       .log_dead_contents = is_anchor && anchored_caching,
-       .index_children = anchored_caching && !full});
+      roles);
   if (!device.ok()) return device.status();
+  core = device->get();
+  auto pool = std::make_shared<BlockPool>(*std::move(device));
+  if (options.shared_block_pool) {
+    shared.shared_device = pool;
+    shared.shared_device_core = core;
+  }
+  return pool;
+}
+
+// A group's pools: on the device (make_device_pool()) and on the host.
+absl::StatusOr<GroupPools> make_pools(std::span<const LayerGroup> groups, size_t i,
+                                      SharedState& shared, bool anchored_caching, bool is_anchor) {
+  const Options& options = shared.options;
+  const LayerGroup& spec = groups[i];
+  const bool full = spec.kind == AttentionKind::kFull;
+  const bool host_tier = options.enable_host_cache;
+  BlockPoolCore* device_core = nullptr;
+  PAGEDKV_ASSIGN_OR_RETURN(
+      std::shared_ptr<BlockPool> device,
+      make_device_pool(groups, i, shared, anchored_caching, is_anchor, device_core));
   // A state group's tier holds checkpoints (demoted when evicted, restored from the host):
   // its host pool serves swapping and the tier, as an attention group's does.
   auto host = BlockPoolCore::create(
@@ -54,7 +89,7 @@ absl::StatusOr<GroupPools> make_pools(const Options& options, const LayerGroup& 
        .event_sink =
            spec.kind == AttentionKind::kState && !host_tier ? nullptr : options.event_sink,
        .medium = Medium::kHost,
-       .event_group = event_group,
+       .event_group = event_group(groups, i),
        .clock = options.clock},
       // Its evictions become ghosts (HostTier). Host blocks take the content keys of the
       // device blocks they copy: the host's own keys (blocks renewed for swapping) are
@@ -64,9 +99,8 @@ absl::StatusOr<GroupPools> make_pools(const Options& options, const LayerGroup& 
        .log_dead_contents = is_anchor && anchored_caching,
        .index_children = anchored_caching && !full});
   if (!host.ok()) return host.status();
-  BlockPoolCore* device_core = device->get();
   BlockPoolCore* host_core = host->get();
-  return GroupPools{.device = BlockPool(*std::move(device)),
+  return GroupPools{.device = std::move(device),
                     .host = BlockPool(*std::move(host)),
                     .device_core = device_core,
                     .host_core = host_core};
@@ -85,8 +119,8 @@ absl::StatusOr<std::unique_ptr<GroupCache>> make_group_cache(std::span<const Lay
                                   return g.kind != AttentionKind::kFull;
                                 });
   const bool is_anchor = spec.kind == AttentionKind::kFull && anchor == nullptr;
-  PAGEDKV_ASSIGN_OR_RETURN(GroupPools pools, make_pools(options, spec, index, groups.size(),
-                                                        anchored_caching, is_anchor));
+  PAGEDKV_ASSIGN_OR_RETURN(GroupPools pools,
+                           make_pools(groups, i, shared, anchored_caching, is_anchor));
   // The watermark scaled to the group's pool, rounded up: the same headroom share.
   const int64_t watermark =
       div_ceil(int64_t{options.watermark_blocks} * spec.num_blocks, groups[0].num_blocks);

@@ -67,7 +67,10 @@ absl::Status CacheCoordinator::check_exclusive_block(const Sequence& s) const {
 
 absl::Status CacheCoordinator::check_invariants() const {
   for (const auto& g : groups_) {
-    PAGEDKV_RETURN_IF_ERROR(g->device().check_invariants());
+    // A shared pool is checked once, with its first group.
+    if (!shared_.options.shared_block_pool || g->index() == 0) {
+      PAGEDKV_RETURN_IF_ERROR(g->device().check_invariants());
+    }
     PAGEDKV_RETURN_IF_ERROR(g->host().check_invariants());
   }
   std::vector<const Sequence*> sequences;
@@ -88,7 +91,16 @@ absl::Status CacheCoordinator::check_invariants() const {
   if (running != shared_.num_running) {
     return broken("num_running ", shared_.num_running, " but ", running, " sequences running");
   }
-  for (const auto& g : groups_) PAGEDKV_RETURN_IF_ERROR(g->check_pools(sequences));
+  std::vector<const GroupCache*> all_groups;
+  for (const auto& g : groups_) all_groups.push_back(g.get());
+  for (const auto& g : groups_) {
+    const GroupCache* self = g.get();
+    const std::span<const GroupCache* const> device_sharers =
+        !shared_.options.shared_block_pool ? std::span<const GroupCache* const>(&self, 1)
+        : g->index() == 0                  ? std::span<const GroupCache* const>(all_groups)
+                                           : std::span<const GroupCache* const>();
+    PAGEDKV_RETURN_IF_ERROR(g->check_pools(sequences, device_sharers));
+  }
   return shared_.ledger.check_invariants(
       [this](int32_t group) -> const BlockPoolCore& { return groups_[group]->device(); });
 }

@@ -195,7 +195,10 @@ void CacheCoordinator::reset_prefix_cache() {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   bool first = true;
   for (const auto& g : groups_) {
-    g->device().reset_prefix_cache(/*emit_event=*/first);  // one AllBlocksCleared for all
+    // One AllBlocksCleared for all; a shared pool is reset once.
+    if (first || !shared_.options.shared_block_pool) {
+      g->device().reset_prefix_cache(/*emit_event=*/first);
+    }
     g->host().reset_prefix_cache(/*emit_event=*/false);
     first = false;
   }

@@ -28,7 +28,7 @@ bool WindowedGroup::claimable(const Sequence& seq, int32_t i) {
   const uint64_t parent = i == 0 ? 0 : anchor_->matched_key(i - 1);
   const auto tokens = block_tokens(seq, i, shared_.block_size);
   BlockId& on_device = hits_.device[i];
-  on_device = device().indexed_block(seq.block_hashes[i]);
+  on_device = device().indexed_block(seq.block_hashes[i], key_space());
   if (on_device != kNoBlock &&
       !device().holds_contents(on_device, parent, tokens, seq.extra_keys)) {
     on_device = kNoBlock;
@@ -85,7 +85,7 @@ void WindowedGroup::index_run(Sequence& seq, int32_t first, int32_t n, bool matc
       first == 0 ? nullptr : &seq.block_hashes[first - 1],
       std::span<const TokenId>(seq.tokens)
           .subspan(static_cast<size_t>(first) * bs, static_cast<size_t>(n) * bs),
-      seq.extra_keys, parent_keys_);
+      seq.extra_keys, parent_keys_, key_space());
 }
 
 // --- a step --------------------------------------------------------------------------------
@@ -103,15 +103,13 @@ absl::Status WindowedGroup::plan_step(const Sequence& seq, const StepRequest& st
   return plan_blocks(seq, step, end, freed, skipped, plan);
 }
 
-void WindowedGroup::apply_step(Sequence& seq, const StepRequest& step, const GroupPlan& plan,
-                               std::span<int64_t> slots) {
+void WindowedGroup::release_before_step(Sequence& seq, const GroupPlan& plan) {
   GroupTable& t = table(seq);
   if (plan.release_end > t.first_held) release_behind_window(seq, plan.release_end);
   if (plan.skipped > 0) {
     t.blocks.resize(t.blocks.size() + plan.skipped, kNoBlock);
     t.first_held = static_cast<int32_t>(t.blocks.size());
   }
-  AttentionGroup::apply_step(seq, step, plan, slots);
 }
 
 void WindowedGroup::release_unimported(Sequence& seq) {
@@ -151,12 +149,16 @@ void WindowedGroup::release_behind_window(Sequence& seq, int32_t end) {
 // --- eviction classes ----------------------------------------------------------------------
 
 bool WindowedGroup::retains_on_release(const Sequence& seq) const {
-  return !seq.retention.empty() || shared_.options.enable_prefix_caching;
+  return !seq.retention.empty() || has_classes();
+}
+
+bool WindowedGroup::has_classes() const {
+  return shared_.options.enable_prefix_caching && shared_.options.window_eviction_classes;
 }
 
 // The engine's retention ranges win over the window classes: they name what it will reuse.
 void WindowedGroup::set_release_retention(const Sequence& seq, int32_t entry) {
-  if (set_range_retention(seq, entry) || !shared_.options.enable_prefix_caching) return;
+  if (set_range_retention(seq, entry) || !has_classes()) return;
   device().set_retention_unchecked(table(seq).blocks[entry], window_priority(seq, entry), 0);
 }
 

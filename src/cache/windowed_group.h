@@ -30,8 +30,7 @@ class WindowedGroup final : public AttentionGroup {
   int32_t longest_hit(const Sequence& seq, int32_t p) override;
   absl::Status plan_step(const Sequence& seq, const StepRequest& step,
                          GroupPlan& plan) const override;
-  void apply_step(Sequence& seq, const StepRequest& step, const GroupPlan& plan,
-                  std::span<int64_t> slots) override;
+  void release_before_step(Sequence& seq, const GroupPlan& plan) override;
   // The entries behind the window at the import's end: no transfer fills them.
   void release_unimported(Sequence& seq) override;
 
@@ -54,6 +53,8 @@ class WindowedGroup final : public AttentionGroup {
   // release returns to the free queue.
   int32_t release_end(const Sequence& seq, int64_t needed_from, int32_t& freed) const;
   void release_behind_window(Sequence& seq, int32_t end);
+  // Whether released blocks keep an eviction class (Options::window_eviction_classes).
+  bool has_classes() const;
   // The retention priority of entry `entry` as `seq` releases it (see the file comment).
   int32_t window_priority(const Sequence& seq, int32_t entry) const;
 

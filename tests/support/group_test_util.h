@@ -79,6 +79,7 @@ class GroupFixture {
       REQUIRE(planned.ok());
     }
     std::vector<std::vector<int64_t>> slots(groups_.size(), std::vector<int64_t>(n));
+    for (size_t i = 0; i < groups_.size(); ++i) groups_[i]->release_before_step(seq, plans[i]);
     for (size_t i = 0; i < groups_.size(); ++i)
       groups_[i]->apply_step(seq, request, plans[i], slots[i]);
     if (n > 0) shared_.ledger.mark_scheduled(seq, seq.num_computed);

@@ -1,0 +1,214 @@
+// Tests of KvCacheManager::Options::shared_block_pool: the layer groups of a hybrid model
+// draw from one device pool (vLLM's hybrid layout). One id space (no block in two groups'
+// tables), one eviction order, a prefix index keyed by (hash, group), and a step that fits
+// when the pool has the blocks of all groups together. A fresh pool hands out its clean
+// blocks in id order, and groups take their blocks in group order.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "pagedkv/kv_cache_manager.h"
+#include "support/manager_test_util.h"
+
+namespace pagedkv {
+namespace {
+
+using namespace pagedkv::testing;  // NOLINT: the shared test helpers
+
+constexpr int32_t kFull = 0;  // group indices of the managers below
+constexpr int32_t kWindow = 1;
+
+// A full-attention group and a sliding window of 6 tokens sharing `num_blocks` blocks of 4
+// tokens.
+KvCacheManager::Options shared_options(int32_t num_blocks, KvEventSink* sink = nullptr) {
+  return {.block_size = 4,
+          .window_eviction_classes = false,
+          .event_sink = sink,
+          .layer_groups = {{.kind = AttentionKind::kFull, .num_blocks = num_blocks},
+                           {.kind = AttentionKind::kSlidingWindow,
+                            .window = 6,
+                            .num_blocks = num_blocks}},
+          .shared_block_pool = true};
+}
+
+Blocks table_of(const KvCacheManager& m, SeqId seq, int32_t group) {
+  auto view = m.sequence(seq, group);
+  REQUIRE(view.ok());
+  return Blocks(view->block_table.begin(), view->block_table.end());
+}
+
+Slots slots_of(const KvCacheManager& m, int32_t group) {
+  const std::span<const int64_t> s = *m.slot_mapping(group);
+  return Slots(s.begin(), s.end());
+}
+
+TEST_CASE("a shared pool is refused where a pool per group is needed, naming the value",
+          "[shared_pool]") {
+  const auto refused = [](KvCacheManager::Options options, const std::string& fragment) {
+    require_error(KvCacheManager::create(std::move(options)).status(),
+                  absl::StatusCode::kInvalidArgument, "shared_block_pool: " + fragment);
+  };
+  KvCacheManager::Options unequal = shared_options(8);
+  unequal.layer_groups[1].num_blocks = 6;
+  refused(unequal, "layer_groups[1].num_blocks 6 != 8 of layer_groups[0]");
+  KvCacheManager::Options host = shared_options(8);
+  host.layer_groups[1].num_host_blocks = 4;
+  refused(host, "layer_groups[1].num_host_blocks 4 must be 0");
+  KvCacheManager::Options tier = shared_options(8);
+  tier.enable_host_cache = true;
+  refused(tier, "enable_host_cache is not supported");
+  KvCacheManager::Options state = shared_options(8);
+  state.layer_groups[1] = {.kind = AttentionKind::kState, .num_blocks = 8};
+  refused(state, "layer_groups[1] is a state group");
+  KvCacheManager::Options adaptive = shared_options(8);
+  adaptive.eviction_policy = EvictionPolicy::kAdaptive;
+  refused(adaptive, "eviction_policy must be kLru");
+  KvCacheManager::Options partial = shared_options(8);
+  partial.enable_partial_block_reuse = true;
+  refused(partial, "enable_partial_block_reuse is not supported");
+}
+
+TEST_CASE("groups of a shared pool take distinct blocks of one pool", "[shared_pool]") {
+  KvCacheManager m = make_manager(shared_options(16));
+  CHECK(*m.device_pool(kFull) == *m.device_pool(kWindow));
+  admit(m, 1, iota_tokens(14));
+  // 14 tokens: 4 blocks in each group, the full group's first.
+  CHECK(allocate(m, 1, 14) == Slots{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+  CHECK(table_of(m, 1, kFull) == Blocks{0, 1, 2, 3});
+  CHECK(table_of(m, 1, kWindow) == Blocks{4, 5, 6, 7});
+  CHECK(slots_of(m, kWindow).front() == 16);
+  CHECK(m.stats().used_blocks == 8);
+  CHECK(m.group_stats(kWindow)->used_blocks == 8);  // the same pool
+  end_step(m);
+  // Token 15 attends to [10, 15]: the window's entries 0 and 1 go back to the pool.
+  REQUIRE(m.append_tokens(1, std::vector<TokenId>{200}).ok());
+  allocate(m, 1, 1);
+  end_step(m);
+  allocate(m, 1, 0);
+  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
+  CHECK(m.stats().used_blocks == 6);
+  require_valid(m);
+}
+
+TEST_CASE("a step of a shared pool fits when the pool has every group's blocks together",
+          "[shared_pool]") {
+  KvCacheManager m = make_manager(shared_options(10));
+  admit(m, 9, iota_tokens(4, 900));
+  allocate(m, 9, 4);  // blocks 0 and 1: one per group
+  admit(m, 1, iota_tokens(16));
+  // 4 blocks in each group: the 8 free blocks, exactly.
+  CHECK(allocate(m, 1, 16).size() == 16);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  admit(m, 2, iota_tokens(20, 500));
+  const Blocks queue = m.device_pool(kFull).value()->free_queue_order();
+  require_error(m.allocate_slots(2, 20).status(), absl::StatusCode::kResourceExhausted,
+                "need 10 blocks (by group 0: 5, 1: 5), 8 free of 10 in the pool all groups share");
+  CHECK(m.device_pool(kFull).value()->free_queue_order() == queue);
+  CHECK(table_of(m, 2, kFull).empty());
+  // What could never fit the pool, even alone, is refused as such.
+  require_error(m.allocate_slots(2, 20, 8).status(), absl::StatusCode::kInvalidArgument,
+                "28 slots need 14 blocks in all groups together; the shared pool has 10");
+  REQUIRE(m.free(2).ok());
+  require_error(m.add_sequence(3, iota_tokens(33)), absl::StatusCode::kInvalidArgument,
+                "needs 12 blocks of 4 tokens in all groups together; the shared pool has 10");
+  require_valid(m);
+}
+
+TEST_CASE("a shared pool counts the window's releases of a step in its fit", "[shared_pool]") {
+  // 7 blocks: after 12 tokens, 3 in each group and one free.
+  KvCacheManager m = make_manager(shared_options(7));
+  admit(m, 1, iota_tokens(16));
+  allocate(m, 1, 12);
+  end_step(m);
+  CHECK(m.stats().free_blocks == 1);
+  // Tokens 12-15 need a block in each group, 2 of 1 free; the window's entry 0 (block 3:
+  // token 12 attends from token 7) goes back first, so the step fits. Releases come before
+  // any group's allocation: the full group takes the clean block 6 at the queue's head,
+  // the window the cached block 3 behind it.
+  CHECK(allocate(m, 1, 4) == Slots{24, 25, 26, 27});
+  CHECK(table_of(m, 1, kFull) == Blocks{0, 1, 2, 6});
+  CHECK(slots_of(m, kWindow) == Slots{12, 13, 14, 15});
+  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, 4, 5, 3});
+  require_valid(m);
+}
+
+TEST_CASE("the same hash in two groups of a shared pool names two blocks", "[shared_pool]") {
+  KvCacheManager m = make_manager(shared_options(16));
+  const std::vector<TokenId> prompt = iota_tokens(16);
+  admit(m, 1, prompt);
+  allocate(m, 1, 16);
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  std::vector<TokenId> longer = prompt;
+  longer.insert(longer.end(), {7, 7, 7});
+  admit(m, 2, longer);
+  // Each group hits its own copies: token 16 attends to [11, 16], the window's entries 2
+  // and 3 (blocks 6 and 7), the full group's all four (blocks 0 to 3).
+  CHECK(*m.match_prefix(2) == 16);
+  CHECK(table_of(m, 2, kFull) == Blocks{0, 1, 2, 3});
+  CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
+  require_valid(m);
+}
+
+TEST_CASE("groups of a shared pool evict each other's cached blocks in one LRU order",
+          "[shared_pool]") {
+  EventLog log;
+  KvCacheManager m = make_manager(shared_options(8, &log));
+  admit(m, 1, iota_tokens(16));
+  allocate(m, 1, 16);  // full 0-3, window 4-7
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // Freed group by group, each tail first: the full group's, then the window's.
+  CHECK(m.device_pool(kFull).value()->free_queue_order() == Blocks{3, 2, 1, 0, 7, 6, 5, 4});
+  log.events.clear();
+  // A new prompt of 8 tokens takes 2 blocks per group from the head: the full group's
+  // cached 3 and 2, then 1 and 0 for the window.
+  admit(m, 2, iota_tokens(8, 500));
+  allocate(m, 2, 8);
+  CHECK(table_of(m, 2, kFull) == Blocks{3, 2});
+  CHECK(table_of(m, 2, kWindow) == Blocks{1, 0});
+  // Each removal names the group whose block it was: the four evicted full blocks, then
+  // the window's blocks cached after three of them (entries 1 to 3, blocks 5 to 7), which
+  // can never verify again: they become clean. Entry 0 (block 4) stays cached.
+  std::vector<int32_t> removed_groups;
+  for (const KvEvent& e : log.events) {
+    if (const auto* r = std::get_if<BlockRemoved>(&e)) {
+      REQUIRE(r->group.has_value());
+      removed_groups.push_back(r->group->index);
+    }
+  }
+  CHECK(removed_groups ==
+        std::vector<int32_t>{kFull, kFull, kFull, kFull, kWindow, kWindow, kWindow});
+  const BlockPool& pool = **m.device_pool(kWindow);
+  CHECK(*pool.is_cached(4));
+  CHECK_FALSE(*pool.is_cached(5));
+  CHECK_FALSE(*pool.is_cached(7));
+  require_valid(m);
+}
+
+TEST_CASE("a shared pool announces each group's blocks under its group, reset once",
+          "[shared_pool]") {
+  EventLog log;
+  KvCacheManager m = make_manager(shared_options(16, &log));
+  admit(m, 1, iota_tokens(8));
+  allocate(m, 1, 8);
+  std::vector<int32_t> stored_groups;
+  for (const KvEvent& e : log.events) {
+    if (const auto* s = std::get_if<BlockStored>(&e)) stored_groups.push_back(s->group->index);
+  }
+  CHECK(stored_groups == std::vector<int32_t>{kFull, kWindow});
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  log.events.clear();
+  m.reset_prefix_cache();
+  REQUIRE(log.events.size() == 1);
+  CHECK(std::holds_alternative<AllBlocksCleared>(log.events[0]));
+  CHECK(m.stats().cached_free_blocks == 0);
+  require_valid(m);
+}
+
+}  // namespace
+}  // namespace pagedkv
