@@ -561,6 +561,40 @@ BACKEND_TEST_CASE("a state storage refuses bad shapes and bad slot ids, copying 
   for (int32_t slot = 0; slot < 3; ++slot) CHECK(slot_byte(*s, 0, slot) == slot + 1);
 }
 
+BACKEND_TEST_CASE("write_block then read_block round-trips a state slot, all layers in order",
+                  "[kv_storage]") {
+  absl::StatusOr<KvStorage> created =
+      KvStorage::create_state(kState, 5, {.device = device, .num_host_blocks = 2});
+  REQUIRE(created.ok());
+  KvStorage& s = *created;
+  fill_slots(s);
+  // Distinct bytes, so a layer written to the wrong place or order shows.
+  std::vector<std::byte> payload(static_cast<size_t>(kState.bytes()));
+  REQUIRE(payload.size() == 2 * 32);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(0x80 + i);
+  REQUIRE(s.write_block(3, payload).ok());
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    const std::vector<uint8_t> got = read_bytes(device, s.state(layer, 3), 32);
+    CHECK(std::memcmp(got.data(), payload.data() + layer * 32, 32) == 0);
+    for (int32_t slot : {0, 1, 2, 4}) CHECK(slot_byte(s, layer, slot) == 16 * layer + slot + 1);
+  }
+  std::vector<std::byte> back(payload.size());
+  REQUIRE(s.read_block(3, back).ok());
+  CHECK(back == payload);
+  REQUIRE(s.read_block(1, back).ok());  // layer 0's state, then layer 1's
+  CHECK(back[0] == std::byte{2});
+  CHECK(back[32] == std::byte{18});
+  // A K/V block's size, or a slot outside the pool, is refused; nothing is written.
+  const absl::Status wrong = s.write_block(0, std::span(payload).first(32));
+  CHECK(absl::IsInvalidArgument(wrong));
+  CHECK_THAT(std::string(wrong.message()),
+             Catch::Contains("write_block: 32 bytes for a state slot of 64"));
+  CHECK(absl::IsInvalidArgument(s.read_block(0, std::span(back).first(63))));
+  const absl::Status outside = s.write_block(5, payload);
+  CHECK_THAT(std::string(outside.message()), Catch::Contains("block 5 outside [0, 5)"));
+  for (int32_t layer = 0; layer < 2; ++layer) CHECK(slot_byte(s, layer, 0) == 16 * layer + 1);
+}
+
 BACKEND_TEST_CASE("invalid copy batches are refused whole, naming the op", "[kv_storage]") {
   KvStorage s = make(device, KvLayout::kHND);
   fill_random(s, 3);

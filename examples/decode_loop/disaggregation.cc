@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -25,31 +24,10 @@ namespace {
 using pagedkv::KvTransferId;
 using Where = SequenceRecord::Where;
 
-// Bytes of one entry of `storage`: a block (every layer's K then V), or a state slot.
+// Bytes of one entry of `storage` (what read_block() / write_block() copy): a block (every
+// layer's K then V), or a state slot.
 int64_t entry_bytes(const pagedkv::KvStorage& storage) {
   return storage.holds_state() ? storage.state_shape().bytes() : storage.spec().bytes_per_block();
-}
-
-// A state slot is its layers' states one after another (the example's state layers run on
-// the host, so state() is host memory).
-absl::Status read_entry(const pagedkv::KvStorage& storage, pagedkv::BlockId block,
-                        std::span<std::byte> out) {
-  if (!storage.holds_state()) return storage.read_block(block, out);
-  const int64_t layer_bytes = storage.state_shape().bytes_per_layer();
-  for (int32_t l = 0; l < storage.state_shape().num_layers; ++l) {
-    std::memcpy(out.data() + l * layer_bytes, storage.state(l, block), layer_bytes);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status write_entry(pagedkv::KvStorage& storage, pagedkv::BlockId block,
-                         std::span<const std::byte> in) {
-  if (!storage.holds_state()) return storage.write_block(block, in);
-  const int64_t layer_bytes = storage.state_shape().bytes_per_layer();
-  for (int32_t l = 0; l < storage.state_shape().num_layers; ++l) {
-    std::memcpy(storage.state(l, block), in.data() + l * layer_bytes, layer_bytes);
-  }
-  return absl::OkStatus();
 }
 
 // The faults of `fault` for a run of about `transfers` transfers, by transfer id.
@@ -264,7 +242,7 @@ absl::Status EnginePair::start_transfer(const Handoff& handoff, pagedkv::KvImpor
           {.group = g, .index = entry, .hash = hash, .parts = {std::span(in.staging.back())}});
       out.bytes.emplace_back(bytes);
       absl::Status status =
-          read_entry(prefill_.store().storage(g), held.blocks[source], out.bytes.back());
+          prefill_.store().storage(g).read_block(held.blocks[source], out.bytes.back());
       if (!status.ok()) return status;
     }
   }
@@ -343,7 +321,7 @@ absl::Status EnginePair::finish_import(Incoming& in, const pagedkv::KvReceiveCom
     verified.push_back(done.verified_prefix(g));
     for (int32_t i = 0; i < verified.back(); ++i) {
       absl::Status status =
-          write_entry(decode_.store().storage(g), group.blocks[i], in.staging[first + i]);
+          decode_.store().storage(g).write_block(group.blocks[i], in.staging[first + i]);
       if (!status.ok()) return status;
       stats_.bytes_verified += std::ssize(in.staging[first + i]);
     }

@@ -183,9 +183,10 @@ class KvStorage {
   //
   // Copies main-pool block `block` (every layer's K then V, or its latents, in layer
   // order: spec().bytes_per_block() bytes) to `out` / from `in`, synchronously after the
-  // storage's queued work: a block's payload in the remote tier (remote_tier.h). Errors:
-  // InvalidArgument for a block outside [0, num_blocks()), a span of another size or a
-  // state storage; nothing is copied then. Internal for a failed CUDA copy.
+  // storage's queued work: a block's payload in the remote tier (remote_tier.h). Of a
+  // state storage, slot `block`: its layers' states in layer order (state_shape().bytes()
+  // bytes). Errors: InvalidArgument for a block outside [0, num_blocks()) or a span of
+  // another size; nothing is copied then. Internal for a failed CUDA copy.
   [[nodiscard]] absl::Status read_block(BlockId block, std::span<std::byte> out) const;
   [[nodiscard]] absl::Status write_block(BlockId block, std::span<const std::byte> in);
 

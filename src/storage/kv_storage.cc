@@ -493,17 +493,18 @@ absl::Status KvStorage::write_block(BlockId block, std::span<const std::byte> in
 
 absl::Status KvStorage::copy_block_bytes(const char* fn, BlockId block, std::byte* bytes,
                                          int64_t size, bool to_pools) const {
-  if (holds_state()) {
-    return absl::InvalidArgumentError(absl::StrCat(fn, ": a state storage has no K/V blocks"));
-  }
   if (block < 0 || block >= num_blocks_) {
     return absl::InvalidArgumentError(
         absl::StrCat(fn, ": block ", block, " outside [0, ", num_blocks_, ")"));
   }
+  // A state slot is one pool per layer too: the loop below copies its layers in order.
   const int64_t pool_block = block_bytes();
   if (size != num_pools() * pool_block) {
-    return absl::InvalidArgumentError(absl::StrCat(fn, ": ", size, " bytes for a block of ",
-                                                   num_pools() * pool_block, " (bytes_per_block)"));
+    return absl::InvalidArgumentError(
+        holds_state() ? absl::StrCat(fn, ": ", size, " bytes for a state slot of ",
+                                     num_pools() * pool_block, " (state_shape().bytes())")
+                      : absl::StrCat(fn, ": ", size, " bytes for a block of ",
+                                     num_pools() * pool_block, " (bytes_per_block)"));
   }
   for (int64_t pool = 0; pool < num_pools(); ++pool) {
     char* in_pool = data_ + pool * pool_bytes_ + block * pool_block;
