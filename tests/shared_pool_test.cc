@@ -5,9 +5,13 @@
 // blocks in id order, and groups take their blocks in group order.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <random>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "pagedkv/kv_cache_manager.h"
 #include "support/manager_test_util.h"
@@ -208,6 +212,121 @@ TEST_CASE("a shared pool announces each group's blocks under its group, reset on
   CHECK(std::holds_alternative<AllBlocksCleared>(log.events[0]));
   CHECK(m.stats().cached_free_blocks == 0);
   require_valid(m);
+}
+
+// What a refused call must leave as it was: the pool's counts and order, and every
+// sequence's tables and computed tokens.
+std::string fingerprint(const KvCacheManager& m, const std::vector<SeqId>& seqs) {
+  const BlockPool& pool = **m.device_pool(0);
+  std::string out = absl::StrCat(pool.num_free_blocks(), "|", m.stats().cached_free_blocks, "|");
+  for (const BlockId b : pool.free_queue_order()) absl::StrAppend(&out, b, ",");
+  for (const SeqId id : seqs) {
+    for (int32_t g = 0; g < m.num_groups(); ++g) {
+      const SequenceView v = *m.sequence(id, g);
+      absl::StrAppend(&out, "|", id, ":", v.num_computed_tokens, ":", v.block_table.size(), ":");
+      for (const BlockId b : v.block_table) absl::StrAppend(&out, b, ",");
+    }
+  }
+  return out;
+}
+
+// Random steps (prompts from a few shared prefixes, prefills in chunks, decodes, frees,
+// preemptions, forks, flushes) on shared pools of a few shapes, the anchor not always
+// group 0: after each call every invariant holds (one group per block, ref counts the
+// tables' holds across groups), and a refused call changes nothing.
+TEST_CASE("random steps on a shared pool keep every invariant", "[shared_pool]") {
+  const uint64_t seed = 20261207;
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int64_t n) { return static_cast<int32_t>(rng() % static_cast<uint64_t>(n)); };
+  int64_t steps = 0;
+  int64_t exhausted = 0;
+  for (int run = 0; run < 60; ++run) {
+    INFO("seed " << seed << " run " << run);
+    const int32_t num_blocks = 12 + pick(20);
+    const LayerGroup full{.kind = AttentionKind::kFull, .num_blocks = num_blocks};
+    const LayerGroup window{
+        .kind = pick(2) == 0 ? AttentionKind::kSlidingWindow : AttentionKind::kChunkedLocal,
+        .window = 2 + pick(10),
+        .num_blocks = num_blocks};
+    KvCacheManager::Options options{
+        .block_size = 4, .window_eviction_classes = pick(2) == 0, .watermark_blocks = pick(3)};
+    switch (pick(3)) {
+      case 0:
+        options.layer_groups = {full, window};
+        break;
+      case 1:
+        options.layer_groups = {window, full};
+        break;
+      default:
+        options.layer_groups = {full, window, full};
+        break;
+    }
+    options.shared_block_pool = true;
+    KvCacheManager m = make_manager(options);
+    std::vector<SeqId> seqs;
+    SeqId next = 1;
+    for (int op = 0; op < 150; ++op, ++steps) {
+      const int32_t kind = pick(9);
+      const std::string before = fingerprint(m, seqs);
+      absl::Status status;
+      bool preempts = false;  // allocate_slots_or_preempt(): its preemptions stay made
+      if (kind == 0 || seqs.empty()) {
+        std::vector<TokenId> prompt = iota_tokens(4 * pick(4), 1000 * (1 + pick(3)));
+        for (int32_t i = 1 + pick(10); i > 0; --i) prompt.push_back(pick(50));
+        status = m.add_sequence(next, prompt);
+        if (status.ok()) {
+          seqs.push_back(next);
+          if (pick(2) == 0) status = m.match_prefix(next).status();
+        }
+        ++next;
+      } else {
+        const SeqId id = seqs[pick(std::ssize(seqs))];
+        const SequenceView v = *m.sequence(id);
+        const auto left = static_cast<int32_t>(v.tokens.size()) - v.num_computed_tokens;
+        switch (kind) {
+          case 1:
+          case 2:
+          case 3:
+            if (left == 0) status = m.append_tokens(id, std::vector<TokenId>{pick(50)});
+            if (status.ok()) {
+              const int32_t n = 1 + pick(std::max(left, 1));
+              preempts = kind == 3;
+              status = kind == 3 ? m.allocate_slots_or_preempt(id, n, pick(3)).status()
+                                 : m.allocate_slots(id, n, pick(2)).status();
+            }
+            break;
+          case 4:
+            status = m.free(id);
+            if (status.ok()) seqs.erase(std::find(seqs.begin(), seqs.end(), id));
+            break;
+          case 5:
+            status = m.preempt(id, PreemptionMode::kRecompute);
+            break;
+          case 6:
+            status = m.fork(id, next);
+            if (status.ok()) seqs.push_back(next);
+            ++next;
+            break;
+          case 7:
+            (void)m.take_step_ops();
+            break;
+          default:
+            if (pick(8) == 0) m.reset_prefix_cache();
+            break;
+        }
+      }
+      const absl::Status valid = m.check_invariants();
+      INFO("op " << op << " kind " << kind << ": " << status << "; " << valid);
+      REQUIRE(valid.ok());
+      if (status.code() == absl::StatusCode::kResourceExhausted) {
+        ++exhausted;
+        if (!preempts) REQUIRE(fingerprint(m, seqs) == before);
+      }
+    }
+  }
+  // The pools were tight: refusals for want of blocks happened.
+  CHECK(exhausted > 0);
+  CHECK(steps == 60 * 150);
 }
 
 }  // namespace

@@ -493,6 +493,8 @@ void bind_value_types(nb::class_<PyKvCacheManager>& cls, nb::module_& m) {
       .def_ro("watermark_blocks", &Options::watermark_blocks)
       .def_ro("enable_prefix_caching", &Options::enable_prefix_caching)
       .def_ro("enable_partial_block_reuse", &Options::enable_partial_block_reuse)
+      .def_ro("window_eviction_classes", &Options::window_eviction_classes)
+      .def_ro("shared_block_pool", &Options::shared_block_pool)
       .def_ro("preemption_mode", &Options::preemption_mode)
       .def_ro("layer_groups", &Options::layer_groups, "the layer groups and their pools");
 }
@@ -865,7 +867,8 @@ void bind_kv_cache_manager(nb::module_& m) {
          bool enable_prefix_caching, PreemptionMode preemption_mode, nb::object event_sink,
          nb::object preemption_hooks, nb::object victim_policy, nb::object clock,
          bool enable_partial_block_reuse, int32_t state_checkpoint_interval_blocks,
-         HostAdmission host_admission, EvictionPolicy eviction_policy) {
+         HostAdmission host_admission, EvictionPolicy eviction_policy, bool shared_block_pool,
+         bool window_eviction_classes) {
         KvCacheManager::Options options;
         options.block_size = block_size;
         options.enable_host_cache = enable_host_cache;
@@ -878,6 +881,8 @@ void bind_kv_cache_manager(nb::module_& m) {
         options.state_checkpoint_interval_blocks = state_checkpoint_interval_blocks;
         options.host_admission = host_admission;
         options.eviction_policy = eviction_policy;
+        options.shared_block_pool = shared_block_pool;
+        options.window_eviction_classes = window_eviction_classes;
         new (self)
             PyKvCacheManager(std::move(options), std::move(event_sink), std::move(preemption_hooks),
                              std::move(victim_policy), std::move(clock));
@@ -888,6 +893,7 @@ void bind_kv_cache_manager(nb::module_& m) {
       "preemption_hooks"_a = nb::none(), "victim_policy"_a = nb::none(), "clock"_a = nb::none(),
       "enable_partial_block_reuse"_a = false, "state_checkpoint_interval_blocks"_a = 0,
       "host_admission"_a = HostAdmission::kAll, "eviction_policy"_a = EvictionPolicy::kLru,
+      "shared_block_pool"_a = false, "window_eviction_classes"_a = true,
       "layer_groups: the LayerGroups (full, sliding window, chunked local, state), each with\n"
       "device and host pools of its own sizes: full_attention(num_blocks, num_host_blocks)\n"
       "for a model of full-attention layers, KvCachePlan.layer_groups or\n"
@@ -908,6 +914,10 @@ void bind_kv_cache_manager(nb::module_& m) {
       "hit, or computed again while their hash was a ghost (docs/results.md).\n"
       "eviction_policy: EvictionPolicy.LRU or ADAPTIVE, the order the full groups' device\n"
       "pools evict cached free blocks in within a retention priority (docs/results.md).\n"
+      "shared_block_pool: one device pool for all (attention) groups, of equal num_blocks:\n"
+      "one id space and LRU order, the fit of a step summed over groups (vLLM's hybrid\n"
+      "layout; docs/allocator.md, \"One pool for all groups\").\n"
+      "window_eviction_classes: False evicts released windowed blocks in plain LRU order.\n"
       "event_sink: a KvEventBuffer or any object with on_event(event).\n"
       "preemption_hooks: any object with on_preempt(victim, mode), and optionally\n"
       "on_claim_released(seq) (allocate_slots_or_preempt gave a waiting sequence's claim back).\n"
