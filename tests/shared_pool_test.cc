@@ -174,9 +174,9 @@ TEST_CASE("groups of a shared pool evict each other's cached blocks in one LRU o
   allocate(m, 2, 8);
   CHECK(table_of(m, 2, kFull) == Blocks{3, 2});
   CHECK(table_of(m, 2, kWindow) == Blocks{1, 0});
-  // Each removal names the group whose block it was: the four evicted full blocks, then
-  // the window's blocks cached after three of them (entries 1 to 3, blocks 5 to 7), which
-  // can never verify again: they become clean. Entry 0 (block 4) stays cached.
+  // Each removal names the group whose block it was: the four evicted full blocks. The
+  // window's blocks cached after them stay cached, in their place in the LRU order, as
+  // vLLM's do: they verify again once the contents before them are computed again.
   std::vector<int32_t> removed_groups;
   for (const KvEvent& e : log.events) {
     if (const auto* r = std::get_if<BlockRemoved>(&e)) {
@@ -184,12 +184,43 @@ TEST_CASE("groups of a shared pool evict each other's cached blocks in one LRU o
       removed_groups.push_back(r->group->index);
     }
   }
-  CHECK(removed_groups ==
-        std::vector<int32_t>{kFull, kFull, kFull, kFull, kWindow, kWindow, kWindow});
-  const BlockPool& pool = **m.device_pool(kWindow);
-  CHECK(*pool.is_cached(4));
-  CHECK_FALSE(*pool.is_cached(5));
-  CHECK_FALSE(*pool.is_cached(7));
+  CHECK(removed_groups == std::vector<int32_t>{kFull, kFull, kFull, kFull});
+  CHECK(m.device_pool(kFull).value()->free_queue_order() == Blocks{7, 6, 5, 4});
+  require_valid(m);
+}
+
+TEST_CASE("blocks cached after evicted contents verify again once those are computed again",
+          "[shared_pool]") {
+  KvCacheManager m = make_manager(shared_options(12));
+  // Entries 1 to 3 of the prompt are kept longer (retention), entry 0 is not.
+  const std::vector<TokenId> prompt = iota_tokens(16);
+  admit(m, 1, prompt, {.retention = {{.begin = 4, .end = 16, .priority = 60}}});
+  allocate(m, 1, 16);  // full 0-3, window 4-7
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // 12 other tokens take the 4 clean blocks and evict entry 0 of each group (blocks 0, 4);
+  // freed, they go to the default class, evicted before the retained entries.
+  admit(m, 2, iota_tokens(12, 500));
+  allocate(m, 2, 12);
+  CHECK(table_of(m, 2, kWindow) == Blocks{11, 0, 4});
+  end_step(m);
+  REQUIRE(m.free(2).ok());
+  // Entry 0 computed again (block 10): it takes back the content key of the evicted
+  // block 0, so the cached full blocks 1 to 3 and window blocks 5 to 7 follow it again.
+  std::vector<TokenId> first = iota_tokens(4);
+  first.push_back(7);
+  admit(m, 3, first);
+  CHECK(*m.match_prefix(3) == 0);
+  allocate(m, 3, 5);
+  CHECK(table_of(m, 3, kFull) == Blocks{10, 9});
+  end_step(m);
+  std::vector<TokenId> longer = prompt;
+  longer.insert(longer.end(), {7, 7, 7});
+  admit(m, 4, longer);
+  // Without the key taken back the full chain would end after entry 0: a hit of 4.
+  CHECK(*m.match_prefix(4) == 16);
+  CHECK(table_of(m, 4, kFull) == Blocks{10, 1, 2, 3});
+  CHECK(table_of(m, 4, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
   require_valid(m);
 }
 

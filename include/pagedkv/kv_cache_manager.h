@@ -187,7 +187,8 @@ class KvCacheManager {
     int32_t window_checkpoint_tokens = 16384;
     int32_t window_checkpoint_levels = 5;
     // false: no classes at all (neither branch points nor checkpoints): released windowed
-    // blocks are evicted in LRU order with every other block of their pool, as vLLM's are.
+    // blocks are evicted in LRU order with every other block of their pool, the entries
+    // one call releases last entry first, as vLLM's are.
     bool window_eviction_classes = true;
     // State groups (kState, docs/allocator.md "State groups"): besides the checkpoints at
     // the end of each prompt's last full block and at the branch point of its match, one

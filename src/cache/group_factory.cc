@@ -45,7 +45,10 @@ absl::StatusOr<std::shared_ptr<BlockPool>> make_device_pool(std::span<const Laye
                   .log_dead_contents = is_anchor && anchored_caching,
                   .index_children = anchored_caching && !full};
   if (options.shared_block_pool) {
-    roles.log_dead_contents = roles.index_children = anchored_caching;
+    // Blocks cached after contents that left the pool stay cached, as vLLM's do, and verify
+    // again once those contents are computed again.
+    roles.log_dead_contents = false;
+    roles.index_children = roles.revive_contents = anchored_caching;
     for (size_t g = 0; g < groups.size(); ++g) roles.key_spaces.push_back(*event_group(groups, g));
   }
   // A state group's checkpoints are its cached blocks: BlockStored names the block a

@@ -133,11 +133,15 @@ int32_t WindowedGroup::release_end(const Sequence& seq, int64_t needed_from, int
 
 // No future token of the sequence attends to them. Hashed blocks stay cached, so a later
 // prompt can still hit them, in the retention class of the hit points they complete; they
-// go in table order, so within a class the free queue evicts a window from its start.
+// go in table order, so within a class the free queue evicts a window from its start
+// (without classes, Options::window_eviction_classes, in vLLM's order).
 void WindowedGroup::release_behind_window(Sequence& seq, int32_t end) {
   GroupTable& t = table(seq);
   BlockId last_clean = kNoBlock;
-  for (int32_t i = t.first_held; i < end; ++i) {
+  // Without window classes the last entry goes first, as vLLM frees them.
+  const bool table_order = shared_.options.window_eviction_classes;
+  for (int32_t k = 0; k < end - t.first_held; ++k) {
+    const int32_t i = table_order ? t.first_held + k : end - 1 - k;
     set_release_retention(seq, i);
     shared_.ledger.release(device(), Hold::kDevice, index(), t.blocks[i], last_clean);
     t.blocks[i] = kNoBlock;

@@ -67,6 +67,7 @@ BlockPoolCore::BlockPoolCore(const BlockPool::Options& options, const PoolRoles&
       log_evictions_(roles.log_evictions),
       log_dead_contents_(roles.log_dead_contents),
       replace_stale_(roles.index_children),
+      revive_(roles.index_children && roles.revive_contents),
       free_queue_(std::make_unique<FreeQueue>(options.num_blocks)),
       hash_index_(std::make_unique<HashIndex>(options.num_blocks, options.block_size)),
       adaptive_(options.eviction_policy == EvictionPolicy::kAdaptive
@@ -119,6 +120,9 @@ void BlockPoolCore::take_free_blocks(std::span<BlockId> out) {
       // the hash (its contents stay cached).
       const BlockHash hash = hash_index_->hash(b);
       const bool gone = hash_index_->erase(b);
+      if (revive_) [[unlikely]] {
+        forget_childless(hash_index_->parent_key(b));
+      }
       if (gone) {
         left_index(b, hash);
         if (log_evictions_) {
@@ -165,6 +169,7 @@ void BlockPoolCore::left_index(BlockId block, const BlockHash& key) {
   const int32_t space = space_of(block);
   const BlockHash hash = space_key(key, space);
   emit_removed(hash, space);
+  if (revive_) remember_dead_parent(block, key);
   if (log_dead_contents_) dead_contents_.push_back({hash, hash_index_->content_key(block), space});
 }
 
@@ -410,8 +415,11 @@ int32_t BlockPoolCore::cache_full_blocks_unchecked(
     const uint64_t parent_key =
         parent_keys.empty() ? hash_index_->key_of(block_parent) : parent_keys[i];
     const BlockHash key = space_key(hashes[i], space);
-    if (replace_stale_) replace_stale_copies(key, parent_key, block_tokens, extra_keys);
     if (!space_of_.empty()) space_of_[block] = space;
+    if (revive_ && !dead_parent_keys_.empty()) [[unlikely]] {
+      revive_content_key(block, key, parent_key, block_tokens, extra_keys);
+    }
+    if (replace_stale_) replace_stale_copies(key, parent_key, block_tokens, extra_keys);
     const HashIndex::Insert inserted =
         hash_index_->insert(block, key, parent_key, block_parent_hash, block_tokens, extra_keys);
     entered += inserted != HashIndex::Insert::kRefused;
@@ -513,6 +521,7 @@ void BlockPoolCore::uncache_unchecked(BlockId block) {
   const BlockHash hash = hash_index_->hash(block);
   const bool gone = hash_index_->erase(block);
   cached_free_blocks_ -= ref_count_[block] == 0;
+  if (revive_) forget_childless(hash_index_->parent_key(block));
   if (gone) left_index(block, hash);
   if (adaptive_) requeue(adaptive_->on_uncached(block, nullptr, *free_queue_));
 }
@@ -527,6 +536,69 @@ void BlockPoolCore::drop_from_cache(BlockId block) {
   } else {
     uncache_unchecked(block);
   }
+}
+
+// Contents are remembered while a cached block, or remembered contents, follow them: a
+// chain of contents that left the pool revives block by block when computed again.
+bool BlockPoolCore::has_followers(uint64_t content_key) const {
+  return hash_index_->has_children(content_key) || dead_followers_.contains(content_key);
+}
+
+void BlockPoolCore::remember_dead_parent(BlockId block, const BlockHash& key) {
+  const uint64_t content_key = hash_index_->content_key(block);
+  if (!has_followers(content_key)) return;
+  const std::span<const TokenId> tokens = hash_index_->tokens(block);
+  const std::span<const uint64_t> extra_keys = hash_index_->extra_keys(block);
+  const uint64_t parent_key = hash_index_->parent_key(block);
+  const auto [it, inserted] = dead_parents_.try_emplace(
+      content_key, DeadParent{.key = key,
+                              .space = space_of(block),
+                              .parent_key = parent_key,
+                              .tokens = {tokens.begin(), tokens.end()},
+                              .extra_keys = {extra_keys.begin(), extra_keys.end()}});
+  if (!inserted) return;  // a copy with the same key left before: remembered already
+  if (parent_key != 0) ++dead_followers_[parent_key];
+  dead_parent_keys_[key] = content_key;
+}
+
+void BlockPoolCore::erase_dead_parent(uint64_t content_key) {
+  const auto dead = dead_parents_.find(content_key);
+  const auto it = dead_parent_keys_.find(dead->second.key);
+  if (it != dead_parent_keys_.end() && it->second == content_key) dead_parent_keys_.erase(it);
+  const uint64_t parent_key = dead->second.parent_key;
+  dead_parents_.erase(dead);
+  if (parent_key == 0) return;
+  const auto followers = dead_followers_.find(parent_key);
+  if (--followers->second == 0) {
+    dead_followers_.erase(followers);
+    forget_childless(parent_key);
+  }
+}
+
+void BlockPoolCore::revive_content_key(BlockId block, const BlockHash& key, uint64_t parent_key,
+                                       std::span<const TokenId> tokens,
+                                       std::span<const uint64_t> extra_keys) {
+  const auto it = dead_parent_keys_.find(key);
+  if (it == dead_parent_keys_.end()) return;
+  // A copy indexed after the same contents makes `block` its standby; one indexed after
+  // others is stale and gives way (replace_stale_copies()).
+  const BlockId indexed = hash_index_->find(key);
+  if (indexed != kNoBlock && hash_index_->parent_key(indexed) == parent_key) return;
+  const auto dead = dead_parents_.find(it->second);
+  PAGEDKV_DCHECK(dead != dead_parents_.end());
+  const DeadParent& d = dead->second;
+  if (d.parent_key != parent_key || d.space != space_of(block) ||
+      !std::equal(tokens.begin(), tokens.end(), d.tokens.begin(), d.tokens.end()) ||
+      !std::equal(extra_keys.begin(), extra_keys.end(), d.extra_keys.begin(), d.extra_keys.end())) {
+    return;
+  }
+  hash_index_->set_content_key(block, dead->first);
+  erase_dead_parent(dead->first);
+}
+
+void BlockPoolCore::forget_childless(uint64_t parent_key) {
+  if (parent_key == 0 || !dead_parents_.contains(parent_key) || has_followers(parent_key)) return;
+  erase_dead_parent(parent_key);
 }
 
 void BlockPoolCore::uncache_children(uint64_t parent_key) {
@@ -554,6 +626,9 @@ void BlockPoolCore::replace_stale_copies(const BlockHash& hash, uint64_t parent_
 void BlockPoolCore::reset_prefix_cache(bool emit_event) {
   PAGEDKV_CHECK_INVARIANTS_ON_EXIT();
   hash_index_->clear();
+  dead_parents_.clear();
+  dead_parent_keys_.clear();
+  dead_followers_.clear();
   if (adaptive_) adaptive_->on_reset(*free_queue_);
   cached_free_blocks_ = 0;
   for (BlockId b = 0; b < num_blocks_; ++b) stale_[b] = ref_count_[b] > 0;

@@ -54,6 +54,12 @@ struct PoolRoles {
   // an indexed block holds after other parent contents replaces that stale copy (and its
   // standbys, which become uncached) instead of being refused.
   bool index_children = false;
+  // With index_children: a content that leaves the index while blocks cached after it are
+  // still cached is remembered (its key, parent key, tokens and extra keys) for as long as
+  // they are, and a block cached later with the very same contents takes its content key
+  // back, so that they verify again. vLLM's pool finds such blocks by hash once the block
+  // before them is computed again; a pool the groups share does the same.
+  bool revive_contents = false;
   // A device pool that the layer groups of a hybrid model share
   // (KvCacheManager::Options::shared_block_pool): one key space per group, whose entry is
   // the group its events name. A group's hashes are keys of its own space (the same hash
@@ -255,6 +261,16 @@ class BlockPoolCore {
   void drop_from_cache(BlockId block);
   void replace_stale_copies(const BlockHash& hash, uint64_t parent_key,
                             std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys);
+  // PoolRoles::revive_contents: remembers the contents of `block`, whose key just left the
+  // index, while blocks cached after them (or remembered contents) are; gives `block`, about
+  // to be cached under `key`, the content key of remembered identical contents; forgets
+  // contents whose last follower left.
+  void remember_dead_parent(BlockId block, const BlockHash& key);
+  void revive_content_key(BlockId block, const BlockHash& key, uint64_t parent_key,
+                          std::span<const TokenId> tokens, std::span<const uint64_t> extra_keys);
+  void forget_childless(uint64_t parent_key);
+  bool has_followers(uint64_t content_key) const;
+  void erase_dead_parent(uint64_t content_key);
 
   // Invariants (checked by check_invariants()):
   //   used_blocks_ + free_clean + cached_free_blocks_ == num_blocks_
@@ -286,6 +302,19 @@ class BlockPoolCore {
   bool log_dead_contents_ = false;  // PoolRoles::log_dead_contents
   std::vector<DeadContent> dead_contents_;
   bool replace_stale_ = false;  // PoolRoles::index_children
+  // PoolRoles::revive_contents: content key -> the contents that left the index while
+  // blocks cached after them stayed, and index key -> the latest such content key.
+  struct DeadParent {
+    BlockHash key;
+    int32_t space = 0;
+    uint64_t parent_key = 0;
+    std::vector<TokenId> tokens;
+    std::vector<uint64_t> extra_keys;
+  };
+  bool revive_ = false;
+  absl::flat_hash_map<uint64_t, DeadParent> dead_parents_;
+  absl::flat_hash_map<BlockHash, uint64_t> dead_parent_keys_;
+  absl::flat_hash_map<uint64_t, int32_t> dead_followers_;  // content key -> records after it
   std::vector<BlockId> scratch_children_;
   std::unique_ptr<FreeQueue> free_queue_;
   std::unique_ptr<HashIndex> hash_index_;

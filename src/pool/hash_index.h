@@ -15,7 +15,7 @@
 // block-aligned prompt recomputes its last block, which was cached) is not indexed but,
 // when its tokens, extra keys and parent key equal the indexed block's, kept as a standby
 // of that block with the same content key. When the indexed block leaves (evicted,
-// uncached), its most recent standby takes its place, so the content stays cached while
+// uncached), its oldest standby takes its place, so the content stays cached while
 // a copy is resident, and the children cached after the original still verify.
 //
 //   index_: hash -> indexed block P       standby chain: P -> s2 -> s1   (Entry::next/prev)
@@ -115,7 +115,8 @@ class HashIndex {
   [[gnu::always_inline]] bool erase(BlockId b) {
     const Role role = role_[b];
     role_[b] = Role::kNone;
-    const BlockId successor = role == Role::kIndexed ? entries_[b].next : kNoBlock;
+    const BlockId newest = role == Role::kIndexed ? entries_[b].next : kNoBlock;
+    const BlockId successor = newest == kNoBlock ? kNoBlock : oldest_standby(newest);
     if (keeps_extras_) [[unlikely]] {
       erase_extras(b, role, successor);
     }
@@ -128,7 +129,13 @@ class HashIndex {
       index_.erase(entries_[b].hash);
       return true;
     }
-    // The most recent standby becomes the indexed block, keeping the rest of the chain.
+    // The oldest standby becomes the indexed block, ahead of the rest of the chain: vLLM's
+    // pool, too, serves the oldest copy of a hash that is left.
+    if (successor != newest) {
+      entries_[entries_[successor].prev].next = kNoBlock;
+      entries_[successor].next = newest;
+      entries_[newest].prev = successor;
+    }
     entries_[successor].prev = kNoBlock;
     role_[successor] = Role::kIndexed;
     --num_standby_;
@@ -240,6 +247,8 @@ class HashIndex {
   void for_each_child(uint64_t parent_key, Fn fn) const {
     children_->for_each(parent_key, fn);
   }
+  // Whether a cached block was entered after the contents `parent_key` names.
+  bool has_children(uint64_t parent_key) const { return children_->contains(parent_key); }
   // Whether the children index holds exactly the cached blocks, each under its parent key.
   bool children_consistent() const {
     if (!children_) return true;
@@ -307,6 +316,12 @@ class HashIndex {
     if (entries_[indexed].next != kNoBlock) entries_[entries_[indexed].next].prev = b;
     entries_[indexed].next = b;
     ++num_standby_;
+  }
+
+  // The last of the standby chain from `b` on (standbys are linked newest first).
+  BlockId oldest_standby(BlockId b) const {
+    while (entries_[b].next != kNoBlock) b = entries_[b].next;
+    return b;
   }
 
   void unlink_standby(BlockId b) {

@@ -116,6 +116,24 @@ absl::Status BlockPoolCore::check_invariants() const {
   if (!hash_index_->children_consistent()) {
     return broken("the children index does not hold exactly the cached blocks");
   }
+  // Remembered contents (PoolRoles::revive_contents) are those of blocks cached after them.
+  absl::flat_hash_map<uint64_t, int32_t> followers;
+  for (const auto& [content_key, dead] : dead_parents_) {
+    if (!has_followers(content_key)) {
+      return broken("remembered content ", content_key, " has nothing cached after it");
+    }
+    if (dead.parent_key != 0) ++followers[dead.parent_key];
+  }
+  if (followers != dead_followers_) {
+    return broken("remembered contents counted after ", dead_followers_.size(),
+                  " keys, found after ", followers.size());
+  }
+  for (const auto& [key, content_key] : dead_parent_keys_) {
+    const auto it = dead_parents_.find(content_key);
+    if (it == dead_parents_.end() || !(it->second.key == key)) {
+      return broken("remembered key of content ", content_key, " names no such content");
+    }
+  }
   if (adaptive_) return adaptive_->check_invariants(*free_queue_, *hash_index_);
   return absl::OkStatus();
 }

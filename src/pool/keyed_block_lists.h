@@ -54,6 +54,8 @@ class KeyedBlockLists {
     std::fill(prev_.begin(), prev_.end(), kNoBlock);
   }
 
+  bool contains(const Key& key) const { return heads_.contains(key); }
+
   // Calls fn(block) for each block of `key`'s list; fn must not change the lists.
   template <typename Fn>
   void for_each(const Key& key, Fn fn) const {

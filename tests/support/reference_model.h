@@ -27,8 +27,8 @@
 //     block, where a hit must also match the stored tokens, extra keys and parent
 //     contents (a block's `content` key changes whenever it is allocated, that is whenever
 //     its contents may change, and travels with a demoted or promoted copy), plus per hash
-//     the standby duplicates that take the indexed block's place when it leaves (newest
-//     first). A full group's block is cached after its own table's previous block; a
+//     the standby duplicates, newest first (the oldest takes the indexed block's place when
+//     it leaves). A full group's block is cached after its own table's previous block; a
 //     windowed group's after the *anchor's* (the first full group's) previous block, since
 //     its own may be released;
 //   - the host tier, per group: a device block that eviction drops from the index is copied
@@ -1046,7 +1046,7 @@ class ReferenceModel {
     return in_host <= room(g, free_hits);
   }
 
-  // Takes block b out of the index or its hash's standbys; the newest standby replaces an
+  // Takes block b out of the index or its hash's standbys; the oldest standby replaces an
   // indexed block. Returns true when the hash left the index.
   static bool leave_index(Pool& p, BlockId b) {
     Block& d = p.blocks[b];
@@ -1063,10 +1063,10 @@ class ReferenceModel {
       if (p.logs_dead) p.dead.push_back({d.hash, d.content});
       return true;
     }
-    p.index[k] = standby.front();
-    p.blocks[standby.front()].role = Role::kIndexed;
-    p.blocks[standby.front()].indexed_at = ++p.last_indexed;
-    standby.erase(standby.begin());
+    p.index[k] = standby.back();
+    p.blocks[standby.back()].role = Role::kIndexed;
+    p.blocks[standby.back()].indexed_at = ++p.last_indexed;
+    standby.pop_back();
     return false;
   }
 
@@ -1785,7 +1785,7 @@ class ReferenceModel {
     end_run();
   }
 
-  // Takes block b out of pool p's index (its hash's newest standby takes its place); a free
+  // Takes block b out of pool p's index (its hash's oldest standby takes its place); a free
   // one moves from its priority's list to the clean list's head without its retention.
   void drop_from_cache(Pool& p, BlockId b) {
     Block& d = p.blocks[b];
