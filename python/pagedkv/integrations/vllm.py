@@ -19,7 +19,11 @@ How the two models meet (docs/vllm.md has the rules and the measured differences
   formula before anything changes, then claims the hit (`match_prefix()`) and admits. A
   lookup that does not admit changes nothing in pagedkv, as in vLLM.
 - Block ids are pagedkv's plus one: vLLM's runner keeps block 0 as its null block, so the
-  pool holds `kv_cache_config.num_blocks - 1` blocks, as vLLM's does.
+  pool holds `kv_cache_config.num_blocks - 1` blocks, as vLLM's does. A window's released
+  entries (pagedkv's kNoBlock) are that null block, as in vLLM's tables.
+- Hybrid models (full-attention and sliding-window groups): one pagedkv pool for all
+  groups (`shared_block_pool`), as vLLM's groups share its block pool, with the windows'
+  released blocks in plain LRU order (`window_eviction_classes=False`).
 - The scheduler's step ends with `take_step_ops()` at the end of `schedule()`; the pool
   never records copies here (no forks, swaps or host tier), and a step that would is an
   error, since vLLM's runner would not run them.
@@ -29,8 +33,8 @@ How the two models meet (docs/vllm.md has the rules and the measured differences
 
 Unsupported (refused at construction with `NotImplementedError` naming the setting): KV
 connectors (P/D, offloading), speculative decoding, async scheduling, encoder-decoder
-models, diffusion models, context/decode parallelism, Mamba and other non-attention groups, and layer groups
-of more than one kind.
+models, diffusion models, context/decode parallelism, Mamba and other non-attention groups,
+chunked-local attention, and sliding-window groups without a full-attention group.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ from vllm.distributed.kv_events import (
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
@@ -104,6 +108,11 @@ def _event_hash(h: Any) -> bytes | int:
     if os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0") not in ("", "0"):
         return h.lo
     return raw
+
+
+def _group_idx(event: Any) -> int:
+    """vLLM's KV cache group index of a pagedkv event (0 for a model of one group)."""
+    return 0 if event.group is None else event.group.index
 
 
 def _extra_keys(request: Request) -> list[int]:
@@ -190,7 +199,7 @@ class PagedKVCacheManager:
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> None:
-        del max_in_flight_tokens, enable_mamba_shared_prefix_checkpoint  # no Mamba groups
+        del enable_mamba_shared_prefix_checkpoint  # no Mamba groups
         if use_eagle or num_hash_lookahead_tokens or num_prefill_lookahead:
             raise _unsupported("speculative decoding (EAGLE, lookahead hashing, MTP prefill)")
         if dcp_world_size != 1 or pcp_world_size != 1:
@@ -216,15 +225,16 @@ class PagedKVCacheManager:
                 )
             if type(spec) is FullAttentionSpec and spec.sliding_window is None:
                 layer_groups.append(pk.LayerGroup(kind=pk.AttentionKind.FULL))
+            elif type(spec) is SlidingWindowSpec and spec.extra_retained_tokens == 0:
+                layer_groups.append(
+                    pk.LayerGroup(kind=pk.AttentionKind.SLIDING_WINDOW, window=spec.sliding_window)
+                )
             else:
-                # Sliding windows: pagedkv releases the blocks behind a window by itself
-                # and needs a full-attention group beside a windowed one; mapping that to
-                # vLLM's remove_skipped_blocks() is the next slice.
                 raise _unsupported(f"KV cache group {i} of {type(spec).__name__}")
-        if len(layer_groups) > 1:
-            # vLLM's hybrid groups share one pool of blocks; pagedkv gives each group a
-            # pool of its own, which needs a split of the budget this slice does not do.
-            raise _unsupported(f"{len(layer_groups)} KV cache groups (hybrid models)")
+        full = [g for g in layer_groups if g.kind == pk.AttentionKind.FULL]
+        if not full:
+            # pagedkv verifies a window's blocks along a full-attention group's chain.
+            raise _unsupported("sliding-window groups without a full-attention group")
         num_blocks = kv_cache_config.num_blocks - 1  # vLLM's null block 0 is not ours
         for g in layer_groups:
             g.num_blocks = num_blocks
@@ -237,6 +247,17 @@ class PagedKVCacheManager:
         self.metrics_collector = metrics_collector
         self.use_eagle = False
         self.num_kv_cache_groups = len(groups)
+        # The windowed groups' indices: their tables lose entries behind the window.
+        self._windowed = [i for i, g in enumerate(layer_groups) if g.kind != pk.AttentionKind.FULL]
+        # vLLM's admission cap of a window group (SlidingWindowSpec.
+        # max_admission_blocks_per_request): the blocks a request holds there at most, its
+        # window and the tokens in flight, which scheduler_reserve_full_isl's check counts.
+        in_flight = max_in_flight_tokens if max_in_flight_tokens is not None else max_model_len
+        self._admission_caps = [
+            _cdiv(min(g.window - 1 + in_flight, max_model_len), scheduler_block_size) + 1
+            for g in layer_groups
+            if g.kind != pk.AttentionKind.FULL
+        ]
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.mamba_shared_prefix_checkpoint = False
@@ -250,6 +271,8 @@ class PagedKVCacheManager:
             max_model_len=max_model_len,
             enable_prefix_caching=enable_caching,
             event_sink=self._events,
+            shared_block_pool=len(layer_groups) > 1,
+            window_eviction_classes=False,
         )
         # One KVCacheBlock per vLLM id, as vLLM's pool keeps them; id 0 is the null block.
         self._blocks = [KVCacheBlock(i) for i in range(num_blocks + 1)]
@@ -259,11 +282,12 @@ class PagedKVCacheManager:
         # sequence -> (hit tokens, free blocks among the hit's) of get_computed_blocks()'s
         # lookup (peek_prefix()), not claimed yet: allocate_slots() claims it if it fits.
         self._peeks: dict[int, tuple[int, int]] = {}
-        # sequence -> its table as vLLM's blocks, and its computed tokens: pagedkv changes a
-        # full-attention table only in the calls below (no forks, no copy-on-write, no
+        # sequence -> its tables (one per group) as vLLM's blocks, and its computed tokens:
+        # pagedkv changes a table only in the calls below (no forks, no copy-on-write, no
         # preemption of its own here), so the adapter keeps a copy instead of reading the
-        # table back every step (check_tables() compares them).
-        self._tables: dict[int, list[KVCacheBlock]] = {}
+        # tables back every step (check_tables() compares them); a window's table is read
+        # again after each call that may release its entries.
+        self._tables: dict[int, list[list[KVCacheBlock]]] = {}
         self._computed: dict[int, int] = {}
         self._next_seq = 0
         # Lookups with a hit that no admission took (the blocks did not fit, or the token
@@ -310,7 +334,7 @@ class PagedKVCacheManager:
         self._next_seq += 1
         self._seq_of[request.request_id] = seq
         self._num_tokens[seq] = len(tokens)
-        self._tables[seq] = []
+        self._tables[seq] = [[] for _ in range(self.num_kv_cache_groups)]
         self._computed[seq] = 0
         return seq
 
@@ -345,20 +369,27 @@ class PagedKVCacheManager:
                     self.num_unadmitted_hits += 1
                 self._drop(request_id)
 
-    def _table(self, seq: int, begin: int = 0) -> list[KVCacheBlock]:
+    def _table(self, seq: int, group: int = 0, begin: int = 0) -> list[KVCacheBlock]:
+        """pagedkv's table of `group` from entry `begin` on; kNoBlock (-1) is vLLM's null block."""
         blocks = self._blocks
-        return [blocks[b + 1] for b in self._manager.sequence(seq).block_table[begin:]]
+        return [blocks[b + 1] for b in self._manager.sequence(seq, group).block_table[begin:]]
+
+    def _reread_windows(self, seq: int) -> None:
+        for g in self._windowed:
+            self._tables[seq][g] = self._table(seq, g)
 
     def check_tables(self) -> None:
         """Raises InternalError unless the adapter's tables and counts are pagedkv's (tests)."""
         for request_id, seq in self._seq_of.items():
-            view = self._manager.sequence(seq)
-            ours = [b.block_id - 1 for b in self._tables[seq]]
-            if ours != list(view.block_table) or self._computed[seq] != view.num_computed_tokens:
-                raise pk.InternalError(
-                    f"request {request_id!r}: adapter table {ours} / {self._computed[seq]} "
-                    f"computed, pagedkv {list(view.block_table)} / {view.num_computed_tokens}"
-                )
+            for g, table in enumerate(self._tables[seq]):
+                view = self._manager.sequence(seq, g)
+                ours = [b.block_id - 1 for b in table]
+                if ours != list(view.block_table) or self._computed[seq] != view.num_computed_tokens:
+                    raise pk.InternalError(
+                        f"request {request_id!r} group {g}: adapter table {ours} / "
+                        f"{self._computed[seq]} computed, pagedkv {list(view.block_table)} / "
+                        f"{view.num_computed_tokens}"
+                    )
 
     def end_step(self) -> None:
         """Ends pagedkv's step (take_step_ops()), after the scheduler's schedule()."""
@@ -426,10 +457,14 @@ class PagedKVCacheManager:
             # pagedkv claims whole hits; a shorter cap takes none of it.
             self._peeks[seq] = (0, 0)
             return self.empty_kv_cache_blocks, 0, 0
-        group = hit.groups[0]
-        self._peeks[seq] = (num_tokens, group.num_free_hits)
+        # vLLM's evictable hit blocks: those in the free queue, in every group.
+        self._peeks[seq] = (num_tokens, sum(g.num_free_hits for g in hit.groups))
         blocks = self._blocks
-        return KVCacheBlocks(([blocks[b + 1] for b in group.blocks],)), num_tokens, 0
+        return (
+            KVCacheBlocks(tuple([blocks[b + 1] for b in g.blocks] for g in hit.groups)),
+            num_tokens,
+            0,
+        )
 
     def allocate_slots(
         self,
@@ -485,10 +520,17 @@ class PagedKVCacheManager:
             )
         try:
             self._sync_tokens(request, seq)
-            table = self._tables[seq]
+            tables = self._tables[seq]
+            if self._windowed and tables[0]:
+                # vLLM's remove_skipped_blocks(), before the fit: a running request's
+                # windows release the entries behind them, whether the step fits or not.
+                self._manager.allocate_slots(seq, 0)
+                self._reread_windows(seq)
             # The hit's blocks count as held; those of them in the free queue leave it
-            # when the hit is claimed (vLLM's "evictable computed blocks").
-            held = len(table) + hit // self.block_size
+            # when the hit is claimed (vLLM's "evictable computed blocks"). Every group's
+            # table has an entry per block of the context (a window's released ones are
+            # null blocks), so the groups need as many new blocks each.
+            held = len(tables[0]) + hit // self.block_size
             computed = self._computed[seq] + hit
             if computed != request.num_computed_tokens + num_new_computed_tokens:
                 raise ValueError(
@@ -501,13 +543,17 @@ class PagedKVCacheManager:
             # stays within its last block).
             free = self._free_blocks() if full_sequence_must_fit or watermark else 0
             if full_sequence_must_fit:
-                full = min(request.num_tokens, self.max_model_len)
-                if max(0, _cdiv(full, self.block_size) - held) + free_hits + watermark > free:
+                # The whole sequence's blocks, in a window group at most its cap.
+                full = _cdiv(min(request.num_tokens, self.max_model_len), self.block_size)
+                required = [full] * (self.num_kv_cache_groups - len(self._windowed))
+                required += [min(full, cap) for cap in self._admission_caps]
+                blocks = sum(max(0, r - held) for r in required)
+                if blocks + free_hits + watermark > free:
                     raise pk.ResourceExhausted("full sequence does not fit")
             need_tokens = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
             lookahead = max(0, need_tokens - computed - num_new_tokens)
             new_blocks = max(0, _cdiv(need_tokens, self.block_size) - held)
-            need = new_blocks + free_hits
+            need = new_blocks * self.num_kv_cache_groups + free_hits
             if need or reserved_blocks:
                 if not (full_sequence_must_fit or watermark):
                     free = self._free_blocks()
@@ -522,8 +568,8 @@ class PagedKVCacheManager:
                         f"{claimed} tokens, peek_prefix() found {hit}"
                     )
                 self._computed[seq] = hit
-                table.extend(self._table(seq))
-                held = len(table)
+                for g, table in enumerate(tables):
+                    table.extend(self._table(seq, g))
             if num_new_tokens or lookahead:
                 self._manager.allocate_slots(seq, num_new_tokens, lookahead)
                 self._computed[seq] = computed + num_new_tokens
@@ -540,9 +586,10 @@ class PagedKVCacheManager:
             raise
         if new_blocks == 0:
             return self.empty_kv_cache_blocks
-        new = self._table(seq, held)
-        table.extend(new)
-        return KVCacheBlocks((new,))
+        new = tuple(self._table(seq, g, held) for g in range(self.num_kv_cache_groups))
+        for table, blocks in zip(tables, new):
+            table.extend(blocks)
+        return KVCacheBlocks(new)
 
     def free(self, request: Request) -> None:
         """Frees the request's blocks, tail first (hashed ones stay cached).
@@ -602,7 +649,7 @@ class PagedKVCacheManager:
                         lora_id=None,
                         medium="GPU",
                         lora_name=None,
-                        group_idx=0,
+                        group_idx=_group_idx(ev),
                     )
                 )
             elif isinstance(ev, pk.BlockRemoved):
@@ -610,7 +657,7 @@ class PagedKVCacheManager:
                     BlockRemoved(
                         block_hashes=[_event_hash(h) for h in ev.block_hashes],
                         medium="GPU",
-                        group_idx=0,
+                        group_idx=_group_idx(ev),
                     )
                 )
             else:
@@ -619,8 +666,10 @@ class PagedKVCacheManager:
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         seq = self._seq_of.get(request_id)
-        table = None if seq is None else self._tables[seq]
-        return KVCacheBlocks((list(table),)) if table else self.empty_kv_cache_blocks
+        tables = None if seq is None else self._tables[seq]
+        if not tables or not tables[0]:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks(tuple(list(t) for t in tables))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
@@ -628,8 +677,8 @@ class PagedKVCacheManager:
     def get_block_ids_for_computed_tokens(
         self, request_id: str, num_computed_tokens: int
     ) -> tuple[list[int], ...]:
-        (ids,) = self.get_block_ids(request_id)
-        return (ids[: _cdiv(num_computed_tokens, self.block_size)],)
+        n = _cdiv(num_computed_tokens, self.block_size)
+        return tuple(ids[:n] for ids in self.get_block_ids(request_id))
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens of the request in full blocks (all of them are cached with caching on)."""
@@ -695,6 +744,7 @@ class PagedKVScheduler(Scheduler):
         self.kv_cache_manager = PagedKVCacheManager(
             kv_cache_config=kv_cache_config,
             max_model_len=self.max_model_len,
+            max_in_flight_tokens=vllm_config.max_in_flight_tokens,
             scheduler_block_size=self.block_size,
             hash_block_size=self.hash_block_size,
             enable_caching=self.cache_config.enable_prefix_caching,

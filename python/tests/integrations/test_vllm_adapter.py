@@ -17,6 +17,7 @@ pytest.importorskip("vllm", reason="the vLLM tests need vLLM 0.33.0 (bash script
 import vllm_traces  # noqa: E402
 from vllm_traces import NewRequest, TraceConfig  # noqa: E402
 
+import pagedkv as pk  # noqa: E402
 from pagedkv.integrations import vllm as pkv  # noqa: E402
 
 
@@ -186,15 +187,21 @@ def test_unsupported_settings_are_refused_by_name() -> None:
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["b"], swa)],
     )
-    with pytest.raises(NotImplementedError, match="group 1 of SlidingWindowSpec"):
-        pkv.PagedKVCacheManager(hybrid, max_model_len=64, scheduler_block_size=4, hash_block_size=4)
-    two_full = KVCacheConfig(
-        num_blocks=16,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["b"], full)],
+    # A hybrid of full-attention and sliding-window groups runs on one shared pagedkv pool,
+    # as vLLM's groups share its block pool; a window without a full group is refused.
+    manager = pkv.PagedKVCacheManager(hybrid, max_model_len=64, scheduler_block_size=4, hash_block_size=4)
+    options = manager.pagedkv_manager.options
+    assert options.shared_block_pool and not options.window_eviction_classes
+    assert [g.kind for g in options.layer_groups] == [
+        pk.AttentionKind.FULL,
+        pk.AttentionKind.SLIDING_WINDOW,
+    ]
+    assert manager.block_pool.get_num_free_blocks() == 15  # one pool, vLLM's null block out
+    only_window = KVCacheConfig(
+        num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["b"], swa)]
     )
-    with pytest.raises(NotImplementedError, match="2 KV cache groups"):
-        pkv.PagedKVCacheManager(two_full, max_model_len=64, scheduler_block_size=4, hash_block_size=4)
+    with pytest.raises(NotImplementedError, match="sliding-window groups without a full-attention"):
+        pkv.PagedKVCacheManager(only_window, max_model_len=64, scheduler_block_size=4, hash_block_size=4)
     mamba = KVCacheConfig(
         num_blocks=16,
         kv_cache_tensors=[],

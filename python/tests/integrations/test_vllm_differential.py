@@ -10,9 +10,12 @@ comparison predicts by its rule; any other kind fails the test with the seeds to
 
 PAGEDKV_VLLM_TRACES sets the number of traces (default 2,000, in chunks of 100);
 PAGEDKV_VLLM_SEED0 the first seed. PAGEDKV_VLLM_PRIORITY_TRACES (default 500) of the same
-seeds run again with the priority policy (each request a priority of 0 to 3):
+seeds run again with the priority policy (each request a priority of 0 to 3), and
+PAGEDKV_VLLM_HYBRID_TRACES (default 1,000) on a hybrid model, a full-attention group and a
+sliding-window group sharing the blocks:
 
     python -c "import vllm_traces as t; print(t.run_differential(SEED, 'priority')[0])"
+    python -c "import vllm_traces as t; print(t.run_differential(SEED, hybrid=True)[0])"
 """
 
 from __future__ import annotations
@@ -31,15 +34,18 @@ NUM_TRACES = int(os.environ.get("PAGEDKV_VLLM_TRACES", "2000"))
 SEED0 = int(os.environ.get("PAGEDKV_VLLM_SEED0", "0"))
 CHUNK = 100
 NUM_PRIORITY_TRACES = int(os.environ.get("PAGEDKV_VLLM_PRIORITY_TRACES", "500"))
+NUM_HYBRID_TRACES = int(os.environ.get("PAGEDKV_VLLM_HYBRID_TRACES", "1000"))
 
 
 def _chunks(n: int) -> list[tuple[int, int]]:
     return [(s, min(s + CHUNK, SEED0 + n)) for s in range(SEED0, SEED0 + n, CHUNK)]
 
 
-CHUNKS = [(s, e, "fcfs") for s, e in _chunks(NUM_TRACES)] + [
-    (s, e, "priority") for s, e in _chunks(NUM_PRIORITY_TRACES)
-]
+CHUNKS = (
+    [(s, e, "fcfs") for s, e in _chunks(NUM_TRACES)]
+    + [(s, e, "priority") for s, e in _chunks(NUM_PRIORITY_TRACES)]
+    + [(s, e, "hybrid") for s, e in _chunks(NUM_HYBRID_TRACES)]
+)
 
 # What the traces exercised, over all chunks (checked by the last test).
 _totals: Counter = Counter()
@@ -49,9 +55,11 @@ _totals: Counter = Counter()
 def test_pagedkv_scheduler_matches_vllm(seeds: tuple[int, int, str]) -> None:
     diffs: Counter = Counter()
     undocumented: dict[int, dict[str, int]] = {}
-    first_seed, end_seed, policy = seeds
+    first_seed, end_seed, kind = seeds
+    hybrid = kind == "hybrid"
+    policy = "fcfs" if hybrid else kind
     for seed in range(first_seed, end_seed):
-        trace = vllm_traces.make_trace(seed, policy)
+        trace = vllm_traces.make_trace(seed, policy, hybrid)
         stock = vllm_traces.run_trace(trace, pagedkv=False)
         paged = vllm_traces.run_trace(trace, pagedkv=True)
         d = vllm_traces.compare(stock, paged)
@@ -60,7 +68,7 @@ def test_pagedkv_scheduler_matches_vllm(seeds: tuple[int, int, str]) -> None:
         if bad:
             undocumented[seed] = bad
         _totals["traces"] += 1
-        _totals[f"{policy}_traces"] += 1
+        _totals[f"{kind}_traces"] += 1
         _totals["steps"] += len(stock)
         _totals["preemptions"] += sum(len(r.preempted) for r in stock)
         _totals["hit_admissions"] += sum(1 for r in stock for n in r.computed.values() if n > 0)
@@ -70,13 +78,22 @@ def test_pagedkv_scheduler_matches_vllm(seeds: tuple[int, int, str]) -> None:
             1 for s in trace.steps for r in s.add if r.req_id.endswith("_1")
         )
         _totals["events"] += sum(len(r.events) for r in stock)
+        if hybrid:
+            # Scheduled requests whose window table has released entries (vLLM's null
+            # block 0), and admissions with a hit that a window had to serve.
+            _totals["window_releases"] += sum(
+                1 for r in stock for t in r.tables.values() if 0 in t[1]
+            )
+            _totals["hybrid_hit_admissions"] += sum(
+                1 for r in stock for n in r.computed.values() if n > 0
+            )
         _totals["stored_blocks_duplicate"] += d["documented:duplicate_block_events"]
         _totals["unadmitted_hits"] += paged[-1].unadmitted_hits if paged else 0
         _totals["unwritten_frees"] += paged[-1].unwritten_frees if paged else 0
         _totals["diverged_after_unwritten_free"] += d["documented:diverged_after_unwritten_free"]
         if any(r.error for r in stock + paged):
             _totals["errors"] += 1
-    print(f"{policy} seeds {first_seed}..{end_seed - 1}: {dict(diffs)}")
+    print(f"{kind} seeds {first_seed}..{end_seed - 1}: {dict(diffs)}")
     assert not undocumented, f"undocumented differences (seed: kinds): {undocumented}"
 
 
@@ -95,6 +112,8 @@ def test_traces_exercised_the_scheduler() -> None:
     # The priority policy's same-step preemptions happened, and the rule that cuts a
     # comparison short after one stays rare (at most 5 % of the priority traces), or the
     # harness compares little.
+    if _totals["hybrid_traces"]:
+        assert _totals["window_releases"] > 0 and _totals["hybrid_hit_admissions"] > 0
     if _totals["priority_traces"]:
         assert _totals["unwritten_frees"] > 0
         assert _totals["diverged_after_unwritten_free"] <= _totals["priority_traces"] // 20 + 1

@@ -112,7 +112,10 @@ EXCLUSIONS: list[tuple[str, tuple[str, ...]]] = [
         ("CrossAttentionSpec", "_create_encoder_decoder_scheduler(", "_get_num_cross_attn_blocks("),
     ),
     (
-        "hybrid or Mamba KV cache groups: not supported by the adapter",
+        # Their hybrids are Mamba ones, and their one sliding-window case has no
+        # full-attention group (and a KV connector).
+        "Mamba KV cache groups, or sliding-window ones without a full-attention group: not "
+        "supported by the adapter",
         ("MambaSpec", "SlidingWindowSpec", "HybridKVCacheCoordinator", "KVCacheGroupSpec"),
     ),
     ("encoder cache transfer (EC connectors)", ("ECTransferConfig", "ec_connector")),

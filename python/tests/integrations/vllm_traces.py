@@ -11,8 +11,9 @@ returns the differences between them, step by step, by kind:
 - `scheduled`: scheduled requests and their token counts
 - `computed`: num_computed_tokens of new and resumed requests (prefix-hit lengths)
 - `preempted`, `finished`, `resumed`: those sets of request ids
-- `tables`: block tables, compared up to a renaming of block ids (a bijection per step:
-  a block shared in one is shared alike in the other)
+- `tables`: block tables of every KV cache group, compared up to a renaming of block ids
+  (a bijection per step, over all groups: a block shared in one is shared alike in the
+  other, and no id is in two groups' tables of one run only)
 - `events`: KV events (kind, tokens, block size, parent) with hashes compared up to a
   renaming (one bijection for the whole trace), by the first differing event of a step:
   `evicted_blocks` when it is a removal (the two evicted different blocks),
@@ -48,6 +49,9 @@ class TraceConfig:
     enable_prefix_caching: bool
     watermark: float
     policy: str = "fcfs"  # or "priority": SchedulerConfig(policy=...)
+    # Hybrid traces: a second KV cache group of sliding-window layers of this many tokens
+    # beside the full-attention group (vLLM's HybridKVCacheCoordinator, one block pool).
+    sliding_window: int | None = None
 
 
 @dataclass
@@ -72,11 +76,13 @@ class Trace:
     steps: list[Step]
 
 
-def make_trace(seed: int, policy: str = "fcfs") -> Trace:
+def make_trace(seed: int, policy: str = "fcfs", hybrid: bool = False) -> Trace:
     """A random trace; the same seed gives the same trace.
 
     policy "priority": the same trace run by the priority policy, each request with a
     priority of 0 to 3 drawn from a second generator (so the FCFS trace stays as it was).
+    hybrid: the same requests on a model of full-attention and sliding-window layers, the
+    window and the extra blocks the second group needs drawn from a third generator.
     """
     rng = random.Random(seed)
     priorities = random.Random(seed + 1_000_003)
@@ -94,6 +100,12 @@ def make_trace(seed: int, policy: str = "fcfs") -> Trace:
         watermark=rng.choice([0.0, 0.0, 0.05]),
         policy=policy,
     )
+    if hybrid:
+        windows = random.Random(seed + 2_000_003)
+        config.sliding_window = windows.choice([4, 7, 16, 24, 33, 64, 100])
+        # The window's group holds a prefill chunk's blocks, and at most a window's worth
+        # once the chunk is behind it: room for both groups of a long request, still tight.
+        config.num_blocks += windows.randint(max_model_len // block_size // 2, num_blocks)
     prefixes = [
         [rng.randrange(VOCAB) for _ in range(rng.randint(1, 80))] for _ in range(rng.randint(1, 4))
     ]
@@ -157,6 +169,7 @@ def vllm_config(
     watermark: float,
     scheduler_cls: str | None,
     policy: str = "fcfs",
+    sliding_window: int | None = None,
 ) -> Any:
     from vllm.config import (
         CacheConfig,
@@ -196,20 +209,26 @@ def vllm_config(
     return config
 
 
-def kv_cache_config(block_size: int, num_blocks: int) -> Any:
+def kv_cache_config(block_size: int, num_blocks: int, sliding_window: int | None = None) -> Any:
+    """One full-attention group of both layers, or (`sliding_window`) a full-attention
+    group of layer 0 and a sliding-window group of layer 1 sharing the blocks."""
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
+        SlidingWindowSpec,
     )
 
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["model.decoder.layers.0", "model.decoder.layers.1"], spec)],
-    )
+    shape = {"block_size": block_size, "num_kv_heads": 2, "head_size": 16, "dtype": torch.float32}
+    full = FullAttentionSpec(**shape)
+    layers = ["model.decoder.layers.0", "model.decoder.layers.1"]
+    if sliding_window is None:
+        groups = [KVCacheGroupSpec(layers, full)]
+    else:
+        window = SlidingWindowSpec(**shape, sliding_window=sliding_window)
+        groups = [KVCacheGroupSpec(layers[:1], full), KVCacheGroupSpec(layers[1:], window)]
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
 PAGEDKV_SCHEDULER = "pagedkv.integrations.vllm.PagedKVScheduler"
@@ -229,11 +248,12 @@ def make_scheduler(config: TraceConfig, pagedkv: bool) -> Any:
         config.watermark,
         PAGEDKV_SCHEDULER if pagedkv else None,
         config.policy,
+        config.sliding_window,
     )
     cls = vc.scheduler_config.get_scheduler_cls()
     sched = cls(
         vllm_config=vc,
-        kv_cache_config=kv_cache_config(config.block_size, config.num_blocks),
+        kv_cache_config=kv_cache_config(config.block_size, config.num_blocks, config.sliding_window),
         structured_output_manager=StructuredOutputManager(vc),
         block_size=config.block_size,
         log_stats=True,
@@ -313,7 +333,7 @@ class StepRecord:
     resumed: set[str]
     preempted: set[str]
     finished: set[str]
-    tables: dict[str, list[int]]
+    tables: dict[str, list[list[int]]]  # per request, per KV cache group
     events: list[Any]
     usage: float
     prefix_stats: tuple[int, int, int]
@@ -359,7 +379,7 @@ def run_trace(trace: Trace, pagedkv: bool) -> list[StepRecord]:
             if rid in resumed:
                 computed[rid] = n
         tables = {
-            rid: list(sched.kv_cache_manager.get_block_ids(rid)[0])
+            rid: [list(ids) for ids in sched.kv_cache_manager.get_block_ids(rid)]
             for rid in out.num_scheduled_tokens
         }
         if pagedkv:
@@ -411,24 +431,26 @@ def _event_units(events: list[Any], live: Counter) -> tuple[list[tuple], int]:
     dropped = 0
     for ev in events:
         kind = type(ev).__name__
+        group = getattr(ev, "group_idx", 0) or 0  # hashes are keys per KV cache group
         if kind == "BlockStored":
             parent = ev.parent_block_hash
             bs = ev.block_size
             for j, h in enumerate(ev.block_hashes):
-                live[h] += 1
-                if live[h] > 1:
+                live[group, h] += 1
+                if live[group, h] > 1:
                     dropped += 1
                 else:
-                    units.append(("stored", h, parent, tuple(ev.token_ids[j * bs : (j + 1) * bs])))
+                    tokens = tuple(ev.token_ids[j * bs : (j + 1) * bs])
+                    units.append(("stored", h, parent, tokens, group))
                 parent = h
         elif kind == "BlockRemoved":
             for h in ev.block_hashes:
-                live[h] -= 1
-                if live[h] > 0:
+                live[group, h] -= 1
+                if live[group, h] > 0:
                     dropped += 1
                 else:
-                    del live[h]
-                    units.append(("removed", h))
+                    del live[group, h]
+                    units.append(("removed", h, group))
         else:
             live.clear()
             units.append(("cleared",))
@@ -441,7 +463,7 @@ def _first_event_difference(ua: list[tuple], ub: list[tuple], hashes: "_Renaming
     blocks: other hashes, or a removal in one run only at that point); `event_hashes` when a
     store's hash or parent breaks the renaming; `events` otherwise (other kinds or tokens)."""
     for x, y in zip(ua, ub):
-        if x[0] != y[0]:
+        if x[0] != y[0] or x[-1] != y[-1]:  # the kind, or the group
             return "evicted_blocks" if "removed" in (x[0], y[0]) else "events"
         if x[0] == "cleared":
             continue
@@ -493,9 +515,9 @@ def compare(
                 diffs[kind] += 1
         blocks = _Renaming()
         if a.tables.keys() != b.tables.keys() or not all(
-            len(a.tables[r]) == len(b.tables[r])
-            and all(blocks.pair(x, y) for x, y in zip(a.tables[r], b.tables[r]))
+            len(ta) == len(tb) and all(blocks.pair(x, y) for x, y in zip(ta, tb))
             for r in a.tables
+            for ta, tb in zip(a.tables[r], b.tables[r], strict=True)
         ):
             diffs["tables"] += 1
         ua, dropped_a = _event_units(a.events, live_a)
@@ -530,9 +552,9 @@ def compare(
 
 
 def run_differential(
-    seed: int, policy: str = "fcfs"
+    seed: int, policy: str = "fcfs", hybrid: bool = False
 ) -> tuple[Counter, list[StepRecord], list[StepRecord]]:
-    trace = make_trace(seed, policy)
+    trace = make_trace(seed, policy, hybrid)
     stock = run_trace(trace, pagedkv=False)
     paged = run_trace(trace, pagedkv=True)
     return compare(stock, paged), stock, paged
