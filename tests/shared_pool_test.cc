@@ -224,6 +224,38 @@ TEST_CASE("blocks cached after evicted contents verify again once those are comp
   require_valid(m);
 }
 
+TEST_CASE("a chain of evicted contents revives block by block when computed again",
+          "[shared_pool]") {
+  KvCacheManager m = make_manager(shared_options(12));
+  const std::vector<TokenId> prompt = iota_tokens(16);
+  admit(m, 1, prompt, {.retention = {{.begin = 8, .end = 16, .priority = 60}}});
+  allocate(m, 1, 16);  // full 0-3, window 4-7; entries 2 and 3 kept longer
+  end_step(m);
+  REQUIRE(m.free(1).ok());
+  // 16 other tokens take the 4 clean blocks and evict, in this order, full entries 1 and 0
+  // and window entries 1 and 0. Entry 1's contents are remembered for the cached full
+  // entry 2 after them; entry 0's for entry 1's remembered contents, after window
+  // entry 1 left too.
+  admit(m, 2, iota_tokens(16, 500));
+  allocate(m, 2, 16);
+  CHECK(table_of(m, 2, kWindow) == Blocks{1, 0, 5, 4});
+  end_step(m);
+  REQUIRE(m.free(2).ok());
+  // Entries 0 and 1 computed again take back both content keys, in chain order.
+  std::vector<TokenId> first = iota_tokens(8);
+  first.push_back(7);
+  admit(m, 3, first);
+  allocate(m, 3, 9);
+  end_step(m);
+  std::vector<TokenId> longer = prompt;
+  longer.insert(longer.end(), {7, 7, 7});
+  admit(m, 4, longer);
+  CHECK(*m.match_prefix(4) == 16);
+  CHECK(table_of(m, 4, kFull)[2] == 2);
+  CHECK(table_of(m, 4, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
+  require_valid(m);
+}
+
 TEST_CASE("a shared pool announces each group's blocks under its group, reset once",
           "[shared_pool]") {
   EventLog log;

@@ -120,15 +120,16 @@ void BlockPoolCore::take_free_blocks(std::span<BlockId> out) {
       // the hash (its contents stay cached).
       const BlockHash hash = hash_index_->hash(b);
       const bool gone = hash_index_->erase(b);
-      if (revive_) [[unlikely]] {
-        forget_childless(hash_index_->parent_key(b));
-      }
       if (gone) {
         left_index(b, hash);
         if (log_evictions_) {
           evicted_.push_back(
               {b, plain_hash(b, hash), hash_index_->content_key(b), priority_[b], duration_of(b)});
         }
+      }
+      // After left_index(): a parent that b's remembered contents follow stays remembered.
+      if (revive_) [[unlikely]] {
+        forget_childless(hash_index_->parent_key(b));
       }
       if constexpr (kAdaptive) {
         requeue(adaptive_->on_uncached(b, gone ? &hash : nullptr, *free_queue_));
@@ -521,8 +522,8 @@ void BlockPoolCore::uncache_unchecked(BlockId block) {
   const BlockHash hash = hash_index_->hash(block);
   const bool gone = hash_index_->erase(block);
   cached_free_blocks_ -= ref_count_[block] == 0;
-  if (revive_) forget_childless(hash_index_->parent_key(block));
   if (gone) left_index(block, hash);
+  if (revive_) forget_childless(hash_index_->parent_key(block));
   if (adaptive_) requeue(adaptive_->on_uncached(block, nullptr, *free_queue_));
 }
 
