@@ -357,3 +357,25 @@ def test_state_shape_in_a_kv_cache_config():
         num_layers=12, num_kv_heads=2, head_dim=256)), group])
     config.validate()
     assert config.checkpoints_per_sequence == 2
+
+
+def test_shared_block_pool():
+    # Both groups draw from one pool of 8 blocks: distinct ids, the fit summed over groups.
+    m = pk.KvCacheManager(block_size=2, shared_block_pool=True, window_eviction_classes=False,
+                          layer_groups=[pk.LayerGroup(kind=FULL, num_blocks=8),
+                                        pk.LayerGroup(kind=SWA, window=4, num_blocks=8)])
+    assert m.options.shared_block_pool and not m.options.window_eviction_classes
+    m.add_sequence(1, [1, 2, 3, 4, 5, 6])
+    m.allocate_slots(1, 6)
+    full, window = (list(m.sequence(1, g).block_table) for g in (0, 1))
+    assert full == [0, 1, 2] and window == [3, 4, 5]
+    assert m.stats().used_blocks == 6
+    m.take_step_ops()
+    m.add_sequence(2, [7, 8, 9, 10])
+    with pytest.raises(pk.ResourceExhausted, match="in the pool all groups share"):
+        m.allocate_slots(2, 4)  # 2 blocks per group, 2 free
+    m.check_invariants()
+    with pytest.raises(ValueError, match="shared_block_pool: layer_groups\\[1\\].num_blocks 6"):
+        pk.KvCacheManager(block_size=2, shared_block_pool=True,
+                          layer_groups=[pk.LayerGroup(kind=FULL, num_blocks=8),
+                                        pk.LayerGroup(kind=SWA, window=4, num_blocks=6)])

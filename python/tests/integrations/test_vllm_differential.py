@@ -11,7 +11,7 @@ comparison predicts by its rule; any other kind fails the test with the seeds to
 PAGEDKV_VLLM_TRACES sets the number of traces (default 2,000, in chunks of 100);
 PAGEDKV_VLLM_SEED0 the first seed. PAGEDKV_VLLM_PRIORITY_TRACES (default 500) of the same
 seeds run again with the priority policy (each request a priority of 0 to 3), and
-PAGEDKV_VLLM_HYBRID_TRACES (default 1,000) on a hybrid model, a full-attention group and a
+PAGEDKV_VLLM_HYBRID_TRACES (default 2,000) on a hybrid model, a full-attention group and a
 sliding-window group sharing the blocks:
 
     python -c "import vllm_traces as t; print(t.run_differential(SEED, 'priority')[0])"
@@ -34,7 +34,7 @@ NUM_TRACES = int(os.environ.get("PAGEDKV_VLLM_TRACES", "2000"))
 SEED0 = int(os.environ.get("PAGEDKV_VLLM_SEED0", "0"))
 CHUNK = 100
 NUM_PRIORITY_TRACES = int(os.environ.get("PAGEDKV_VLLM_PRIORITY_TRACES", "500"))
-NUM_HYBRID_TRACES = int(os.environ.get("PAGEDKV_VLLM_HYBRID_TRACES", "1000"))
+NUM_HYBRID_TRACES = int(os.environ.get("PAGEDKV_VLLM_HYBRID_TRACES", "2000"))
 
 
 def _chunks(n: int) -> list[tuple[int, int]]:
