@@ -11,6 +11,8 @@
 #   MERGE=1    afterwards, merge the new inputs that add edges into fuzz/corpus/<target>/.
 #   FUZZ_SECONDS_<target>  fuzzing time of one target instead of SECONDS (a small target
 #              that saturates in seconds then leaves the cores to the others).
+#   FUZZ_BUILD_ONLY=1  only configure and build the targets (.ci/run builds them early,
+#              while other tests run).
 #   FUZZ_ARGS  extra libFuzzer flags for the fuzzing runs (default: -max_len=1024
 #              -len_control=0: long inputs from the start, since each byte drives the ops).
 # A crash, leak, timeout or failed check exits 1; the input is copied to
@@ -36,6 +38,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
     -DPAGEDKV_BUILD_BENCH=OFF -DPAGEDKV_BUILD_EXAMPLES=OFF >/dev/null
 fi
 cmake --build "$build" -j"$(nproc)" --target pagedkv_fuzzers
+[ "${FUZZ_BUILD_ONLY:-0}" != 1 ] || exit 0
 
 status=0
 save_artifacts() {  # target, artifact folder
