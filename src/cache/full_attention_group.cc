@@ -65,17 +65,15 @@ void FullAttentionGroup::index_run(Sequence& seq, int32_t first, int32_t n, bool
 
 void FullAttentionGroup::take_dead_contents(std::vector<uint64_t>& out) {
   out.clear();
-  auto holds = [](const BlockPoolCore& pool, const BlockPoolCore::DeadContent& d, int32_t space) {
-    const BlockId b = pool.indexed_block(d.hash, space);
+  auto holds = [](const BlockPoolCore& pool, const BlockPoolCore::DeadContent& d) {
+    const BlockId b = pool.indexed_block(d.hash);
     return b != kNoBlock && pool.content_key(b) == d.content_key;
   };
   for (BlockPoolCore* pool : {&device(), &host()}) {
     if (!pool->has_dead_contents()) continue;
     pool->take_dead_contents(dead_);
     for (const BlockPoolCore::DeadContent& d : dead_) {
-      // A shared pool logs every group's; only this group's blocks have children.
-      if (d.space != (pool == &device() ? key_space() : 0)) continue;
-      if (!holds(device(), d, key_space()) && !holds(host(), d, 0)) out.push_back(d.content_key);
+      if (!holds(device(), d) && !holds(host(), d)) out.push_back(d.content_key);
     }
   }
 }

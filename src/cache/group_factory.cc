@@ -27,8 +27,8 @@ std::optional<EventGroup> event_group(std::span<const LayerGroup> groups, size_t
 // them. `anchored_caching`: the model caches and has groups that verify along the anchor's
 // chain (windowed and state groups): the anchor then reports contents it loses, and the
 // others drop the blocks cached after them (docs/allocator.md). With
-// Options::shared_block_pool the first group built makes the pool of all, with the roles of
-// all and a key space per group; the others take it.
+// Options::shared_block_pool the first group built makes the pool of all, with a key space
+// per group and contents revived instead of logged (nothing is dropped); the others take it.
 absl::StatusOr<std::shared_ptr<BlockPool>> make_device_pool(std::span<const LayerGroup> groups,
                                                             size_t i, SharedState& shared,
                                                             bool anchored_caching, bool is_anchor,

@@ -171,7 +171,7 @@ void BlockPoolCore::left_index(BlockId block, const BlockHash& key) {
   const BlockHash hash = space_key(key, space);
   emit_removed(hash, space);
   if (revive_) remember_dead_parent(block, key);
-  if (log_dead_contents_) dead_contents_.push_back({hash, hash_index_->content_key(block), space});
+  if (log_dead_contents_) dead_contents_.push_back({hash, hash_index_->content_key(block)});
 }
 
 // --- touch and free --------------------------------------------------------------------

@@ -95,7 +95,6 @@ class BlockPoolCore {
   struct DeadContent {
     BlockHash hash;
     uint64_t content_key = 0;
-    int32_t space = 0;  // the key space it was cached in (PoolRoles::key_spaces)
   };
 
   // BlockPool::create()'s checks, and first_content_key > 0.
