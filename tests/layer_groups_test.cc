@@ -29,17 +29,6 @@ KvCacheManager hybrid(AttentionKind kind, int32_t window, int32_t full_blocks,
   return make_manager(std::move(options));
 }
 
-Blocks table_of(const KvCacheManager& m, SeqId seq, int32_t group) {
-  auto view = m.sequence(seq, group);
-  REQUIRE(view.ok());
-  return Blocks(view->block_table.begin(), view->block_table.end());
-}
-
-Slots slots_of(const KvCacheManager& m, int32_t group) {
-  const std::span<const int64_t> s = *m.slot_mapping(group);
-  return Slots(s.begin(), s.end());
-}
-
 // Tokens of consecutive 4-token blocks, block i starting at firsts[i].
 std::vector<TokenId> blocks_from(std::initializer_list<TokenId> firsts) {
   std::vector<TokenId> tokens;
@@ -129,13 +118,13 @@ TEST_CASE("a sliding-window group releases the blocks behind the window, a step 
   // Token 14 attends to [9, 14]: entries 0 and 1 are dead, but this step writes them, so
   // they stay until a later call.
   CHECK(allocate(m, 1, 1) == Slots{14});
-  CHECK(table_of(m, 1, kWindow) == Blocks{0, 1, 2, 3});
+  CHECK(table(m, 1, kWindow) == Blocks{0, 1, 2, 3});
   end_step(m);
   // Nothing new to compute; the next token (15) attends to [10, 15]: entries 0 and 1 go.
   CHECK(allocate(m, 1, 0).empty());
-  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3});
+  CHECK(table(m, 1, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3});
   CHECK(m.sequence(1, kWindow)->first_held_block == 2);
-  CHECK(table_of(m, 1, kFull) == Blocks{0, 1, 2, 3});
+  CHECK(table(m, 1, kFull) == Blocks{0, 1, 2, 3});
   // Both were full and hashed: they stay cached, behind the window pool's clean blocks, in
   // table order.
   CHECK(m.device_pool(kWindow).value()->free_queue_order() == Blocks{4, 5, 6, 7, 0, 1});
@@ -147,7 +136,7 @@ TEST_CASE("a sliding-window group releases the blocks behind the window, a step 
   REQUIRE(m.append_tokens(1, std::vector<TokenId>{201, 202, 203, 204}).ok());
   CHECK(allocate(m, 1, 4) == Slots{15, 16, 17, 18});
   CHECK(slots_of(m, kWindow) == Slots{15, 16, 17, 18});
-  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3, 4});
+  CHECK(table(m, 1, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3, 4});
   // Kernels get padding where the window released its blocks.
   BlockTables tables;
   const SeqId seqs[] = {1};
@@ -177,8 +166,8 @@ TEST_CASE("a prefix hit across groups needs the window before it", "[layer_group
     admit(m, 2, longer);
     // Token 16 attends to [11, 16]: entries 2 and 3 of the window group.
     CHECK(*m.match_prefix(2) == 16);
-    CHECK(table_of(m, 2, kFull) == Blocks{0, 1, 2, 3});
-    CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3});
+    CHECK(table(m, 2, kFull) == Blocks{0, 1, 2, 3});
+    CHECK(table(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, 2, 3});
     CHECK(m.group_stats(kWindow)->hit_blocks == 2);
     CHECK(m.group_stats(kFull)->hit_blocks == 4);
     require_valid(m);
@@ -187,12 +176,12 @@ TEST_CASE("a prefix hit across groups needs the window before it", "[layer_group
     // 16 unrelated tokens take the 3 clean window blocks and evict block 3.
     admit(m, 3, iota_tokens(16, 900));
     allocate(m, 3, 16);
-    CHECK(table_of(m, 3, kWindow) == Blocks{4, 5, 6, 3});
+    CHECK(table(m, 3, kWindow) == Blocks{4, 5, 6, 3});
     admit(m, 2, longer);
     // 16 would need entry 3; 12 needs entries 1 and 2 (token 12 attends to [7, 12]).
     CHECK(*m.match_prefix(2) == 12);
-    CHECK(table_of(m, 2, kFull) == Blocks{0, 1, 2});
-    CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, 1, 2});
+    CHECK(table(m, 2, kFull) == Blocks{0, 1, 2});
+    CHECK(table(m, 2, kWindow) == Blocks{kNoBlock, 1, 2});
     CHECK(m.stats().prefix_hit_tokens == 12);
     require_valid(m);
   }
@@ -215,13 +204,13 @@ TEST_CASE("a chunked-local group needs nothing cached for a hit at a chunk bound
   admit(m, 2, longer);
   // Token 16 starts a chunk: it attends to nothing before it.
   CHECK(*m.match_prefix(2) == 16);
-  CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, kNoBlock, kNoBlock});
+  CHECK(table(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, kNoBlock, kNoBlock});
   CHECK(m.sequence(2, kWindow)->first_held_block == 4);
   end_step(m);
   REQUIRE(m.free(3).ok());
   // Token 16 then goes into a new block of each group: the full pool's first clean one.
   CHECK(allocate(m, 2, 1) == Slots{int64_t{8} * 4});
-  CHECK(table_of(m, 2, kWindow).size() == 5);
+  CHECK(table(m, 2, kWindow).size() == 5);
   require_valid(m);
 }
 
@@ -239,7 +228,7 @@ TEST_CASE("a windowed block cached after another prefix is never a hit, even whe
   // pool evicts x's block 3 for it and caches its own block 3 under the same (weak) hash.
   admit(m, 2, blocks_from({50, 60, 70, 40}));
   allocate(m, 2, 16);
-  CHECK(table_of(m, 2, kWindow) == Blocks{4, 5, 6, 3});
+  CHECK(table(m, 2, kWindow) == Blocks{4, 5, 6, 3});
   end_step(m);
   REQUIRE(m.free(2).ok());
   std::vector<TokenId> longer = x;
@@ -249,7 +238,7 @@ TEST_CASE("a windowed block cached after another prefix is never a hit, even whe
   // after block 70, not 30: verification against the full group's block 2 refuses it,
   // and the hit ends at 12, whose window (entries 1, 2) is x's.
   CHECK(*m.match_prefix(3) == 12);
-  CHECK(table_of(m, 3, kWindow) == Blocks{kNoBlock, 1, 2});
+  CHECK(table(m, 3, kWindow) == Blocks{kNoBlock, 1, 2});
   require_valid(m);
 }
 
@@ -269,8 +258,8 @@ TEST_CASE("forks, copy-on-write and swapping hold in every group", "[layer_group
           std::vector<BlockCopy>{{.src = 2, .dst = 3, .num_tokens = 2},
                                  {.src = 2, .dst = 3, .num_tokens = 2, .group = kWindow}});
     // The child's token 10 attends to [5, 10]: its entry 0 is released, the parent's stays.
-    CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, 1, 3});
-    CHECK(table_of(m, 1, kWindow) == Blocks{0, 1, 2});
+    CHECK(table(m, 2, kWindow) == Blocks{kNoBlock, 1, 3});
+    CHECK(table(m, 1, kWindow) == Blocks{0, 1, 2});
     CHECK(m.stats().cow_copies == 2);
     require_valid(m);
   }
@@ -304,11 +293,11 @@ TEST_CASE("swapping copies each group's held entries to its own host pool and ba
                                                {2, 0, 4, kWindow},
                                                {3, 1, 3, kWindow}});
   REQUIRE(m.swap_in(1).ok());
-  CHECK(table_of(m, 1, kWindow).size() == 4);
-  CHECK(table_of(m, 1, kWindow)[0] == kNoBlock);
+  CHECK(table(m, 1, kWindow).size() == 4);
+  CHECK(table(m, 1, kWindow)[0] == kNoBlock);
   ops = m.take_step_ops();
   CHECK(ops.swap_in.size() == 6);
-  CHECK(ops.swap_in[4] == BlockCopy{0, table_of(m, 1, kWindow)[2], 4, kWindow});
+  CHECK(ops.swap_in[4] == BlockCopy{0, table(m, 1, kWindow)[2], 4, kWindow});
   require_valid(m);
 }
 
@@ -323,7 +312,7 @@ TEST_CASE("allocation is all or nothing across groups, naming the group that lac
   require_error(m.allocate_slots(1, 16).status(), absl::StatusCode::kResourceExhausted,
                 "need 4 blocks in group 1, 3 free of 4");
   CHECK(m.device_pool(kFull).value()->free_queue_order() == full_queue);
-  CHECK(table_of(m, 1, kFull).empty());
+  CHECK(table(m, 1, kFull).empty());
   // A prefill that could never fit the window pool at once is refused as such.
   admit(m, 2, iota_tokens(20));
   require_error(m.allocate_slots(2, 20).status(), absl::StatusCode::kInvalidArgument,
@@ -334,13 +323,13 @@ TEST_CASE("allocation is all or nothing across groups, naming the group that lac
   CHECK(allocate(m, 1, 8) == Slots{4, 5, 6, 7, 8, 9, 10, 11});
   end_step(m);
   CHECK(allocate(m, 1, 4) == Slots{12, 13, 14, 15});
-  CHECK(table_of(m, 1, kWindow) == Blocks{1, 2, 3});
+  CHECK(table(m, 1, kWindow) == Blocks{1, 2, 3});
   end_step(m);
   // Tokens 12-15 attend from token 7: entry 0 (block 1) is released and, the pool's only
   // free block, taken for entry 3.
   CHECK(allocate(m, 1, 4) == Slots{16, 17, 18, 19});
   CHECK(slots_of(m, kWindow) == Slots{4, 5, 6, 7});
-  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, 2, 3, 1});
+  CHECK(table(m, 1, kWindow) == Blocks{kNoBlock, 2, 3, 1});
   require_valid(m);
 }
 
@@ -375,7 +364,7 @@ TEST_CASE("each group's host tier demotes its evicted blocks and promotes the hi
   CHECK(m.stats().host_hit_tokens == 16);
   CHECK(m.group_stats(kFull)->blocks_promoted == 4);
   CHECK(m.group_stats(kWindow)->blocks_promoted == 2);
-  const Blocks window = table_of(m, 2, kWindow);
+  const Blocks window = table(m, 2, kWindow);
   REQUIRE(window.size() == 4);
   CHECK(window[0] == kNoBlock);
   CHECK(window[1] == kNoBlock);
@@ -447,7 +436,7 @@ TEST_CASE("partial-block reuse needs the block in every group", "[layer_groups][
     CHECK(*m.match_prefix(2) == 15);
     CHECK(m.take_step_ops().copy_on_write ==
           std::vector<BlockCopy>{{3, 4, 3, kFull}, {3, 4, 3, kWindow}});
-    CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, 1, 2, 4});
+    CHECK(table(m, 2, kWindow) == Blocks{kNoBlock, 1, 2, 4});
     require_valid(m);
   }
   SECTION("the window group lost block 3: no partial reuse") {

@@ -44,12 +44,6 @@ Observed observe(const KvCacheManager& m, const std::vector<SeqId>& ids) {
   return o;
 }
 
-Blocks table_of_group(const KvCacheManager& m, SeqId seq, int32_t group) {
-  auto view = m.sequence(seq, group);
-  REQUIRE(view.ok());
-  return Blocks(view->block_table.begin(), view->block_table.end());
-}
-
 void require_unchanged(const Observed& before, const Observed& after) {
   const KvCacheManager::Stats &a = before.stats, &b = after.stats;
   CHECK(a.used_blocks == b.used_blocks);
@@ -241,7 +235,7 @@ TEST_CASE(
         const PrefixHit::Group& pg = hit->groups[g];
         CHECK(free_before[g] - (*m.group_stats(g)).free_blocks == pg.blocks_taken());
         taken += pg.blocks_taken();
-        const Blocks held = table_of_group(m, seq, g);
+        const Blocks held = table(m, seq, g);
         if ((*m.layer_group(g)).kind == AttentionKind::kState) continue;
         // Device hits are the claim's blocks; the others (promotions, window) are new.
         REQUIRE(held.size() >= pg.blocks.size());

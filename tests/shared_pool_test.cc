@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -37,15 +38,33 @@ KvCacheManager::Options shared_options(int32_t num_blocks, KvEventSink* sink = n
           .shared_block_pool = true};
 }
 
-Blocks table_of(const KvCacheManager& m, SeqId seq, int32_t group) {
-  auto view = m.sequence(seq, group);
-  REQUIRE(view.ok());
-  return Blocks(view->block_table.begin(), view->block_table.end());
+// Computes all of `prompt` as sequence `seq` in one step, then frees it: its full blocks
+// stay cached, freed group by group, each tail first.
+void compute_and_free(KvCacheManager& m, SeqId seq, const std::vector<TokenId>& prompt,
+                      SequenceOptions options = {}) {
+  admit(m, seq, prompt, std::move(options));
+  allocate(m, seq, static_cast<int32_t>(prompt.size()));
+  end_step(m);
+  REQUIRE(m.free(seq).ok());
 }
 
-Slots slots_of(const KvCacheManager& m, int32_t group) {
-  const std::span<const int64_t> s = *m.slot_mapping(group);
-  return Slots(s.begin(), s.end());
+// `prompt` and three more tokens: a prompt whose hit may cover all of `prompt`'s blocks.
+std::vector<TokenId> continued(std::vector<TokenId> prompt) {
+  prompt.insert(prompt.end(), {7, 7, 7});
+  return prompt;
+}
+
+// The group each event of type `Event` in `log` names, in order.
+template <typename Event>
+std::vector<int32_t> event_groups(const EventLog& log) {
+  std::vector<int32_t> groups;
+  for (const KvEvent& e : log.events) {
+    if (const auto* event = std::get_if<Event>(&e)) {
+      REQUIRE(event->group.has_value());
+      groups.push_back(event->group->index);
+    }
+  }
+  return groups;
 }
 
 TEST_CASE("a shared pool is refused where a pool per group is needed, naming the value",
@@ -80,8 +99,8 @@ TEST_CASE("groups of a shared pool take distinct blocks of one pool", "[shared_p
   admit(m, 1, iota_tokens(14));
   // 14 tokens: 4 blocks in each group, the full group's first.
   CHECK(allocate(m, 1, 14) == Slots{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
-  CHECK(table_of(m, 1, kFull) == Blocks{0, 1, 2, 3});
-  CHECK(table_of(m, 1, kWindow) == Blocks{4, 5, 6, 7});
+  CHECK(table(m, 1, kFull) == Blocks{0, 1, 2, 3});
+  CHECK(table(m, 1, kWindow) == Blocks{4, 5, 6, 7});
   CHECK(slots_of(m, kWindow).front() == 16);
   CHECK(m.stats().used_blocks == 8);
   CHECK(m.group_stats(kWindow)->used_blocks == 8);  // the same pool
@@ -91,7 +110,7 @@ TEST_CASE("groups of a shared pool take distinct blocks of one pool", "[shared_p
   allocate(m, 1, 1);
   end_step(m);
   allocate(m, 1, 0);
-  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
+  CHECK(table(m, 1, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
   CHECK(m.stats().used_blocks == 6);
   require_valid(m);
 }
@@ -111,7 +130,7 @@ TEST_CASE("a step of a shared pool fits when the pool has every group's blocks t
   require_error(m.allocate_slots(2, 20).status(), absl::StatusCode::kResourceExhausted,
                 "need 10 blocks (by group 0: 5, 1: 5), 8 free of 10 in the pool all groups share");
   CHECK(m.device_pool(kFull).value()->free_queue_order() == queue);
-  CHECK(table_of(m, 2, kFull).empty());
+  CHECK(table(m, 2, kFull).empty());
   // What could never fit the pool, even alone, is refused as such.
   require_error(m.allocate_slots(2, 20, 8).status(), absl::StatusCode::kInvalidArgument,
                 "28 slots need 14 blocks in all groups together; the shared pool has 10");
@@ -133,27 +152,21 @@ TEST_CASE("a shared pool counts the window's releases of a step in its fit", "[s
   // any group's allocation: the full group takes the clean block 6 at the queue's head,
   // the window the cached block 3 behind it.
   CHECK(allocate(m, 1, 4) == Slots{24, 25, 26, 27});
-  CHECK(table_of(m, 1, kFull) == Blocks{0, 1, 2, 6});
+  CHECK(table(m, 1, kFull) == Blocks{0, 1, 2, 6});
   CHECK(slots_of(m, kWindow) == Slots{12, 13, 14, 15});
-  CHECK(table_of(m, 1, kWindow) == Blocks{kNoBlock, 4, 5, 3});
+  CHECK(table(m, 1, kWindow) == Blocks{kNoBlock, 4, 5, 3});
   require_valid(m);
 }
 
 TEST_CASE("the same hash in two groups of a shared pool names two blocks", "[shared_pool]") {
   KvCacheManager m = make_manager(shared_options(16));
-  const std::vector<TokenId> prompt = iota_tokens(16);
-  admit(m, 1, prompt);
-  allocate(m, 1, 16);
-  end_step(m);
-  REQUIRE(m.free(1).ok());
-  std::vector<TokenId> longer = prompt;
-  longer.insert(longer.end(), {7, 7, 7});
-  admit(m, 2, longer);
+  compute_and_free(m, 1, iota_tokens(16));
+  admit(m, 2, continued(iota_tokens(16)));
   // Each group hits its own copies: token 16 attends to [11, 16], the window's entries 2
   // and 3 (blocks 6 and 7), the full group's all four (blocks 0 to 3).
   CHECK(*m.match_prefix(2) == 16);
-  CHECK(table_of(m, 2, kFull) == Blocks{0, 1, 2, 3});
-  CHECK(table_of(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
+  CHECK(table(m, 2, kFull) == Blocks{0, 1, 2, 3});
+  CHECK(table(m, 2, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
   require_valid(m);
 }
 
@@ -161,10 +174,7 @@ TEST_CASE("groups of a shared pool evict each other's cached blocks in one LRU o
           "[shared_pool]") {
   EventLog log;
   KvCacheManager m = make_manager(shared_options(8, &log));
-  admit(m, 1, iota_tokens(16));
-  allocate(m, 1, 16);  // full 0-3, window 4-7
-  end_step(m);
-  REQUIRE(m.free(1).ok());
+  compute_and_free(m, 1, iota_tokens(16));  // full 0-3, window 4-7
   // Freed group by group, each tail first: the full group's, then the window's.
   CHECK(m.device_pool(kFull).value()->free_queue_order() == Blocks{3, 2, 1, 0, 7, 6, 5, 4});
   log.events.clear();
@@ -172,19 +182,12 @@ TEST_CASE("groups of a shared pool evict each other's cached blocks in one LRU o
   // cached 3 and 2, then 1 and 0 for the window.
   admit(m, 2, iota_tokens(8, 500));
   allocate(m, 2, 8);
-  CHECK(table_of(m, 2, kFull) == Blocks{3, 2});
-  CHECK(table_of(m, 2, kWindow) == Blocks{1, 0});
+  CHECK(table(m, 2, kFull) == Blocks{3, 2});
+  CHECK(table(m, 2, kWindow) == Blocks{1, 0});
   // Each removal names the group whose block it was: the four evicted full blocks. The
   // window's blocks cached after them stay cached, in their place in the LRU order, as
   // vLLM's do: they verify again once the contents before them are computed again.
-  std::vector<int32_t> removed_groups;
-  for (const KvEvent& e : log.events) {
-    if (const auto* r = std::get_if<BlockRemoved>(&e)) {
-      REQUIRE(r->group.has_value());
-      removed_groups.push_back(r->group->index);
-    }
-  }
-  CHECK(removed_groups == std::vector<int32_t>{kFull, kFull, kFull, kFull});
+  CHECK(event_groups<BlockRemoved>(log) == std::vector<int32_t>{kFull, kFull, kFull, kFull});
   CHECK(m.device_pool(kFull).value()->free_queue_order() == Blocks{7, 6, 5, 4});
   require_valid(m);
 }
@@ -194,15 +197,13 @@ TEST_CASE("blocks cached after evicted contents verify again once those are comp
   KvCacheManager m = make_manager(shared_options(12));
   // Entries 1 to 3 of the prompt are kept longer (retention), entry 0 is not.
   const std::vector<TokenId> prompt = iota_tokens(16);
-  admit(m, 1, prompt, {.retention = {{.begin = 4, .end = 16, .priority = 60}}});
-  allocate(m, 1, 16);  // full 0-3, window 4-7
-  end_step(m);
-  REQUIRE(m.free(1).ok());
+  // Full 0-3, window 4-7.
+  compute_and_free(m, 1, prompt, {.retention = {{.begin = 4, .end = 16, .priority = 60}}});
   // 12 other tokens take the 4 clean blocks and evict entry 0 of each group (blocks 0, 4);
   // freed, they go to the default class, evicted before the retained entries.
   admit(m, 2, iota_tokens(12, 500));
   allocate(m, 2, 12);
-  CHECK(table_of(m, 2, kWindow) == Blocks{11, 0, 4});
+  CHECK(table(m, 2, kWindow) == Blocks{11, 0, 4});
   end_step(m);
   REQUIRE(m.free(2).ok());
   // Entry 0 computed again (block 10): it takes back the content key of the evicted
@@ -212,15 +213,13 @@ TEST_CASE("blocks cached after evicted contents verify again once those are comp
   admit(m, 3, first);
   CHECK(*m.match_prefix(3) == 0);
   allocate(m, 3, 5);
-  CHECK(table_of(m, 3, kFull) == Blocks{10, 9});
+  CHECK(table(m, 3, kFull) == Blocks{10, 9});
   end_step(m);
-  std::vector<TokenId> longer = prompt;
-  longer.insert(longer.end(), {7, 7, 7});
-  admit(m, 4, longer);
+  admit(m, 4, continued(prompt));
   // Without the key taken back the full chain would end after entry 0: a hit of 4.
   CHECK(*m.match_prefix(4) == 16);
-  CHECK(table_of(m, 4, kFull) == Blocks{10, 1, 2, 3});
-  CHECK(table_of(m, 4, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
+  CHECK(table(m, 4, kFull) == Blocks{10, 1, 2, 3});
+  CHECK(table(m, 4, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
   require_valid(m);
 }
 
@@ -228,17 +227,15 @@ TEST_CASE("a chain of evicted contents revives block by block when computed agai
           "[shared_pool]") {
   KvCacheManager m = make_manager(shared_options(12));
   const std::vector<TokenId> prompt = iota_tokens(16);
-  admit(m, 1, prompt, {.retention = {{.begin = 8, .end = 16, .priority = 60}}});
-  allocate(m, 1, 16);  // full 0-3, window 4-7; entries 2 and 3 kept longer
-  end_step(m);
-  REQUIRE(m.free(1).ok());
+  // Full 0-3, window 4-7; entries 2 and 3 kept longer.
+  compute_and_free(m, 1, prompt, {.retention = {{.begin = 8, .end = 16, .priority = 60}}});
   // 16 other tokens take the 4 clean blocks and evict, in this order, full entries 1 and 0
   // and window entries 1 and 0. Entry 1's contents are remembered for the cached full
   // entry 2 after them; entry 0's for entry 1's remembered contents, after window
   // entry 1 left too.
   admit(m, 2, iota_tokens(16, 500));
   allocate(m, 2, 16);
-  CHECK(table_of(m, 2, kWindow) == Blocks{1, 0, 5, 4});
+  CHECK(table(m, 2, kWindow) == Blocks{1, 0, 5, 4});
   end_step(m);
   REQUIRE(m.free(2).ok());
   // Entries 0 and 1 computed again take back both content keys, in chain order.
@@ -247,12 +244,10 @@ TEST_CASE("a chain of evicted contents revives block by block when computed agai
   admit(m, 3, first);
   allocate(m, 3, 9);
   end_step(m);
-  std::vector<TokenId> longer = prompt;
-  longer.insert(longer.end(), {7, 7, 7});
-  admit(m, 4, longer);
+  admit(m, 4, continued(prompt));
   CHECK(*m.match_prefix(4) == 16);
-  CHECK(table_of(m, 4, kFull)[2] == 2);
-  CHECK(table_of(m, 4, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
+  CHECK(table(m, 4, kFull)[2] == 2);
+  CHECK(table(m, 4, kWindow) == Blocks{kNoBlock, kNoBlock, 6, 7});
   require_valid(m);
 }
 
@@ -262,11 +257,7 @@ TEST_CASE("a shared pool announces each group's blocks under its group, reset on
   KvCacheManager m = make_manager(shared_options(16, &log));
   admit(m, 1, iota_tokens(8));
   allocate(m, 1, 8);
-  std::vector<int32_t> stored_groups;
-  for (const KvEvent& e : log.events) {
-    if (const auto* s = std::get_if<BlockStored>(&e)) stored_groups.push_back(s->group->index);
-  }
-  CHECK(stored_groups == std::vector<int32_t>{kFull, kWindow});
+  CHECK(event_groups<BlockStored>(log) == std::vector<int32_t>{kFull, kWindow});
   end_step(m);
   REQUIRE(m.free(1).ok());
   log.events.clear();

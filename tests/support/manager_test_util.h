@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <numeric>
+#include <span>
 #include <string>
 #include <utility>
 #include <variant>
@@ -50,10 +51,16 @@ inline Slots allocate(KvCacheManager& m, SeqId seq, int32_t n, int32_t lookahead
   return Slots(slots->begin(), slots->end());
 }
 
-inline Blocks table(const KvCacheManager& m, SeqId seq) {
-  auto view = m.sequence(seq);
+inline Blocks table(const KvCacheManager& m, SeqId seq, int32_t group = 0) {
+  auto view = m.sequence(seq, group);
   REQUIRE(view.ok());
   return Blocks(view->block_table.begin(), view->block_table.end());
+}
+
+// The slots of layer group `group` from the last allocate_slots() call.
+inline Slots slots_of(const KvCacheManager& m, int32_t group) {
+  const std::span<const int64_t> s = *m.slot_mapping(group);
+  return Slots(s.begin(), s.end());
 }
 
 // Ends a scheduling step as an engine does: it takes the pending copies, runs them and the
