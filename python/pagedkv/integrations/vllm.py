@@ -231,8 +231,9 @@ class PagedKVCacheManager:
                 )
             else:
                 raise _unsupported(f"KV cache group {i} of {type(spec).__name__}")
-        full = [g for g in layer_groups if g.kind == pk.AttentionKind.FULL]
-        if not full:
+        # The windowed groups' indices: their tables lose entries behind the window.
+        windowed = [i for i, g in enumerate(layer_groups) if g.kind != pk.AttentionKind.FULL]
+        if len(windowed) == len(layer_groups):
             # pagedkv verifies a window's blocks along a full-attention group's chain.
             raise _unsupported("sliding-window groups without a full-attention group")
         num_blocks = kv_cache_config.num_blocks - 1  # vLLM's null block 0 is not ours
@@ -247,16 +248,15 @@ class PagedKVCacheManager:
         self.metrics_collector = metrics_collector
         self.use_eagle = False
         self.num_kv_cache_groups = len(groups)
-        # The windowed groups' indices: their tables lose entries behind the window.
-        self._windowed = [i for i, g in enumerate(layer_groups) if g.kind != pk.AttentionKind.FULL]
+        self._windowed = windowed
         # vLLM's admission cap of a window group (SlidingWindowSpec.
         # max_admission_blocks_per_request): the blocks a request holds there at most, its
         # window and the tokens in flight, which scheduler_reserve_full_isl's check counts.
         in_flight = max_in_flight_tokens if max_in_flight_tokens is not None else max_model_len
         self._admission_caps = [
-            _cdiv(min(g.window - 1 + in_flight, max_model_len), scheduler_block_size) + 1
-            for g in layer_groups
-            if g.kind != pk.AttentionKind.FULL
+            _cdiv(min(layer_groups[i].window - 1 + in_flight, max_model_len), scheduler_block_size)
+            + 1
+            for i in windowed
         ]
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
